@@ -1,0 +1,1 @@
+"""lowtide: exact progress tracking for streaming pipelines."""

@@ -1,0 +1,90 @@
+"""Stuck windows: bound passed, XOR still non-zero, for longer than a threshold.
+
+Such a window will not complete by itself: an item was lost (count > 0: sent, never
+received), duplicated (count < 0: received more often than sent) or its acks disagree
+(count 0, XOR non-zero). The report names the segment and window (rule 9).
+
+>>> import numpy as np
+>>> d = StuckDetector(threshold_ms=100)
+>>> w = np.array([7]); x = np.array([5], np.uint64); c = np.array([2])
+>>> d.observe(1_000, {"parse": (w, x, c)}, window_slots=10)
+[]
+>>> d.observe(1_100, {"parse": (w, x, c)}, window_slots=10)
+[StuckWindow(segment='parse', window_start=70, window_end=80, count=2, xor=5, since_ms=1000)]
+>>> d.observe(1_200, {"parse": (w, x, c)}, window_slots=10)  # reported once
+[]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from lowtide.core.messages import I64, U64
+
+
+@dataclass(frozen=True)
+class StuckWindow:
+    segment: str
+    window_start: int
+    window_end: int
+    count: int
+    xor: int
+    since_ms: int
+
+    @property
+    def missing(self) -> int:
+        """Items sent into the segment and never received (0 if none)."""
+        return max(self.count, 0)
+
+    @property
+    def extra(self) -> int:
+        """Items received more often than sent: duplicates (0 if none)."""
+        return max(-self.count, 0)
+
+    def describe(self) -> str:
+        if self.count > 0:
+            what = f"{self.count} item(s) missing"
+        elif self.count < 0:
+            what = f"{-self.count} extra item(s) (duplicates)"
+        else:
+            what = "acks disagree (same count, different values)"
+        return f"segment {self.segment!r}, slots [{self.window_start}, {self.window_end}): {what}"
+
+
+OpenWindows = Mapping[str, tuple[I64, U64, I64]]
+
+
+class StuckDetector:
+    def __init__(self, threshold_ms: int) -> None:
+        if threshold_ms < 0:
+            raise ValueError("threshold_ms must be >= 0")
+        self.threshold_ms = threshold_ms
+        self._since: dict[tuple[str, int], int] = {}
+        self._current: dict[tuple[str, int], StuckWindow] = {}
+
+    def observe(
+        self, now_ms: int, open_windows: OpenWindows, window_slots: int
+    ) -> list[StuckWindow]:
+        """Feed the windows that are open although their bound passed; returns the
+        windows that just crossed the threshold."""
+        seen: set[tuple[str, int]] = set()
+        fresh: list[StuckWindow] = []
+        for segment, (windows, xors, counts) in open_windows.items():
+            for w, x, c in zip(windows.tolist(), xors.tolist(), counts.tolist(), strict=True):
+                key = (segment, w)
+                seen.add(key)
+                since = self._since.setdefault(key, now_ms)
+                if now_ms - since < self.threshold_ms:
+                    continue
+                report = StuckWindow(segment, w * window_slots, (w + 1) * window_slots, c, x, since)
+                if key not in self._current:
+                    fresh.append(report)
+                self._current[key] = report
+        for key in [k for k in self._since if k not in seen]:
+            del self._since[key]
+            self._current.pop(key, None)
+        return fresh
+
+    def current(self) -> list[StuckWindow]:
+        return sorted(self._current.values(), key=lambda s: (s.window_start, s.segment))

@@ -1,0 +1,35 @@
+"""Errors the core raises for input that breaks the protocol.
+
+Every check runs before any state changes, so a caller (the service) can refuse the
+offending message, keep serving everyone else, and trust that the state is unchanged.
+"""
+
+from __future__ import annotations
+
+
+class ProtocolError(ValueError):
+    """Input that no legal sender produces; the tracker state is unchanged."""
+
+
+class UnknownSegment(ProtocolError):
+    """A segment index or name that the pipeline graph does not declare."""
+
+
+class UnknownFront(ProtocolError):
+    """A heartbeat or unregister for a front that is not registered."""
+
+
+class NonMonotonicHeartbeat(ProtocolError):
+    """A front promised time t and later announced an earlier time."""
+
+
+class AckBehindHead(ProtocolError):
+    """An ack for a window the tracker already announced complete."""
+
+
+class TableOverflow(ProtocolError):
+    """An ack so far ahead of the head that the checksum table may not grow to hold it."""
+
+
+class GraphError(ValueError):
+    """A pipeline graph that cannot be tracked (cycle, unknown or duplicate names)."""

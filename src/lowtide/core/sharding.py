@@ -1,0 +1,214 @@
+"""Sharded tracking (seed 000, "Distributed tracker"; DESIGN rule 8).
+
+Acks are routed by window: window ``w`` belongs to shard ``w % n_shards``. Every shard
+sees every front and heartbeat, rounded up past the windows it does not own. A listener
+combines the shards' reports; the global min is the minimum over shards.
+
+Why not the rule as the paper states it. A shard's min time can go *down*: a node that
+processes an item at time t (shard 0's window) may emit a child at t+1 (shard 1's window).
+If shard 0 applies the parent's receive-ack first, both shards look complete past t+1
+for a moment. The paper's listener accepts a shard update only if its node-time vector
+is <= the element-wise minimum of all shards' latest vectors. With two or more nodes
+that is not enough: it can combine shard 0's new report with an *older* accepted report
+of shard 1 that predates the child's ack (see ``test_paper_rule_is_unsafe_with_two_nodes``).
+
+What we do instead, and why it is safe. Each flush that carries acks also carries
+NodeTime(node, counter, min_time) to every shard, applied atomically with the flush's
+acks for that shard. For node n let lo[n] / hi[n] be the smallest / largest counter
+over the shards' latest vectors. Flushes (n, c) with lo[n] < c <= hi[n] have been
+applied by some shard but not by all; every ack they carry is at a time >= their
+``min_time``. The aggregate is ``min(min over shards of latest min times, min over those
+flushes of min_time)``. Below that cap every shard's table holds exactly the flushes
+applied by all shards: a consistent cut of the protocol, hence a legal tracker state.
+At quiescence no flush is in transit, the cap vanishes, and the aggregate is the plain
+minimum (liveness).
+
+>>> from lowtide.core.graph import SegmentGraph
+>>> layout = ShardLayout(n_shards=2, window_slots=10)
+>>> layout.shard_of_time(25), layout.shard_bound(0, 25), layout.shard_bound(1, 25)
+(0, 20, 30)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lowtide.core.graph import SegmentGraph
+from lowtide.core.messages import (
+    AckBatch,
+    Flush,
+    Heartbeat,
+    MinTimeUpdate,
+    NodeTime,
+    RegisterFront,
+    ShardFlush,
+    ShardRelease,
+    ShardReport,
+    UnregisterFront,
+)
+from lowtide.core.time import TIME_LIMIT
+from lowtide.core.tracker import Tracker, TrackerConfig
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    n_shards: int
+    window_slots: int = 1
+
+    def __post_init__(self) -> None:
+        if self.n_shards <= 0:
+            raise ValueError("n_shards must be positive")
+
+    def shard_of_time(self, time: int) -> int:
+        return (time // self.window_slots) % self.n_shards
+
+    def shard_bound(self, shard: int, time: int) -> int:
+        """A heartbeat at ``time`` as seen by ``shard``: rounded up to the start of the
+        first window the shard owns that the heartbeat does not cover completely."""
+        w0 = time // self.window_slots
+        return (w0 + (shard - w0) % self.n_shards) * self.window_slots
+
+    def split(self, batch: AckBatch) -> list[AckBatch]:
+        owner = (batch.time // self.window_slots) % self.n_shards
+        return [batch.take(owner == k) for k in range(self.n_shards)]
+
+
+class ShardRouter:
+    """Agent side: turns one node's flushes into per-shard flushes (rule 8)."""
+
+    def __init__(self, layout: ShardLayout, node: int) -> None:
+        self.layout = layout
+        self.node = node
+        self._counter = 0
+        self._sent_bound: list[dict[int, int]] = [{} for _ in range(layout.n_shards)]
+
+    def route(self, flush: Flush) -> list[ShardFlush]:
+        node_time = None
+        if len(flush.acks):
+            self._counter += 1
+            node_time = NodeTime(self.node, self._counter, int(flush.acks.time.min()))
+        out: list[ShardFlush] = []
+        for k, acks in enumerate(self.layout.split(flush.acks)):
+            heartbeats = self._heartbeats_for(k, flush.heartbeats)
+            if node_time is not None or heartbeats:
+                out.append(ShardFlush(k, node_time, acks, heartbeats))
+        return out
+
+    def _heartbeats_for(
+        self, shard: int, heartbeats: tuple[Heartbeat, ...]
+    ) -> tuple[Heartbeat, ...]:
+        """Only heartbeats whose rounded bound moved for this shard are worth sending."""
+        sent = self._sent_bound[shard]
+        out = []
+        for hb in heartbeats:
+            rounded = self.layout.shard_bound(shard, hb.time)
+            if rounded > sent.get(hb.front, -1):
+                sent[hb.front] = rounded
+                out.append(Heartbeat(hb.front, hb.time))
+        return tuple(out)
+
+
+class TrackerShard:
+    """One shard: a tracker over its own windows, plus node times and reports."""
+
+    def __init__(self, config: TrackerConfig, layout: ShardLayout, index: int) -> None:
+        if config.grid.window_slots != layout.window_slots:
+            raise ValueError("shard layout and tracker grid disagree on window_slots")
+        self.index = index
+        self.layout = layout
+        self.tracker = Tracker(config, release_on_advance=False)
+        self._node_times: dict[int, int] = {}
+        self._applied: list[tuple[int, int, int]] = []
+        self._last_report: ShardReport | None = None
+
+    def register_front(self, msg: RegisterFront) -> None:
+        time = self.layout.shard_bound(self.index, msg.time)
+        self.tracker.register_front(RegisterFront(msg.front, msg.segment, time))
+
+    def unregister_front(self, msg: UnregisterFront) -> None:
+        self.tracker.unregister_front(msg)
+
+    def receive(self, flush: ShardFlush) -> None:
+        """Node time, acks and heartbeats of one flush, all or nothing."""
+        heartbeats = [
+            Heartbeat(h.front, self.layout.shard_bound(self.index, h.time))
+            for h in flush.heartbeats
+        ]
+        nt = flush.node_time
+        if nt is not None and nt.counter <= self._node_times.get(nt.node, 0):
+            return  # a resent flush: already applied
+        self.tracker.apply_flush(flush.acks, heartbeats)
+        if nt is not None:
+            self._node_times[nt.node] = nt.counter
+            self._applied.append((nt.node, nt.counter, nt.min_time))
+
+    def release(self, msg: ShardRelease) -> None:
+        self.tracker.release(msg.min_times)
+
+    def step(self, now_ms: int) -> ShardReport | None:
+        """A report if the shard's min times or node times changed since the last one."""
+        self.tracker.step(now_ms)
+        report = ShardReport(
+            self.index,
+            self.tracker.min_times(),
+            tuple(sorted(self._node_times.items())),
+            tuple(self._applied),
+        )
+        last = self._last_report
+        if last and not report.flushes and last.min_times == report.min_times:
+            return None
+        self._applied = []
+        self._last_report = report
+        return report
+
+
+class ShardAggregator:
+    """Listener side: the guarded minimum over shards, per segment and global."""
+
+    def __init__(self, graph: SegmentGraph, n_shards: int) -> None:
+        self.graph = graph
+        self._latest: list[ShardReport | None] = [None] * n_shards
+        self._vectors: list[dict[int, int]] = [{} for _ in range(n_shards)]
+        self._flush_min: dict[int, dict[int, int]] = {}
+        self._mins = [0] * len(graph)
+        self._global = 0
+
+    def receive(self, report: ShardReport) -> list[MinTimeUpdate]:
+        self._latest[report.shard] = report
+        self._vectors[report.shard] = dict(report.node_times)
+        for node, counter, min_time in report.flushes:
+            self._flush_min.setdefault(node, {})[counter] = min_time
+        reports = self._latest
+        if any(r is None for r in reports):
+            return []
+        cap = self._in_transit_cap()
+        updates: list[MinTimeUpdate] = []
+        for s, name in enumerate(self.graph.names):
+            time = min(cap, *(r.min_times[s] for r in reports if r is not None))
+            if time > self._mins[s]:
+                self._mins[s] = time
+                updates.append(MinTimeUpdate(name, time))
+        low = min(self._mins)
+        if low > self._global:
+            self._global = low
+            updates.append(MinTimeUpdate(None, low))
+        return updates
+
+    def min_times(self) -> tuple[int, ...]:
+        return tuple(self._mins)
+
+    def min_time(self) -> int:
+        return self._global
+
+    def release(self) -> ShardRelease:
+        return ShardRelease(tuple(self._mins))
+
+    def _in_transit_cap(self) -> int:
+        cap = TIME_LIMIT
+        for node, pending in self._flush_min.items():
+            lo = min(v.get(node, 0) for v in self._vectors)
+            for counter in [c for c in pending if c <= lo]:
+                del pending[counter]
+            if pending:
+                cap = min(cap, min(pending.values()))
+        return cap

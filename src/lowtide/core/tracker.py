@@ -1,0 +1,215 @@
+"""The tracker state machine (seed 000, algorithm "tracker implementation sketch").
+
+Inputs (acks, heartbeats, fronts) are validated as a whole and then folded into state;
+nothing is announced until :meth:`Tracker.step`, which walks the segments in
+topological order and returns the min time updates and stuck windows as data.
+
+Worked example, two segments, one front, window = 1 slot:
+
+>>> from lowtide.core.graph import SegmentGraph
+>>> from lowtide.core.messages import Ack, AckBatch, Heartbeat, RegisterFront
+>>> tr = TrackerConfig(SegmentGraph.of(("src", ()), ("out", ("src",)))).build()
+>>> tr.register_front(RegisterFront(front=1, segment="src", time=10))
+>>> [u.time for u in tr.step(now_ms=0).updates]       # src, out and global jump to 10
+[10, 10, 10]
+>>> tr.apply(AckBatch.of([Ack(0, 10, 0xA, +1)]))        # item 0xA sent into src at t=10
+>>> tr.heartbeat(Heartbeat(1, 12)); tr.step(0).updates  # src waits for the item
+()
+>>> tr.apply(AckBatch.of([Ack(1, 10, 0xB, +1), Ack(0, 10, 0xA, -1)]))  # child first
+>>> [(u.segment, u.time) for u in tr.step(0).updates]
+[('src', 12)]
+>>> tr.apply(AckBatch.of([Ack(1, 10, 0xB, -1)]))        # the sink received the child
+>>> [(u.segment, u.time) for u in tr.step(0).updates]
+[('out', 12), (None, 12)]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from lowtide.core.diagnostics import StuckDetector, StuckWindow
+from lowtide.core.errors import (
+    NonMonotonicHeartbeat,
+    ProtocolError,
+    UnknownFront,
+    UnknownSegment,
+)
+from lowtide.core.fronts import FrontTable, check_time
+from lowtide.core.graph import SegmentGraph
+from lowtide.core.messages import (
+    I64,
+    U64,
+    AckBatch,
+    Flush,
+    Heartbeat,
+    MinTimeUpdate,
+    RegisterFront,
+    UnregisterFront,
+)
+from lowtide.core.table import ChecksumTable
+from lowtide.core.time import TIME_LIMIT, TimeGrid
+
+
+@dataclass(frozen=True)
+class TrackerConfig:
+    graph: SegmentGraph
+    grid: TimeGrid = TimeGrid()
+    initial_windows: int = 1024
+    max_windows: int = 1 << 20
+    stuck_after_ms: int = 5_000
+    stuck_check_ms: int = 100
+
+    def build(self) -> Tracker:
+        return Tracker(self)
+
+
+@dataclass(frozen=True)
+class Step:
+    updates: tuple[MinTimeUpdate, ...] = ()
+    stuck: tuple[StuckWindow, ...] = ()
+
+
+class Tracker:
+    """One tracker (central, or the engine inside a shard).
+
+    ``release_on_advance``: a central tracker forgets windows as soon as they are
+    complete, so its min times never go back. A shard keeps them until the aggregator
+    releases them, because acks may still land behind its own min time.
+    """
+
+    def __init__(self, config: TrackerConfig, *, release_on_advance: bool = True) -> None:
+        self.config = config
+        self.graph = config.graph
+        n = len(self.graph)
+        self._release = release_on_advance
+        self._w = config.grid.window_slots
+        self._table = ChecksumTable(n, config.initial_windows, config.max_windows)
+        self._fronts = FrontTable(n)
+        self._mins = [0] * n
+        self._limits = [0] * n
+        self._global = 0
+        self._stuck = StuckDetector(config.stuck_after_ms)
+        self._next_stuck_check_ms: int | None = None
+
+    # ----------------------------------------------------------------- inputs
+    def register_front(self, msg: RegisterFront) -> None:
+        segment = self.graph.index(msg.segment)
+        if not self.graph.is_source(segment):
+            raise ProtocolError(f"front {msg.front}: {msg.segment!r} has inbound segments")
+        self._fronts.register(msg.front, segment, msg.time, floor=self._floor(segment))
+
+    def unregister_front(self, msg: UnregisterFront) -> None:
+        self._fronts.unregister(msg.front)
+
+    def heartbeat(self, msg: Heartbeat) -> None:
+        self._fronts.heartbeat(msg.front, msg.time)
+
+    def apply(self, batch: AckBatch) -> None:
+        """Fold a batch of acks in, all or nothing."""
+        self._check_batch(batch)
+        windows = batch.time // self._w
+        self._table.apply(batch.segment, windows, batch.xor, batch.count)
+
+    def apply_flush(self, acks: AckBatch, heartbeats: Iterable[Heartbeat] = ()) -> None:
+        """Acks, then heartbeats (rule 3), validated together before any is applied."""
+        hbs = list(heartbeats)
+        self._check_batch(acks)
+        self._check_heartbeats(hbs)
+        self._table.apply(acks.segment, acks.time // self._w, acks.xor, acks.count)
+        for hb in hbs:
+            self._fronts.heartbeat(hb.front, hb.time)
+
+    def receive_flush(self, flush: Flush) -> None:
+        self.apply_flush(flush.acks, flush.heartbeats)
+
+    # ---------------------------------------------------------------- outputs
+    def step(self, now_ms: int) -> Step:
+        """Advance every segment as far as its bound and its checksums allow."""
+        updates: list[MinTimeUpdate] = []
+        for s in range(len(self.graph)):
+            bound = self._bound(s)
+            limit = bound // self._w
+            head = self._table.first_open(s, limit)
+            if self._release:
+                self._table.release(s, head)
+            self._limits[s] = limit
+            time = head * self._w
+            if time != self._mins[s]:
+                self._mins[s] = time
+                updates.append(MinTimeUpdate(self.graph.names[s], time))
+        low = min(self._mins)
+        if low != self._global:
+            self._global = low
+            updates.append(MinTimeUpdate(None, low))
+        return Step(tuple(updates), tuple(self._check_stuck(now_ms)))
+
+    def release(self, min_times: Iterable[int]) -> None:
+        """Forget windows below ``min_times`` (per segment), never past an open one."""
+        for s, time in enumerate(min_times):
+            self._table.release(s, time // self._w)
+
+    # ---------------------------------------------------------------- queries
+    def min_time(self, segment: str | None = None) -> int:
+        return self._global if segment is None else self._mins[self.graph.index(segment)]
+
+    def min_times(self) -> tuple[int, ...]:
+        return tuple(self._mins)
+
+    def bound(self, segment: str) -> int:
+        return self._bound(self.graph.index(segment))
+
+    def stuck(self) -> list[StuckWindow]:
+        return self._stuck.current()
+
+    def fronts(self) -> dict[int, tuple[str, int]]:
+        return {f: (self.graph.names[s], t) for f, (s, t) in self._fronts.live().items()}
+
+    def open_windows(self, segment: str) -> tuple[I64, U64, I64]:
+        """Windows of ``segment`` still held open by the checksum table."""
+        s = self.graph.index(segment)
+        return self._table.open_windows(s, (TIME_LIMIT - 1) // self._w)
+
+    # -------------------------------------------------------------- internals
+    def _bound(self, s: int) -> int:
+        inbound = self.graph.inbound[s]
+        if not inbound:
+            return self._fronts.bound(s)
+        return min(self._mins[u] for u in inbound)
+
+    def _floor(self, s: int) -> int:
+        """The earliest time a new front may start at: what was announced for ``s``."""
+        return self._mins[s] if self._release else self._table.base(s) * self._w
+
+    def _check_batch(self, batch: AckBatch) -> None:
+        if len(batch) == 0:
+            return
+        seg = batch.segment
+        if int(seg.min()) < 0 or int(seg.max()) >= len(self.graph):
+            raise UnknownSegment(f"ack for segment outside [0, {len(self.graph)})")
+        check_time(int(batch.time.min()), "ack")
+        check_time(int(batch.time.max()), "ack")
+        self._table.check(seg, batch.time // self._w)
+
+    def _check_heartbeats(self, heartbeats: list[Heartbeat]) -> None:
+        latest: dict[int, int] = {}
+        for hb in heartbeats:
+            check_time(hb.time, "heartbeat")
+            last = latest.get(hb.front, self._fronts.time_of(hb.front))
+            if last is None:
+                raise UnknownFront(f"heartbeat from unregistered front {hb.front}")
+            if hb.time < last:
+                raise NonMonotonicHeartbeat(f"front {hb.front} went back from {last} to {hb.time}")
+            latest[hb.front] = hb.time
+
+    def _check_stuck(self, now_ms: int) -> list[StuckWindow]:
+        due = self._next_stuck_check_ms
+        if due is not None and now_ms < due:
+            return []
+        self._next_stuck_check_ms = now_ms + self.config.stuck_check_ms
+        open_windows = {
+            self.graph.names[s]: self._table.open_windows(s, self._limits[s])
+            for s in range(len(self.graph))
+            if self._mins[s] // self._w < self._limits[s]
+        }
+        return self._stuck.observe(now_ms, open_windows, self._w)
