@@ -79,6 +79,19 @@ class FrontTable:
     def time_of(self, front: int) -> int | None:
         return self._time.get(front)
 
+    def export(self) -> tuple[tuple[tuple[int, int, int], ...], tuple[int, ...]]:
+        """((front, segment, time), ...) of live fronts, and the done bounds."""
+        live = tuple((f, self._segment_of[f], t) for f, t in sorted(self._time.items()))
+        return live, tuple(self._done_bound)
+
+    def restore(self, live: tuple[tuple[int, int, int], ...], done: tuple[int, ...]) -> None:
+        self._segment_of, self._time = {}, {}
+        self._live = [set() for _ in done]
+        self._done_bound = list(done)
+        for front, segment, time in live:
+            self._segment_of[front], self._time[front] = segment, time
+            self._live[segment].add(front)
+
     def live(self) -> dict[int, tuple[int, int]]:
         """front -> (segment, latest heartbeat), for status views."""
         return {f: (self._segment_of[f], t) for f, t in self._time.items()}

@@ -113,6 +113,24 @@ class ChecksumTable:
         hit = self._first_nonzero(segment, base, min(window - base, self._cap))
         self._base[segment] = window if hit < 0 else base + hit
 
+    def entries(self) -> tuple[I64, U64, I64, I32]:
+        """Every non-zero cell as (windows, xors, counts, segments): a sparse snapshot."""
+        seg, col = np.nonzero((self._xor != 0) | (self._count != 0))
+        offset = (col - self._base[seg]) & (self._cap - 1)
+        windows = self._base[seg] + offset
+        return windows, self._xor[seg, col], self._count[seg, col], seg.astype(np.int32)
+
+    def bases(self) -> I64:
+        return self._base.copy()
+
+    def load(self, bases: I64, entries: tuple[I64, U64, I64, I32]) -> None:
+        """Replace the contents with ``bases`` and sparse ``entries`` (see :meth:`entries`)."""
+        windows, xors, counts, segments = entries
+        self._base = np.asarray(bases, np.int64).copy()
+        self._xor[:] = 0
+        self._count[:] = 0
+        self.apply(segments, windows, xors, counts)
+
     def _first_nonzero(self, segment: int, start: int, n: int) -> int:
         """Index of the first non-zero among n windows from ``start``, or -1."""
         lo = start & (self._cap - 1)

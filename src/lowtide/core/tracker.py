@@ -38,6 +38,7 @@ from lowtide.core.errors import (
 from lowtide.core.fronts import FrontTable, check_time
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import (
+    I32,
     I64,
     U64,
     AckBatch,
@@ -62,6 +63,21 @@ class TrackerConfig:
 
     def build(self) -> Tracker:
         return Tracker(self)
+
+
+@dataclass(frozen=True)
+class TrackerSnapshot:
+    """Everything a tracker needs to resume exactly: sparse checksum cells, bases,
+    fronts and announced min times. Plain data, for the persistence layer to store."""
+
+    graph_fingerprint: str
+    window_slots: int
+    bases: I64
+    cells: tuple[I64, U64, I64, I32]
+    fronts: tuple[tuple[int, int, int], ...]
+    done_bounds: tuple[int, ...]
+    min_times: tuple[int, ...]
+    global_min: int
 
 
 @dataclass(frozen=True)
@@ -148,6 +164,28 @@ class Tracker:
         """Forget windows below ``min_times`` (per segment), never past an open one."""
         for s, time in enumerate(min_times):
             self._table.release(s, time // self._w)
+
+    def snapshot(self) -> TrackerSnapshot:
+        live, done = self._fronts.export()
+        return TrackerSnapshot(
+            self.graph.fingerprint(),
+            self._w,
+            self._table.bases(),
+            self._table.entries(),
+            live,
+            done,
+            tuple(self._mins),
+            self._global,
+        )
+
+    def restore(self, snap: TrackerSnapshot) -> None:
+        """Load ``snap`` (taken from a tracker of the same graph and grid)."""
+        if snap.graph_fingerprint != self.graph.fingerprint() or snap.window_slots != self._w:
+            raise ProtocolError("snapshot was taken from a different graph or window size")
+        self._table.load(snap.bases, snap.cells)
+        self._fronts.restore(snap.fronts, snap.done_bounds)
+        self._mins = list(snap.min_times)
+        self._global = snap.global_min
 
     # ---------------------------------------------------------------- queries
     def min_time(self, segment: str | None = None) -> int:

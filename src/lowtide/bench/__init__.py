@@ -1,0 +1,1 @@
+"""Benchmarks: each prints a human table and, last, one JSON line."""
