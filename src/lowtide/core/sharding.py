@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lowtide.core.errors import ProtocolError
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import (
     AckBatch,
@@ -120,9 +121,17 @@ class TrackerShard:
         self._node_times: dict[int, int] = {}
         self._applied: list[tuple[int, int, int]] = []
         self._last_report: ShardReport | None = None
+        self._reported = [0] * len(config.graph)  # highest min time reported, per segment
 
     def register_front(self, msg: RegisterFront) -> None:
         time = self.layout.shard_bound(self.index, msg.time)
+        floor = self._reported[self.tracker.graph.index(msg.segment)]
+        if time < floor and msg.front not in self.tracker.fronts():
+            # a report saying "nothing below floor" may be announced (or on its way)
+            raise ProtocolError(
+                f"front {msg.front} registers at {msg.time}, below min time {floor} "
+                f"that shard {self.index} reported"
+            )
         self.tracker.register_front(RegisterFront(msg.front, msg.segment, time))
 
     def unregister_front(self, msg: UnregisterFront) -> None:
@@ -145,6 +154,10 @@ class TrackerShard:
     def release(self, msg: ShardRelease) -> None:
         self.tracker.release(msg.min_times)
 
+    def node_times(self) -> dict[int, int]:
+        """The latest counter applied per node (for snapshots)."""
+        return dict(self._node_times)
+
     def step(self, now_ms: int) -> ShardReport | None:
         """A report if the shard's min times or node times changed since the last one."""
         self.tracker.step(now_ms)
@@ -159,6 +172,7 @@ class TrackerShard:
             return None
         self._applied = []
         self._last_report = report
+        self._reported = [max(a, b) for a, b in zip(self._reported, report.min_times, strict=True)]
         return report
 
 

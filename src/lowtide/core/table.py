@@ -126,7 +126,12 @@ class ChecksumTable:
     def load(self, bases: I64, entries: tuple[I64, U64, I64, I32]) -> None:
         """Replace the contents with ``bases`` and sparse ``entries`` (see :meth:`entries`)."""
         windows, xors, counts, segments = entries
-        self._base = np.asarray(bases, np.int64).copy()
+        old, self._base = self._base, np.asarray(bases, np.int64).copy()
+        try:
+            self.check(segments, windows)  # before anything is wiped
+        except (AckBehindHead, TableOverflow):
+            self._base = old
+            raise
         self._xor[:] = 0
         self._count[:] = 0
         self.apply(segments, windows, xors, counts)

@@ -1,0 +1,135 @@
+"""Segment graph: validation and stable topological indices."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lowtide.core.errors import GraphError, ProtocolError, UnknownSegment
+from lowtide.core.graph import SegmentGraph, SegmentSpec
+
+
+def test_worked_example() -> None:
+    g = SegmentGraph.of(("parse", ()), ("filter", ("parse",)), ("sink", ("filter",)))
+    assert g.names == ("parse", "filter", "sink")
+    assert g.inbound == ((), (0,), (1,))
+    assert len(g) == 3
+    assert [g.index(n) for n in g.names] == [0, 1, 2]
+    assert [g.is_source(i) for i in range(3)] == [True, False, False]
+    assert g.sinks() == (2,)
+
+
+def test_inbound_is_indexed_before_outbound_whatever_the_declaration_order() -> None:
+    g = SegmentGraph.of(("sink", ("join",)), ("join", ("a", "b")), ("b", ()), ("a", ()))
+    assert g.names == ("b", "a", "join", "sink")
+    assert g.inbound[g.index("join")] == (0, 1)
+    assert g.inbound[g.index("sink")] == (g.index("join"),)
+    assert g.sinks() == (3,)
+
+
+def test_ties_are_broken_by_declaration_order_level_by_level() -> None:
+    # Kahn's algorithm in rounds: every segment ready in a round, in declaration order.
+    g = SegmentGraph.of(("a", ()), ("b", ("a",)), ("c", ()))
+    assert g.names == ("a", "c", "b")
+    g2 = SegmentGraph.of(("c", ()), ("b", ("a",)), ("a", ()))
+    assert g2.names == ("c", "a", "b")
+
+
+def test_fan_out_fan_in_and_several_sinks() -> None:
+    g = SegmentGraph.of(
+        ("src", ()), ("left", ("src",)), ("right", ("src",)), ("both", ("left", "right"))
+    )
+    assert g.inbound == ((), (0,), (0,), (1, 2))
+    assert g.sinks() == (3,)
+    g2 = SegmentGraph.of(("src", ()), ("x", ("src",)), ("y", ("src",)))
+    assert g2.sinks() == (1, 2)
+
+
+def test_duplicate_inbound_names_collapse() -> None:
+    g = SegmentGraph.of(("a", ()), ("b", ("a", "a")))
+    assert g.inbound == ((), (0,))
+
+
+def test_spec_objects_and_tuples_are_equivalent() -> None:
+    g1 = SegmentGraph.of(SegmentSpec("a"), SegmentSpec("b", ("a",)))
+    g2 = SegmentGraph.of(("a", []), ("b", ["a"]))
+    assert g1 == g2
+    assert g1.fingerprint() == g2.fingerprint()
+
+
+def test_indices_and_fingerprint_are_reproducible() -> None:
+    specs = (("s", ()), ("t", ()), ("u", ("t", "s")), ("v", ("u",)), ("w", ("s",)))
+    first = SegmentGraph.of(*specs)
+    for _ in range(3):
+        again = SegmentGraph.of(*specs)
+        assert again.names == first.names
+        assert again.inbound == first.inbound
+        assert again.fingerprint() == first.fingerprint()
+    assert len(first.fingerprint()) == 16
+
+
+def test_fingerprint_tells_graphs_apart() -> None:
+    chain = SegmentGraph.of(("a", ()), ("b", ("a",)))
+    two_sources = SegmentGraph.of(("a", ()), ("b", ()))
+    renamed = SegmentGraph.of(("a", ()), ("c", ("a",)))
+    prints = {g.fingerprint() for g in (chain, two_sources, renamed)}
+    assert len(prints) == 3
+
+
+@pytest.mark.parametrize(
+    ("specs", "message"),
+    [
+        ((("a", ("b",)), ("b", ("a",))), "cycle"),
+        ((("a", ("a",)),), "cycle"),
+        ((("src", ()), ("x", ("src", "z")), ("y", ("x",)), ("z", ("y",))), "cycle"),
+        ((("a", ()), ("b", ("nope",))), "unknown inbound"),
+        ((("a", ()), ("a", ())), "declared twice"),
+        ((("", ()),), "non-empty"),
+        ((), "at least one"),
+    ],
+)
+def test_invalid_graphs_are_refused(
+    specs: tuple[tuple[str, tuple[str, ...]], ...], message: str
+) -> None:
+    with pytest.raises(GraphError, match=message):
+        SegmentGraph.of(*specs)
+
+
+def test_graph_errors_are_not_protocol_errors() -> None:
+    # a bad graph is a configuration error, not a message to refuse
+    assert not issubclass(GraphError, ProtocolError)
+    assert issubclass(GraphError, ValueError)
+
+
+def test_unknown_names_raise_unknown_segment() -> None:
+    g = SegmentGraph.of(
+        ("a", ()),
+    )
+    with pytest.raises(UnknownSegment, match="nope"):
+        g.index("nope")
+    assert issubclass(UnknownSegment, ProtocolError)
+
+
+@st.composite
+def dags(draw: st.DrawFn) -> list[tuple[str, tuple[str, ...]]]:
+    n = draw(st.integers(1, 7))
+    names = [f"n{i}" for i in range(n)]
+    specs = []
+    for i, name in enumerate(names):
+        ups = draw(st.lists(st.sampled_from(names[:i]), max_size=3)) if i else []
+        specs.append((name, tuple(ups)))
+    return draw(st.permutations(specs))
+
+
+@settings(max_examples=150, deadline=None)
+@given(dags())
+def test_random_dags_get_a_topological_order(specs: list[tuple[str, tuple[str, ...]]]) -> None:
+    g = SegmentGraph.of(*specs)
+    assert sorted(g.names) == sorted(name for name, _ in specs)
+    declared = dict(specs)
+    for i, name in enumerate(g.names):
+        assert all(u < i for u in g.inbound[i])
+        assert {g.names[u] for u in g.inbound[i]} == set(declared[name])
+        assert list(g.inbound[i]) == sorted(set(g.inbound[i]))
+    assert SegmentGraph.of(*specs) == g
