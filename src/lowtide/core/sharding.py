@@ -87,7 +87,9 @@ class ShardRouter:
         node_time = None
         if len(flush.acks):
             self._counter += 1
-            node_time = NodeTime(self.node, self._counter, int(flush.acks.time.min()))
+            # A window start, so the aggregate stays on window boundaries.
+            w = self.layout.window_slots
+            node_time = NodeTime(self.node, self._counter, int(flush.acks.time.min()) // w * w)
         out: list[ShardFlush] = []
         for k, acks in enumerate(self.layout.split(flush.acks)):
             heartbeats = self._heartbeats_for(k, flush.heartbeats)
