@@ -1,0 +1,111 @@
+"""A tracker server inside the current process (the driver, by default).
+
+The server runs on an event loop of its own, on a background thread, so that the
+driver's code (and Spark's) never has to be asynchronous. It still listens on a real
+loopback socket, because executors are other processes; code in this process can
+reach it without a socket through :attr:`TrackerService.inproc_url`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any
+
+from lowtide.core.graph import SegmentGraph
+from lowtide.core.time import TimeGrid
+from lowtide.service.agent import Agent
+from lowtide.service.server import ServerConfig, TrackerServer
+
+DEFAULT_GRID = TimeGrid()
+
+
+class TrackerService:
+    def __init__(
+        self, server: TrackerServer, loop: asyncio.AbstractEventLoop, thread: threading.Thread
+    ) -> None:
+        self.server = server
+        self._loop = loop
+        self._thread = thread
+
+    @classmethod
+    def start(
+        cls,
+        graph: SegmentGraph | None,
+        *,
+        grid: TimeGrid = DEFAULT_GRID,
+        state_dir: str | Path | None = None,
+        secret: bytes | None = None,
+        **options: Any,
+    ) -> TrackerService:
+        """Start a server (see :class:`ServerConfig` for ``options``) and return once
+        it accepts connections."""
+        config = ServerConfig(
+            graph=graph,
+            grid=grid,
+            state_dir=Path(state_dir) if state_dir is not None else None,
+            secret=secret,
+            **options,
+        )
+        return cls.run(config)
+
+    @classmethod
+    def run(cls, config: ServerConfig) -> TrackerService:
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever, name="lowtide-tracker", daemon=True)
+        thread.start()
+        server = config.build()
+        try:
+            asyncio.run_coroutine_threadsafe(server.start(), loop).result()
+        except BaseException:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join()
+            raise
+        return cls(server, loop, thread)
+
+    @property
+    def url(self) -> str:
+        """``tcp://127.0.0.1:PORT`` for executors (``inproc://`` if not listening)."""
+        return self.server.url
+
+    @property
+    def inproc_url(self) -> str:
+        return self.server.inproc_url
+
+    @property
+    def config(self) -> ServerConfig:
+        return self.server.config
+
+    def agent(self, **options: Any) -> Agent:
+        """An agent for this process that skips the socket."""
+        graph = self.server.engine.graph if self.server.engine else self.config.graph
+        if graph is None:
+            raise RuntimeError("the tracker has no pipeline graph yet")
+        return Agent.connect(self.inproc_url, graph, secret=self.config.secret, **options)
+
+    def status(self) -> dict[str, object]:
+        body: dict[str, object] = self.call(self.server.status)
+        return body
+
+    def call(self, fn: Any) -> Any:
+        """Run ``fn()`` on the server's loop (where its state lives) and return the result."""
+
+        async def run() -> Any:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result()
+
+    def stop(self) -> None:
+        if not self._thread.is_alive():
+            return
+        asyncio.run_coroutine_threadsafe(self.server.stop(), self._loop).result()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def __enter__(self) -> TrackerService:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

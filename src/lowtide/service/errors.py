@@ -1,0 +1,58 @@
+"""Errors between client and server: core protocol errors travel as codes and are
+raised again on the client side as the same core exception classes."""
+
+from __future__ import annotations
+
+from lowtide.core.errors import (
+    AckBehindHead,
+    NonMonotonicHeartbeat,
+    ProtocolError,
+    TableOverflow,
+    UnknownFront,
+    UnknownSegment,
+)
+from lowtide.wire.codec import WireError
+from lowtide.wire.messages import Error, ErrorCode
+
+# Most specific first: the first match wins.
+_CORE: tuple[tuple[type[ProtocolError], ErrorCode], ...] = (
+    (UnknownSegment, ErrorCode.UNKNOWN_SEGMENT),
+    (UnknownFront, ErrorCode.UNKNOWN_FRONT),
+    (NonMonotonicHeartbeat, ErrorCode.NON_MONOTONIC_HEARTBEAT),
+    (AckBehindHead, ErrorCode.ACK_BEHIND_HEAD),
+    (TableOverflow, ErrorCode.TABLE_OVERFLOW),
+    (ProtocolError, ErrorCode.PROTOCOL),
+)
+
+
+class ServiceError(RuntimeError):
+    """The server refused a request for a reason that is not a core protocol error
+    (bad frame, authentication, graph mismatch, limits)."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+
+
+class ConnectionLost(ConnectionError):
+    """The channel to a peer closed; the agent reconnects and resends."""
+
+
+def error_of(req: int, exc: Exception) -> Error:
+    """The wire error for an exception raised while handling request ``req``."""
+    if isinstance(exc, ProtocolError):
+        code = next(c for cls, c in _CORE if isinstance(exc, cls))
+        return Error(req, code, str(exc))
+    if isinstance(exc, WireError):
+        return Error(req, ErrorCode.BAD_FRAME, str(exc))
+    if isinstance(exc, ServiceError):
+        return Error(req, exc.code, str(exc))
+    return Error(req, ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+
+
+def exception_of(err: Error) -> Exception:
+    """What a client raises for ``err``: the core class for protocol errors."""
+    for cls, code in _CORE:
+        if code == err.code:
+            return cls(f"tracker refused: {err.message}")
+    return ServiceError(err.code, err.message)

@@ -1,0 +1,172 @@
+"""One client connection to one server, kept alive: it reconnects with backoff after
+any failure and then resends, in order, every request that has no answer yet.
+
+Resending is safe because servers apply each (session, req) at most once. Standing
+requests (subscriptions, shard watches) are sent again on every new connection.
+Everything here runs on its owner's event loop; nothing is thread-safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from lowtide.service import net
+from lowtide.service.channel import Address, Channel, dial_inproc
+from lowtide.service.errors import ConnectionLost, ServiceError
+from lowtide.wire.codec import WireError
+from lowtide.wire.messages import Error, Hello, Message, Ok, Status, Welcome
+
+log = logging.getLogger("lowtide.service.lane")
+
+Reply = Ok | Error | Status
+
+
+@dataclass(frozen=True)
+class LaneConfig:
+    secret: bytes | None = None
+    limits: net.Limits = net.Limits()
+    connect_timeout_s: float = 5.0
+    backoff_s: tuple[float, float] = (0.02, 1.0)  # first and longest pause between attempts
+
+
+class Lane:
+    def __init__(
+        self,
+        url: str,
+        hello: Callable[[], Hello],
+        config: LaneConfig,
+        on_welcome: Callable[[Welcome], None],
+        on_push: Callable[[Message], None],
+        on_refused: Callable[[ServiceError], None] = lambda _exc: None,
+    ) -> None:
+        self.url = url
+        self._hello = hello
+        self._config = config
+        self._on_welcome = on_welcome
+        self._on_push = on_push
+        self._on_refused = on_refused
+        self._pending: dict[int, tuple[Message, asyncio.Future[Reply] | None]] = {}
+        self._standing: dict[int, Message] = {}
+        self._channel: Channel | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.connected = asyncio.Event()
+        self.connects = 0
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._channel is not None:
+            self._channel.close()
+        for _msg, fut in self._pending.values():
+            if fut is not None and not fut.done():
+                fut.set_exception(ConnectionLost(f"lane to {self.url} closed"))
+
+    def submit(self, req: int, msg: Message, fut: asyncio.Future[Reply] | None = None) -> None:
+        """Send now if connected, else on the next connection; ``fut`` gets the reply."""
+        self._pending[req] = (msg, fut)
+        self._send(msg)
+
+    def post(self, msg: Message) -> None:
+        """Send if connected, forget otherwise: for requests whose loss is harmless."""
+        self._send(msg)
+
+    def stand(self, req: int, msg: Message, fut: asyncio.Future[Reply] | None = None) -> None:
+        """A request to repeat on every connection (answered once each time)."""
+        self._standing[req] = msg
+        self.submit(req, msg, fut)
+
+    def sit(self, req: int) -> None:
+        self._standing.pop(req, None)
+
+    def unanswered(self) -> int:
+        return len(self._pending)
+
+    async def drain(self) -> None:
+        if self._channel is not None:
+            with contextlib.suppress(ConnectionLost):
+                await self._channel.drain()
+
+    def _send(self, msg: Message) -> None:
+        if self._channel is None:
+            return
+        try:
+            self._channel.send(msg)
+        except ConnectionLost:
+            self._channel.close()
+
+    async def _run(self) -> None:
+        pause, longest = self._config.backoff_s
+        while True:
+            try:
+                await self._session()
+                pause = self._config.backoff_s[0]
+            except (ConnectionLost, WireError, OSError) as exc:
+                log.debug("lane down", extra={"url": self.url, "reason": str(exc)})
+            except ServiceError as exc:  # refused at handshake: tell the waiters
+                log.warning("lane refused", extra={"url": self.url, "reason": str(exc)})
+                self._fail_all(exc)
+                self._on_refused(exc)
+            finally:
+                self.connected.clear()
+                if self._channel is not None:
+                    self._channel.close()
+                    self._channel = None
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, longest)
+
+    async def _session(self) -> None:
+        channel = await self._dial()
+        welcome = await asyncio.wait_for(
+            net.client_handshake(channel, self._hello(), self._config.secret),
+            self._config.connect_timeout_s,
+        )
+        self._on_welcome(welcome)
+        self._channel = channel
+        self.connects += 1
+        for req in sorted(set(self._pending) | set(self._standing)):
+            entry = self._pending.get(req)
+            if entry is None:
+                self._pending[req] = (self._standing[req], None)
+            self._send(self._pending[req][0])
+        self.connected.set()
+        while True:
+            self._receive(await channel.recv())
+
+    async def _dial(self) -> Channel:
+        if Address.parse(self.url).scheme == "inproc":
+            return dial_inproc(self.url, asyncio.get_running_loop())
+        return await net.connect_tcp(self.url, self._config.limits, self._config.connect_timeout_s)
+
+    def _receive(self, msg: Message) -> None:
+        if not isinstance(msg, Ok | Error | Status):
+            self._on_push(msg)
+            return
+        entry = self._pending.pop(msg.req, None)
+        if entry is None:
+            if isinstance(msg, Error):
+                log.warning(
+                    "server error",
+                    extra={"url": self.url, "code": msg.code.name, "error": msg.message},
+                )
+            return
+        if isinstance(msg, Error):
+            self._standing.pop(msg.req, None)
+        fut = entry[1]
+        if fut is not None and not fut.done():
+            fut.set_result(msg)
+
+    def _fail_all(self, exc: ServiceError) -> None:
+        """The server refused us (secret, graph): whoever waits learns why. Requests
+        stay pending, in case an operator fixes the server and it comes back."""
+        for _sent, fut in self._pending.values():
+            if fut is not None and not fut.done():
+                fut.set_exception(exc)

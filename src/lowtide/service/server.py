@@ -1,0 +1,503 @@
+"""The asyncio tracker server: one task owns the engine, connections feed it.
+
+Connection tasks only read and decode frames and put them in the inbox. The state task
+takes everything waiting (a group), applies it, writes the group to the log, steps the
+tracker once, and then sends the replies and the notifications. Replies therefore
+always follow logging (rule 6), and one step serves a whole group, which is what
+keeps throughput up under many small senders.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import os
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lowtide.core.errors import ProtocolError
+from lowtide.core.graph import SegmentGraph
+from lowtide.core.messages import MinTimeUpdate
+from lowtide.core.sharding import ShardLayout
+from lowtide.core.subscriptions import Subscriptions
+from lowtide.core.time import Clock, TimeGrid
+from lowtide.service import net
+from lowtide.service.auth import is_loopback
+from lowtide.service.channel import Channel, register_inproc, unregister_inproc
+from lowtide.service.clock import SystemClock
+from lowtide.service.coordinator import CoordinatorEngine
+from lowtide.service.engine import Engine, EngineConfig, StateRequest, StepResult
+from lowtide.service.errors import ConnectionLost, ServiceError, error_of
+from lowtide.service.lane import LaneConfig
+from lowtide.service.metrics import ServerMetrics
+from lowtide.service.persist import StateLog, store_graph, stored_graph
+from lowtide.service.shard import ShardEngine
+from lowtide.wire.codec import WireError
+from lowtide.wire.frames import FrameTooLarge
+from lowtide.wire.messages import (
+    WIRE_VERSION,
+    Batch,
+    Error,
+    ErrorCode,
+    FrontOp,
+    Hello,
+    Message,
+    Notify,
+    Ok,
+    ShardReleaseFrame,
+    ShardReportFrame,
+    Status,
+    StatusRequest,
+    Subscribe,
+    Unsubscribe,
+    WatchShard,
+    Welcome,
+    graph_of,
+    graph_spec,
+)
+
+log = logging.getLogger("lowtide.service.server")
+
+MAX_GROUP = 1024
+INBOX = 4096
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """``graph`` None: adopt the graph of the first client (standalone server)."""
+
+    graph: SegmentGraph | None = None
+    grid: TimeGrid = TimeGrid()
+    host: str = "127.0.0.1"
+    port: int = 0
+    listen: bool = True
+    state_dir: Path | None = None
+    fsync: bool = False
+    snapshot_every_ms: int = 30_000
+    secret: bytes | None = None
+    limits: net.Limits = net.Limits()
+    tick_ms: int = 50
+    metrics_every_ms: int = 1_000
+    stuck_after_ms: int = 5_000
+    max_windows: int = 1 << 20
+    dedup_retention_ms: int = 24 * 3_600_000
+    max_keys: int = 1_000_000
+    metrics_port: int | None = None
+    name: str = "lowtide"
+    shard: tuple[int, int] | None = None  # (index, count): this server is one shard
+    shard_urls: tuple[str, ...] = ()  # this server coordinates these shards
+
+    def __post_init__(self) -> None:
+        if self.listen and not is_loopback(self.host) and self.secret is None:
+            raise ValueError(
+                f"binding {self.host} (not loopback) requires a shared secret "
+                "(--secret-file or LOWTIDE_SECRET)"
+            )
+
+    def engine_config(self, graph: SegmentGraph) -> EngineConfig:
+        return EngineConfig(
+            graph,
+            self.grid,
+            max_windows=self.max_windows,
+            stuck_after_ms=self.stuck_after_ms,
+            dedup_retention_ms=self.dedup_retention_ms,
+            max_keys=self.max_keys,
+        )
+
+    def build(self, clock: Clock | None = None) -> TrackerServer:
+        return TrackerServer(self, clock)
+
+
+# ------------------------------------------------------------- inbox items
+@dataclass(eq=False)
+class Peer:
+    channel: Channel
+    name: str = ""
+    subs: dict[int, int] = field(default_factory=dict)  # request id -> subscriber id
+
+
+@dataclass(frozen=True)
+class _Request:
+    peer: Peer
+    msg: Message
+
+
+@dataclass(frozen=True)
+class _Admit:
+    hello: Hello
+    reply: asyncio.Future[Welcome]
+
+
+@dataclass(frozen=True)
+class _Gone:
+    peer: Peer
+
+
+@dataclass(frozen=True)
+class _Tick:
+    pass
+
+
+@dataclass(frozen=True)
+class _Call:
+    fn: Callable[[], None]
+
+
+_Item = _Request | _Admit | _Gone | _Tick | _Call
+Outbox = list[tuple[Peer, Message]]
+
+
+class TrackerServer:
+    def __init__(self, config: ServerConfig, clock: Clock | None = None) -> None:
+        self.config = config
+        self.clock = clock or SystemClock()
+        self.engine: Engine | None = None
+        self.metrics = ServerMetrics()
+        self._inbox: asyncio.Queue[_Item] = asyncio.Queue(INBOX)
+        self._subs = Subscriptions()
+        self._sub_owner: dict[int, tuple[Peer, int]] = {}
+        self._sub_ids = itertools.count(1)
+        self._peers: set[Peer] = set()
+        self._watchers: set[Peer] = set()
+        self._posted: set[asyncio.Task[None]] = set()
+        self._wal: StateLog | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._conn_tasks: set[asyncio.Task[Any]] = set()
+        self._servers: list[asyncio.Server] = []
+        self.port = 0
+        self.metrics_port = 0
+        self._next_metrics_ms = 0
+        self.inproc_url = ""
+
+    @property
+    def url(self) -> str:
+        return f"tcp://{self.config.host}:{self.port}" if self.config.listen else self.inproc_url
+
+    # ---------------------------------------------------------------- life
+    async def start(self) -> None:
+        cfg = self.config
+        graph = cfg.graph
+        if cfg.state_dir is not None:
+            graph = graph or stored_graph(cfg.state_dir)
+            self._wal = StateLog(
+                cfg.state_dir, fsync=cfg.fsync, snapshot_every_ms=cfg.snapshot_every_ms
+            )
+        try:
+            await self._listen(graph)
+        except BaseException:
+            if self._wal is not None:
+                self._wal.close()  # and with it the state directory's lock
+            raise
+
+    async def _listen(self, graph: SegmentGraph | None) -> None:
+        cfg = self.config
+        if graph is not None:
+            self._adopt(graph)
+        loop = asyncio.get_running_loop()
+        self.inproc_url = register_inproc(loop, self._accept_inproc)
+        if cfg.listen:
+            server, self.port = await net.serve_tcp(cfg.host, cfg.port, self._serve, cfg.limits)
+            self._servers.append(server)
+        if cfg.metrics_port is not None:
+            http, self.metrics_port = await net.serve_http(
+                cfg.host, cfg.metrics_port, self.metrics.render
+            )
+            self._servers.append(http)
+        self._tasks = [loop.create_task(self._state_loop()), loop.create_task(self._ticker())]
+        log.info("serving", extra={"url": self.url, "state_dir": str(cfg.state_dir or "")})
+
+    async def stop(self) -> None:
+        unregister_inproc(self.inproc_url)
+        for server in self._servers:
+            server.close()
+        for peer in list(self._peers):
+            peer.channel.close()
+        tasks = [*self._tasks, *self._conn_tasks]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self.engine is not None:
+            await self.engine.aclose()
+        if self._wal is not None:
+            self._wal.close()
+
+    def _make_engine(self, graph: SegmentGraph) -> Engine:
+        cfg = self.config
+        engine_config = cfg.engine_config(graph)
+        if cfg.shard is not None:
+            index, count = cfg.shard
+            return ShardEngine(engine_config, ShardLayout(count, cfg.grid.window_slots), index)
+        if cfg.shard_urls:
+            lane = LaneConfig(secret=cfg.secret, limits=cfg.limits)
+            return CoordinatorEngine(engine_config, cfg.shard_urls, lane, self.post)
+        return engine_config.build()
+
+    def post(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` in the state task, after what is already queued (same loop only)."""
+        task = asyncio.get_running_loop().create_task(self._inbox.put(_Call(fn)))
+        self._posted.add(task)
+        task.add_done_callback(self._posted.discard)
+
+    def _adopt(self, graph: SegmentGraph) -> None:
+        engine = self._make_engine(graph)
+        if self._wal is not None:
+            assert self.config.state_dir is not None
+            store_graph(self.config.state_dir, graph)
+            self._wal.recover(engine)
+        self.engine = engine
+
+    # ------------------------------------------------------------ connections
+    def _accept_inproc(self, channel: Channel) -> None:
+        asyncio.get_running_loop().create_task(self._serve(channel))
+
+    async def _serve(self, channel: Channel) -> None:
+        # Kept so stop() can end it; this also holds the strong reference that
+        # the loop (which keeps tasks weakly) does not.
+        task = asyncio.current_task()
+        assert task is not None
+        self._conn_tasks.add(task)
+        try:
+            await self._serve_peer(channel)
+        finally:
+            self._conn_tasks.discard(task)
+
+    async def _serve_peer(self, channel: Channel) -> None:
+        hello = await net.server_handshake(channel, self.config.secret, self._admit)
+        if hello is None:
+            self.metrics.refused.inc()
+            return
+        peer = Peer(channel, hello.name)
+        self._peers.add(peer)
+        self.metrics.connections.inc()
+        try:
+            await self._read(peer)
+        finally:
+            self._peers.discard(peer)
+            self.metrics.connections.dec()
+            await self._inbox.put(_Gone(peer))
+
+    async def _read(self, peer: Peer) -> None:
+        while True:
+            try:
+                msg = await peer.channel.recv()
+            except ConnectionLost:
+                return
+            except FrameTooLarge as exc:
+                self._refuse(peer, Error(0, ErrorCode.LIMIT, str(exc)))
+                peer.channel.close()
+                return
+            except WireError as exc:
+                self._refuse(peer, Error(0, ErrorCode.BAD_FRAME, str(exc)))
+                continue
+            await self._inbox.put(_Request(peer, msg))
+
+    def _refuse(self, peer: Peer, err: Error) -> None:
+        log.warning(
+            "bad input",
+            extra={
+                "peer": peer.channel.peer,
+                "client": peer.name,
+                "code": err.code.name,
+                "error": err.message,
+            },
+        )
+        self.metrics.errors.labels(err.code.name).inc()
+        with contextlib.suppress(ConnectionLost):
+            peer.channel.send(err)
+
+    async def _admit(self, hello: Hello) -> Welcome:
+        reply: asyncio.Future[Welcome] = asyncio.get_running_loop().create_future()
+        await self._inbox.put(_Admit(hello, reply))
+        return await reply
+
+    def _welcome(self, hello: Hello) -> Welcome:
+        """Runs in the state task: may adopt the client's graph."""
+        if hello.version != WIRE_VERSION:
+            raise ServiceError(
+                ErrorCode.UNSUPPORTED_VERSION,
+                f"wire version {hello.version}, server speaks {WIRE_VERSION}",
+            )
+        if self.engine is None:
+            if hello.graph is None:
+                raise ServiceError(
+                    ErrorCode.GRAPH_MISMATCH, "this tracker has no pipeline graph yet"
+                )
+            self._adopt(graph_of(hello.graph))
+        assert self.engine is not None
+        mine = graph_spec(self.engine.graph)
+        if hello.graph is not None and hello.graph != mine:
+            raise ServiceError(
+                ErrorCode.GRAPH_MISMATCH, f"client graph {hello.graph} differs from {mine}"
+            )
+        grid = self.config.grid
+        shards = self.engine.shards
+        return Welcome(
+            WIRE_VERSION, self.config.name, mine, grid.delta_ms, grid.window_slots, shards
+        )
+
+    # ------------------------------------------------------------ state task
+    async def _ticker(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.tick_ms / 1000)
+            await self._inbox.put(_Tick())
+
+    async def _state_loop(self) -> None:
+        inbox = self._inbox
+        while True:
+            items = [await inbox.get()]
+            while len(items) < MAX_GROUP and not inbox.empty():
+                items.append(inbox.get_nowait())
+            self._run_group(items)
+
+    def _run_group(self, items: list[_Item]) -> None:
+        now = self.clock.now_ms()
+        out: Outbox = []
+        ticked = False
+        for item in items:
+            if isinstance(item, _Request):
+                self._dispatch(item.peer, item.msg, now, out)
+            elif isinstance(item, _Admit):
+                self._admit_now(item)
+            elif isinstance(item, _Gone):
+                self._drop_subscriptions(item.peer)
+                self._watchers.discard(item.peer)
+            elif isinstance(item, _Call):
+                item.fn()
+            else:
+                ticked = True
+        engine = self.engine
+        if engine is None:
+            return self._send(out)
+        if self._wal is not None:
+            self._wal.commit(now)
+        step = engine.step(now)
+        self._send(out)
+        self._publish(step)
+        if ticked:
+            self._tick(engine, now)
+        return None
+
+    def _admit_now(self, item: _Admit) -> None:
+        try:
+            item.reply.set_result(self._welcome(item.hello))
+        except ServiceError as exc:
+            item.reply.set_exception(exc)
+
+    def _tick(self, engine: Engine, now: int) -> None:
+        engine.tick(now)
+        if now >= self._next_metrics_ms:  # a full status walks every open window: not each tick
+            self._next_metrics_ms = now + self.config.metrics_every_ms
+            self.metrics.observe(self.status(), now, self.config.grid)
+        if self._wal is not None and self._wal.snapshot_due(now):
+            self._wal.snapshot(engine, now)
+
+    def _dispatch(self, peer: Peer, msg: Message, now: int, out: Outbox) -> None:
+        engine = self.engine
+        if engine is None:
+            out.append((peer, Error(0, ErrorCode.BAD_REQUEST, "no pipeline graph yet")))
+        elif isinstance(msg, Batch | FrontOp):
+            out.append((peer, self._apply(engine, msg, now)))
+        elif isinstance(msg, Subscribe):
+            self._subscribe(engine, peer, msg, out)
+        elif isinstance(msg, Unsubscribe):
+            sub = peer.subs.pop(msg.req, None)
+            if sub is not None:
+                self._subs.unsubscribe(sub, everywhere=True)
+                del self._sub_owner[sub]
+            out.append((peer, Ok(msg.req)))
+        elif isinstance(msg, StatusRequest):
+            out.append((peer, Status(msg.req, json.dumps(self.status()))))
+        elif isinstance(msg, ShardReleaseFrame | WatchShard):
+            self._shard_duty(engine, peer, msg, out)
+        else:
+            out.append((peer, Error(0, ErrorCode.BAD_REQUEST, f"unexpected {type(msg).__name__}")))
+
+    def _apply(self, engine: Engine, msg: StateRequest, now: int) -> Ok | Error:
+        reply = engine.handle(msg, now)
+        if isinstance(reply, Error):
+            log.warning("refused request", extra={"code": reply.code.name, "error": reply.message})
+            self.metrics.errors.labels(reply.code.name).inc()
+        elif not reply.duplicate and self._wal is not None:
+            self._wal.append(msg)
+        return reply
+
+    def _shard_duty(
+        self, engine: Engine, peer: Peer, msg: ShardReleaseFrame | WatchShard, out: Outbox
+    ) -> None:
+        try:
+            if isinstance(msg, WatchShard):
+                report = engine.watch()
+                self._watchers.add(peer)
+                out.append((peer, Ok(msg.req)))
+                out.append((peer, ShardReportFrame(report)))
+            else:
+                engine.release(msg)
+                if self._wal is not None:
+                    self._wal.append(msg)
+        except ServiceError as exc:
+            out.append((peer, error_of(getattr(msg, "req", 0), exc)))
+
+    def _subscribe(self, engine: Engine, peer: Peer, msg: Subscribe, out: Outbox) -> None:
+        try:
+            current = engine.current(msg.segment)
+        except ProtocolError as exc:
+            out.append((peer, error_of(msg.req, exc)))
+            return
+        sub = next(self._sub_ids)
+        peer.subs[msg.req] = sub
+        self._sub_owner[sub] = (peer, msg.req)
+        first = self._subs.subscribe(sub, msg.segment, current)
+        out.append((peer, Ok(msg.req)))
+        out.append((peer, Notify(((msg.req, first),))))
+
+    def _drop_subscriptions(self, peer: Peer) -> None:
+        for sub in peer.subs.values():
+            self._subs.unsubscribe(sub, everywhere=True)
+            self._sub_owner.pop(sub, None)
+        peer.subs.clear()
+
+    def _publish(self, step: StepResult) -> None:
+        if step.report is not None:
+            self._send([(peer, ShardReportFrame(step.report)) for peer in self._watchers])
+        for stuck in step.stuck:
+            log.warning("stuck window", extra={"detail": stuck.describe()})
+        if not step.updates:
+            return
+        self.metrics.updates(step.updates, self.clock.now_ms(), self.config.grid)
+        per_peer: dict[Peer, list[tuple[int, MinTimeUpdate]]] = defaultdict(list)
+        for sub, update in self._subs.route(step.updates):
+            peer, req = self._sub_owner[sub]
+            per_peer[peer].append((req, update))
+        self._send([(peer, Notify(tuple(ups))) for peer, ups in per_peer.items()])
+
+    def _send(self, out: Outbox) -> None:
+        for peer, msg in out:
+            try:
+                peer.channel.send(msg)
+            except ConnectionLost as exc:
+                log.warning("dropped peer", extra={"peer": peer.channel.peer, "reason": str(exc)})
+
+    def status(self) -> dict[str, object]:
+        engine = self.engine
+        body: dict[str, object] = {
+            "server": self.config.name,
+            "url": self.url,
+            "pid": os.getpid(),
+            "connections": len(self._peers),
+        }
+        if engine is not None:
+            body["acks_applied"] = engine.acks_applied
+            body["dedup_keys"] = len(engine.dedup)
+            body["dedup_hits"] = engine.dedup.hits
+            body.update(engine.status())
+            body["delta_ms"] = self.config.grid.delta_ms
+            body["now_ms"] = self.clock.now_ms()
+        return body

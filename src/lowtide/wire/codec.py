@@ -1,0 +1,388 @@
+"""Byte format of every message: one type byte, then fixed fields, little-endian.
+
+Ack batches are four packed numpy columns (``tobytes`` / ``frombuffer``): decoding a
+batch of a million acks is four slices, never a million objects. Decoding refuses
+anything malformed with :class:`WireError` and nothing else, so a server can answer
+garbage with an error and keep going.
+
+>>> from lowtide.core.messages import Ack, AckBatch
+>>> msg = Batch(req=7, session=1, key="q/3/sink/0", acks=AckBatch.of([Ack(1, 5, 9, -1)]))
+>>> back = decode(encode(msg))
+>>> back.key, back.acks.to_acks()
+('q/3/sink/0', [Ack(segment=1, time=5, xor=9, count=-1)])
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import numpy as np
+
+from lowtide.core.messages import (
+    AckBatch,
+    Heartbeat,
+    MinTimeUpdate,
+    NodeTime,
+    ShardRelease,
+    ShardReport,
+)
+from lowtide.wire.messages import (
+    Auth,
+    Batch,
+    Challenge,
+    Commit,
+    Error,
+    ErrorCode,
+    FrontOp,
+    GraphSpec,
+    Hello,
+    Message,
+    Notify,
+    Ok,
+    Role,
+    ShardReleaseFrame,
+    ShardReportFrame,
+    Status,
+    StatusRequest,
+    Subscribe,
+    Unsubscribe,
+    WatchShard,
+    Welcome,
+)
+
+#: Bounds on variable-length fields, so a hostile length cannot make us allocate.
+MAX_STRING = 1 << 20
+MAX_ITEMS = 1 << 24
+
+_ACK_DTYPES: tuple[np.dtype[Any], ...] = (
+    np.dtype("<i4"),
+    np.dtype("<i8"),
+    np.dtype("<u8"),
+    np.dtype("<i8"),
+)
+_ACK_NATIVE: tuple[type, ...] = (np.int32, np.int64, np.uint64, np.int64)
+
+
+class WireError(ValueError):
+    """Bytes that are not a well-formed message of this wire version."""
+
+
+class Writer:
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+
+    def pack(self, fmt: str, *values: int) -> None:
+        self._parts.append(struct.pack("<" + fmt, *values))
+
+    def text(self, value: str) -> None:
+        self.blob(value.encode())
+
+    def blob(self, value: bytes) -> None:
+        self.pack("I", len(value))
+        self._parts.append(value)
+
+    def opt_text(self, value: str | None) -> None:
+        self.pack("B", value is not None)
+        if value is not None:
+            self.text(value)
+
+    def array(self, values: np.ndarray[Any, Any], dtype: np.dtype[Any]) -> None:
+        self._parts.append(np.ascontiguousarray(values, dtype=dtype).tobytes())
+
+    def getvalue(self) -> bytes:
+        return b"".join(self._parts)
+
+
+class Reader:
+    def __init__(self, data: bytes | memoryview) -> None:
+        self._data = memoryview(data)
+        self._pos = 0
+
+    def take(self, n: int) -> memoryview:
+        end = self._pos + n
+        if n < 0 or end > len(self._data):
+            raise WireError(f"truncated message: need {n} bytes at offset {self._pos}")
+        out = self._data[self._pos : end]
+        self._pos = end
+        return out
+
+    def unpack(self, fmt: str) -> tuple[Any, ...]:
+        s = struct.Struct("<" + fmt)
+        return s.unpack(self.take(s.size))
+
+    def one(self, fmt: str) -> int:
+        value: int = self.unpack(fmt)[0]
+        return value
+
+    def count(self) -> int:
+        n = self.one("I")
+        if n > MAX_ITEMS:
+            raise WireError(f"{n} items exceed the limit of {MAX_ITEMS}")
+        return n
+
+    def text(self) -> str:
+        return bytes(self.blob(MAX_STRING)).decode()
+
+    def blob(self, limit: int = MAX_STRING) -> memoryview:
+        n = self.one("I")
+        if n > limit:
+            raise WireError(f"a {n}-byte field exceeds the limit of {limit}")
+        return self.take(n)
+
+    def opt_text(self) -> str | None:
+        return self.text() if self.one("B") else None
+
+    def array(self, n: int, dtype: np.dtype[Any], native: type) -> np.ndarray[Any, Any]:
+        raw = self.take(n * dtype.itemsize)
+        return np.frombuffer(raw, dtype=dtype).astype(native, copy=False)
+
+    def end(self) -> None:
+        if self._pos != len(self._data):
+            raise WireError(f"{len(self._data) - self._pos} trailing bytes")
+
+
+# ------------------------------------------------------------------ fields
+def _put_graph(w: Writer, graph: GraphSpec) -> None:
+    w.pack("I", len(graph))
+    for name, inbound in graph:
+        w.text(name)
+        w.pack("I", len(inbound))
+        for up in inbound:
+            w.text(up)
+
+
+def _get_graph(r: Reader) -> GraphSpec:
+    return tuple((r.text(), tuple(r.text() for _ in range(r.count()))) for _ in range(r.count()))
+
+
+def _put_acks(w: Writer, acks: AckBatch) -> None:
+    w.pack("I", len(acks))
+    columns: tuple[np.ndarray[Any, Any], ...] = (acks.segment, acks.time, acks.xor, acks.count)
+    for column, dtype in zip(columns, _ACK_DTYPES, strict=True):
+        w.array(column, dtype)
+
+
+def _get_acks(r: Reader) -> AckBatch:
+    n = r.count()
+    seg, time, xor, count = (
+        r.array(n, d, t) for d, t in zip(_ACK_DTYPES, _ACK_NATIVE, strict=True)
+    )
+    return AckBatch(seg, time, xor, count)
+
+
+def _put_pairs(w: Writer, pairs: tuple[tuple[int, int], ...] | list[tuple[int, int]]) -> None:
+    """Pairs of int64 as two packed columns (heartbeats, node-time vectors)."""
+    w.pack("I", len(pairs))
+    arr = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+    w.array(arr[:, 0], np.dtype("<i8"))
+    w.array(arr[:, 1], np.dtype("<i8"))
+
+
+def _get_pairs(r: Reader) -> list[tuple[int, int]]:
+    n = r.count()
+    i8 = np.dtype("<i8")
+    a, b = r.array(n, i8, np.int64), r.array(n, i8, np.int64)
+    return list(zip(a.tolist(), b.tolist(), strict=True))
+
+
+def _put_ints(w: Writer, values: tuple[int, ...]) -> None:
+    w.pack("I", len(values))
+    w.array(np.array(values, dtype=np.int64), np.dtype("<i8"))
+
+
+def _get_ints(r: Reader) -> tuple[int, ...]:
+    return tuple(r.array(r.count(), np.dtype("<i8"), np.int64).tolist())
+
+
+# ---------------------------------------------------------------- messages
+def _enc_hello(w: Writer, m: Hello) -> None:
+    w.pack("HB", m.version, m.role)
+    w.blob(m.nonce)
+    w.text(m.name)
+    w.pack("B", m.graph is not None)
+    if m.graph is not None:
+        _put_graph(w, m.graph)
+
+
+def _dec_hello(r: Reader) -> Hello:
+    version, role = r.unpack("HB")
+    nonce, name = bytes(r.blob(256)), r.text()
+    graph = _get_graph(r) if r.one("B") else None
+    try:
+        return Hello(version, Role(role), nonce, name, graph)
+    except ValueError as exc:
+        raise WireError(f"unknown role {role}") from exc
+
+
+def _enc_welcome(w: Writer, m: Welcome) -> None:
+    w.pack("HII", m.version, m.delta_ms, m.window_slots)
+    w.text(m.server)
+    _put_graph(w, m.graph)
+    w.pack("I", len(m.shards))
+    for url in m.shards:
+        w.text(url)
+
+
+def _dec_welcome(r: Reader) -> Welcome:
+    version, delta, window = r.unpack("HII")
+    server, graph = r.text(), _get_graph(r)
+    shards = tuple(r.text() for _ in range(r.count()))
+    return Welcome(version, server, graph, delta, window, shards)
+
+
+def _enc_batch(w: Writer, m: Batch) -> None:
+    w.pack("QQ", m.req, m.session)
+    w.text(m.key)
+    nt = m.node_time
+    w.pack("B", nt is not None)
+    if nt is not None:
+        w.pack("qqq", nt.node, nt.counter, nt.min_time)
+    _put_acks(w, m.acks)
+    _put_pairs(w, [(h.front, h.time) for h in m.heartbeats])
+
+
+def _dec_batch(r: Reader) -> Batch:
+    req, session = r.unpack("QQ")
+    key = r.text()
+    nt = NodeTime(*r.unpack("qqq")) if r.one("B") else None
+    acks = _get_acks(r)
+    heartbeats = tuple(Heartbeat(f, t) for f, t in _get_pairs(r))
+    return Batch(req, session, key, acks, heartbeats, nt)
+
+
+def _enc_front(w: Writer, m: FrontOp) -> None:
+    w.pack("QQBqq", m.req, m.session, m.register, m.front, m.time)
+    w.text(m.segment)
+
+
+def _dec_front(r: Reader) -> FrontOp:
+    req, session, register, front, time = r.unpack("QQBqq")
+    return FrontOp(req, session, bool(register), front, r.text(), time)
+
+
+def _enc_notify(w: Writer, m: Notify) -> None:
+    w.pack("I", len(m.updates))
+    for sub, u in m.updates:
+        w.pack("Qq", sub, u.time)
+        w.opt_text(u.segment)
+
+
+def _dec_notify(r: Reader) -> Notify:
+    out = []
+    for _ in range(r.count()):
+        sub, time = r.unpack("Qq")
+        out.append((sub, MinTimeUpdate(r.opt_text(), time)))
+    return Notify(tuple(out))
+
+
+def _enc_error(w: Writer, m: Error) -> None:
+    w.pack("QH", m.req, m.code)
+    w.text(m.message)
+
+
+def _dec_error(r: Reader) -> Error:
+    req, code = r.unpack("QH")
+    try:
+        return Error(req, ErrorCode(code), r.text())
+    except ValueError as exc:
+        raise WireError(f"unknown error code {code}") from exc
+
+
+def _enc_report(w: Writer, m: ShardReportFrame) -> None:
+    rep = m.report
+    w.pack("I", rep.shard)
+    _put_ints(w, rep.min_times)
+    _put_pairs(w, rep.node_times)
+    _put_ints(w, tuple(x for f in rep.flushes for x in f))
+
+
+def _dec_report(r: Reader) -> ShardReportFrame:
+    shard = r.one("I")
+    mins, node_times, flat = _get_ints(r), tuple(_get_pairs(r)), _get_ints(r)
+    if len(flat) % 3:
+        raise WireError("flush triples are not a multiple of 3")
+    flushes = tuple(zip(flat[0::3], flat[1::3], flat[2::3], strict=True))
+    return ShardReportFrame(ShardReport(shard, mins, node_times, flushes))
+
+
+def _enc_release(w: Writer, m: ShardReleaseFrame) -> None:
+    _put_ints(w, m.release.min_times)
+    _put_pairs(w, m.complete)
+
+
+def _dec_release(r: Reader) -> ShardReleaseFrame:
+    return ShardReleaseFrame(ShardRelease(_get_ints(r)), tuple(_get_pairs(r)))
+
+
+def _enc_subscribe(w: Writer, m: Subscribe) -> None:
+    w.pack("Q", m.req)
+    w.opt_text(m.segment)
+
+
+def _enc_status(w: Writer, m: Status) -> None:
+    w.pack("Q", m.req)
+    w.text(m.json)
+
+
+def _req_codec(cls: type[Any]) -> tuple[Callable[[Writer, Any], None], Callable[[Reader], Any]]:
+    """Codec of a message whose only field is ``req``."""
+    return (lambda w, m: w.pack("Q", m.req)), (lambda r: cls(r.one("Q")))
+
+
+M = TypeVar("M")
+
+_CODECS: dict[type[Any], tuple[int, Callable[[Writer, Any], None], Callable[[Reader], Any]]] = {
+    Hello: (1, _enc_hello, _dec_hello),
+    Challenge: (2, lambda w, m: w.blob(m.nonce), lambda r: Challenge(bytes(r.blob(256)))),
+    Auth: (3, lambda w, m: w.blob(m.proof), lambda r: Auth(bytes(r.blob(256)))),
+    Welcome: (4, _enc_welcome, _dec_welcome),
+    Batch: (10, _enc_batch, _dec_batch),
+    FrontOp: (11, _enc_front, _dec_front),
+    Subscribe: (12, _enc_subscribe, lambda r: Subscribe(r.one("Q"), r.opt_text())),
+    Unsubscribe: (13, *_req_codec(Unsubscribe)),
+    StatusRequest: (14, *_req_codec(StatusRequest)),
+    Ok: (20, lambda w, m: w.pack("QB", m.req, m.duplicate), lambda r: Ok(*r.unpack("Q?"))),
+    Error: (21, _enc_error, _dec_error),
+    Notify: (22, _enc_notify, _dec_notify),
+    Status: (23, _enc_status, lambda r: Status(r.one("Q"), r.text())),
+    WatchShard: (30, *_req_codec(WatchShard)),
+    ShardReportFrame: (31, _enc_report, _dec_report),
+    ShardReleaseFrame: (32, _enc_release, _dec_release),
+    Commit: (40, lambda w, m: w.pack("q", m.now_ms), lambda r: Commit(r.one("q"))),
+}
+_DECODERS = {code: dec for code, _enc, dec in _CODECS.values()}
+
+
+def encode(msg: Message) -> bytes:
+    """The payload of one frame (see :mod:`lowtide.wire.frames` for the length prefix)."""
+    code, enc, _dec = _CODECS[type(msg)]
+    w = Writer()
+    w.pack("B", code)
+    enc(w, msg)
+    return w.getvalue()
+
+
+def decode(payload: bytes | memoryview) -> Message:
+    """Parse one frame's payload; :class:`WireError` if it is not a valid message."""
+    r = Reader(payload)
+    code = r.one("B")
+    dec = _DECODERS.get(code)
+    if dec is None:
+        raise WireError(f"unknown message type {code}")
+    try:
+        msg: Message = dec(r)
+    except (struct.error, UnicodeDecodeError, ValueError, TypeError) as exc:
+        # ValueError covers core validation, e.g. AckBatch column checks.
+        raise exc if isinstance(exc, WireError) else WireError(str(exc)) from exc
+    r.end()
+    return msg
+
+
+def expect(payload: bytes | memoryview, cls: type[M]) -> M:
+    """Decode and insist on one message type (handshake steps)."""
+    msg = decode(payload)
+    if not isinstance(msg, cls):
+        raise WireError(f"expected {cls.__name__}, got {type(msg).__name__}")
+    return msg

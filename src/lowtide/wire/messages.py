@@ -1,0 +1,237 @@
+"""What travels between agents, servers, shards and listeners, as frozen dataclasses.
+
+Core messages (:class:`AckBatch`, :class:`Heartbeat`, :class:`MinTimeUpdate`,
+:class:`ShardReport`, ...) are reused as they are; this module adds the envelope a
+network needs: handshake, request ids, replies, errors, and the idempotency fields of
+rule 6 (``session``/``req`` for a sender's own FIFO, ``key`` for Spark batch keys).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+from lowtide.core.graph import SegmentGraph
+from lowtide.core.messages import (
+    AckBatch,
+    Heartbeat,
+    MinTimeUpdate,
+    NodeTime,
+    ShardRelease,
+    ShardReport,
+)
+
+#: Bumped on any incompatible change of the byte format; checked at handshake.
+WIRE_VERSION = 1
+
+#: A graph as plain data: ((name, (inbound names...)), ...) in topological order.
+GraphSpec = tuple[tuple[str, tuple[str, ...]], ...]
+
+
+def graph_spec(graph: SegmentGraph) -> GraphSpec:
+    return tuple(
+        (name, tuple(graph.names[u] for u in ups))
+        for name, ups in zip(graph.names, graph.inbound, strict=True)
+    )
+
+
+def graph_of(spec: GraphSpec) -> SegmentGraph:
+    return SegmentGraph.of(*spec)
+
+
+class Role(IntEnum):
+    """Who opens a connection: decides nothing about rights, only logs and metrics."""
+
+    AGENT = 1
+    STATUS = 2
+    COORDINATOR = 3
+
+
+class ErrorCode(IntEnum):
+    BAD_FRAME = 1
+    UNSUPPORTED_VERSION = 2
+    AUTH_FAILED = 3
+    GRAPH_MISMATCH = 4
+    BAD_REQUEST = 5
+    LIMIT = 6
+    PROTOCOL = 10
+    UNKNOWN_SEGMENT = 11
+    UNKNOWN_FRONT = 12
+    NON_MONOTONIC_HEARTBEAT = 13
+    ACK_BEHIND_HEAD = 14
+    TABLE_OVERFLOW = 15
+    INTERNAL = 20
+
+
+# ----------------------------------------------------------------- handshake
+@dataclass(frozen=True)
+class Hello:
+    """First frame of a client. ``graph`` lets a fresh standalone server adopt the
+    pipeline; a server that has one refuses a client whose graph differs."""
+
+    version: int
+    role: Role
+    nonce: bytes
+    name: str
+    graph: GraphSpec | None
+
+
+@dataclass(frozen=True)
+class Challenge:
+    """Sent instead of :class:`Welcome` when the server requires a shared secret."""
+
+    nonce: bytes
+
+
+@dataclass(frozen=True)
+class Auth:
+    proof: bytes
+
+
+@dataclass(frozen=True)
+class Welcome:
+    """``shards``: in a sharded deployment, the shard URLs agents send acks to."""
+
+    version: int
+    server: str
+    graph: GraphSpec
+    delta_ms: int
+    window_slots: int
+    shards: tuple[str, ...] = ()
+
+
+# ------------------------------------------------------------ agent -> server
+@dataclass(frozen=True)
+class Batch:
+    """Acks then heartbeats, applied all or nothing.
+
+    ``session``/``req``: the sender's session and a number that grows with every
+    request it sends; a server applies each (session, req) at most once, which makes
+    resending after a reconnect safe. ``key``: the Spark batch key of rule 6 ("" for a
+    local tracker flush); a key is applied at most once whoever sends it.
+    ``node_time``: set on the per-shard parts of a sharded flush (rule 8)."""
+
+    req: int
+    session: int
+    key: str
+    acks: AckBatch
+    heartbeats: tuple[Heartbeat, ...] = ()
+    node_time: NodeTime | None = None
+
+
+@dataclass(frozen=True)
+class FrontOp:
+    """Register (``time`` >= 0) or unregister (``register`` False) a front."""
+
+    req: int
+    session: int
+    register: bool
+    front: int
+    segment: str
+    time: int
+
+
+@dataclass(frozen=True)
+class Subscribe:
+    """Ask for MinTimeUpdates of ``segment`` (None: global); ``req`` names the
+    subscription in later :class:`Notify` frames."""
+
+    req: int
+    segment: str | None
+
+
+@dataclass(frozen=True)
+class Unsubscribe:
+    req: int
+
+
+@dataclass(frozen=True)
+class StatusRequest:
+    req: int
+
+
+# ------------------------------------------------------------ server -> agent
+@dataclass(frozen=True)
+class Ok:
+    """The request was applied (and logged, with persistence); ``duplicate``: it had
+    been applied before and was not applied again."""
+
+    req: int
+    duplicate: bool = False
+
+
+@dataclass(frozen=True)
+class Error:
+    """The request was refused and changed nothing; ``req`` 0: about the connection."""
+
+    req: int
+    code: ErrorCode
+    message: str
+
+
+@dataclass(frozen=True)
+class Notify:
+    """Min time updates, in order, each tagged with its subscription id."""
+
+    updates: tuple[tuple[int, MinTimeUpdate], ...]
+
+
+@dataclass(frozen=True)
+class Status:
+    """A status view as JSON text: free-form, read by `lowtide status`."""
+
+    req: int
+    json: str
+
+
+# ------------------------------------------------------------ shards
+@dataclass(frozen=True)
+class WatchShard:
+    """From the coordinator: send me a :class:`ShardReportFrame` after every step
+    that changes something, starting with one covering every retained flush."""
+
+    req: int
+
+
+@dataclass(frozen=True)
+class ShardReportFrame:
+    report: ShardReport
+
+
+@dataclass(frozen=True)
+class ShardReleaseFrame:
+    """``release``: what the aggregator announced. ``complete``: per node, the counter
+    every shard has reached, so shards can stop retaining flushes up to it."""
+
+    release: ShardRelease
+    complete: tuple[tuple[int, int], ...] = ()
+
+
+# ------------------------------------------------------------ write-ahead log
+@dataclass(frozen=True)
+class Commit:
+    """Log marker: the requests logged since the previous marker were applied as one
+    group and followed by a step at ``now_ms``; replay repeats exactly that."""
+
+    now_ms: int
+
+
+Message = (
+    Hello
+    | Challenge
+    | Auth
+    | Welcome
+    | Batch
+    | FrontOp
+    | Subscribe
+    | Unsubscribe
+    | StatusRequest
+    | Ok
+    | Error
+    | Notify
+    | Status
+    | WatchShard
+    | ShardReportFrame
+    | ShardReleaseFrame
+    | Commit
+)

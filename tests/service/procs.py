@@ -1,0 +1,144 @@
+"""Helpers for tests that run servers and agents as separate processes.
+
+Every process started here is stopped by its own pid in a ``finally``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lowtide.core.acks import child_acks, root_acks
+from lowtide.core.graph import SegmentGraph
+from lowtide.core.messages import AckBatch, Heartbeat
+from lowtide.service import Agent, BatchKey
+
+GRAPH_SPEC = [["src", []], ["sink", ["src"]]]
+ITEMS_PER_SLOT = 40
+
+
+@dataclass
+class ServerProcess:
+    proc: subprocess.Popen[str]
+    url: str
+    lines: list[str]
+    log_path: Path
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
+    def kill9(self) -> None:
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+
+def write_graph(tmp: Path) -> Path:
+    path = tmp / "graph.json"
+    path.write_text(json.dumps(GRAPH_SPEC))
+    return path
+
+
+@contextmanager
+def serve(tmp: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[ServerProcess]:
+    """``lowtide serve`` in a subprocess; yields once it prints its URL(s)."""
+    log_path = tmp / f"serve-{time.monotonic_ns()}.log"
+    cmd = [sys.executable, "-m", "lowtide.cli", "serve", "--log-format", "json", *args]
+    if "--port" not in args:
+        cmd += ["--port", "0"]
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=log_file,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
+    try:
+        lines = [read_line(proc, 30)]
+        if not lines[0].startswith("lowtide serving "):
+            raise RuntimeError(f"unexpected output {lines[0]!r}: {log_path.read_text()}")
+        yield ServerProcess(proc, lines[0].split()[-1], lines, log_path)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+        if proc.stdout:
+            proc.stdout.close()
+
+
+def read_line(proc: subprocess.Popen[str], timeout_s: float) -> str:
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
+    if not ready:
+        raise TimeoutError("the server printed nothing")
+    line = proc.stdout.readline().strip()
+    if not line:
+        raise RuntimeError(f"the server exited with {proc.wait(5)}")
+    return line
+
+
+def values(front: int, slot: int) -> np.ndarray:
+    seq = np.arange(slot * 1000, slot * 1000 + ITEMS_PER_SLOT, dtype=np.uint64)
+    return root_acks(front, seq)
+
+
+def produced(front: int, slot: int) -> AckBatch:
+    """Send-acks of a front's items of ``slot`` into ``src``."""
+    return AckBatch.from_columns(0, np.full(ITEMS_PER_SLOT, slot), values(front, slot), 1)
+
+
+def consumed(front: int, slot: int) -> tuple[AckBatch, AckBatch]:
+    """(receive from src + send of the child into sink, receive of the child)."""
+    v = values(front, slot)
+    child = child_acks(v, operator=1, child_index=np.zeros(len(v), np.uint64))
+    times = np.full(len(v), slot)
+    first = AckBatch.concat(
+        [AckBatch.from_columns(1, times, child, 1), AckBatch.from_columns(0, times, v, -1)]
+    )
+    return first, AckBatch.from_columns(1, times, child, -1)
+
+
+# ------------------------------------------------------------ agent processes
+def graph() -> SegmentGraph:
+    return SegmentGraph.of(*((n, tuple(u)) for n, u in GRAPH_SPEC))
+
+
+def producer(url: str, front: int, slots: int) -> None:
+    """A front: each slot's items under a Spark-like key, heartbeat with them."""
+    with Agent.connect(url, graph()) as agent:
+        for slot in range(1, slots + 1):
+            key = BatchKey("q", slot, "src", front)
+            agent.send_batch(key, produced(front, slot), [Heartbeat(front, slot + 1)])
+            time.sleep(0.03)
+
+
+def consumer(
+    url: str, fronts: tuple[int, ...], slots: int, held: tuple[int, int], holding: Any, release: Any
+) -> None:
+    """Receives every front's items; the ``held`` (front, slot) waits for ``release``."""
+    with Agent.connect(url, graph()) as agent:
+        for slot in range(1, slots + 1):
+            for front in fronts:
+                first, second = consumed(front, slot)
+                agent.send_batch(BatchKey("q", slot, "sink", front), first)
+                if (front, slot) == held:
+                    holding.set()
+                    release.wait(60)
+                agent.send_batch(BatchKey("q", slot, "out", front), second)
+            time.sleep(0.03)

@@ -1,0 +1,46 @@
+"""A raw TCP client for tests that need to misbehave below the agent's level."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+
+from lowtide.wire import PREAMBLE, FrameDecoder, decode, encode, frame
+from lowtide.wire.messages import WIRE_VERSION, GraphSpec, Hello, Message, Role
+
+
+@dataclass
+class RawClient:
+    sock: socket.socket
+    decoder: FrameDecoder = field(default_factory=FrameDecoder)
+    ready: list[bytes] = field(default_factory=list)
+
+    @classmethod
+    def open(cls, url: str, preamble: bytes = PREAMBLE) -> RawClient:
+        host, port = url.removeprefix("tcp://").rsplit(":", 1)
+        sock = socket.create_connection((host, int(port)), timeout=5)
+        sock.sendall(preamble)
+        return cls(sock)
+
+    def hello(self, graph: GraphSpec | None = None) -> Message:
+        self.send(Hello(WIRE_VERSION, Role.AGENT, b"n" * 32, "raw", graph))
+        return self.recv()
+
+    def send(self, msg: Message) -> None:
+        self.send_raw(frame(encode(msg)))
+
+    def send_raw(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def recv(self, timeout_s: float = 5.0) -> Message:
+        """The next message; raises ConnectionError at the end of the stream."""
+        self.sock.settimeout(timeout_s)
+        while not self.ready:
+            data = self.sock.recv(65536)
+            if not data:
+                raise ConnectionError("closed by the server")
+            self.ready.extend(self.decoder.feed(data))
+        return decode(self.ready.pop(0))
+
+    def close(self) -> None:
+        self.sock.close()

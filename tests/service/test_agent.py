@@ -1,0 +1,177 @@
+"""Agent and embedded server over a real loopback socket: the service contract."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from lowtide.core.errors import AckBehindHead, NonMonotonicHeartbeat, UnknownSegment
+from lowtide.core.graph import SegmentGraph
+from lowtide.core.messages import Ack, AckBatch, Heartbeat, MinTimeUpdate
+from lowtide.service import Agent, BatchKey, TrackerService
+
+pytestmark = pytest.mark.socket
+
+
+def send(segment: int, time: int, value: int) -> Ack:
+    return Ack(segment, time, value, +1)
+
+
+def recv(segment: int, time: int, value: int) -> Ack:
+    return Ack(segment, time, value, -1)
+
+
+def test_contract_end_to_end(agent: Agent) -> None:
+    with agent.subscribe("sink") as sink:
+        assert sink.next_update(5) == MinTimeUpdate("sink", 0)
+        agent.register_front(front=1, segment="src", time=10)
+        assert sink.next_update(5) == MinTimeUpdate("sink", 10)
+        key = BatchKey("q", 0, "src", 0)
+        batch = AckBatch.of([send(0, 10, 0xA), send(0, 11, 0xB)])
+        assert agent.send_batch(key, batch, [Heartbeat(1, 12)]) is True
+        assert agent.send_batch(key, batch, [Heartbeat(1, 12)]) is False  # a retry: not again
+        # an operator receives both items and emits one child each into "mid" ...
+        agent.add_acks(
+            AckBatch.of([send(1, 10, 0xC), send(1, 11, 0xD), recv(0, 10, 0xA), recv(0, 11, 0xB)])
+        )
+        # ... and the sink receives them (its send acks and receive acks: rule 1)
+        agent.add_acks(
+            AckBatch.of([send(2, 10, 0xE), recv(1, 10, 0xC), send(2, 11, 0xF), recv(1, 11, 0xD)])
+        )
+        agent.add_acks(AckBatch.of([recv(2, 10, 0xE), recv(2, 11, 0xF)]))
+        assert sink.wait_for(12, timeout_s=5) == MinTimeUpdate("sink", 12)
+    status = agent.status()
+    assert status["global_min"] == 12
+    assert status["dedup_hits"] == 1
+
+
+def test_updates_arrive_in_order_and_late_subscriber_gets_current(agent: Agent) -> None:
+    agent.register_front(1, "src", 0)
+    with agent.subscribe(None) as early:
+        for t in range(1, 30):
+            agent.heartbeat(1, t)
+        agent.flush()
+        seen = [early.next_update(5).time]
+        while seen[-1] < 29:
+            seen.append(early.next_update(5).time)
+        assert seen == sorted(set(seen))
+    with agent.subscribe("mid") as late:
+        assert late.next_update(5) == MinTimeUpdate("mid", 29)
+
+
+def test_async_iterator_and_callback(agent: Agent) -> None:
+    agent.register_front(1, "src", 0)
+    got: list[MinTimeUpdate] = []
+    done = threading.Event()
+
+    def on_update(u: MinTimeUpdate) -> None:
+        got.append(u)
+        if u.time >= 5:
+            done.set()
+
+    cancel = agent.on_update(on_update, "sink")
+
+    async def consume() -> list[int]:
+        sub = await agent.subscribe_async("src")
+        times = []
+        async for u in sub:
+            times.append(u.time)
+            if u.time >= 5:
+                sub.close()
+                return times
+        return times
+
+    agent.heartbeat(1, 5)
+    times = asyncio.run(asyncio.wait_for(consume(), 5))
+    assert times[0] in (0, 5) and times[-1] == 5
+    assert done.wait(5)
+    cancel()
+    assert got[0] == MinTimeUpdate("sink", 0) and got[-1] == MinTimeUpdate("sink", 5)
+
+
+def test_refused_batch_changes_nothing_and_others_are_served(
+    service: TrackerService, agent: Agent, graph: SegmentGraph
+) -> None:
+    agent.register_front(1, "src", 10)
+    with pytest.raises(AckBehindHead):
+        agent.send_batch(BatchKey("q", 1, "src", 0), AckBatch.of([send(0, 3, 0x1)]))
+    with pytest.raises(UnknownSegment):
+        agent.send_batch(BatchKey("q", 1, "src", 1), AckBatch.of([send(7, 12, 0x1)]))
+    agent.heartbeat(1, 9)  # behind the front's own heartbeat: refused locally
+    with pytest.raises(NonMonotonicHeartbeat):
+        agent.flush()
+    with Agent.connect(service.url, graph) as other, other.subscribe("sink") as sub:
+        other.heartbeat(1, 20)
+        assert sub.wait_for(20, 5).time == 20
+    # the refused key was not remembered: a corrected batch under it is applied
+    assert agent.send_batch(BatchKey("q", 1, "src", 0), AckBatch.of([send(0, 25, 0x1)]))
+
+
+def test_unknown_segment_subscription_is_refused(agent: Agent) -> None:
+    with pytest.raises(UnknownSegment):
+        agent.subscribe("nope")
+
+
+def test_in_process_mode_has_no_socket(graph: SegmentGraph) -> None:
+    svc = TrackerService.start(graph, listen=False)
+    try:
+        assert svc.url.startswith("inproc://")
+        with svc.agent() as agent, agent.subscribe("sink") as sub:
+            agent.register_front(1, "src", 7)
+            assert sub.wait_for(7, 5).time == 7
+    finally:
+        svc.stop()
+
+
+def test_many_threads_share_one_agent(agent: Agent) -> None:
+    agent.register_front(1, "src", 0)
+    values = np.arange(1, 4001, dtype=np.uint64)
+
+    def work(part: np.ndarray) -> None:
+        for v in part:
+            agent.add_acks(AckBatch.from_columns(0, [5], [v], 1))
+            agent.add_acks(AckBatch.from_columns(0, [5], [v], -1))
+
+    threads = [threading.Thread(target=work, args=(p,)) for p in np.array_split(values, 4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    agent.heartbeat(1, 6)
+    agent.flush()
+    with agent.subscribe("src") as sub:
+        assert sub.wait_for(6, 5).time == 6
+
+
+def _child(url: str, spec: tuple, parent_session: int, out: multiprocessing.Queue) -> None:
+    graph = SegmentGraph.of(*spec)
+    inherited = Agent.shared(url, graph)  # the parent's object, as fork copied it
+    ok = inherited.send_batch(BatchKey("q", 0, "src", os.getpid()), AckBatch.of([send(0, 50, 3)]))
+    out.put((ok, inherited.session != parent_session))
+
+
+def test_shared_agent_is_fork_safe(service: TrackerService, graph: SegmentGraph) -> None:
+    parent = Agent.shared(service.url, graph)
+    try:
+        assert Agent.shared(service.url, graph) is parent
+        parent.register_front(1, "src", 0)
+        ctx = multiprocessing.get_context("fork")
+        out: multiprocessing.Queue = ctx.Queue()
+        spec = (("src", ()), ("mid", ("src",)), ("sink", ("mid",)))
+        proc = ctx.Process(target=_child, args=(service.url, spec, parent.session, out))
+        proc.start()
+        try:
+            assert out.get(timeout=20) == (True, True)
+        finally:
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        assert parent.status()["acks_applied"] == 1
+    finally:
+        parent.close()

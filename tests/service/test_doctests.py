@@ -1,0 +1,23 @@
+"""The examples in the wire and service docstrings (the project's doctest run covers
+only the core)."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = [
+    "lowtide.wire.codec",
+    "lowtide.wire.frames",
+    "lowtide.wire.log",
+    "lowtide.service.auth",
+    "lowtide.service.dedup",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_doctests(name: str) -> None:
+    result = doctest.testmod(importlib.import_module(name))
+    assert result.failed == 0 and result.attempted > 0
