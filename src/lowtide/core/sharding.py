@@ -4,6 +4,13 @@ Acks are routed by window: window ``w`` belongs to shard ``w % n_shards``. Every
 sees every front and heartbeat, rounded up past the windows it does not own. A listener
 combines the shards' reports; the global min is the minimum over shards.
 
+A shard's tracker holds its own windows only, compressed (window ``w`` at ``w //
+n_shards``; see :class:`~lowtide.core.tracker.Tracker`), so its table, scans and
+releases shrink with the number of shards. Its reported min time per segment is the
+start, in real slots, of the first window *it owns* that it does not know complete: no
+owned window below it holds anything, and every other window belongs to another shard,
+whose own report covers it; the minimum over shards (capped as below) stays safe.
+
 Why not the rule as the paper states it. A shard's min time can go *down*: a node that
 processes an item at time t (shard 0's window) may emit a child at t+1 (shard 1's window).
 If shard 0 applies the parent's receive-ack first, both shards look complete past t+1
@@ -119,7 +126,13 @@ class TrackerShard:
             raise ValueError("shard layout and tracker grid disagree on window_slots")
         self.index = index
         self.layout = layout
-        self.tracker = Tracker(config, release_on_advance=False)
+        # Holds only the windows it owns, compressed (see Tracker): n times less to scan.
+        self.tracker = Tracker(
+            config,
+            release_on_advance=False,
+            owned_every=layout.n_shards,
+            owned_index=index,
+        )
         self._node_times: dict[int, int] = {}
         self._applied: list[tuple[int, int, int]] = []
         self._last_report: ShardReport | None = None

@@ -92,15 +92,38 @@ class Tracker:
     ``release_on_advance``: a central tracker forgets windows as soon as they are
     complete, so its min times never go back. A shard keeps them until the aggregator
     releases them, because acks may still land behind its own min time.
+
+    ``owned_every`` / ``owned_index``: the tracker holds only windows ``w`` with
+    ``w % owned_every == owned_index`` (shard ``owned_index`` of ``owned_every``), and
+    refuses acks for the others. Its checksum table stores them compressed, so the
+    table, its scans and releases are ``owned_every`` times smaller. Every time it
+    takes or gives (acks, heartbeats, fronts, min times, releases, snapshots) stays a
+    real slot time. A segment's min time is then the start of the first *owned* real
+    window that is not known complete (open, or not yet below the bound): a claim
+    about owned windows only, which the aggregator's minimum over shards turns into a
+    claim about all windows.
     """
 
-    def __init__(self, config: TrackerConfig, *, release_on_advance: bool = True) -> None:
+    def __init__(
+        self,
+        config: TrackerConfig,
+        *,
+        release_on_advance: bool = True,
+        owned_every: int = 1,
+        owned_index: int = 0,
+    ) -> None:
         self.config = config
         self.graph = config.graph
         n = len(self.graph)
         self._release = release_on_advance
         self._w = config.grid.window_slots
-        self._table = ChecksumTable(n, config.initial_windows, config.max_windows)
+        self._table = ChecksumTable(
+            n,
+            config.initial_windows,
+            config.max_windows,
+            owned_every=owned_every,
+            owned_index=owned_index,
+        )
         self._fronts = FrontTable(n)
         self._mins = [0] * n
         self._limits = [0] * n
@@ -123,16 +146,18 @@ class Tracker:
 
     def apply(self, batch: AckBatch) -> None:
         """Fold a batch of acks in, all or nothing."""
-        self._check_batch(batch)
-        windows = batch.time // self._w
-        self._table.apply(batch.segment, windows, batch.xor, batch.count)
+        windows, bounds = self._windows(batch)
+        self._table.apply(batch.segment, windows, batch.xor, batch.count, bounds=bounds)
 
     def apply_flush(self, acks: AckBatch, heartbeats: Iterable[Heartbeat] = ()) -> None:
         """Acks, then heartbeats (rule 3), validated together before any is applied."""
         hbs = list(heartbeats)
-        self._check_batch(acks)
+        windows, bounds = self._windows(acks)
+        checked = self._table.check(acks.segment, windows, bounds)
         self._check_heartbeats(hbs)
-        self._table.apply(acks.segment, acks.time // self._w, acks.xor, acks.count)
+        self._table.apply(
+            acks.segment, windows, acks.xor, acks.count, checked=checked, bounds=bounds
+        )
         for hb in hbs:
             self._fronts.heartbeat(hb.front, hb.time)
 
@@ -219,15 +244,20 @@ class Tracker:
         """The earliest time a new front may start at: what was announced for ``s``."""
         return self._mins[s] if self._release else self._table.base(s) * self._w
 
-    def _check_batch(self, batch: AckBatch) -> None:
+    def _windows(self, batch: AckBatch) -> tuple[I64, tuple[int, int] | None]:
+        """The acks' windows and their (min, max), after checking segments and times
+        (the table checks the rest)."""
         if len(batch) == 0:
-            return
+            return batch.time, None
         seg = batch.segment
         if int(seg.min()) < 0 or int(seg.max()) >= len(self.graph):
             raise UnknownSegment(f"ack for segment outside [0, {len(self.graph)})")
-        check_time(int(batch.time.min()), "ack")
-        check_time(int(batch.time.max()), "ack")
-        self._table.check(seg, batch.time // self._w)
+        low, high = int(batch.time.min()), int(batch.time.max())
+        check_time(low, "ack")
+        check_time(high, "ack")
+        w = self._w
+        windows = batch.time if w == 1 else batch.time // w
+        return windows, (low // w, high // w)
 
     def _check_heartbeats(self, heartbeats: list[Heartbeat]) -> None:
         latest: dict[int, int] = {}
