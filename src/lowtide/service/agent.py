@@ -49,6 +49,8 @@ from lowtide.wire.messages import (
     FrontOp,
     Hello,
     Message,
+    MinTimeAt,
+    MinTimeAtReply,
     Notify,
     Ok,
     Role,
@@ -222,6 +224,17 @@ class Agent:
     def status(self, timeout_s: float = 10.0) -> dict[str, Any]:
         self._ensure()
         return self._call(self._link.status(), timeout_s)
+
+    def min_time_at(self, segment: str | None, at_ms: int, timeout_s: float = 30.0) -> int:
+        """``segment``'s min time (None: global) as it was at the tracker's wall time
+        ``at_ms``. The tracker answers once its clock has passed ``at_ms``, so every
+        caller asking the same question gets the same answer (deterministic decisions
+        in retried Spark tasks). 0 for times older than the tracker's history (10
+        minutes, in memory: a restarted tracker has none before its restart)."""
+        self._ensure()
+        if segment is not None:
+            self.graph.index(segment)
+        return self._call(self._link.min_time_at(segment, at_ms), timeout_s)
 
     # ------------------------------------------------------------ fire and forget
     def add_acks(self, acks: AckBatch) -> None:
@@ -510,6 +523,16 @@ class _Link:
         assert isinstance(reply, Status)
         body: dict[str, Any] = json.loads(reply.json)
         return body
+
+    async def min_time_at(self, segment: str | None, at_ms: int) -> int:
+        await self._ready()
+        assert self.main is not None
+        req = next(self._reqs)
+        fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self.main.submit(req, MinTimeAt(req, segment, at_ms), fut)
+        reply = _check(await fut)
+        assert isinstance(reply, MinTimeAtReply)
+        return reply.time
 
     # ------------------------------------------------------------ subscriptions
     async def subscribe(self, segment: str | None, deliver: Callable[[MinTimeUpdate], None]) -> int:

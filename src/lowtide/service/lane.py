@@ -18,11 +18,11 @@ from lowtide.service import net
 from lowtide.service.channel import Address, Channel, dial_inproc
 from lowtide.service.errors import ConnectionLost, ServiceError
 from lowtide.wire.codec import WireError
-from lowtide.wire.messages import Error, Hello, Message, Ok, Status, Welcome
+from lowtide.wire.messages import Error, Hello, Message, MinTimeAtReply, Ok, Status, Welcome
 
 log = logging.getLogger("lowtide.service.lane")
 
-Reply = Ok | Error | Status
+Reply = Ok | Error | Status | MinTimeAtReply
 
 
 @dataclass(frozen=True)
@@ -147,7 +147,7 @@ class Lane:
         return await net.connect_tcp(self.url, self._config.limits, self._config.connect_timeout_s)
 
     def _receive(self, msg: Message) -> None:
-        if not isinstance(msg, Ok | Error | Status):
+        if not isinstance(msg, Ok | Error | Status | MinTimeAtReply):
             self._on_push(msg)
             return
         entry = self._pending.pop(msg.req, None)

@@ -34,6 +34,7 @@ from lowtide.service.clock import SystemClock
 from lowtide.service.coordinator import CoordinatorEngine
 from lowtide.service.engine import Engine, EngineConfig, StateRequest, StepResult
 from lowtide.service.errors import ConnectionLost, ServiceError, error_of
+from lowtide.service.history import MinTimeHistory
 from lowtide.service.lane import LaneConfig
 from lowtide.service.metrics import ServerMetrics
 from lowtide.service.persist import StateLog, store_graph, stored_graph
@@ -48,6 +49,8 @@ from lowtide.wire.messages import (
     FrontOp,
     Hello,
     Message,
+    MinTimeAt,
+    MinTimeAtReply,
     Notify,
     Ok,
     ShardReleaseFrame,
@@ -173,6 +176,8 @@ class TrackerServer:
         self.port = 0
         self.metrics_port = 0
         self._next_metrics_ms = 0
+        self._history = MinTimeHistory()
+        self._min_time_waits: list[tuple[Peer, MinTimeAt]] = []
         self.inproc_url = ""
 
     @property
@@ -253,6 +258,10 @@ class TrackerServer:
             store_graph(self.config.state_dir, graph)
             self._wal.recover(engine)
         self.engine = engine
+        with contextlib.suppress(ProtocolError, ServiceError):
+            current: dict[str | None, int] = {None: engine.current(None).time}
+            current.update({n: engine.current(n).time for n in graph.names})
+            self._history.seed(self.clock.now_ms(), current)
 
     # ------------------------------------------------------------ connections
     def _accept_inproc(self, channel: Channel) -> None:
@@ -379,6 +388,8 @@ class TrackerServer:
         if self._wal is not None:
             self._wal.commit(now)
         step = engine.step(now)
+        self._history.observe(now, step.updates)
+        self._answer_min_time_at(now, out)
         self._send(out)
         self._publish(step)
         if ticked:
@@ -413,6 +424,11 @@ class TrackerServer:
                 self._subs.unsubscribe(sub, everywhere=True)
                 del self._sub_owner[sub]
             out.append((peer, Ok(msg.req)))
+        elif isinstance(msg, MinTimeAt):
+            if msg.segment is not None and msg.segment not in engine.graph.names:
+                out.append((peer, Error(msg.req, ErrorCode.UNKNOWN_SEGMENT, msg.segment)))
+            else:
+                self._min_time_waits.append((peer, msg))
         elif isinstance(msg, StatusRequest):
             out.append((peer, Status(msg.req, json.dumps(self.status()))))
         elif isinstance(msg, ShardReleaseFrame | WatchShard):
@@ -428,6 +444,20 @@ class TrackerServer:
         elif not reply.duplicate and self._wal is not None:
             self._wal.append(msg)
         return reply
+
+    def _answer_min_time_at(self, now: int, out: Outbox) -> None:
+        """Answer the MinTimeAt questions whose time has passed (after this group's
+        step, which is recorded at ``now`` > their time): final answers."""
+        if not self._min_time_waits:
+            return
+        waiting = []
+        for peer, msg in self._min_time_waits:
+            if now > msg.at_ms:
+                t = self._history.at(msg.segment, msg.at_ms)
+                out.append((peer, MinTimeAtReply(msg.req, t)))
+            elif peer in self._peers:
+                waiting.append((peer, msg))
+        self._min_time_waits = waiting
 
     def _shard_duty(
         self, engine: Engine, peer: Peer, msg: ShardReleaseFrame | WatchShard, out: Outbox

@@ -39,6 +39,8 @@ from lowtide.wire.messages import (
     GraphSpec,
     Hello,
     Message,
+    MinTimeAt,
+    MinTimeAtReply,
     Notify,
     Ok,
     Role,
@@ -326,6 +328,16 @@ def _enc_status(w: Writer, m: Status) -> None:
     w.text(m.json)
 
 
+def _enc_min_time_at(w: Writer, m: MinTimeAt) -> None:
+    w.pack("Qq", m.req, m.at_ms)
+    w.opt_text(m.segment)
+
+
+def _dec_min_time_at(r: Reader) -> MinTimeAt:
+    req, at_ms = r.unpack("Qq")
+    return MinTimeAt(req, r.opt_text(), at_ms)
+
+
 def _req_codec(cls: type[Any]) -> tuple[Callable[[Writer, Any], None], Callable[[Reader], Any]]:
     """Codec of a message whose only field is ``req``."""
     return (lambda w, m: w.pack("Q", m.req)), (lambda r: cls(r.one("Q")))
@@ -343,10 +355,14 @@ _CODECS: dict[type[Any], tuple[int, Callable[[Writer, Any], None], Callable[[Rea
     Subscribe: (12, _enc_subscribe, lambda r: Subscribe(r.one("Q"), r.opt_text())),
     Unsubscribe: (13, *_req_codec(Unsubscribe)),
     StatusRequest: (14, *_req_codec(StatusRequest)),
+    MinTimeAt: (15, _enc_min_time_at, _dec_min_time_at),
     Ok: (20, lambda w, m: w.pack("QB", m.req, m.duplicate), lambda r: Ok(*r.unpack("Q?"))),
     Error: (21, _enc_error, _dec_error),
     Notify: (22, _enc_notify, _dec_notify),
     Status: (23, _enc_status, lambda r: Status(r.one("Q"), r.text())),
+    MinTimeAtReply: (
+        24, lambda w, m: w.pack("Qq", m.req, m.time), lambda r: MinTimeAtReply(*r.unpack("Qq"))
+    ),
     WatchShard: (30, *_req_codec(WatchShard)),
     ShardReportFrame: (31, _enc_report, _dec_report),
     ShardReleaseFrame: (32, _enc_release, _dec_release),

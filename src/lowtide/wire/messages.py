@@ -150,6 +150,17 @@ class StatusRequest:
     req: int
 
 
+@dataclass(frozen=True)
+class MinTimeAt:
+    """What was ``segment``'s min time (None: global) at the server's wall time
+    ``at_ms``? Answered (:class:`MinTimeAtReply`) once the server's clock has passed
+    ``at_ms``, so the answer is final: every attempt of a Spark task gets the same."""
+
+    req: int
+    segment: str | None
+    at_ms: int
+
+
 # ------------------------------------------------------------ server -> agent
 @dataclass(frozen=True)
 class Ok:
@@ -182,6 +193,12 @@ class Status:
 
     req: int
     json: str
+
+
+@dataclass(frozen=True)
+class MinTimeAtReply:
+    req: int
+    time: int
 
 
 # ------------------------------------------------------------ shards
@@ -226,6 +243,8 @@ Message = (
     | Subscribe
     | Unsubscribe
     | StatusRequest
+    | MinTimeAt
+    | MinTimeAtReply
     | Ok
     | Error
     | Notify
