@@ -1,0 +1,178 @@
+"""Tracked operators: map, flat_map and filter over Arrow batches (``mapInArrow``).
+
+The user function sees the data columns only (the tracking columns are split off and
+re-attached). Per input batch, one vectorised pass computes:
+
+* receive-acks of the input rows (input segment, count -1),
+* the children's ack values ``child_acks(parent, operator id, child index)``, which
+  inherit the parent's time (rule 5), and their send-acks (output segment, count +1),
+
+reduced per time by :func:`lowtide.spark.tracking.xor_by_time`. When the task's input
+is exhausted (its output is complete) it sends ONE idempotent batch keyed
+``(query id, batch id, input segment, partition)`` and waits for the tracker's
+confirmation (rules 2 and 6): the batch holds the children and the receipts together,
+applied atomically, so children never trail their parent.
+
+User functions must be deterministic: Spark re-runs tasks and the acks of a re-run
+must equal the first run's.
+
+* ``map``: ``fn(batch) -> batch`` with the same number of rows (row i from input i).
+* ``flat_map``: ``fn(batch) -> (batch, parents)`` where ``parents[i]`` is the input
+  row of output row i; or ``fn(batch) -> batch`` with an int column ``"_parent"``.
+* ``filter``: ``fn(batch) -> boolean mask`` (an Arrow or numpy array).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from lowtide.core.acks import child_acks
+from lowtide.spark.source import send_task_batch
+from lowtide.spark.tracking import (
+    ACK_COL,
+    TIME_COL,
+    TRACKING_COLS,
+    AckAccumulator,
+    as_i64,
+    as_u64,
+    child_index,
+)
+from lowtide.spark.transport import TrackerRef
+
+KINDS = ("map", "flat_map", "filter")
+PARENT_COL = "_parent"
+
+
+def operator_id(name: str) -> int:
+    """A stable 63-bit id from the operator's (segment) name."""
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little") >> 1
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    kind: str
+    fn: Callable[..., Any]
+    name: str
+    schema: Any = None  # DDL string or StructType of the output data columns
+
+
+@dataclass(frozen=True)
+class OpRuntime:
+    """What a task needs; pickled into the mapInArrow closure."""
+
+    kind: str
+    fn: Callable[..., Any]
+    ref: TrackerRef
+    in_segment: str  # the segment this operator receives from (its name)
+    out_segment: str  # the segment its children are sent into
+    op_id: int
+    #: Spark accumulators (rows received, rows sent) for the driver's progress view
+    counters: tuple[Any, Any] | None = None
+
+
+def _split(batch: Any) -> tuple[Any, np.ndarray, np.ndarray]:
+    """(data-only batch, times int64, acks uint64)."""
+    names = batch.schema.names
+    t = batch.column(names.index(TIME_COL)).to_numpy(zero_copy_only=False)
+    a = as_u64(batch.column(names.index(ACK_COL)).to_numpy(zero_copy_only=False))
+    keep = [i for i, n in enumerate(names) if n not in TRACKING_COLS]
+    data = batch.select(keep)
+    return data, np.asarray(t, np.int64), a
+
+
+def _as_batch(out: Any) -> Any:
+    import pyarrow as pa
+
+    if isinstance(out, pa.Table):
+        out = out.combine_chunks()
+        batches = out.to_batches()
+        if not batches:
+            return pa.RecordBatch.from_pylist([], schema=out.schema)
+        return batches[0]
+    if isinstance(out, pa.RecordBatch):
+        return out
+    raise TypeError(f"tracked operator functions return a pyarrow RecordBatch, got {type(out)}")
+
+
+def _attach(data: Any, times: np.ndarray, acks: np.ndarray) -> Any:
+    import pyarrow as pa
+
+    arrays = [*data.columns, pa.array(times, pa.int64()), pa.array(as_i64(acks), pa.int64())]
+    return pa.RecordBatch.from_arrays(arrays, names=[*data.schema.names, TIME_COL, ACK_COL])
+
+
+def apply_op(rt: OpRuntime, batch: Any, acc: AckAccumulator, in_idx: int, out_idx: int) -> Any:
+    """Run the user function on one Arrow batch; record its acks in ``acc``."""
+    data, times, acks = _split(batch)
+    n = len(times)
+    if rt.kind == "map":
+        out = _as_batch(rt.fn(data))
+        if out.num_rows != n:
+            raise ValueError(
+                f"map {rt.in_segment!r} returned {out.num_rows} rows for {n}: use flat_map"
+            )
+        c_times = times
+        c_acks = child_acks(acks, rt.op_id, np.zeros(n, np.uint64))
+    elif rt.kind == "filter":
+        mask = rt.fn(data)
+        mask = np.asarray(
+            mask.to_numpy(zero_copy_only=False) if hasattr(mask, "to_numpy") else mask, bool
+        )
+        if mask.shape != (n,):
+            raise ValueError(f"filter {rt.in_segment!r} returned a mask of shape {mask.shape}")
+        import pyarrow as pa
+
+        out = data.filter(pa.array(mask, pa.bool_())) if n else data
+        c_times = times[mask]
+        c_acks = child_acks(acks[mask], rt.op_id, np.zeros(int(mask.sum()), np.uint64))
+    elif rt.kind == "flat_map":
+        res = rt.fn(data)
+        if isinstance(res, tuple):
+            out, parents = _as_batch(res[0]), res[1]
+            parents = np.asarray(
+                parents.to_numpy(zero_copy_only=False) if hasattr(parents, "to_numpy") else parents,
+                np.int64,
+            )
+        else:
+            out = _as_batch(res)
+            if PARENT_COL not in out.schema.names:
+                raise ValueError(f"flat_map {rt.in_segment!r}: return (batch, parents)")
+            i = out.schema.names.index(PARENT_COL)
+            parents = np.asarray(out.column(i).to_numpy(zero_copy_only=False), np.int64)
+            out = out.select([j for j in range(out.num_columns) if j != i])
+        if len(parents) != out.num_rows:
+            raise ValueError(f"flat_map {rt.in_segment!r}: one parent index per output row")
+        if len(parents) and (parents.min() < 0 or parents.max() >= n):
+            raise ValueError(f"flat_map {rt.in_segment!r}: parent index out of range")
+        c_times = times[parents]
+        c_acks = child_acks(acks[parents], rt.op_id, child_index(parents))
+    else:
+        raise ValueError(f"unknown operator kind {rt.kind!r}")
+    acc.add(out_idx, c_times, c_acks, +1)
+    acc.add(in_idx, times, acks, -1)
+    return _attach(out, c_times, c_acks)
+
+
+def task_function(rt: OpRuntime) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The function given to ``DataFrame.mapInArrow``."""
+
+    def run(batches: Iterator[Any]) -> Iterator[Any]:
+        from pyspark import TaskContext
+
+        graph = rt.ref.graph
+        in_idx, out_idx = graph.index(rt.in_segment), graph.index(rt.out_segment)
+        acc = AckAccumulator()
+        for batch in batches:
+            yield apply_op(rt, batch, acc, in_idx, out_idx)
+        tc = TaskContext.get()
+        send_task_batch(rt.ref, rt.in_segment, tc.partitionId() if tc else 0, acc)
+        if rt.counters is not None:
+            rt.counters[0].add(acc.rows_received)
+            rt.counters[1].add(acc.rows_sent)
+
+    return run

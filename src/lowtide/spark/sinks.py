@@ -1,0 +1,246 @@
+"""Tracked sinks: receipt is acked only after the batch is committed.
+
+The sink's input segment is the last segment of the pipeline, so its min time is
+end-to-end completeness: every row with time < t has been committed at the sink.
+
+Two mechanisms:
+
+* :class:`TrackedForeachBatch` wraps a ``foreachBatch`` function. It caches the
+  batch, computes the receive-acks in the JVM (``groupBy(lt_time)`` with ``bit_xor``
+  and ``count``; no Python pass over the rows), runs the user's function (which
+  commits), then sends one batch keyed ``(query id, batch id, sink segment, 0)``.
+  The console sink is built on it.
+* ``format("lowtide_sink")``: a Python data source stream writer (Arrow). Each task
+  writes its rows (``mode=parquet``: a Parquet file per (batch, partition), named
+  deterministically, so a re-run batch overwrites instead of duplicating;
+  ``mode=null``: drops them) and returns its per-time XORs in its commit message;
+  the driver-side ``commit`` publishes the files and then sends the acks.
+
+A failed batch sends nothing: the acks of a batch go out only after its commit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lowtide.spark.tracking import ACK_COL, TIME_COL, TRACKING_COLS, AckAccumulator, as_u64
+from lowtide.spark.transport import TrackerRef, batch_key, connect
+
+try:
+    from pyspark.sql.datasource import (
+        DataSource,
+        DataSourceStreamArrowWriter,
+        WriterCommitMessage,
+    )
+except ImportError:  # pragma: no cover
+    DataSource = DataSourceStreamArrowWriter = WriterCommitMessage = object  # type: ignore
+
+SINK_MODES = ("parquet", "null")
+
+
+def _query_id(spark_context: Any) -> str:
+    q = spark_context.getLocalProperty("sql.streaming.queryId")
+    if q is None:
+        raise RuntimeError("tracked sinks run inside a streaming query's foreachBatch")
+    return str(q)
+
+
+class TrackedForeachBatch:
+    """``foreachBatch`` function that acks the sink segment after ``fn`` returns."""
+
+    def __init__(
+        self,
+        fn: Callable[[Any, int], Any] | None,
+        ref: TrackerRef,
+        segment: str,
+        *,
+        keep_tracking_columns: bool = False,
+        trace_file: str | None = None,
+    ) -> None:
+        self.fn = fn
+        self.ref = ref
+        self.segment = segment
+        self.keep = keep_tracking_columns
+        self.last_acks: Any = None
+        self.rows_received = 0
+        self.trace = trace_file
+
+    def acks_of(self, df: Any) -> AckAccumulator:
+        from pyspark.sql import functions as F
+
+        rows = (
+            df.groupBy(TIME_COL)
+            .agg(F.bit_xor(ACK_COL).alias("x"), F.count(F.lit(1)).alias("n"))
+            .collect()
+        )
+        acc = AckAccumulator()
+        if rows:
+            t = np.array([r[0] for r in rows], np.int64)
+            x = as_u64(np.array([r[1] for r in rows], np.int64))
+            n = np.array([r[2] for r in rows], np.int64)
+            acc.add_reduced(self.ref.graph.index(self.segment), t, x, -n)
+            acc.rows_received = int(n.sum())
+        return acc
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        query = _query_id(df.sparkSession.sparkContext)
+        if self.fn is None:  # nothing to commit: ack straight from one aggregation job
+            self._ack(query, batch_id, self.acks_of(df))
+            return
+        cached = df.persist()
+        try:
+            acc = self.acks_of(cached)
+            user_df = cached if self.keep else cached.drop(*TRACKING_COLS)
+            self.fn(user_df, batch_id)
+            self._ack(query, batch_id, acc)
+        finally:
+            cached.unpersist()
+
+    def _ack(self, query: str, batch_id: int, acc: AckAccumulator) -> None:
+        started_ns = time.time_ns()
+        acks = acc.build(self.ref.grid.window_slots)
+        if len(acks):
+            key = batch_key(query, batch_id, self.segment, 0)
+            connect(self.ref).send_batch(key, acks)
+        self.last_acks = acks
+        self.rows_received += acc.rows_received
+        if self.trace:  # same format as the writer's trace
+            with open(self.trace, "a") as f:
+                f.write(f"{batch_id} {started_ns} {time.time_ns()} {acc.rows_received}\n")
+
+
+def console_writer(num_rows: int = 20, truncate: bool = True) -> Callable[[Any, int], None]:
+    def show(df: Any, batch_id: int) -> None:
+        print(f"-------- lowtide batch {batch_id} --------")
+        df.show(num_rows, truncate=truncate)
+
+    return show
+
+
+# ------------------------------------------------------------------ data source writer
+@dataclass
+class SinkCommit(WriterCommitMessage):  # type: ignore[misc]
+    query: str
+    partition: int
+    rows: int
+    tmp_file: str | None
+    times: list[int]
+    xors: list[int]
+    counts: list[int]
+
+
+def _final_name(batch_id: int, partition: int) -> str:
+    return f"part-{batch_id:010d}-{partition:05d}.parquet"
+
+
+class SinkWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
+    def __init__(self, options: dict[str, str], schema: Any) -> None:
+        self.mode = options.get("mode", "parquet")
+        if self.mode not in SINK_MODES:
+            raise ValueError(f"lowtide_sink mode must be one of {SINK_MODES}")
+        self.path = options.get("path")
+        if self.mode == "parquet" and not self.path:
+            raise ValueError("lowtide_sink mode=parquet needs a path")
+        self.keep = options.get("keeptrackingcolumns", "false").lower() == "true"
+        self.ref = TrackerRef.from_option(options["lowtide.tracker"])
+        self.segment = options["lowtide.segment"]
+        self.trace = options.get("tracefile")
+
+    def write(self, iterator: Iterator[Any]) -> SinkCommit:
+        from pyspark import TaskContext
+
+        tc = TaskContext.get()
+        query = tc.getLocalProperty("sql.streaming.queryId") if tc else None
+        partition = tc.partitionId() if tc else 0
+        acc = AckAccumulator()
+        seg = self.ref.graph.index(self.segment)
+        writer = None
+        tmp: str | None = None
+        rows = 0
+        try:
+            for batch in iterator:
+                names = batch.schema.names
+                t = np.asarray(batch.column(names.index(TIME_COL)).to_numpy(), np.int64)
+                a = as_u64(np.asarray(batch.column(names.index(ACK_COL)).to_numpy(), np.int64))
+                acc.add(seg, t, a, -1)
+                rows += len(t)
+                if self.mode == "parquet" and batch.num_rows:
+                    if not self.keep:
+                        batch = batch.select(
+                            [i for i, n in enumerate(names) if n not in TRACKING_COLS]
+                        )
+                    if writer is None:
+                        import pyarrow.parquet as pq
+
+                        tmp_dir = Path(self.path) / "_tmp"  # type: ignore[arg-type]
+                        tmp_dir.mkdir(parents=True, exist_ok=True)
+                        tmp = str(tmp_dir / f"{partition:05d}-{uuid.uuid4().hex}.parquet")
+                        writer = pq.ParquetWriter(tmp, batch.schema)
+                    writer.write_batch(batch)
+        finally:
+            if writer is not None:
+                writer.close()
+        acks = acc.build(self.ref.grid.window_slots)
+        return SinkCommit(
+            str(query),
+            partition,
+            rows,
+            tmp,
+            acks.time.tolist(),
+            acks.xor.tolist(),
+            acks.count.tolist(),
+        )
+
+    def commit(self, messages: list[SinkCommit | None], batchId: int) -> None:
+        started_ns = time.time_ns()
+        done = [m for m in messages if m is not None]
+        if self.mode == "parquet":
+            for m in done:
+                if m.tmp_file is not None:
+                    os.replace(m.tmp_file, Path(self.path) / _final_name(batchId, m.partition))  # type: ignore[arg-type]
+        acc = AckAccumulator()
+        seg = self.ref.graph.index(self.segment)
+        for m in done:
+            acc.add_reduced(
+                seg,
+                np.array(m.times, np.int64),
+                np.array(m.xors, np.uint64),
+                np.array(m.counts, np.int64),
+            )
+        acks = acc.build(self.ref.grid.window_slots)
+        if len(acks):
+            query = next(m.query for m in done if m.rows)
+            connect(self.ref).send_batch(batch_key(query, batchId, self.segment, 0), acks)
+        if self.trace:  # "<batch> <commit start ns> <acks confirmed ns> <rows>"
+            rows = sum(m.rows for m in done)
+            with open(self.trace, "a") as f:
+                f.write(f"{batchId} {started_ns} {time.time_ns()} {rows}\n")
+
+    def abort(self, messages: list[SinkCommit | None], batchId: int) -> None:
+        for m in messages:
+            if m is not None and m.tmp_file is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(m.tmp_file)
+
+
+class TrackedSink(DataSource):  # type: ignore[misc]
+    """``df.writeStream.format("lowtide_sink")``; see :mod:`lowtide.spark.sinks`."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "lowtide_sink"
+
+    def schema(self) -> str:
+        return f"{TIME_COL} long, {ACK_COL} long"
+
+    def streamWriter(self, schema: Any, overwrite: bool) -> SinkWriter:
+        return SinkWriter({k.lower(): v for k, v in self.options.items()}, schema)

@@ -1,0 +1,202 @@
+"""Tracked Spark sources (Python Data Source API, micro-batch).
+
+``lowtide_log`` reads the ingest log (:mod:`lowtide.spark.ingest`), one partition per
+front. Offsets are ``{"f<front>": next offset}`` and live in Spark's checkpoint, so a
+restarted query resumes where it stopped; a re-run batch reads exactly the same records.
+
+A source task is a tracked operator: it *receives* the records from the ingest segment
+(where the :class:`lowtide.Front` producer sent them) and *sends* them, same ack values,
+into the segment of the first tracked operator. It sends one idempotent batch, keyed
+``(query id, batch id, ingest segment, front)``, when its output is complete (rule 6).
+The producer heartbeats on its own channel after its own acks (rule 3).
+
+Notes on the API (PySpark 4.3): the stream reader lives in a separate Python process
+next to the driver (not the user's driver process); ``read`` runs in executor tasks;
+neither may keep state between calls except through offsets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from lowtide.core.acks import root_acks
+from lowtide.core.errors import NonMonotonicHeartbeat
+from lowtide.core.messages import Heartbeat
+from lowtide.spark.ingest import IngestReader, list_fronts
+from lowtide.spark.tracking import ACK_COL, TIME_COL, AckAccumulator, as_i64
+from lowtide.spark.transport import AgentLike, TrackerRef, batch_key, connect, task_identity
+
+try:  # the module must import without pyspark for the pure tests
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+except ImportError:  # pragma: no cover
+    DataSource = DataSourceStreamReader = InputPartition = object  # type: ignore[misc,assignment]
+
+LOG_SCHEMA = f"front int, offset long, payload binary, {TIME_COL} long, {ACK_COL} long"
+
+
+def front_key(front: int) -> str:
+    return f"f{front}"
+
+
+def parse_fronts(text: str | None) -> list[int] | None:
+    """``"0,1,5"`` or ``"0-3"`` -> ids; None/empty/``"auto"``: discover."""
+    if not text or text == "auto":
+        return None
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if "-" in part:
+            lo, hi = part.split("-", 1)
+            out.extend(range(int(lo), int(hi) + 1))
+        elif part:
+            out.append(int(part))
+    return sorted(set(out))
+
+
+def ensure_front(agent: AgentLike, front: int, segment: str, time: int) -> None:
+    """Register ``front`` at ``time`` unless it is already live further ahead.
+
+    A restarted query says hello again from its checkpoint's offsets; the tracker may
+    have seen later heartbeats of the same front (from a batch that ran but was not
+    committed), which is fine: the front stays where it is."""
+    try:
+        agent.register_front(front, segment, time)
+    except NonMonotonicHeartbeat:
+        return
+
+
+def send_task_batch(
+    ref: TrackerRef,
+    segment: str,
+    partition: int,
+    acc: AckAccumulator,
+    heartbeats: Sequence[Heartbeat] = (),
+) -> None:
+    """Send one task's acks (and heartbeats after them) as one idempotent batch."""
+    acks = acc.build(ref.grid.window_slots)
+    if len(acks) == 0 and not heartbeats:
+        return
+    ident = task_identity()
+    key = batch_key(ident.query, ident.batch_id, segment, partition)
+    connect(ref).send_batch(key, acks, tuple(heartbeats))
+
+
+class FrontPartition(InputPartition):  # type: ignore[misc]
+    def __init__(self, front: int, start: int, end: int, extra: Any = None) -> None:
+        self.front, self.start, self.end, self.extra = front, start, end, extra
+
+    def __repr__(self) -> str:
+        return f"FrontPartition(front={self.front}, [{self.start}, {self.end}))"
+
+
+def log_offsets(
+    directory: str, fronts: list[int] | None, start: dict[str, int], max_records: int | None
+) -> dict[str, int]:
+    """The next end offsets: everything visible, or at most ``max_records`` per front."""
+    ids = fronts if fronts is not None else list_fronts(directory)
+    end = dict(start)
+    for f in ids:
+        k = front_key(f)
+        lo = int(start.get(k, 0))
+        hi = IngestReader(directory, f).end_offset()
+        if max_records is not None:
+            hi = min(hi, lo + max_records)
+        end[k] = max(lo, hi)
+    return end
+
+
+def log_partitions(start: dict[str, int], end: dict[str, int]) -> list[FrontPartition]:
+    out = []
+    for k in sorted(end, key=lambda s: int(s[1:])):
+        lo, hi = int(start.get(k, 0)), int(end[k])
+        if hi > lo:
+            out.append(FrontPartition(int(k[1:]), lo, hi))
+    return out
+
+
+def read_log_partition(
+    directory: str, part: FrontPartition
+) -> tuple[Any, np.ndarray, np.ndarray]:
+    """(record batch, times, acks) of the partition's records."""
+    import pyarrow as pa
+
+    times, payloads = IngestReader(directory, part.front).read(part.start, part.end)
+    seq = np.arange(part.start, part.end, dtype=np.uint64)
+    acks = root_acks(part.front, seq)
+    n = len(seq)
+    batch = pa.RecordBatch.from_arrays(
+        [
+            pa.array(np.full(n, part.front, np.int32)),
+            pa.array(seq.astype(np.int64)),
+            payloads,
+            pa.array(times),
+            pa.array(as_i64(acks)),
+        ],
+        names=["front", "offset", "payload", TIME_COL, ACK_COL],
+    )
+    return batch, times, acks
+
+
+class LogStreamReader(DataSourceStreamReader):  # type: ignore[misc]
+    def __init__(self, options: dict[str, str]) -> None:
+        self.path = options["path"]
+        self.fronts = parse_fronts(options.get("fronts"))
+        mr = options.get("maxrecordsperbatch")
+        self.max_records = int(mr) if mr else None
+        self.ref = TrackerRef.from_option(options["lowtide.tracker"])
+        self.ingest = options["lowtide.segment"]
+        self.out = options["lowtide.out"]
+
+    def initialOffset(self) -> dict[str, int]:
+        ids = self.fronts if self.fronts is not None else list_fronts(self.path)
+        return {front_key(f): 0 for f in ids}
+
+    def latestOffset(self, start: dict[str, int], limit: Any = None) -> dict[str, int]:
+        return log_offsets(self.path, self.fronts, start, self.max_records)
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[FrontPartition]:
+        return log_partitions(start, end)
+
+    def read(self, partition: FrontPartition) -> Iterator[Any]:
+        batch, times, acks = read_log_partition(self.path, partition)
+        out = self.ref.graph.index(self.out)
+        ingest = self.ref.graph.index(self.ingest)
+        acc = AckAccumulator()
+        acc.add(out, times, acks, +1)  # children first (same values, next segment)
+        acc.add(ingest, times, acks, -1)
+        yield batch
+        send_task_batch(self.ref, self.ingest, partition.front, acc)
+
+    def commit(self, end: dict[str, int]) -> None:
+        return None
+
+
+class LogSource(DataSource):  # type: ignore[misc]
+    """``spark.readStream.format("lowtide_log")``; see :mod:`lowtide.spark.source`."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "lowtide_log"
+
+    def schema(self) -> str:
+        return LOG_SCHEMA
+
+    def streamReader(self, schema: Any) -> LogStreamReader:
+        return LogStreamReader({k.lower(): v for k, v in self.options.items()})
+
+
+__all__ = [
+    "LOG_SCHEMA",
+    "FrontPartition",
+    "LogSource",
+    "LogStreamReader",
+    "ensure_front",
+    "log_offsets",
+    "log_partitions",
+    "parse_fronts",
+    "read_log_partition",
+    "send_task_batch",
+]

@@ -1,0 +1,140 @@
+"""The seam between the Spark layer and the tracker service.
+
+Everything Spark-side that talks to the tracker goes through :func:`connect`, which
+returns the process-wide agent for a :class:`TrackerRef` (``lowtide.service.Agent``
+for ``tcp://`` URLs). A ``TrackerRef`` is small and picklable: it travels inside the
+closures and data source options that Spark ships to executors.
+
+Tests may plug an in-process agent in with :func:`register_scheme` (for example
+``memory://``); the library itself has no fake tracker.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from lowtide.core.graph import SegmentGraph
+from lowtide.core.messages import AckBatch, Heartbeat
+from lowtide.core.time import TimeGrid
+
+
+class AgentLike(Protocol):
+    """What the Spark layer needs from ``lowtide.service.Agent``."""
+
+    def register_front(self, front: int, segment: str, time: int) -> None: ...
+
+    def send_batch(
+        self,
+        key: Any,
+        acks: AckBatch,
+        heartbeats: Iterable[Heartbeat] = (),
+        timeout_s: float = 30.0,
+    ) -> Any: ...
+
+    def add_acks(self, acks: AckBatch) -> None: ...
+
+    def heartbeat(self, front: int, time: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class TrackerRef:
+    """Where the tracker is and what graph it tracks; picklable and JSON-able."""
+
+    url: str
+    graph: SegmentGraph
+    grid: TimeGrid = TimeGrid()
+    secret: str | None = None
+
+    def to_option(self) -> str:
+        """Encode as one string (data source options are strings)."""
+        doc = {
+            "url": self.url,
+            "names": list(self.graph.names),
+            "inbound": [list(x) for x in self.graph.inbound],
+            "delta_ms": self.grid.delta_ms,
+            "window_slots": self.grid.window_slots,
+            "secret": self.secret,
+        }
+        return base64.urlsafe_b64encode(json.dumps(doc).encode()).decode()
+
+    @classmethod
+    def from_option(cls, text: str) -> TrackerRef:
+        doc = json.loads(base64.urlsafe_b64decode(text.encode()))
+        names = doc["names"]
+        specs = [
+            (n, tuple(names[i] for i in ups))
+            for n, ups in zip(names, doc["inbound"], strict=True)
+        ]
+        graph = SegmentGraph.of(*specs)
+        return cls(doc["url"], graph, TimeGrid(doc["delta_ms"], doc["window_slots"]), doc["secret"])
+
+
+_factories: dict[str, Callable[[TrackerRef], AgentLike]] = {}
+_lock = threading.Lock()
+
+
+def register_scheme(scheme: str, factory: Callable[[TrackerRef], AgentLike] | None) -> None:
+    """Route ``scheme://`` URLs to ``factory`` (None removes the route)."""
+    with _lock:
+        if factory is None:
+            _factories.pop(scheme, None)
+        else:
+            _factories[scheme] = factory
+
+
+def connect(ref: TrackerRef) -> AgentLike:
+    """The process-wide agent for ``ref`` (created on first use)."""
+    scheme = ref.url.split("://", 1)[0]
+    with _lock:
+        factory = _factories.get(scheme)
+    if factory is not None:
+        return factory(ref)
+    from lowtide.service import Agent
+
+    text = ref.secret if ref.secret is not None else os.environ.get("LOWTIDE_SECRET")
+    secret = text.strip().encode() if text else None
+    agent: AgentLike = Agent.shared(ref.url, ref.graph, secret=secret)
+    return agent
+
+
+def batch_key(query: str, batch_id: int, segment: str, partition: int) -> Any:
+    """The idempotency key of one task's ack batch (rule 6)."""
+    try:
+        from lowtide.service import BatchKey
+    except ImportError:  # no service installed: a plain tuple for in-process agents
+        return (query, batch_id, segment, partition)
+    return BatchKey(query, batch_id, segment, partition)
+
+
+@dataclass(frozen=True)
+class TaskIdentity:
+    query: str
+    batch_id: int
+    partition: int
+    attempt: int
+
+
+class NotAStreamingTask(RuntimeError):
+    """A tracked operator ran outside a streaming query's micro-batch."""
+
+
+def task_identity() -> TaskIdentity:
+    """Query id, batch id and partition of the running Spark task (rule 6)."""
+    from pyspark import TaskContext
+
+    tc = TaskContext.get()
+    if tc is None:
+        raise NotAStreamingTask("not inside a Spark task")
+    query = tc.getLocalProperty("sql.streaming.queryId")
+    batch = tc.getLocalProperty("streaming.sql.batchId")
+    if query is None or batch is None:
+        raise NotAStreamingTask(
+            "tracked operators run in streaming queries only (no sql.streaming.queryId)"
+        )
+    return TaskIdentity(query, int(batch), tc.partitionId(), tc.attemptNumber())

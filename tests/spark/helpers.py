@@ -1,0 +1,110 @@
+"""Checks shared by the end-to-end Spark tests."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lowtide.spark.generator import GeneratorSpec, rows_before
+
+
+@dataclass
+class Notified:
+    time: int
+    wall_ms: int
+    snapshot: Any
+
+
+@dataclass
+class Watcher:
+    """Consumes the sink's min time updates on a thread; for each one, records what
+    ``snapshot()`` says the sink has committed at that moment."""
+
+    agent: Any
+    segment: str
+    snapshot: Callable[[], Any]
+    seen: list[Notified] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> Watcher:
+        sub = self.agent.subscribe(self.segment)
+
+        def run() -> None:
+            try:
+                while not self._stop.is_set():
+                    try:
+                        u = sub.next_update(0.1)
+                    except TimeoutError:
+                        continue
+                    snap = self.snapshot()
+                    self.seen.append(Notified(u.time, time.time_ns() // 1_000_000, snap))
+            finally:
+                sub.close()
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+        return self
+
+    def latest(self) -> int:
+        return self.seen[-1].time if self.seen else 0
+
+    def wait_for(self, t: int, timeout_s: float, query: Any = None) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.latest() < t:
+            if query is not None and query.exception() is not None:
+                raise AssertionError(f"query failed: {query.exception()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.segment} stuck at {self.latest()}, waited for {t}")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+
+def gen_expected(spec: GeneratorSpec, t0: int, t: int, delta_ms: int) -> dict[int, int]:
+    """front -> number of rows with slot < t (rows 0 .. n-1)."""
+    return {f: rows_before(t0, spec.rate_of(f), t * delta_ms - 1) for f in spec.front_ids()}
+
+
+def slowdown(ms: float) -> Callable[[pa.RecordBatch], pa.RecordBatch]:
+    def fn(b: pa.RecordBatch) -> pa.RecordBatch:
+        time.sleep(ms / 1000)
+        return b
+
+    return fn
+
+
+def fail_once(where: Callable[[int, int], bool]) -> Callable[[Any], Any]:
+    """An untracked 1:1 mapInArrow function that passes all rows on and then fails
+    the task's first attempt when ``where(batch_id, partition)``: the tracked operator
+    before it in the same task has already sent its ack batch."""
+
+    def run(batches):  # type: ignore[no-untyped-def]
+        from pyspark import TaskContext
+
+        yield from batches
+        tc = TaskContext.get()
+        batch_id = int(tc.getLocalProperty("streaming.sql.batchId"))
+        if tc.attemptNumber() == 0 and where(batch_id, tc.partitionId()):
+            raise RuntimeError(f"injected failure: batch {batch_id} partition {tc.partitionId()}")
+
+    return run
+
+
+def keys_of(table: pa.Table, cols: list[str]) -> list[tuple[int, ...]]:
+    arrays = [table[c].to_numpy() for c in cols]
+    return list(zip(*(a.tolist() for a in arrays), strict=True))
+
+
+def as_int(col: Any) -> np.ndarray:
+    return np.asarray(pc.cast(col, pa.int64()).to_numpy())

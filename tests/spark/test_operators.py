@@ -1,0 +1,152 @@
+"""Tracked operators without Spark: the acks one task sends keep the tracker exact."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from lowtide.core.graph import SegmentGraph
+from lowtide.core.messages import Heartbeat
+from lowtide.core.time import TimeGrid
+from lowtide.spark.generator import (
+    GeneratorSpec,
+    gen_partitions,
+    gen_rows,
+    initial_offset,
+    next_offset,
+)
+from lowtide.spark.operators import OpRuntime, apply_op, operator_id
+from lowtide.spark.tracking import ACK_COL, TIME_COL, AckAccumulator, as_u64
+from lowtide.spark.transport import TrackerRef
+
+from .conftest import CoreAgent
+
+GRID = TimeGrid(delta_ms=10)
+GRAPH = SegmentGraph.of(("m", ()), ("f", ("m",)), ("k", ("f",)), ("sink", ("k",)))
+REF = TrackerRef("memory://x", GRAPH, GRID)
+
+
+def double(b: pa.RecordBatch) -> pa.RecordBatch:
+    return pa.record_batch({"seq": b["seq"], "x": pc.multiply(b["seq"], 2)})
+
+
+def explode(b: pa.RecordBatch):
+    seq = b["seq"].to_numpy()
+    reps = (seq % 3).astype(np.int64)  # 0, 1 or 2 children
+    parents = np.repeat(np.arange(len(seq)), reps)
+    return pa.record_batch({"seq": pa.array(seq[parents]), "x": pa.array(parents)}), parents
+
+
+def keep_even(b: pa.RecordBatch):
+    return pc.equal(pc.bit_wise_and(b["seq"], 1), 0)
+
+
+OPS = [
+    OpRuntime("map", double, REF, "m", "f", operator_id("m")),
+    OpRuntime("flat_map", explode, REF, "f", "k", operator_id("f")),
+    OpRuntime("filter", keep_even, REF, "k", "sink", operator_id("k")),
+]
+
+
+def _source_batches(agent: CoreAgent):
+    spec = GeneratorSpec(fronts=2, rate=5_000.0, payload_bytes=0)
+    off = initial_offset(spec, 1_000, GRID)
+    for f in spec.front_ids():
+        agent.register_front(f, "m", off[f"f{f}"]["hb"])
+    end = next_offset(spec, off, 1_200, GRID)
+    out = []
+    for i, part in enumerate(gen_partitions(off, end)):
+        batch, times, acks = gen_rows(spec, part, GRID)
+        acc = AckAccumulator()
+        acc.add(GRAPH.index("m"), times, acks, +1)
+        hb = [Heartbeat(part.front, part.extra[1])]
+        agent.send_batch(("q", 0, "source", i), acc.build(1), hb)
+        out.append(batch.select(["seq", TIME_COL, ACK_COL]))
+    return out, min(p.extra[1] for p in gen_partitions(off, end))
+
+
+def _run(agent: CoreAgent, op: OpRuntime, batches, key):
+    acc = AckAccumulator()
+    outs = [apply_op(op, b, acc, GRAPH.index(op.in_segment), GRAPH.index(op.out_segment))
+            for b in batches]
+    agent.send_batch(key, acc.build(GRID.window_slots))
+    return outs
+
+
+def _sink(agent: CoreAgent, batches, key):
+    acc = AckAccumulator()
+    for b in batches:
+        acc.add(GRAPH.index("sink"), b[TIME_COL].to_numpy(),
+                as_u64(b[ACK_COL].to_numpy()), -1)
+    agent.send_batch(key, acc.build(1))
+
+
+def test_chain_completes_exactly_once_the_sink_acks() -> None:
+    agent = CoreAgent(GRAPH, GRID)
+    batches, hb = _source_batches(agent)
+    for i, op in enumerate(OPS):
+        batches = _run(agent, op, batches, ("q", 0, op.in_segment, i))
+        mins = agent.step()
+        assert mins["sink"] < hb  # nothing is complete before the sink's receipt
+    _sink(agent, batches, ("q", 0, "sink", 0))
+    assert agent.step()["sink"] == hb
+
+
+def test_retry_is_idempotent_and_identical() -> None:
+    agent = CoreAgent(GRAPH, GRID)
+    batches, _hb = _source_batches(agent)
+    first = _run(agent, OPS[0], batches, ("q", 0, "m", 0))
+    again = _run(agent, OPS[0], batches, ("q", 0, "m", 0))  # a re-run task
+    assert all(a.equals(b) for a, b in zip(first, again, strict=True))
+    assert len(agent.batches) == 3  # two source tasks + one op task: the re-run was dropped
+
+
+def test_untracked_drop_is_reported_as_missing() -> None:
+    agent = CoreAgent(GRAPH, GRID)
+    batches, hb = _source_batches(agent)
+    batches = _run(agent, OPS[0], batches, ("q", 0, "m", 0))
+    dropped = [b.slice(1) for b in batches]  # an untracked filter
+    for op in OPS[1:]:
+        dropped = _run(agent, op, dropped, ("q", 0, op.in_segment, 0))
+    _sink(agent, dropped, ("q", 0, "sink", 0))
+    agent.step()
+    _windows, _x, counts = agent.tracker.open_windows("f")
+    assert int(counts.sum()) == len(batches) and agent.tracker.min_time("sink") < hb
+
+
+def test_map_must_keep_row_count() -> None:
+    agent = CoreAgent(GRAPH, GRID)
+    batches, _ = _source_batches(agent)
+    bad = OpRuntime("map", lambda b: b.slice(0, 1), REF, "m", "f", 1)
+    with pytest.raises(ValueError, match="flat_map"):
+        _run(agent, bad, batches, ("q", 0, "m", 0))
+
+
+def test_flat_map_with_parent_column_equals_tuple_form() -> None:
+    def with_column(b: pa.RecordBatch) -> pa.RecordBatch:
+        out, parents = explode(b)
+        return out.append_column("_parent", pa.array(parents))
+
+    agent = CoreAgent(GRAPH, GRID)
+    batches, _ = _source_batches(agent)
+    a = _run(agent, OPS[1], batches, ("q", 0, "f", 0))
+    col = OpRuntime("flat_map", with_column, REF, "f", "k", operator_id("f"))
+    b = _run(CoreAgent(GRAPH, GRID), col, batches, ("q", 0, "f", 0))
+    assert all(x.equals(y) for x, y in zip(a, b, strict=True))
+    assert "_parent" not in b[0].schema.names
+
+
+def test_untracked_duplicate_is_reported_as_extra() -> None:
+    agent = CoreAgent(GRAPH, GRID)
+    batches, hb = _source_batches(agent)
+    batches = _run(agent, OPS[0], batches, ("q", 0, "m", 0))
+    doubled = [pa.concat_batches([b, b.slice(0, 2)]) for b in batches]  # untracked dup
+    for op in OPS[1:]:
+        doubled = _run(agent, op, doubled, ("q", 0, op.in_segment, 0))
+    _sink(agent, doubled, ("q", 0, "sink", 0))
+    agent.step()
+    _w, _x, counts = agent.tracker.open_windows("f")
+    assert int(counts.sum()) == -2 * len(batches)  # received more often than sent
+    assert agent.tracker.min_time("sink") < hb
