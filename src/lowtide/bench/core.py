@@ -133,7 +133,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def register(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_arguments(bench.add_parser("core", help="ack entries/s and per-batch latency of the core"))
     walkthrough.add_arguments(
-        sub.add_parser("demo", help="walk through the tracker on a simulated pipeline (no Spark)")
+        sub.add_parser(
+            "walkthrough", help="walk through the tracker on a simulated pipeline (no Spark)"
+        )
     )
 
 

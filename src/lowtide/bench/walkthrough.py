@@ -2,8 +2,7 @@
 one item lost on the way. Prints how each segment's min time moves and what the
 tracker says about the window that never completes. No Spark, no sockets.
 
-This is what `lowtide demo` runs until the Spark demo (exact windows vs watermarks)
-lands; `lowtide demo --core` keeps running it afterwards.
+Run it with `lowtide walkthrough`; `lowtide demo` is the Spark demo.
 """
 
 from __future__ import annotations
