@@ -11,7 +11,7 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
-# (module, what to install if it is missing); each module has register(subparsers, bench).
+# (module, the extra that provides its dependencies); each has register(subparsers, bench).
 AREAS: tuple[tuple[str, str], ...] = (
     ("lowtide.bench.core", ""),
     ("lowtide.service.cli", "lowtide[service]"),
@@ -28,14 +28,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     bench = sub.add_parser("bench", help="benchmarks: human table, then one JSON line")
     bench_sub = bench.add_subparsers(dest="bench", metavar="BENCH")
-    for module, _extra in AREAS:
+    missing = []
+    for module, extra in AREAS:
         try:
             area = importlib.import_module(module)
         except ModuleNotFoundError as exc:
-            if exc.name and exc.name.startswith("lowtide"):
-                continue  # that area is not built yet
-            raise
+            package = (exc.name or "?").split(".")[0]
+            missing.append(f"{module} needs {package!r}: pip install '{extra}'")
+            continue
         area.register(sub, bench_sub)
+    if missing:
+        parser.epilog = "unavailable here: " + "; ".join(missing)
     return parser
 
 
