@@ -14,7 +14,7 @@ setup: $(STAMP) java
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev,service,spark]'
+	$(BIN)/python -m pip install -q -e '.[dev,service,spark,bench]'
 	touch $(STAMP)
 
 # Spark needs a JVM: use the one found, else install Debian's headless JRE.

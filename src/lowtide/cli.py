@@ -16,6 +16,11 @@ AREAS: tuple[tuple[str, str], ...] = (
     ("lowtide.bench.core", ""),
     ("lowtide.service.cli", "lowtide[service]"),
     ("lowtide.spark.cli", "lowtide[spark]"),
+    ("lowtide.bench.sim", ""),
+    ("lowtide.service.capacity", "lowtide[service]"),
+    ("lowtide.spark.rr", "lowtide[spark]"),
+    ("lowtide.spark.sweep", "lowtide[spark]"),
+    ("lowtide.bench.paper", "lowtide[bench]"),
 )
 
 Handler = Callable[[argparse.Namespace], int]
