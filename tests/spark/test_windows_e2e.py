@@ -211,3 +211,25 @@ def test_task_failures_and_restart_from_checkpoint(spark, tmp_path: Path) -> Non
     finally:
         pipe.close()
     check(results, expected, horizon, 100, AGG_COLS)
+
+
+def test_sharded_tracker_equals_batch(spark, tmp_path: Path) -> None:
+    """The same exact windows against `lowtide serve --shards 2` (a coordinator and two
+    shard processes): state holds, MinTimeAt and completeness go through the shards."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "service"))
+    from procs import serve  # the service tests' process helper: stops the server by pid
+
+    spec = GeneratorSpec(fronts=2, rate=200.0, payload_bytes=4, lag_ms={1: 800})
+    with serve(tmp_path, "--shards", "2", "--delta-ms", str(GRID.delta_ms)) as server:
+        pipe = lowtide.Pipeline(spark, "win-shards", tracker=server.url, grid=GRID,
+                                stuck_after_ms=STUCK_MS)
+        stream = (pipe.generate(spec)
+                  .map(parse, "front int, seq long, user string, amount double", name="parse")
+                  .window("1 second", key="user", name="win")
+                  .agg(n="count", total=("amount", "sum"), lo=("amount", "min"),
+                       hi=("amount", "max"), avg=("amount", "mean")))
+        try:
+            results, expected, horizon = run(stream, tmp_path, spec, 100, 100)
+        finally:
+            pipe.close()
+    check(results, expected, horizon, 100, AGG_COLS)
