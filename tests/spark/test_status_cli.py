@@ -8,7 +8,8 @@ import pytest
 
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.time import TimeGrid
-from lowtide.spark.pipeline import _RowRates, stalled_fronts, status_of
+from lowtide.service.status import RowRates, stalled_fronts
+from lowtide.spark.pipeline import status_of
 
 GRID = TimeGrid(delta_ms=10)
 
@@ -21,7 +22,7 @@ def test_stalled_front_is_the_one_behind_the_pack() -> None:
 
 
 def test_status_of_lag_and_rates() -> None:
-    rates = _RowRates()
+    rates = RowRates()
     doc = {"global_min": 100, "now_ms": 1_500,
            "segments": [{"segment": "parse", "min_time": 100, "bound": 120,
                          "open_windows": 1, "in_flight": 3, "received": 0}],

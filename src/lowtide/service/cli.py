@@ -25,7 +25,7 @@ from lowtide.service.cluster import ShardProcesses
 from lowtide.service.lane import LaneConfig
 from lowtide.service.persist import StateDirInUse
 from lowtide.service.server import ServerConfig
-from lowtide.service.status import poll_status, render
+from lowtide.service.status import RowRates, poll_status, render
 
 
 def register(subparsers: Any, bench_subparsers: Any) -> None:
@@ -156,6 +156,7 @@ def _wait_for_eof(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
 def run_status(args: argparse.Namespace) -> int:
     lane = LaneConfig(secret=load_secret(args.secret_file), connect_timeout_s=5.0)
     console = Console()
+    rates = RowRates()  # rows/s from the received totals of successive polls
     if args.once or args.json:
         got: list[dict[str, Any] | None] = []
 
@@ -175,7 +176,7 @@ def run_status(args: argparse.Namespace) -> int:
     with Live(render(None, args.url), console=console, auto_refresh=False) as live:
 
         def show(status: dict[str, Any] | None) -> bool:
-            live.update(render(status, args.url), refresh=True)
+            live.update(render(status, args.url, rates), refresh=True)
             return True
 
         asyncio.run(poll_status(args.url, lane, show, args.interval, 5.0))

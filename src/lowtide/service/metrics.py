@@ -36,7 +36,10 @@ class ServerMetrics:
         self.refused = Counter("lowtide_refused_peers", "peers refused at handshake", registry=r)
         self.connections = Gauge("lowtide_connections", "open connections", registry=r)
         self.notifications = Counter("lowtide_min_time_updates", "min time updates", registry=r)
-        self._totals: dict[str, int] = {}
+        self.rows = Counter(
+            "lowtide_rows", "rows acked per segment", ["segment", "direction"], registry=r
+        )
+        self._totals: dict[tuple[str, ...], int] = {}
 
     def updates(self, updates: Iterable[MinTimeUpdate], now_ms: int, grid: TimeGrid) -> None:
         for u in updates:
@@ -52,18 +55,20 @@ class ServerMetrics:
             self.open_windows.labels(name).set(seg["open_windows"])
             self.min_time.labels(name).set(seg["min_time"])
             self.lag.labels(name).set(now_ms - grid.slot_start_ms(seg["min_time"]))
+            for direction in ("received", "sent"):
+                total = int(seg.get(direction, 0))
+                self._catch_up(self.rows.labels(name, direction), (name, direction), total)
         self.min_time.labels(GLOBAL).set(status["global_min"])
         self.lag.labels(GLOBAL).set(now_ms - grid.slot_start_ms(status["global_min"]))
         self.stuck.set(len(status["stuck"]))
-        self._catch_up(self.acks, "acks_applied", status)
-        self._catch_up(self.dedup_hits, "dedup_hits", status)
+        self._catch_up(self.acks, ("acks",), int(status.get("acks_applied", 0)))
+        self._catch_up(self.dedup_hits, ("dedup_hits",), int(status.get("dedup_hits", 0)))
 
-    def _catch_up(self, counter: Counter, field: str, status: dict[str, Any]) -> None:
+    def _catch_up(self, counter: Counter, key: tuple[str, ...], total: int) -> None:
         """Counters follow the engine's own totals: one source, whatever the role."""
-        total = int(status.get(field, 0))
-        if total > self._totals.get(field, 0):
-            counter.inc(total - self._totals.get(field, 0))
-            self._totals[field] = total
+        if total > self._totals.get(key, 0):
+            counter.inc(total - self._totals.get(key, 0))
+            self._totals[key] = total
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -527,7 +527,7 @@ class TrackerServer:
             body["acks_applied"] = engine.acks_applied
             body["dedup_keys"] = len(engine.dedup)
             body["dedup_hits"] = engine.dedup.hits
-            body.update(engine.status())
+            body.update(engine.status_document())
             body["delta_ms"] = self.config.grid.delta_ms
             body["now_ms"] = self.clock.now_ms()
         return body

@@ -1,4 +1,10 @@
-"""`lowtide status`: a live table of a tracker's segments, from any server role."""
+"""`lowtide status`: a live table of a tracker's segments, from any server role.
+
+Per segment: min time, lag behind the wall clock, rows/s (from the tracker's own
+``received`` totals between polls), rows received and sent; then the fronts, with the
+stalled ones named. :class:`RowRates` and :func:`stalled_fronts` are the one
+implementation of rates and stalls, for this command and for the Spark layer's.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from lowtide.core.time import TimeGrid
 from lowtide.service.auth import nonce
 from lowtide.service.errors import exception_of
 from lowtide.service.lane import Lane, LaneConfig, Reply
@@ -52,9 +59,77 @@ async def poll_status(
         await lane.close()
 
 
-def render(status: dict[str, Any] | None, url: str) -> RenderableType:
+class RowRates:
+    """Rows/s per segment from cumulative counts, over the last ``window_s`` seconds
+    (counts arrive per task and batch, so shorter windows jump around). A total that
+    goes down (the tracker restarted and counts from zero) starts afresh.
+
+    >>> r = RowRates()
+    >>> r.observe("sink", 10.0, 100), r.observe("sink", 11.0, 600)
+    (None, 500.0)
+    """
+
+    def __init__(self, window_s: float = 3.0, min_span_s: float = 0.5) -> None:
+        self.window_s, self.min_span_s = window_s, min_span_s
+        self._samples: dict[str, list[tuple[float, int]]] = {}
+
+    def observe(self, segment: str, now_s: float, total: int) -> float | None:
+        samples = self._samples.setdefault(segment, [])
+        if samples and total < samples[-1][1]:
+            samples.clear()
+        samples.append((now_s, total))
+        while len(samples) > 2 and now_s - samples[1][0] >= self.window_s:
+            samples.pop(0)
+        t0, n0 = samples[0]
+        if now_s - t0 < self.min_span_s:
+            return None
+        return (total - n0) / (now_s - t0)
+
+
+def stalled_fronts(
+    fronts: dict[str, Any],
+    now_ms: int,
+    grid: TimeGrid,
+    behind_ms: int = 2_000,
+    silent_ms: int = 60_000,
+) -> list[int]:
+    """Fronts whose heartbeat trails the most advanced front by more than
+    ``behind_ms``, or the wall clock by more than ``silent_ms``. (Micro-batches make
+    every heartbeat trail the clock by about a batch, so the pack is the reference.)
+
+    >>> stalled_fronts({"0": ["src", 1_000], "1": ["src", 700]}, 10_000, TimeGrid(10))
+    [1]
+    """
+    if not fronts:
+        return []
+    lead = max(t for _seg, t in fronts.values())
+    return sorted(
+        int(f)
+        for f, (_seg, t) in fronts.items()
+        if (lead - t) * grid.delta_ms > behind_ms or now_ms - t * grid.delta_ms > silent_ms
+    )
+
+
+def render(
+    status: dict[str, Any] | None, url: str, rates: RowRates | None = None
+) -> RenderableType:
+    """The status as tables; ``rates`` (kept across polls) gives rows/s per segment
+    from the ``received`` totals."""
     if status is None:
         return Text(f"{url}: no answer (retrying)", style="bold red")
+    parts: list[RenderableType] = [_segments(status, rates or RowRates())]
+    if status.get("fronts"):
+        parts.append(_fronts(status))
+    for shard in status.get("shards", []):
+        state = "up" if shard["connected"] else "DOWN"
+        shard_min = (shard.get("status") or {}).get("global_min", "?")
+        parts.append(Text(f"shard {shard['url']}: {state}, local min {shard_min}"))
+    for stuck in status.get("stuck", []):
+        parts.append(Text(f"stuck: {stuck}", style="bold yellow"))
+    return Group(*parts)
+
+
+def _segments(status: dict[str, Any], rates: RowRates) -> Table:
     delta = int(status.get("delta_ms", 10))
     now = int(status.get("now_ms", 0))
     title = (
@@ -63,23 +138,35 @@ def render(status: dict[str, Any] | None, url: str) -> RenderableType:
         f"  connections {status.get('connections')}"
     )
     table = Table(title=title, title_justify="left")
-    for column in ("segment", "min time", "lag ms", "bound", "open windows", "in flight"):
+    columns = ("segment", "min time", "lag ms", "rows/s", "received", "sent", "bound")
+    for column in (*columns, "open windows", "in flight"):
         table.add_column(column, justify="left" if column == "segment" else "right")
     for seg in status.get("segments", []):
-        lag = now - seg["min_time"] * delta
+        received = seg.get("received")
+        rate = None if received is None else rates.observe(seg["segment"], now / 1000, received)
         table.add_row(
             seg["segment"],
             str(seg["min_time"]),
-            f"{lag:,}",
+            f"{now - seg['min_time'] * delta:,}",
+            "-" if rate is None else f"{rate:,.0f}",
+            "-" if received is None else f"{received:,}",
+            f"{seg['sent']:,}" if "sent" in seg else "-",
             str(seg["bound"]),
             str(seg["open_windows"]),
             str(seg["in_flight"]),
         )
-    parts: list[RenderableType] = [table]
-    for shard in status.get("shards", []):
-        state = "up" if shard["connected"] else "DOWN"
-        shard_min = (shard.get("status") or {}).get("global_min", "?")
-        parts.append(Text(f"shard {shard['url']}: {state}, local min {shard_min}"))
-    for stuck in status.get("stuck", []):
-        parts.append(Text(f"stuck: {stuck}", style="bold yellow"))
-    return Group(*parts)
+    return table
+
+
+def _fronts(status: dict[str, Any]) -> Table:
+    delta = int(status.get("delta_ms", 10))
+    now = int(status.get("now_ms", 0))
+    fronts: dict[str, Any] = status["fronts"]
+    stalled = set(stalled_fronts(fronts, now, TimeGrid(delta)))
+    table = Table(title="fronts", title_justify="left")
+    for column in ("front", "segment", "heartbeat", "heartbeat lag ms", "state"):
+        table.add_column(column, justify="left" if column in ("segment", "state") else "right")
+    for front, (segment, t) in sorted(fronts.items(), key=lambda kv: int(kv[0])):
+        state = Text("STALLED", style="bold red") if int(front) in stalled else Text("ok")
+        table.add_row(front, segment, str(t), f"{now - t * delta:,}", state)
+    return table

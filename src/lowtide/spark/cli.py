@@ -65,10 +65,10 @@ def run_status(args: argparse.Namespace) -> int:
 
     from lowtide.service.auth import load_secret
     from lowtide.service.lane import LaneConfig
-    from lowtide.service.status import poll_status
-    from lowtide.spark.pipeline import _RowRates, status_of
+    from lowtide.service.status import RowRates, poll_status
+    from lowtide.spark.pipeline import status_of
 
-    rates = _RowRates()
+    rates = RowRates()
     lane = LaneConfig(secret=load_secret(args.secret_file), connect_timeout_s=5.0)
 
     def show(doc: dict[str, Any] | None) -> bool:

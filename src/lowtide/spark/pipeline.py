@@ -36,6 +36,7 @@ from typing import Any
 
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.time import TimeGrid
+from lowtide.service.status import RowRates, stalled_fronts
 from lowtide.spark.generator import GeneratorSpec, GenSource
 from lowtide.spark.operators import OpRuntime, OpSpec, operator_id, task_function
 from lowtide.spark.sinks import TrackedForeachBatch, TrackedSink, console_writer
@@ -276,57 +277,20 @@ class PipelineStatus:
         return "\n".join(lines)
 
 
-class _RowRates:
-    """Rows/s per segment from cumulative counts, over the last ``window_s`` seconds
-    (counts arrive per task and batch, so shorter windows jump around)."""
-
-    def __init__(self, window_s: float = 3.0, min_span_s: float = 0.5) -> None:
-        self.window_s, self.min_span_s = window_s, min_span_s
-        self._samples: dict[str, list[tuple[float, int]]] = {}
-
-    def observe(self, segment: str, now_s: float, total: int) -> float | None:
-        samples = self._samples.setdefault(segment, [])
-        samples.append((now_s, total))
-        while len(samples) > 2 and now_s - samples[1][0] >= self.window_s:
-            samples.pop(0)
-        t0, n0 = samples[0]
-        if now_s - t0 < self.min_span_s:
-            return None
-        return (total - n0) / (now_s - t0)
-
-
 def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def stalled_fronts(
-    fronts: dict[str, Any], now_ms: int, grid: TimeGrid, behind_ms: int = 2_000,
-    silent_ms: int = 60_000,
-) -> list[int]:
-    """Fronts whose heartbeat trails the most advanced front by more than
-    ``behind_ms``, or the wall clock by more than ``silent_ms``. (Micro-batches make
-    every heartbeat trail the clock by about a batch, so the pack is the reference.)"""
-    if not fronts:
-        return []
-    lead = max(t for _seg, t in fronts.values())
-    return sorted(
-        int(f) for f, (_seg, t) in fronts.items()
-        if (lead - t) * grid.delta_ms > behind_ms or now_ms - t * grid.delta_ms > silent_ms
-    )
-
-
-def status_of(doc: dict[str, Any], grid: TimeGrid, rates: _RowRates | None = None,
-              stall_after_ms: int = 2_000,
-              counts: dict[str, int] | None = None) -> PipelineStatus:
+def status_of(doc: dict[str, Any], grid: TimeGrid, rates: RowRates | None = None,
+              stall_after_ms: int = 2_000) -> PipelineStatus:
     """A :class:`PipelineStatus` from the tracker's status document. Rows/s per segment
-    come from cumulative rows received out of it: the tracker's ``received`` field if
-    it has one, else ``counts`` (kept by this process's tracked operators and sinks)."""
+    come from the tracker's cumulative ``received`` count of each segment."""
     now = int(doc.get("now_ms") or _wall_ms())
     segs = []
     for s in doc.get("segments", []):
         lag = now - s["min_time"] * grid.delta_ms if s["min_time"] > 0 else None
         rps = None
-        total = s.get("received", (counts or {}).get(s["segment"]))
+        total = s.get("received")
         if rates is not None and total is not None:
             rps = rates.observe(s["segment"], time.monotonic(), int(total))
         segs.append(SegmentProgress(s["segment"], s["min_time"], lag, rps,
@@ -368,13 +332,11 @@ def _with_tracking(schema: Any) -> Any:
 @dataclass(frozen=True)
 class Built:
     """A built pipeline: the streaming DataFrame (up to the sink), its graph and
-    tracker, and the accumulators of rows received per segment."""
+    tracker."""
 
     df: Any
     graph: SegmentGraph
     ref: TrackerRef
-    counters: dict[str, Any]
-    last_sent: Any = None
 
 
 class Pipeline:
@@ -406,7 +368,7 @@ class Pipeline:
         self._graph: SegmentGraph | None = None
         self._handle: TrackerHandle | None = None
         self._queries: list[TrackedQuery] = []
-        self._rates = _RowRates()
+        self._rates = RowRates()
 
     # sources
     def read_log(
@@ -496,31 +458,24 @@ class Pipeline:
             n: (op_names[i + 1] if i + 1 < len(op_names) else sink_name)
             for i, n in enumerate(op_names)
         }
-        received: dict[str, Any] = {}
-        last_sent: Any = None
         for step in stream.steps:
             if isinstance(step, _Transform):
                 df = step.fn(df)
                 continue
             if isinstance(step, WindowSpec):
                 df = build_window(df, step, ref, after[step.name], operator_id(step.name))
-                last_sent = None
                 continue
-            sc = self.spark.sparkContext
-            counters = (sc.accumulator(0), sc.accumulator(0))
             rt = OpRuntime(step.kind, step.fn, ref, step.name, after[step.name],
-                           operator_id(step.name), counters)
-            received[step.name] = counters[0]
-            last_sent = counters[1]
+                           operator_id(step.name))
             schema = df.schema if step.kind == "filter" or step.schema is None else \
                 _with_tracking(step.schema)
             df = df.mapInArrow(task_function(rt), schema)
-        return Built(df, graph, ref, received, last_sent)
+        return Built(df, graph, ref)
 
     def _start(self, stream: Stream, sink: tuple[Any, ...], sink_name: str, checkpoint: str,
                trigger: str | None, query_name: str | None) -> TrackedQuery:
         built = self.build(stream, sink_name)
-        df, graph, ref, received = built.df, built.graph, built.ref, dict(built.counters)
+        df, graph, ref = built.df, built.graph, built.ref
         writer = df.writeStream.option("checkpointLocation", checkpoint)
         if trigger:
             writer = writer.trigger(processingTime=trigger)
@@ -530,29 +485,17 @@ class Pipeline:
             fb = TrackedForeachBatch(sink[1], ref, sink_name, keep_tracking_columns=sink[2],
                                      trace_file=sink[3])
             query = writer.foreachBatch(fb).start()
-            received[sink_name] = fb
         else:
             opts = dict(sink[1])
             opts["lowtide.tracker"] = ref.to_option()
             opts["lowtide.segment"] = sink_name
             query = writer.format("lowtide_sink").options(**opts).start()
-            if built.last_sent is not None:  # rows sent into the sink segment (1:1)
-                received[sink_name] = built.last_sent
-        tq = TrackedQuery(self, query, graph, received)
+        tq = TrackedQuery(self, query, graph)
         self._queries.append(tq)
         return tq
 
-    def row_counts(self) -> dict[str, int]:
-        """Rows received so far per segment, from this process's running queries."""
-        out: dict[str, int] = {}
-        for q in self._queries:
-            for seg, n in q.row_counts().items():
-                out[seg] = out.get(seg, 0) + n
-        return out
-
     def status(self) -> PipelineStatus:
-        return status_of(self.tracker.status(), self.grid, self._rates,
-                         counts=self.row_counts())
+        return status_of(self.tracker.status(), self.grid, self._rates)
 
     def close(self) -> None:
         """Stop this pipeline's queries and its embedded tracker."""
@@ -567,19 +510,11 @@ class Pipeline:
 class TrackedQuery:
     """A running tracked query: Spark's ``StreamingQuery`` plus the tracker's view."""
 
-    def __init__(self, pipeline: Pipeline, query: Any, graph: SegmentGraph,
-                 counters: dict[str, Any] | None = None) -> None:
+    def __init__(self, pipeline: Pipeline, query: Any, graph: SegmentGraph) -> None:
         self.pipeline = pipeline
         self.query = query
         self.graph = graph
         self.sink = graph.names[-1]
-        self._counters = counters or {}
-
-    def row_counts(self) -> dict[str, int]:
-        out = {}
-        for seg, c in self._counters.items():
-            out[seg] = int(c.rows_received if isinstance(c, TrackedForeachBatch) else c.value)
-        return out
 
     @property
     def id(self) -> str:
