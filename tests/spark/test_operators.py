@@ -18,7 +18,7 @@ from lowtide.spark.generator import (
     next_offset,
 )
 from lowtide.spark.operators import OpRuntime, apply_op, operator_id
-from lowtide.spark.tracking import ACK_COL, TIME_COL, AckAccumulator, as_u64
+from lowtide.spark.tracking import ACK_COL, TIME_COL, AckAccumulator, TimeGroups, as_u64
 from lowtide.spark.transport import TrackerRef
 
 from .conftest import CoreAgent
@@ -150,3 +150,42 @@ def test_untracked_duplicate_is_reported_as_extra() -> None:
     _w, _x, counts = agent.tracker.open_windows("f")
     assert int(counts.sum()) == -2 * len(batches)  # received more often than sent
     assert agent.tracker.min_time("sink") < hb
+
+
+def test_map_acks_do_not_depend_on_row_order() -> None:
+    """After a repartition rows arrive in any order: the per-time XORs stay the same."""
+    agent = CoreAgent(GRAPH, GRID)
+    batches, _hb = _source_batches(agent)
+    whole = pa.concat_batches(batches)
+    shuffled = whole.take(pa.array(np.random.default_rng(7).permutation(whole.num_rows)))
+    in_order, any_order = AckAccumulator(), AckAccumulator()
+    m = GRAPH.index("m"), GRAPH.index("f")
+    apply_op(OPS[0], whole, in_order, *m)
+    apply_op(OPS[0], shuffled, any_order, *m)
+    a, b = in_order.build(GRID.window_slots), any_order.build(GRID.window_slots)
+    assert len(np.unique(whole[TIME_COL].to_numpy())) > 1
+    for col in ("segment", "time", "xor", "count"):
+        assert (getattr(a, col) == getattr(b, col)).all()
+    assert in_order.rows_received == any_order.rows_received == whole.num_rows
+
+
+@pytest.mark.parametrize("layout", ["narrow", "wide runs", "wide shuffled"])
+def test_time_groups_match_a_reference(layout: str) -> None:
+    rng = np.random.default_rng(3)
+    if layout == "narrow":  # a micro-batch after a shuffle: few slots, any order
+        times = rng.integers(10**11, 10**11 + 7, 5_000)
+    elif layout == "wide runs":  # grouped by time, runs out of order, spanning > 2**16
+        times = np.repeat(rng.integers(0, 2**40, 40), 50)
+    else:
+        times = rng.integers(0, 2**40, 5_000) // 1_000 * 1_000
+    times = times.astype(np.int64)
+    acks = rng.integers(0, 2**63, len(times)).astype(np.uint64) * np.uint64(2)
+    ref: dict[int, tuple[int, int]] = {}
+    for t, a in zip(times.tolist(), acks.tolist(), strict=True):
+        x, c = ref.get(t, (0, 0))
+        ref[t] = (x ^ a, c + 1)
+    groups = TimeGroups.of(times)
+    got = zip(groups.times.tolist(), groups.xor(acks).tolist(), groups.counts.tolist(),
+              strict=True)
+    assert {t: (x, c) for t, x, c in got} == ref
+    assert groups.times.tolist() == sorted(ref)

@@ -7,8 +7,9 @@ re-attached). Per input batch, one vectorised pass computes:
 * the children's ack values ``child_acks(parent, operator id, child index)``, which
   inherit the parent's time (rule 5), and their send-acks (output segment, count +1),
 
-reduced per time by :func:`lowtide.spark.tracking.xor_by_time`. When the task's input
-is exhausted (its output is complete) it sends ONE idempotent batch keyed
+reduced per time by :class:`lowtide.spark.tracking.TimeGroups` (a map groups its rows
+by time once for both). When the task's input is exhausted (its output is complete)
+it sends ONE idempotent batch keyed
 ``(query id, batch id, input segment, partition)`` and waits for the tracker's
 confirmation (rules 2 and 6): the batch holds the children and the receipts together,
 applied atomically, so children never trail their parent.
@@ -38,6 +39,7 @@ from lowtide.spark.tracking import (
     TIME_COL,
     TRACKING_COLS,
     AckAccumulator,
+    TimeGroups,
     as_i64,
     as_u64,
     child_index,
@@ -71,8 +73,6 @@ class OpRuntime:
     in_segment: str  # the segment this operator receives from (its name)
     out_segment: str  # the segment its children are sent into
     op_id: int
-    #: Spark accumulators (rows received, rows sent) for the driver's progress view
-    counters: tuple[Any, Any] | None = None
 
 
 def _split(batch: Any) -> tuple[Any, np.ndarray, np.ndarray]:
@@ -110,13 +110,15 @@ def apply_op(rt: OpRuntime, batch: Any, acc: AckAccumulator, in_idx: int, out_id
     """Run the user function on one Arrow batch; record its acks in ``acc``."""
     data, times, acks = _split(batch)
     n = len(times)
+    groups = TimeGroups.of(times)
+    c_groups = None
     if rt.kind == "map":
         out = _as_batch(rt.fn(data))
         if out.num_rows != n:
             raise ValueError(
                 f"map {rt.in_segment!r} returned {out.num_rows} rows for {n}: use flat_map"
             )
-        c_times = times
+        c_times, c_groups = times, groups  # children inherit their parent's time
         c_acks = child_acks(acks, rt.op_id, np.zeros(n, np.uint64))
     elif rt.kind == "filter":
         mask = rt.fn(data)
@@ -153,8 +155,10 @@ def apply_op(rt: OpRuntime, batch: Any, acc: AckAccumulator, in_idx: int, out_id
         c_acks = child_acks(acks[parents], rt.op_id, child_index(parents))
     else:
         raise ValueError(f"unknown operator kind {rt.kind!r}")
-    acc.add(out_idx, c_times, c_acks, +1)
-    acc.add(in_idx, times, acks, -1)
+    if c_groups is None:
+        c_groups = TimeGroups.of(c_times)
+    acc.add_grouped(out_idx, c_groups, c_acks, +1)
+    acc.add_grouped(in_idx, groups, acks, -1)
     return _attach(out, c_times, c_acks)
 
 
@@ -171,8 +175,5 @@ def task_function(rt: OpRuntime) -> Callable[[Iterator[Any]], Iterator[Any]]:
             yield apply_op(rt, batch, acc, in_idx, out_idx)
         tc = TaskContext.get()
         send_task_batch(rt.ref, rt.in_segment, tc.partitionId() if tc else 0, acc)
-        if rt.counters is not None:
-            rt.counters[0].add(acc.rows_received)
-            rt.counters[1].add(acc.rows_sent)
 
     return run

@@ -3,8 +3,10 @@
 Every tracked row carries two columns: ``lt_time`` (its slot, int64) and ``lt_ack``
 (its 64-bit ack value, stored as int64 in Spark and reinterpreted as uint64 here).
 Nothing in this module loops over rows in Python: acks are XOR-reduced per time with
-``np.bitwise_xor.reduceat`` over runs of equal times (rows usually arrive grouped by
-time, so no sort is needed; when they are not, only the runs are sorted).
+``np.bitwise_xor.reduceat`` over runs of equal times. Rows a source emits are grouped
+by time already (no sort); rows after a repartition are shuffled, but a micro-batch
+spans few slots, so a radix sort of 16-bit time offsets groups them
+(:class:`TimeGroups`).
 
 >>> import numpy as np
 >>> t = np.array([5, 5, 6, 5], np.int64); a = np.array([1, 2, 4, 8], np.uint64)
@@ -16,6 +18,8 @@ time, so no sort is needed; when they are not, only the runs are sorted).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -43,26 +47,63 @@ def as_i64(values: U64) -> I64:
     return out
 
 
+@dataclass(frozen=True)
+class TimeGroups:
+    """Rows grouped by time, once, for XOR-reducing any per-row values (a map's
+    receive-acks and its children's send-acks share their rows' times)."""
+
+    times: I64  # distinct, ascending
+    counts: I64  # rows per time
+    starts: npt.NDArray[np.intp]  # where each time's run starts, in grouped order
+    order: npt.NDArray[np.intp] | None  # the permutation that groups rows; None: as they are
+
+    @classmethod
+    def of(cls, times: I64) -> TimeGroups:
+        t = np.asarray(times, np.int64)
+        if len(t) == 0:
+            return cls(t, np.empty(0, np.int64), np.empty(0, np.intp), None)
+        order = None
+        if not bool((t[1:] >= t[:-1]).all()):
+            order = _grouping_order(t)
+            t = t[order]
+        starts = np.flatnonzero(np.r_[True, t[1:] != t[:-1]])
+        counts = np.diff(np.append(starts, len(t))).astype(np.int64)
+        return cls(t[starts], counts, starts, order)
+
+    def xor(self, values: U64) -> U64:
+        """XOR of ``values`` (one per row, in the rows' order) per time."""
+        v = np.asarray(values, np.uint64)
+        if len(v) == 0:
+            return np.empty(0, np.uint64)
+        if self.order is not None:
+            v = v[self.order]
+        out: U64 = np.bitwise_xor.reduceat(v, self.starts)
+        return out
+
+
+def _grouping_order(t: I64) -> npt.NDArray[np.intp]:
+    """A stable permutation sorting ``t``. Shuffled rows of a micro-batch span few slots:
+    sort 16-bit offsets (numpy's stable sort is a radix sort for them), else run ends
+    (rows grouped by time in no particular order), else the times themselves."""
+    lo, hi = int(t.min()), int(t.max())
+    if hi - lo < 1 << 16:
+        out: npt.NDArray[np.intp] = np.argsort((t - lo).astype(np.uint16), kind="stable")
+        return out
+    ends = np.flatnonzero(t[1:] != t[:-1]) + 1
+    if 8 * len(ends) < len(t):  # few runs: order the runs, not the rows
+        starts = np.concatenate(([0], ends))
+        lengths = np.diff(np.append(starts, len(t)))
+        by_run = np.argsort(t[starts], kind="stable")
+        first = np.repeat(starts[by_run] - np.cumsum(lengths[by_run]) + lengths[by_run],
+                          lengths[by_run])
+        return np.arange(len(t)) + first
+    return np.argsort(t, kind="stable")
+
+
 def xor_by_time(times: I64, acks: U64) -> tuple[I64, U64, I64]:
     """(distinct times ascending, XOR of acks per time, rows per time)."""
-    n = len(times)
-    if n == 0:
-        return np.empty(0, np.int64), np.empty(0, np.uint64), np.empty(0, np.int64)
-    times = np.asarray(times, np.int64)
-    acks = np.asarray(acks, np.uint64)
-    starts = np.flatnonzero(times[1:] != times[:-1]) + 1
-    starts = np.concatenate(([0], starts))
-    run_t = times[starts]
-    run_x = np.bitwise_xor.reduceat(acks, starts)
-    run_c = np.diff(np.append(starts, n)).astype(np.int64)
-    if len(run_t) > 1 and not bool((run_t[1:] > run_t[:-1]).all()):
-        order = np.argsort(run_t, kind="stable")
-        run_t, run_x, run_c = run_t[order], run_x[order], run_c[order]
-        s2 = np.concatenate(([0], np.flatnonzero(run_t[1:] != run_t[:-1]) + 1))
-        run_x = np.bitwise_xor.reduceat(run_x, s2)
-        run_c = np.add.reduceat(run_c, s2)
-        run_t = run_t[s2]
-    return run_t, run_x, run_c
+    g = TimeGroups.of(times)
+    return g.times, g.xor(acks), g.counts
 
 
 def child_index(parents: npt.NDArray[np.integer]) -> U64:
@@ -105,12 +146,16 @@ class AckAccumulator:
         """Send (sign=+1) or receive (sign=-1) the rows ``(times, acks)`` in ``segment``."""
         if len(times) == 0:
             return
-        t, x, c = xor_by_time(times, acks)
-        self.add_reduced(segment, t, x, c * sign)
+        self.add_grouped(segment, TimeGroups.of(times), acks, sign)
+
+    def add_grouped(self, segment: int, groups: TimeGroups, acks: U64, sign: int) -> None:
+        """Like :meth:`add`, for rows whose times are already grouped."""
+        self.add_reduced(segment, groups.times, groups.xor(acks), groups.counts * sign)
+        rows = int(groups.counts.sum())
         if sign > 0:
-            self.rows_sent += len(times)
+            self.rows_sent += rows
         else:
-            self.rows_received += len(times)
+            self.rows_received += rows
 
     def add_reduced(self, segment: int, times: I64, xors: U64, counts: I64) -> None:
         """Already reduced entries (e.g. from a Spark ``bit_xor`` aggregate)."""
