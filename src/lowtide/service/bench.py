@@ -20,6 +20,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import select
 import subprocess
 import sys
 import tempfile
@@ -152,29 +153,18 @@ def agent_process(
 
 
 @contextmanager
-def server(tmp: Path, shards: int) -> Iterator[str]:
-    """``lowtide serve`` (with ``--shards`` if > 0) in a subprocess, stopped by pid."""
-    graph_file = tmp / "graph.json"
-    graph_file.write_text(json.dumps(graph_spec(GRAPH)))
-    cmd = [
-        sys.executable,
-        "-m",
-        "lowtide.service.cli",
-        "serve",
-        "--port",
-        "0",
-        "--graph",
-        str(graph_file),
-    ]
+def serve_subprocess(args: list[str], timeout_s: float = 60.0) -> Iterator[str]:
+    """``lowtide serve <args>`` on loopback in a subprocess; yields its url once it
+    says it serves, and stops it (and so its shards) by its pid."""
+    cmd = [sys.executable, "-m", "lowtide.service.cli", "serve", "--port", "0", *args]
     cmd += ["--log-level", "warning", "--stuck-after-ms", "60000"]
-    if shards:
-        cmd += ["--shards", str(shards)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         assert proc.stdout is not None
-        line = proc.stdout.readline().strip()
+        ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
+        line = proc.stdout.readline().strip() if ready else ""
         if not line.startswith("lowtide serving "):
-            raise RuntimeError(f"server did not start: {line!r}")
+            raise RuntimeError(f"server did not start within {timeout_s:.0f} s: {line!r}")
         yield line.split()[-1]
     finally:
         proc.terminate()
@@ -183,6 +173,19 @@ def server(tmp: Path, shards: int) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+@contextmanager
+def server(tmp: Path, shards: int) -> Iterator[str]:
+    """``lowtide serve`` (with ``--shards`` if > 0) on the bench graph, stopped by pid."""
+    graph_file = tmp / "graph.json"
+    graph_file.write_text(json.dumps(graph_spec(GRAPH)))
+    with serve_subprocess(
+        ["--graph", str(graph_file), *(["--shards", str(shards)] if shards else [])]
+    ) as url:
+        yield url
 
 
 class Watch:
@@ -230,35 +233,62 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def throughput(url: str, label: str, config: BenchConfig, attempt: int) -> Run:
-    """One run; ``attempt`` k uses fresh fronts and the k-th stretch of slots, so runs
-    can follow each other on one server."""
+@dataclass
+class FrontsRun:
+    """What :func:`run_fronts` measured; ``watch`` is still connected inside the block."""
+
+    watch: Watch
+    reports: list[AgentReport]
+    cpu: dict[str, float]  # CPU seconds per server process, start to the final slot
+
+
+@contextmanager
+def run_fronts(
+    url: str,
+    fronts: range,
+    base: int,
+    final_slot: int,
+    target: Any,
+    args: tuple[Any, ...],
+    timeout_s: float,
+) -> Iterator[FrontsRun]:
+    """One agent process per front, started together by one event: each runs
+    ``target(url, front, base, *args, go, results)`` and puts an :class:`AgentReport`.
+    Returns once the global min time reaches ``final_slot`` and the fronts are gone."""
     ctx = multiprocessing.get_context("spawn")
     go, results = ctx.Event(), ctx.Queue()
-    base = START_SLOT + attempt * config.rounds * config.slots
-    fronts = range(attempt * config.agents, (attempt + 1) * config.agents)
     watch = Watch(url)
     try:
         pids = server_pids(watch.agent)
         for front in fronts:
             watch.agent.register_front(front, "src", base)
         procs = [
-            ctx.Process(target=agent_process, args=(url, f, base, config, go, results))
-            for f in fronts
+            ctx.Process(target=target, args=(url, f, base, *args, go, results)) for f in fronts
         ]
         for p in procs:
             p.start()
         cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
         go.set()
-        reports: list[AgentReport] = [results.get(timeout=600) for _ in procs]
+        reports: list[AgentReport] = [results.get(timeout=timeout_s) for _ in procs]
+        watch.wait_for(final_slot, timeout_s)
         cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
         for p in procs:
-            p.join(60)
-        watch.wait_for(base + config.rounds * config.slots)
+            p.join(30)
         for front in fronts:  # done: they no longer hold the min time
             watch.agent.unregister_front(front)
+        yield FrontsRun(watch, reports, cpu)
     finally:
         watch.agent.close()
+
+
+def throughput(url: str, label: str, config: BenchConfig, attempt: int) -> Run:
+    """One run; ``attempt`` k uses fresh fronts and the k-th stretch of slots, so runs
+    can follow each other on one server."""
+    base = START_SLOT + attempt * config.rounds * config.slots
+    fronts = range(attempt * config.agents, (attempt + 1) * config.agents)
+    final = base + config.rounds * config.slots
+    with run_fronts(url, fronts, base, final, agent_process, (config,), 600) as run:
+        reports, watch, cpu = run.reports, run.watch, run.cpu
     seconds = (max(r.end_ns for r in reports) - min(r.start_ns for r in reports)) / 1e9
     latencies = []
     for r in range(config.rounds):
