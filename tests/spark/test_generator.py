@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -96,3 +100,51 @@ def test_stalled_front_freezes_then_resumes() -> None:
 def test_spec_json_roundtrip() -> None:
     spec = GeneratorSpec(fronts=3, lag_ms={1: 200}, stall={2: (1_000, None)})
     assert GeneratorSpec.from_json(spec.to_json()) == spec
+
+
+def test_fixed_t0_fixes_the_initial_offset() -> None:
+    from lowtide.spark.generator import GenStreamReader
+
+    spec = GeneratorSpec(fronts=2, rate=1_000.0, lag_ms={1: 300}, t0_ms=1_700_000_000_000)
+    opts = {"spec": spec.to_json(), "tracking": "false", "delta_ms": "10"}
+    first = GenStreamReader(opts).initialOffset()
+    time.sleep(0.05)
+    second = GenStreamReader(opts).initialOffset()
+    assert first == second and first["t0"] == spec.t0_ms
+    assert GeneratorSpec.from_json(spec.to_json()) == spec
+
+
+def _collect(spark, spec: GeneratorSpec, name: str) -> Any:
+    df = (spark.readStream.format("lowtide_gen").option("spec", spec.to_json())
+          .option("tracking", "false").option("delta_ms", "10").load())
+    return (df.writeStream.format("memory").queryName(name)
+            .trigger(processingTime="200 milliseconds").start())
+
+
+@pytest.mark.spark
+def test_two_streams_of_one_spec_serve_the_same_rows(spark) -> None:
+    """Two queries started apart, each with its own reader: with t0 fixed in the spec
+    they read identical rows (time and payload included), the lagging front too."""
+    from lowtide.spark.pipeline import register_sources
+
+    register_sources(spark)
+    n = 150
+    t0 = time.time_ns() // 1_000_000
+    spec = GeneratorSpec(fronts=2, rate=200.0, payload_bytes=4, lag_ms={1: 1_000},
+                         rows_per_front=n, t0_ms=t0)
+    queries = [_collect(spark, spec, "gen_a")]
+    time.sleep(1.0)  # the second query starts later: its reader's clock differs
+    queries.append(_collect(spark, spec, "gen_b"))
+    try:
+        deadline = time.monotonic() + 120
+        while any(spark.table(q.name).count() < 2 * n for q in queries):
+            assert all(q.exception() is None for q in queries)
+            assert time.monotonic() < deadline, "the streams did not read every row"
+            time.sleep(0.5)
+    finally:
+        for q in queries:
+            q.stop()
+    rows = [{(r.front, r.seq, r.event_ms, bytes(r.payload))
+             for r in spark.table(q.name).collect()} for q in queries]
+    assert len(rows[0]) == 2 * n and rows[0] == rows[1]
+    assert min(r[2] for r in rows[0]) == t0  # row 0 of each front is labelled at t0

@@ -4,12 +4,13 @@ An embedded tracker and a local SparkSession. ``--fronts`` generator fronts, the
 one lagging by ``--lag-ms``; parse -> filter -> per-user 2-second windows -> Parquet,
 tracked by lowtide. The same generator spec also feeds a plain Spark query:
 ``withWatermark(--watermark-ms)`` + ``groupBy(user, window(ts, "2 seconds"))`` ->
-Parquet. (Each query's generator starts at its own t0; the events are the same
-relative to it.) While they run, a live view shows each segment's min time, lag and
+Parquet. Both generators, and the batch recomputation, share one spec with one t0:
+they serve the same events (front, seq, time, payload) on the same wall-clock
+schedule. While they run, a live view shows each segment's min time, lag and
 rows/s, the fronts, and windows as they close. At the end: a side-by-side table
 (windows emitted, rows dropped as late, delay from window end to result) and both
-queries' windows checked against a batch recomputation (Spark batch, same windows)
-of their input; then one JSON line.
+queries' windows checked against one batch recomputation (Spark batch, same windows)
+of those events; then one JSON line.
 
 Delay = the result file's modification time minus the window's end (event time is
 the wall clock at the front). Only windows ending after both queries are warm (their
@@ -46,6 +47,62 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--master", default="local[2]")
     p.add_argument("--json", action="store_true", help="only the final JSON line")
     p.add_argument("--dir", help="keep outputs here (default: a temporary directory)")
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def demo_spec(fronts: int, rate: float, lag_ms: int, t0_ms: int) -> Any:
+    """``fronts`` generator fronts from ``t0_ms``, the last one lagging ``lag_ms``."""
+    from lowtide.spark.generator import GeneratorSpec
+
+    return GeneratorSpec(fronts=fronts, rate=rate, payload_bytes=8,
+                         lag_ms={fronts - 1: lag_ms} if lag_ms else {}, t0_ms=t0_ms)
+
+
+def make_session(master: str, app: str) -> Any:
+    py = sys.executable
+    os.environ.setdefault("PYSPARK_PYTHON", py)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", py)
+    from pyspark.sql import SparkSession
+
+    from lowtide.spark.windows import ROCKSDB
+
+    spark = (SparkSession.builder.master(master).appName(app)
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", "2")
+             .config("spark.sql.session.timeZone", "UTC")
+             .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
+             .config("spark.driver.extraJavaOptions", "-Xss32m").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def prepare(spark: Any) -> None:
+    """Register the sources; keep every progress report (drops are summed over them)."""
+    from lowtide.spark.pipeline import register_sources
+
+    register_sources(spark)
+    spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "100000")
+
+
+def raise_if_failed(queries: list[Any]) -> None:
+    for q in queries:
+        if q.exception() is not None:
+            raise RuntimeError(f"query {q.name} failed: {q.exception()}")
+
+
+def wait_warm(queries: list[Any], timeout_s: float = 300.0) -> int:
+    """Wait until every query has done two micro-batches (Python workers started);
+    returns the wall time then."""
+    deadline = time.monotonic() + timeout_s
+    while any(len(q.recentProgress) < 2 for q in queries):
+        raise_if_failed(queries)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"queries did not start within {timeout_s:.0f} s")
+        time.sleep(0.5)
+    return now_ms()
 
 
 # ------------------------------------------------------------------ the pipelines
@@ -95,7 +152,8 @@ def plain_frame(df: Any) -> Any:
             .where("amount > 3"))
 
 
-def start_watermark(spark: Any, spec: Any, out: str, ckpt: str, delay_ms: int) -> Any:
+def start_watermark(spark: Any, spec: Any, out: str, ckpt: str, delay_ms: int,
+                    name: str = "watermark") -> Any:
     from pyspark.sql import functions as F
 
     df = (spark.readStream.format("lowtide_gen").option("spec", spec.to_json())
@@ -107,29 +165,77 @@ def start_watermark(spark: Any, spec: Any, out: str, ckpt: str, delay_ms: int) -
                        F.col("window.end").alias("window_end"), "n", "total"))
     return (windows.writeStream.format("parquet").outputMode("append")
             .option("path", out).option("checkpointLocation", ckpt)
-            .trigger(processingTime="500 milliseconds").queryName("watermark").start())
+            .trigger(processingTime="500 milliseconds").queryName(name).start())
 
 
 # ------------------------------------------------------------------ results
 
 
-def t0_of(ckpt: str) -> int | None:
-    p = Path(ckpt) / "offsets" / "0"
-    if not p.exists():
+def served(ckpt: str) -> tuple[int, dict[int, int]] | None:
+    """(t0, front -> rows served) of a generator query's last committed micro-batch,
+    from its checkpoint: what the query read."""
+    done = [int(p.name) for p in (Path(ckpt) / "commits").glob("[0-9]*")]
+    if not done:
         return None
-    try:
-        return int(json.loads(p.read_text().strip().splitlines()[-1])["t0"])
-    except (ValueError, KeyError, IndexError):
+    text = (Path(ckpt) / "offsets" / str(max(done))).read_text()
+    off = json.loads(text.strip().splitlines()[-1])
+    return int(off["t0"]), {int(k[1:]): int(v["seq"]) for k, v in off.items() if k[0] == "f"}
+
+
+def events(spec: Any, t0: int, rows: dict[int, int]) -> Any:
+    """front, seq, event_ms of rows 0 .. rows[front] - 1 of each front from ``t0``."""
+    import pandas as pd
+
+    from lowtide.spark.generator import label_ms
+
+    parts = [pd.DataFrame({"front": np.int32(f), "seq": seq,
+                           "event_ms": label_ms(t0, spec.rate_of(f), seq)})
+             for f, n in sorted(rows.items()) for seq in [np.arange(n, dtype=np.int64)]]
+    return pd.concat(parts, ignore_index=True)
+
+
+def read_events(spec: Any, ckpt: str) -> Any:
+    """The events a generator query read (its source is deterministic)."""
+    got = served(ckpt)
+    return events(spec, *(got if got is not None else (0, {f: 0 for f in spec.front_ids()})))
+
+
+def batch_events(spec: Any, horizon_ms: int) -> Any:
+    """Every event of ``spec`` labelled before ``horizon_ms``."""
+    from lowtide.spark.generator import rows_before
+
+    return events(spec, spec.t0_ms, {f: rows_before(spec.t0_ms, spec.rate_of(f), horizon_ms - 1)
+                                     for f in spec.front_ids()})
+
+
+def committed(out: str) -> set[str] | None:
+    """Names of the files a Spark file sink committed (its ``_spark_metadata`` log);
+    None for a sink without that log (lowtide's sink publishes files at commit)."""
+    log = Path(out) / "_spark_metadata"
+    if not log.is_dir():
         return None
+    names = set()
+    for f in log.iterdir():
+        if f.name.startswith("."):
+            continue
+        for line in f.read_text().splitlines()[1:]:
+            entry = json.loads(line)
+            if entry.get("action") == "add":
+                names.add(os.path.basename(entry["path"]))
+    return names
 
 
 def read_windows(out: str) -> Any:
-    """user, start_ms, end_ms, n, total, done_ms (file mtime) of every result row."""
+    """user, start_ms, end_ms, n, total, done_ms (file mtime) of every committed result
+    row (a query stopped during a micro-batch may leave files of an aborted one)."""
     import pandas as pd
     import pyarrow.parquet as pq
 
     frames = []
+    names = committed(out)
     for f in sorted(glob.glob(os.path.join(out, "*.parquet"))):
+        if names is not None and os.path.basename(f) not in names:
+            continue
         try:
             t = pq.read_table(f, columns=["user", "window_start", "window_end", "n", "total"])
         except Exception:  # a file being written
@@ -147,22 +253,12 @@ def read_windows(out: str) -> Any:
     return df[["user", "start_ms", "end_ms", "n", "total", "done_ms"]]
 
 
-def batch_recompute(spark: Any, spec: Any, t0: int, horizon_ms: int) -> Any:
+def batch_recompute(spark: Any, spec: Any, horizon_ms: int) -> Any:
     """Spark batch: the same parse, filter and windows over every event labelled
     before ``horizon_ms`` (the generator is deterministic)."""
-    import pandas as pd
     from pyspark.sql import functions as F
 
-    from lowtide.spark.generator import label_ms, rows_before
-
-    parts = []
-    for f in spec.front_ids():
-        n = rows_before(t0, spec.rate_of(f), horizon_ms - 1)
-        seq = np.arange(n, dtype=np.int64)
-        parts.append(pd.DataFrame({"front": np.int32(f), "seq": seq,
-                                   "event_ms": label_ms(t0, spec.rate_of(f), seq)}))
-    pdf = pd.concat(parts, ignore_index=True)
-    df = spark.createDataFrame(pdf, "front int, seq long, event_ms long")
+    df = spark.createDataFrame(batch_events(spec, horizon_ms), "front int, seq long, event_ms long")
     res = (plain_frame(df).groupBy("user", F.window("ts", WINDOW))
            .agg(F.count("*").alias("n"), F.sum("amount").alias("total"))
            .select("user", (F.unix_millis(F.col("window.start"))).alias("start_ms"),
@@ -172,26 +268,41 @@ def batch_recompute(spark: Any, spec: Any, t0: int, horizon_ms: int) -> Any:
 
 
 def compare(got: Any, batch: Any, complete_below_ms: int) -> dict[str, int]:
-    """Emitted windows vs the batch: differing (wrong count or sum), duplicated,
-    missing (complete below ``complete_below_ms`` but never emitted), rows lost."""
-    exp = {(u, int(s)): (int(n), float(t)) for u, s, n, t in
-           zip(batch["user"], batch["start_ms"], batch["n"], batch["total"], strict=True)}
+    """Emitted windows vs the batch, over the batch's windows ending at or below
+    ``complete_below_ms``: ``windows`` (in the batch) = ``exact`` + ``differ`` (emitted
+    with another count or sum) + ``missing`` (never emitted); ``unexpected`` (emitted,
+    not in the batch), ``duplicates``; ``rows_lost`` = ``rows`` (in the batch's
+    windows) - ``rows_emitted`` (in the first copy of each emitted window)."""
+    exp = {(u, int(s)): (int(n), float(t)) for u, s, e, n, t in
+           zip(batch["user"], batch["start_ms"], batch["end_ms"], batch["n"], batch["total"],
+               strict=True) if e <= complete_below_ms}
     seen: set[tuple[str, int]] = set()
-    differ = dup = lost = 0
-    for u, s, n, t in zip(got["user"], got["start_ms"], got["n"], got["total"], strict=True):
+    c = dict.fromkeys(("exact", "differ", "unexpected", "duplicates", "rows_emitted"), 0)
+    for u, s, e, n, t in zip(got["user"], got["start_ms"], got["end_ms"], got["n"], got["total"],
+                             strict=True):
         k = (u, int(s))
+        if e > complete_below_ms:
+            continue  # beyond what the batch can judge
         if k in seen:
-            dup += 1
+            c["duplicates"] += 1
+            continue
         seen.add(k)
-        e = exp.get(k)
-        if e is None:
-            continue  # beyond the horizon of the recomputation
-        if e[0] != int(n) or not np.isclose(e[1], float(t)):
-            differ += 1
-            lost += e[0] - int(n)
-    missing = sum(1 for (u, s) in exp if s + WINDOW_MS <= complete_below_ms
-                  and (u, s) not in seen)
-    return {"differ": differ, "duplicates": dup, "missing": missing, "rows_lost": lost}
+        want = exp.get(k)
+        if want is None:
+            c["unexpected"] += 1
+            continue
+        c["rows_emitted"] += int(n)
+        same = want[0] == int(n) and np.isclose(want[1], float(t))
+        c["exact" if same else "differ"] += 1
+    rows = sum(n for n, _t in exp.values())
+    return {**c, "windows": len(exp), "missing": sum(1 for k in exp if k not in seen),
+            "rows": rows, "rows_lost": rows - c["rows_emitted"]}
+
+
+def judged_to_ms(got: Any, floor_ms: int = 0) -> int:
+    """Up to which window end a query's windows are judged: its last emitted window
+    (a window query emits in window-end order), or ``floor_ms`` if later."""
+    return int(max([floor_ms, *got["end_ms"]]))
 
 
 def delays(got: Any, since_ms: int) -> tuple[int, float, float, float]:
@@ -249,20 +360,7 @@ def render(pipe: Any, lt_out: str, wm_query: Any, delay_ms: int) -> Any:
 
 
 def main(args: argparse.Namespace) -> int:
-    py = sys.executable
-    os.environ.setdefault("PYSPARK_PYTHON", py)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", py)
-    from pyspark.sql import SparkSession
-
-    from lowtide.spark.windows import ROCKSDB
-
-    spark = (SparkSession.builder.master(args.master).appName("lowtide-demo")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "2")
-             .config("spark.sql.session.timeZone", "UTC")
-             .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
-             .config("spark.driver.extraJavaOptions", "-Xss32m").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = make_session(args.master, "lowtide-demo")
     try:
         doc = run(spark, args)
     finally:
@@ -270,16 +368,29 @@ def main(args: argparse.Namespace) -> int:
     return 0 if doc["matches_batch"] else 1
 
 
+def watch(args: argparse.Namespace, pipe: Any, lt: Any, wm: Any, lt_out: str) -> None:
+    """Let both queries run ``args.seconds``, with the live view unless ``--json``."""
+    end = time.monotonic() + args.seconds
+    if args.json:
+        while time.monotonic() < end:
+            raise_if_failed([lt.query, wm])
+            time.sleep(0.5)
+        return
+    from rich.live import Live
+
+    with Live(render(pipe, lt_out, wm, args.watermark_ms), refresh_per_second=2,
+              transient=False) as live:
+        while time.monotonic() < end:
+            time.sleep(1.0)
+            raise_if_failed([lt.query, wm])
+            live.update(render(pipe, lt_out, wm, args.watermark_ms))
+    print()
+
+
 def run(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
     """Run the demo on ``spark`` (left running); prints, and returns the JSON doc."""
-    from lowtide.spark.generator import GeneratorSpec
-    from lowtide.spark.pipeline import register_sources
-
-    last = args.fronts - 1
-    spec = GeneratorSpec(fronts=args.fronts, rate=args.rate, payload_bytes=8,
-                         lag_ms={last: args.lag_ms} if args.lag_ms else {})
-
-    register_sources(spark)
+    spec = demo_spec(args.fronts, args.rate, args.lag_ms, now_ms())
+    prepare(spark)
     tmp = args.dir or tempfile.mkdtemp(prefix="lowtide-demo-")
     d = {k: os.path.join(tmp, k) for k in ("lt_out", "lt_ckpt", "wm_out", "wm_ckpt")}
     say = (lambda *a: None) if args.json else print
@@ -289,48 +400,18 @@ def run(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
         wm = start_watermark(spark, spec, d["wm_out"], d["wm_ckpt"], args.watermark_ms)
         say(f"tracker {pipe.tracker.url}; segments {list(lt.graph.names)}; outputs in {tmp}")
         say("warming up (the first micro-batches start Python workers) ...")
-        deadline = time.monotonic() + 300
-        while (len(lt.query.recentProgress) < 2 or len(wm.recentProgress) < 2):
-            for q in (lt.query, wm):
-                if q.exception() is not None:
-                    raise RuntimeError(f"query failed: {q.exception()}")
-            if time.monotonic() > deadline:
-                raise RuntimeError("queries did not start within 300 s")
-            time.sleep(0.5)
-        warm_ms = time.time_ns() // 1_000_000
-        end = time.monotonic() + args.seconds
-        if args.json:
-            while time.monotonic() < end:
-                time.sleep(0.5)
-        else:
-            from rich.live import Live
-
-            with Live(render(pipe, d["lt_out"], wm, args.watermark_ms), refresh_per_second=2,
-                      transient=False) as live:
-                while time.monotonic() < end:
-                    time.sleep(1.0)
-                    for q in (lt.query, wm):
-                        if q.exception() is not None:
-                            raise RuntimeError(f"query failed: {q.exception()}")
-                    live.update(render(pipe, d["lt_out"], wm, args.watermark_ms))
-            print()
+        warm_ms = wait_warm([lt.query, wm])
+        watch(args, pipe, lt, wm, d["lt_out"])
         lt_horizon_ms = lt.min_time() * 10
         dropped_wm = dropped_by_watermark(wm)
         lt.stop()
-        if wm.isActive:
-            wm.stop()
+        wm.stop()
         lt_got, wm_got = read_windows(d["lt_out"]), read_windows(d["wm_out"])
-        lt_t0, wm_t0 = t0_of(d["lt_ckpt"]), t0_of(d["wm_ckpt"])
-        assert lt_t0 is not None and wm_t0 is not None
-        lt_h = max([lt_horizon_ms, *lt_got["end_ms"].tolist()])
-        wm_h = max([warm_ms, *wm_got["end_ms"].tolist()])
-        lt_cmp = compare(lt_got, batch_recompute(spark, spec, lt_t0, lt_h), lt_horizon_ms)
-        # the watermark query emits a window once its watermark passes the end: all
-        # windows up to its last emitted one are expected
-        wm_last = int(wm_got["end_ms"].max()) if len(wm_got) else 0
-        wm_cmp = compare(wm_got, batch_recompute(spark, spec, wm_t0, wm_h), wm_last)
-        n_lt, mean_lt, p50_lt, p99_lt = delays(lt_got, warm_ms)
-        n_wm, mean_wm, p50_wm, p99_wm = delays(wm_got, warm_ms)
+        same = all((served(d[k]) or (None,))[0] == spec.t0_ms for k in ("lt_ckpt", "wm_ckpt"))
+        horizon_ms = max(judged_to_ms(lt_got, lt_horizon_ms), judged_to_ms(wm_got, warm_ms))
+        batch = batch_recompute(spark, spec, horizon_ms)
+        lt_cmp = compare(lt_got, batch, judged_to_ms(lt_got, lt_horizon_ms))
+        wm_cmp = compare(wm_got, batch, judged_to_ms(wm_got))
     finally:
         if lt is not None:
             lt.stop()
@@ -340,45 +421,54 @@ def run(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
             pipe.close()
         if args.dir is None:
             shutil.rmtree(tmp, ignore_errors=True)
-    matches = (lt_cmp["differ"] == 0 and lt_cmp["duplicates"] == 0 and lt_cmp["missing"] == 0)
-    lt_late = lt_cmp["rows_lost"]
+    lt_side, wm_side = side(lt_got, lt_cmp, warm_ms), side(wm_got, wm_cmp, warm_ms)
+    matches = lt_cmp["windows"] == lt_cmp["exact"] and not (
+        lt_cmp["unexpected"] or lt_cmp["duplicates"])
     if not args.json:
-        from rich.console import Console
-        from rich.table import Table
-
-        t = Table(title=f"lowtide vs withWatermark({args.watermark_ms} ms), front {last} "
-                        f"lagging {args.lag_ms} ms, {WINDOW} windows")
-        for c in ("", "lowtide", "watermark"):
-            t.add_column(c, justify="right")
-        rows = [
-            ("windows emitted", len(lt_got), len(wm_got)),
-            ("rows dropped as late (missing vs batch)", lt_late, wm_cmp["rows_lost"]),
-            ("  Spark's numRowsDroppedByWatermark", "-", dropped_wm),
-            ("windows differing from batch", lt_cmp["differ"], wm_cmp["differ"]),
-            ("complete windows never emitted", lt_cmp["missing"], wm_cmp["missing"]),
-            ("windows emitted twice", lt_cmp["duplicates"], wm_cmp["duplicates"]),
-            ("windows ending after warm-up", n_lt, n_wm),
-            ("delay window end -> result, mean ms", f"{mean_lt:.0f}", f"{mean_wm:.0f}"),
-            ("delay p50 ms", f"{p50_lt:.0f}", f"{p50_wm:.0f}"),
-            ("delay p99 ms", f"{p99_lt:.0f}", f"{p99_wm:.0f}"),
-        ]
-        for r in rows:
-            t.add_row(*(str(x) for x in r))
-        Console().print(t)
+        print_table(args, lt_side, wm_side, lt_cmp, wm_cmp, dropped_wm)
         print(f"lowtide matches the batch recomputation: {matches}")
-
-    def side(n: int, late: int, p50: float, p99: float, cmp: dict[str, int]) -> dict[str, Any]:
-        return {"windows": n, "late_dropped": late,
-                "delay_p50_ms": None if np.isnan(p50) else round(p50, 1),
-                "delay_p99_ms": None if np.isnan(p99) else round(p99, 1),
-                "differ_from_batch": cmp["differ"]}
-
-    doc = {"bench": "demo",
-           "lowtide": side(len(lt_got), lt_late, p50_lt, p99_lt, lt_cmp),
-           "watermark": side(len(wm_got), wm_cmp["rows_lost"], p50_wm, p99_wm, wm_cmp),
-           "matches_batch": matches}
+    doc = {"bench": "demo", "lowtide": lt_side, "watermark": wm_side, "matches_batch": matches,
+           "same_events": same, "t0_ms": spec.t0_ms}
     print(json.dumps(doc), flush=True)
     return doc
+
+
+def side(got: Any, cmp: dict[str, int], warm_ms: int) -> dict[str, Any]:
+    """One query's JSON: windows, rows lost vs the batch, delays after warm-up."""
+    n, mean, p50, p99 = delays(got, warm_ms)
+
+    def ms(x: float) -> float | None:
+        return None if np.isnan(x) else round(x, 1)
+
+    return {"windows": len(got), "late_dropped": cmp["rows_lost"],
+            "delay_mean_ms": ms(mean), "delay_p50_ms": ms(p50), "delay_p99_ms": ms(p99),
+            "delay_windows": n, "differ_from_batch": cmp["differ"]}
+
+
+def print_table(args: argparse.Namespace, lt: dict[str, Any], wm: dict[str, Any],
+                lt_cmp: dict[str, int], wm_cmp: dict[str, int], dropped_wm: int) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"lowtide vs withWatermark({args.watermark_ms} ms), front "
+                    f"{args.fronts - 1} lagging {args.lag_ms} ms, {WINDOW} windows")
+    for c in ("", "lowtide", "watermark"):
+        t.add_column(c, justify="right")
+    rows = [
+        ("windows emitted", lt["windows"], wm["windows"]),
+        ("rows dropped as late (missing vs batch)", lt["late_dropped"], wm["late_dropped"]),
+        ("  Spark's numRowsDroppedByWatermark", "-", dropped_wm),
+        ("windows differing from batch", lt_cmp["differ"], wm_cmp["differ"]),
+        ("complete windows never emitted", lt_cmp["missing"], wm_cmp["missing"]),
+        ("windows emitted twice", lt_cmp["duplicates"], wm_cmp["duplicates"]),
+        ("windows ending after warm-up", lt["delay_windows"], wm["delay_windows"]),
+        ("delay window end -> result, mean ms", lt["delay_mean_ms"], wm["delay_mean_ms"]),
+        ("delay p50 ms", lt["delay_p50_ms"], wm["delay_p50_ms"]),
+        ("delay p99 ms", lt["delay_p99_ms"], wm["delay_p99_ms"]),
+    ]
+    for r in rows:
+        t.add_row(*(str(x) for x in r))
+    Console().print(t)
 
 
 if __name__ == "__main__":

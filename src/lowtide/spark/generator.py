@@ -15,6 +15,11 @@ A *lagging* front's rows reach Spark ``lag_ms`` after they are labelled (and its
 heartbeat lags as much). A *stalled* front stops at ``after_ms`` (relative to t0) for
 ``for_ms`` (None: forever): no rows, no heartbeats, until it resumes with its backlog.
 
+t0 is ``spec.t0_ms`` when given, else the wall clock when the query's reader makes
+its initial offset. With ``t0_ms`` fixed, every stream of the same spec serves the
+same rows (front, seq, time, payload) on the same wall-clock schedule, whenever its
+query starts: two queries, or a query and a batch recomputation, see the same events.
+
 >>> spec = GeneratorSpec(fronts=2, rate=300.0, skew=1.0)
 >>> [round(r) for r in spec.rates()]
 [200, 100]
@@ -65,6 +70,8 @@ class GeneratorSpec:
     first_front: int = 0
     #: stop producing rows (heartbeats go on) after this many rows per front
     rows_per_front: int | None = None
+    #: epoch ms of row 0 of every front; None: the reader's clock at its initial offset
+    t0_ms: int | None = None
 
     def front_ids(self) -> list[int]:
         return list(range(self.first_front, self.first_front + self.fronts))
@@ -76,6 +83,14 @@ class GeneratorSpec:
 
     def rate_of(self, front: int) -> float:
         return self.rates()[front - self.first_front]
+
+    def start_ms(self, now_ms: int) -> int:
+        """t0 of a stream whose reader starts at ``now_ms``.
+
+        >>> GeneratorSpec(t0_ms=5_000).start_ms(9_000), GeneratorSpec().start_ms(9_000)
+        (5000, 9000)
+        """
+        return now_ms if self.t0_ms is None else self.t0_ms
 
     def to_json(self) -> str:
         doc = asdict(self)
@@ -253,7 +268,7 @@ class GenStreamReader(DataSourceStreamReader):  # type: ignore[misc]
         self._registered = True
 
     def initialOffset(self) -> dict[str, Any]:
-        return initial_offset(self.spec, _now_ms(), self.grid)
+        return initial_offset(self.spec, self.spec.start_ms(_now_ms()), self.grid)
 
     def latestOffset(self, start: dict[str, Any], limit: Any = None) -> dict[str, Any]:
         self._register(start)
