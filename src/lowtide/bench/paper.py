@@ -42,7 +42,7 @@ class SubBench:
 
 SUB_BENCHES: tuple[SubBench, ...] = (
     SubBench("sim", "lowtide.bench.sim"),
-    SubBench("rr", "lowtide.spark.rr"),
+    SubBench("rr", "lowtide.spark.rr_report"),
     SubBench("capacity", "lowtide.service.capacity"),
     SubBench("sweep", "lowtide.spark.sweep"),
 )

@@ -1,0 +1,165 @@
+"""``lowtide bench rr``: punctuation alignment (pure, then in Spark), the harness in a
+tiny mode whose counts must add up, and the figures."""
+
+from __future__ import annotations
+
+import doctest
+import tempfile
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from lowtide.spark import rr, rr_report
+from lowtide.spark.bench import BenchConfig, user_map
+from lowtide.spark.punctuations import (
+    EPOCH_COL,
+    MARK_COL,
+    ROUTE_COL,
+    Aligner,
+    MisalignedMarker,
+    Routing,
+    inject,
+    stage,
+)
+
+P = 2
+ROUTING = Routing((10, 11))  # route key 10 -> partition 0, 11 -> partition 1
+
+
+def front_rows(front: int, start: int, n: int) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict({
+        "front": pa.array([front] * n, pa.int32()),
+        "seq": pa.array(range(start, start + n), pa.int64()),
+        "event_ms": pa.array([0] * n, pa.int64()),
+        "payload": pa.array([b"x"] * n),
+    })
+
+
+def shuffle(outputs: list[list[pa.RecordBatch]]) -> list[list[pa.RecordBatch]]:
+    """Route every row by its route key, interleaving the upstream partitions."""
+    parts: list[list[pa.RecordBatch]] = [[] for _ in range(P)]
+    for batches in reversed(outputs):  # arrival order must not matter
+        for b in batches:
+            route = b.column(b.schema.get_field_index(ROUTE_COL)).to_numpy()
+            for j, key in enumerate(ROUTING.keys):
+                part = b.filter(pa.array(route == key))
+                if part.num_rows:
+                    parts[j].append(part)
+    return parts
+
+
+def markers_of(batches: list[pa.RecordBatch]) -> list[tuple[int, int]]:
+    out = []
+    for b in batches:
+        mark = b.column(b.schema.get_field_index(MARK_COL)).to_pylist()
+        fronts = b.column(0).to_pylist()
+        epochs = b.column(b.schema.get_field_index(EPOCH_COL)).to_pylist()
+        out += [(f, e) for m, f, e in zip(mark, fronts, epochs, strict=True) if m]
+    return out
+
+
+def run_stages(sources: list[pa.RecordBatch], g: int, n: int) -> list[list[pa.RecordBatch]]:
+    """RR-n by hand: per last-stage partition, its output batches in order."""
+    outs = []
+    for f, rows in enumerate(sources):
+        data, markers = inject(rows, g, ROUTING, f, 1)
+        outs.append([data, markers])
+    for k in range(n):
+        ins = shuffle(outs)
+        expected = 1 if k == 0 else P
+        outs = [list(stage(ins[j], user_map, Aligner(expected, ROUTING.keys[j]), g, ROUTING, j,
+                           k == n - 1)) for j in range(P)]
+    return outs
+
+
+def test_each_marker_reaches_the_sink_once_after_all_its_copies() -> None:
+    g, n = 3, 3
+    parts = run_stages([front_rows(0, 0, 10), front_rows(1, 0, 7)], g, n)
+    sink = [b for part in parts for b in part]
+    got = markers_of(sink)
+    want = [(0, e) for e in range(10 // g)] + [(1, e) for e in range(7 // g)]
+    # one copy from each last-stage partition: aligned at the sink with P copies each
+    assert sorted(got) == sorted(want * P)
+    data_rows = sum(b.num_rows for b in sink) - len(got)
+    assert data_rows == 17
+    for part in parts:  # a task's markers follow all of its data rows
+        mark = [m for b in part for m in b.column(b.schema.get_field_index(MARK_COL)).to_pylist()]
+        assert mark == sorted(mark)
+
+
+def test_a_missing_copy_is_refused_not_forwarded() -> None:
+    _data, markers = inject(front_rows(0, 0, 4), 2, ROUTING, 0, 1)
+    own = markers.filter(pa.array(np.asarray(markers.column(ROUTE_COL)) == ROUTING.keys[0]))
+    aligner = Aligner(expected=P, own_key=ROUTING.keys[0])
+    with pytest.raises(MisalignedMarker):
+        list(stage([own], user_map, aligner, 2, ROUTING, 0, False))
+    with pytest.raises(MisalignedMarker):  # a copy routed to the other partition
+        Aligner(1, ROUTING.keys[1]).add(own)
+
+
+def test_docstring_examples() -> None:
+    from lowtide.spark import punctuations
+
+    result = doctest.testmod(punctuations)
+    assert result.attempted > 0 and result.failed == 0
+
+
+def synthetic_result() -> dict[str, Any]:
+    cfg = rr.RRConfig(sizes=(3, 10), granularities=(10,))
+    samples = []
+    for n in cfg.sizes:
+        for mode in cfg.modes():
+            s = rr.Sample(mode, n, 1000, 1.0, 2, 1.0, 1000.0, rows_total=2000,
+                          after_last_row_ms=(5.0,), batch_ms=500.0)
+            if mode in rr.TRACKER_MODES or mode == rr.NO_LOCAL:
+                s.messages = s.expected_messages = 20
+            if mode.startswith("punctuations"):
+                s.marker_rows, s.markers = [400, 800, 400], 200
+            samples.append((0, s))
+    return rr.summarize(cfg, samples, {"100": "too slow"})
+
+
+def test_figures_build_from_a_result() -> None:
+    result = synthetic_result()
+    names = [f.name for f in rr_report.figures(result)]
+    assert names[:3] == ["throughput_overhead", "traffic_by_granularity_spark",
+                         "notification_latency_spark"]
+    assert "throughput_by_graph_size_spark" in names
+    no_local = next(r for r in result["results"] if r["mode"] == rr.NO_LOCAL and r["stages"] == 3)
+    assert no_local["messages_per_50k"] == 50_000 * (2 * 3 + 2)
+    assert "RR-100 skipped" in rr_report.figures(result)[0].note
+
+
+# ------------------------------------------------------------------ real Spark
+
+
+def tiny(stages: int = 2) -> BenchConfig:
+    return BenchConfig(fronts=2, rows_per_batch=200, payload_bytes=4, stages=stages,
+                       partitions=P, seconds=1.0, warmup_batches=1, rounds=1)
+
+
+@pytest.mark.spark
+def test_punctuations_on_spark_align_and_count(spark: Any) -> None:
+    from lowtide.spark.punctuations import route_keys
+
+    cfg, g = tiny(), 10
+    with tempfile.TemporaryDirectory() as workdir:
+        s = rr.run_punctuations(spark, cfg, workdir, g, route_keys(spark, P))
+    per_front = s.rows_total // cfg.fronts
+    markers = cfg.fronts * (per_front // g)
+    assert s.rows_total > 0 and s.markers == markers  # each aligned at the sink once
+    # each shuffle moves the markers its upstream stage forwarded, p copies each
+    assert s.marker_rows == [markers * P, markers * P * P, markers * P]
+    assert len(s.after_last_row_ms) == markers
+
+
+@pytest.mark.spark
+def test_lowtide_harness_counts_add_up(spark: Any) -> None:
+    cfg = tiny()
+    with tempfile.TemporaryDirectory() as workdir:
+        s = rr.run_lowtide(spark, cfg, workdir, "lowtide")
+    # sources + one batch per map task + the sink, per completed micro-batch
+    assert s.messages == s.expected_messages > 0
+    assert s.rows_total > 0 and s.after_last_row_ms and s.after_commit_ms
