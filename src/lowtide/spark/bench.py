@@ -48,6 +48,7 @@ from lowtide.spark.generator import (
     GenStreamReader,
     gen_rows,
 )
+from lowtide.spark.pipeline import stop_between_batches
 from lowtide.spark.tracking import ACK_COL, TIME_COL
 
 
@@ -171,15 +172,6 @@ def _measure(query: Any, cfg: BenchConfig) -> tuple[int, float, int]:
     CPU["rows"] = float(rows)
     ms = sum(int(p["durationMs"].get("triggerExecution", 0)) for p in progress)
     return rows, ms / 1000.0, len(progress)
-
-
-def stop_between_batches(query: Any, wait_s: float = 10.0) -> None:
-    deadline = time.monotonic() + wait_s
-    while query.isActive and query.status.get("isTriggerActive") and (
-        time.monotonic() < deadline
-    ):
-        time.sleep(0.005)
-    query.stop()
 
 
 #: Prototype variants: what parts of tracking cost, measured without the rest.

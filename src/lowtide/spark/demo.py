@@ -389,6 +389,8 @@ def watch(args: argparse.Namespace, pipe: Any, lt: Any, wm: Any, lt_out: str) ->
 
 def run(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
     """Run the demo on ``spark`` (left running); prints, and returns the JSON doc."""
+    from lowtide.spark.pipeline import stop_between_batches
+
     spec = demo_spec(args.fronts, args.rate, args.lag_ms, now_ms())
     prepare(spark)
     tmp = args.dir or tempfile.mkdtemp(prefix="lowtide-demo-")
@@ -405,7 +407,7 @@ def run(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
         lt_horizon_ms = lt.min_time() * 10
         dropped_wm = dropped_by_watermark(wm)
         lt.stop()
-        wm.stop()
+        stop_between_batches(wm)
         lt_got, wm_got = read_windows(d["lt_out"]), read_windows(d["wm_out"])
         same = all((served(d[k]) or (None,))[0] == spec.t0_ms for k in ("lt_ckpt", "wm_ckpt"))
         horizon_ms = max(judged_to_ms(lt_got, lt_horizon_ms), judged_to_ms(wm_got, warm_ms))

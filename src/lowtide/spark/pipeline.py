@@ -277,6 +277,19 @@ class PipelineStatus:
         return "\n".join(lines)
 
 
+def stop_between_batches(query: Any, graceful_s: float = 10.0) -> None:
+    """Stop a streaming query between batches if one ends within ``graceful_s``:
+    PySpark 4.3's stop during a Python task can kill the stream thread with a
+    StackOverflowError (a regex over the interrupted task's long error message), and
+    it aborts the batch's writes noisily."""
+    deadline = time.monotonic() + graceful_s
+    while query.isActive and query.status.get("isTriggerActive", False):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.005)
+    query.stop()
+
+
 def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -548,15 +561,4 @@ class TrackedQuery:
             time.sleep(0.05)
 
     def stop(self, *, graceful_s: float = 10.0) -> None:
-        """Stop between batches if one ends within ``graceful_s``: PySpark 4.3's stop
-        during a Python task can kill the stream thread with a StackOverflowError
-        (a regex over the interrupted task's long error message)."""
-        if not self.query.isActive:
-            return
-        deadline = time.monotonic() + graceful_s
-        while time.monotonic() < deadline:
-            st = self.query.status
-            if not st.get("isTriggerActive", False):
-                break
-            time.sleep(0.01)
-        self.query.stop()
+        stop_between_batches(self.query, graceful_s)

@@ -41,9 +41,9 @@ from lowtide.spark.bench import (
     notification_delays,
     run_untracked,
     session,
-    stop_between_batches,
     user_map,
 )
+from lowtide.spark.pipeline import stop_between_batches
 
 PER_50K = 50_000  # the paper counts messages per 50K input items
 SHARDED = "lowtide sharded (2)"

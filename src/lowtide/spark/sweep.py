@@ -129,6 +129,7 @@ def sweep(spark: Any, cfg: SweepConfig, keep_dir: str | None = None) -> dict[str
     """Run the lowtide query and every watermark query at once on ``spark`` (left
     running); ``keep_dir``: keep outputs and checkpoints there."""
     from lowtide.spark import demo
+    from lowtide.spark.pipeline import stop_between_batches
 
     spec = demo.demo_spec(cfg.fronts, cfg.rate, cfg.lag_ms, demo.now_ms())
     demo.prepare(spark)
@@ -154,7 +155,7 @@ def sweep(spark: Any, cfg: SweepConfig, keep_dir: str | None = None) -> dict[str
         batch_ms = {n: median_batch_ms(q) for n, q in queries.items()}
         lt.stop()
         for q in queries.values():
-            q.stop()
+            stop_between_batches(q)
         got = {n: demo.read_windows(p + "/out") for n, p in path.items()}
         judged = {n: demo.judged_to_ms(g, lt_horizon_ms if n == "lowtide" else 0)
                   for n, g in got.items()}
