@@ -35,13 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench_sub = bench.add_subparsers(dest="bench", metavar="BENCH")
     missing = []
     for module, extra in AREAS:
-        try:
-            area = importlib.import_module(module)
+        try:  # register may import more of the area (lazily, for start-up time)
+            importlib.import_module(module).register(sub, bench_sub)
         except ModuleNotFoundError as exc:
             package = (exc.name or "?").split(".")[0]
             missing.append(f"{module} needs {package!r}: pip install '{extra}'")
-            continue
-        area.register(sub, bench_sub)
     if missing:
         parser.epilog = "unavailable here: " + "; ".join(missing)
     return parser
