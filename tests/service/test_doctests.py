@@ -14,6 +14,7 @@ MODULES = [
     "lowtide.wire.log",
     "lowtide.service.auth",
     "lowtide.service.dedup",
+    "lowtide.service.progress",
 ]
 
 

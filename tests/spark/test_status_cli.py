@@ -8,7 +8,7 @@ import pytest
 
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.time import TimeGrid
-from lowtide.service.status import RowRates, stalled_fronts
+from lowtide.service.progress import RowRates, stalled_fronts
 from lowtide.spark.pipeline import status_of
 
 GRID = TimeGrid(delta_ms=10)

@@ -24,8 +24,9 @@ from lowtide.service.bench import add_arguments as add_bench_arguments
 from lowtide.service.cluster import ShardProcesses
 from lowtide.service.lane import LaneConfig
 from lowtide.service.persist import StateDirInUse
+from lowtide.service.progress import RowRates
 from lowtide.service.server import ServerConfig
-from lowtide.service.status import RowRates, poll_status, render
+from lowtide.service.status import poll_status, render
 
 
 def register(subparsers: Any, bench_subparsers: Any) -> None:

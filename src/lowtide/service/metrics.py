@@ -65,7 +65,10 @@ class ServerMetrics:
         self._catch_up(self.dedup_hits, ("dedup_hits",), int(status.get("dedup_hits", 0)))
 
     def _catch_up(self, counter: Counter, key: tuple[str, ...], total: int) -> None:
-        """Counters follow the engine's own totals: one source, whatever the role."""
+        """Counters follow the engine's own totals: one source, whatever the role. A
+        total that falls (a shard restarted from zero) is a new base, not a stall."""
+        if total < self._totals.get(key, 0):
+            self._totals[key] = total
         if total > self._totals.get(key, 0):
             counter.inc(total - self._totals.get(key, 0))
             self._totals[key] = total

@@ -65,7 +65,8 @@ def run_status(args: argparse.Namespace) -> int:
 
     from lowtide.service.auth import load_secret
     from lowtide.service.lane import LaneConfig
-    from lowtide.service.status import RowRates, poll_status
+    from lowtide.service.progress import RowRates
+    from lowtide.service.status import poll_status
     from lowtide.spark.pipeline import status_of
 
     rates = RowRates()

@@ -36,7 +36,7 @@ from typing import Any
 
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.time import TimeGrid
-from lowtide.service.status import RowRates, stalled_fronts
+from lowtide.service.progress import RowRates, stalled_fronts
 from lowtide.spark.generator import GeneratorSpec, GenSource
 from lowtide.spark.operators import OpRuntime, OpSpec, operator_id, task_function
 from lowtide.spark.sinks import TrackedForeachBatch, TrackedSink, console_writer
