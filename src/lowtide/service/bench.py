@@ -157,8 +157,9 @@ def serve_subprocess(args: list[str], timeout_s: float = 60.0) -> Iterator[str]:
     """``lowtide serve <args>`` on loopback in a subprocess; yields its url once it
     says it serves, and stops it (and so its shards) by its pid."""
     cmd = [sys.executable, "-m", "lowtide.service.cli", "serve", "--port", "0", *args]
-    cmd += ["--log-level", "warning", "--stuck-after-ms", "60000"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    # --watch-stdin: the server exits when this process dies, even by SIGKILL
+    cmd += ["--log-level", "warning", "--stuck-after-ms", "60000", "--watch-stdin"]
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
         ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
@@ -173,8 +174,9 @@ def serve_subprocess(args: list[str], timeout_s: float = 60.0) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                pipe.close()
 
 
 @contextmanager
@@ -258,6 +260,7 @@ def run_fronts(
     ctx = multiprocessing.get_context("spawn")
     go, results = ctx.Event(), ctx.Queue()
     watch = Watch(url)
+    procs: list[Any] = []
     try:
         pids = server_pids(watch.agent)
         for front in fronts:
@@ -278,6 +281,10 @@ def run_fronts(
             watch.agent.unregister_front(front)
         yield FrontsRun(watch, reports, cpu)
     finally:
+        for p in procs:  # a failed run must not leave agents behind (nor hang on exit)
+            if p.is_alive():
+                p.terminate()
+                p.join(5)
         watch.agent.close()
 
 

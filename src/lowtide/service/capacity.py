@@ -240,7 +240,8 @@ def summarize(
     quarter = max(1, len(lags) // 4)
     growth = float(np.median(lags[-quarter:]) - np.median(lags[:quarter]))
     tracker_cpu = sum(cpu.values())
-    busiest = max(v for k, v in cpu.items() if k.startswith("shard") or not shards)
+    # the coordinator may not have named its shards' pids in time: then all processes
+    busiest = max([v for k, v in cpu.items() if k.startswith("shard")] or cpu.values())
     items_per_s = items / seconds
     return {
         "deployment": label_of(shards),

@@ -341,7 +341,7 @@ def render(pipe: Any, lt_out: str, wm_query: Any, delay_ms: int) -> Any:
     fronts.add_column("heartbeat lag ms", justify="right")
     for f, (_seg, t) in sorted(st.fronts.items(), key=lambda kv: int(kv[0])):
         flag = " (stalled)" if int(f) in st.stalled_fronts else ""
-        fronts.add_row(str(f), f"{st.wall_ms - t * 10}{flag}")
+        fronts.add_row(str(f), f"{st.wall_ms - pipe.grid.slot_start_ms(t)}{flag}")
     wins = Table(title="windows closed (lowtide, latest)")
     for c in ("user", "window end", "n", "total", "delay ms"):
         wins.add_column(c, justify="right")
@@ -404,7 +404,7 @@ def run(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
         say("warming up (the first micro-batches start Python workers) ...")
         warm_ms = wait_warm([lt.query, wm])
         watch(args, pipe, lt, wm, d["lt_out"])
-        lt_horizon_ms = lt.min_time() * 10
+        lt_horizon_ms = pipe.grid.slot_start_ms(lt.min_time())
         dropped_wm = dropped_by_watermark(wm)
         lt.stop()
         stop_between_batches(wm)

@@ -221,7 +221,9 @@ def first_update_ns(trace: str, updates: list[tuple[int, int]]) -> dict[int, int
 
 
 def run_lowtide(spark: Any, cfg: BenchConfig, workdir: str, mode: str,
-                tracker: str | None = None) -> Sample:
+                tracker: str | None = None, shards: int = 0) -> Sample:
+    """One tracked run: on an embedded tracker, or on ``tracker`` (a url) with
+    ``shards`` shards behind it."""
     from lowtide.spark.punctuations import PerBatch
 
     last_row = spark.sparkContext.accumulator({}, PerBatch(use_max=True))
@@ -240,7 +242,7 @@ def run_lowtide(spark: Any, cfg: BenchConfig, workdir: str, mode: str,
         cancel()
     finally:
         pipe.close()
-    _count_messages(sample, cfg, _batch_rows(tq.query), doc, per_batch, tracker is not None)
+    _count_messages(sample, cfg, _batch_rows(tq.query), doc, per_batch, shards)
     sample.after_commit_ms = tuple(notification_delays(trace, updates))
     arrived = first_update_ns(trace, updates)
     sample.after_last_row_ms = tuple((ns - last_row.value[b]) / 1e6 for b, ns in arrived.items()
@@ -249,17 +251,17 @@ def run_lowtide(spark: Any, cfg: BenchConfig, workdir: str, mode: str,
 
 
 def _count_messages(sample: Sample, cfg: BenchConfig, done: dict[int, int], doc: dict[str, Any],
-                    per_batch: dict[int, int], sharded: bool) -> None:
+                    per_batch: dict[int, int], shards: int) -> None:
     """Embedded: the tracker's keyed batches of the completed batches, against what
     their tasks sent (sources, one per map task with rows, the sink). Sharded: the
     shards' totals over the whole query (each task batch is one message per shard), per
     row sent into the first segment as the tracker counted them."""
     tasks = cfg.stages * cfg.partitions + 1
     expected = sum(cfg.fronts + tasks * (n > 0) for n in done.values())
-    if sharded:
+    if shards:
         sample.messages = int(doc.get("dedup_keys", 0)) + int(doc.get("dedup_hits", 0))
         sample.rows_total = int(doc["segments"][0].get("sent", 0))
-        sample.expected_messages = 2 * expected  # completed batches only: a lower bound
+        sample.expected_messages = shards * expected  # completed batches: a lower bound
         return
     sample.messages = sum(v for b, v in per_batch.items() if b in done)
     sample.expected_messages = expected
@@ -398,7 +400,7 @@ def run_mode(spark: Any, cfg: RRConfig, n: int, mode: str, workdir: str, routing
         return run_lowtide(spark, bc, workdir, mode)
     if mode == SHARDED:
         with sharded_tracker(cfg.shards) as url:
-            return run_lowtide(spark, bc, workdir, mode, url)
+            return run_lowtide(spark, bc, workdir, mode, url, cfg.shards)
     if mode == NO_LOCAL:
         return run_no_local(spark, cfg.bench(n, small=True), workdir)
     if mode == ROUTED:

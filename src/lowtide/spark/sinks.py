@@ -71,7 +71,6 @@ class TrackedForeachBatch:
         self.segment = segment
         self.keep = keep_tracking_columns
         self.last_acks: Any = None
-        self.rows_received = 0
         self.trace = trace_file
 
     def acks_of(self, df: Any) -> AckAccumulator:
@@ -112,7 +111,6 @@ class TrackedForeachBatch:
             key = batch_key(query, batch_id, self.segment, 0)
             connect(self.ref).send_batch(key, acks)
         self.last_acks = acks
-        self.rows_received += acc.rows_received
         if self.trace:  # same format as the writer's trace
             with open(self.trace, "a") as f:
                 f.write(f"{batch_id} {started_ns} {time.time_ns()} {acc.rows_received}\n")

@@ -150,7 +150,7 @@ def sweep(spark: Any, cfg: SweepConfig, keep_dir: str | None = None) -> dict[str
         warm_ms = demo.wait_warm(list(queries.values()))
         say(f"warm after {(warm_ms - spec.t0_ms) / 1000:.0f} s; running {cfg.seconds:.0f} s")
         wait(list(queries.values()), cfg.seconds)
-        lt_horizon_ms = lt.min_time() * 10
+        lt_horizon_ms = pipe.grid.slot_start_ms(lt.min_time())
         spark_dropped = {n: demo.dropped_by_watermark(q) for n, q in queries.items()}
         batch_ms = {n: median_batch_ms(q) for n, q in queries.items()}
         lt.stop()
