@@ -259,7 +259,8 @@ def run_tracked_noop(spark: Any, cfg: BenchConfig, workdir: str) -> tuple[int, f
     """Tracked maps, the JVM ``noop`` sink: the sink's acks and their job are left out."""
     from lowtide.spark.pipeline import Pipeline
 
-    pipe = Pipeline(spark, "bench")
+    # nothing ever acks the sink segment here: not a loss to warn about
+    pipe = Pipeline(spark, "bench", stuck_after_ms=3_600_000)
     try:
         built = pipe.build(_tracked_stream(pipe, cfg))
         ckpt = tempfile.mkdtemp(dir=workdir)
