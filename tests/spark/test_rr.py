@@ -132,6 +132,34 @@ def test_figures_build_from_a_result() -> None:
     assert "RR-100 skipped" in rr_report.figures(result)[0].note
 
 
+def test_a_failing_point_is_reported_and_the_others_still_run(monkeypatch) -> None:
+    """RR-100's punctuations ran out of heap once and took 25 minutes of results with
+    them: now a failed point is named in the result and the run goes on."""
+    import lowtide.spark.punctuations as punctuations
+
+    class FakeSpark:
+        conf = type("Conf", (), {"set": lambda self, k, v: None})()
+
+        def stop(self) -> None:
+            pass
+
+    def run_mode(spark, cfg, n, mode, workdir, routing):
+        if mode == rr.punct(10):
+            raise RuntimeError("Java heap space")
+        return rr.Sample(mode, n, 1000, 1.0, 2, 1.0, 1000.0, rows_total=2000, batch_ms=500.0)
+
+    monkeypatch.setattr(rr, "session", lambda cfg: FakeSpark())
+    monkeypatch.setattr(rr, "run_none", lambda *a: None)
+    monkeypatch.setattr(rr, "run_mode", run_mode)
+    monkeypatch.setattr(punctuations, "route_keys", lambda spark, p: None)
+    cfg = rr.RRConfig(sizes=(3,), granularities=(1, 10))
+    result = rr.run_config(cfg)
+    assert result["failed"] == {"RR-3 punctuations 10": "RuntimeError: Java heap space"}
+    measured = {r["mode"] for r in result["results"]}
+    assert rr.punct(1) in measured and rr.punct(10) not in measured
+    assert "RR-3 punctuations 10 failed" in rr_report.figures(result)[0].note
+
+
 # ------------------------------------------------------------------ real Spark
 
 

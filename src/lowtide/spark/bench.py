@@ -94,6 +94,8 @@ def session(cfg: BenchConfig) -> Any:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", str(cfg.partitions))
         .config("spark.driver.extraJavaOptions", "-Xss32m")
+        # RR-100's plans (100 Python stages) overflow the default 1 GiB heap
+        .config("spark.driver.memory", "4g")
         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "20000")
         .getOrCreate()
     )

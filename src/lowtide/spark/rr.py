@@ -439,6 +439,7 @@ def run_config(cfg: RRConfig) -> dict[str, Any]:
     spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "10000")
     samples: list[tuple[int, Sample]] = []
     skipped: dict[str, str] = {}
+    failed: dict[str, str] = {}  # a point that failed is reported; the others still run
     untracked_ms: dict[int, float] = {}
     try:
         routing = route_keys(spark, cfg.partitions)
@@ -451,7 +452,12 @@ def run_config(cfg: RRConfig) -> dict[str, Any]:
                 continue
             for r in range(cfg.rounds):
                 for mode in cfg.modes_at(n):
-                    s = run_mode(spark, cfg, n, mode, workdir, routing)
+                    try:
+                        s = run_mode(spark, cfg, n, mode, workdir, routing)
+                    except Exception as exc:
+                        failed[f"RR-{n} {mode}"] = f"{type(exc).__name__}: {exc}"[:300]
+                        print(f"RR-{n} {mode} failed: {exc}"[:300], file=sys.stderr, flush=True)
+                        continue
                     if mode == "none":
                         untracked_ms[n] = s.batch_ms
                     samples.append((r, s))
@@ -460,6 +466,7 @@ def run_config(cfg: RRConfig) -> dict[str, Any]:
         spark.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     result = summarize(cfg, samples, skipped)
+    result["failed"] = failed
     result["load_avg_1m"] = round(os.getloadavg()[0], 1)
     return result
 
@@ -558,6 +565,8 @@ def print_table(result: dict[str, Any]) -> None:
               f" {_fmt(r['notify_p99_ms']):>8}")
     for n, why in result["graph_sizes_skipped"].items():
         print(f"RR-{n} skipped: {why}")
+    for point, why in result.get("failed", {}).items():
+        print(f"{point} failed: {why}")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

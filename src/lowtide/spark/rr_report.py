@@ -78,7 +78,10 @@ def throughput_note(result: dict[str, Any]) -> str:
         p1 = _get(result, punct(1), n, "ratio")
         parts.append(f"RR-{n}: lowtide keeps {_share(lt)} of the untracked rate (CPU basis"
                      f" {_share(cpu)}), per-item punctuations {_share(p1)}")
-    skipped = "; ".join(f"RR-{k} skipped: {v}" for k, v in result["graph_sizes_skipped"].items())
+    skipped = "; ".join(
+        [f"RR-{k} skipped: {v}" for k, v in result["graph_sizes_skipped"].items()]
+        + [f"{k} failed ({v})" for k, v in result.get("failed", {}).items()]
+    )
     return (". ".join(parts) + ". The paper's tracker cost 22% at per-item granularity; "
             "here tracking is per micro-batch (one message per task), so its cost is the "
             "ack columns and hashing in each Python stage, not messages. Punctuations cost "
