@@ -1,4 +1,4 @@
-"""The examples in the wire and service docstrings (the project's doctest run covers
+"""The examples in the wire, service and bench docstrings (the project's doctest run covers
 only the core)."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ MODULES = [
     "lowtide.service.auth",
     "lowtide.service.dedup",
     "lowtide.service.progress",
+    "lowtide.bench.stats",
 ]
 
 

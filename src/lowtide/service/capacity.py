@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from lowtide.bench.figures import Figure
+from lowtide.bench.stats import percentile
 from lowtide.core.acks import splitmix64
 from lowtide.core.messages import AckBatch, Heartbeat
 from lowtide.service.agent import Agent, BatchKey
@@ -182,10 +183,6 @@ def agent_process(
 
 
 # ------------------------------------------------------------------ one run
-def _pct(values: list[float], q: float) -> float | None:
-    return round(float(np.percentile(values, q)), 3) if values else None
-
-
 def applied_total(watch: Watch, want: int, timeout_s: float = 15.0) -> int:
     """The server's applied entries once they reach ``want`` (a coordinator learns
     its shards' counts once a second), or what they are at the timeout."""
@@ -253,8 +250,8 @@ def summarize(
         "entries_applied": applied,
         "entries_per_s": round(applied / seconds),
         "seconds": round(seconds, 3),
-        "notify_p50_ms": _pct(latencies, 50),
-        "notify_p99_ms": _pct(latencies, 99),
+        "notify_p50_ms": percentile(latencies, 50),
+        "notify_p99_ms": percentile(latencies, 99),
         "backlog_growth_ms": round(growth, 1),
         "kept_up": growth < KEPT_UP_GROWTH_MS,
         "tracker_cpu_s": {k: round(v, 3) for k, v in cpu.items()},

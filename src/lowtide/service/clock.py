@@ -5,9 +5,14 @@ from __future__ import annotations
 import time
 
 
+def wall_ms() -> int:
+    """Milliseconds since the epoch: fronts label items with this clock, so a min time
+    (in slots) can be compared with it to show lag."""
+    return time.time_ns() // 1_000_000
+
+
 class SystemClock:
-    """Milliseconds since the epoch: fronts label items with the same clock, so a
-    min time (in slots) can be compared with it to show lag."""
+    """:func:`wall_ms` as the injectable clock of the service and the fronts."""
 
     def now_ms(self) -> int:
-        return time.time_ns() // 1_000_000
+        return wall_ms()

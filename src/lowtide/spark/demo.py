@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from lowtide.service.clock import wall_ms
+
 WINDOW = "2 seconds"
 WINDOW_MS = 2_000
 USERS = 8
@@ -47,10 +49,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--master", default="local[2]")
     p.add_argument("--json", action="store_true", help="only the final JSON line")
     p.add_argument("--dir", help="keep outputs here (default: a temporary directory)")
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def demo_spec(fronts: int, rate: float, lag_ms: int, t0_ms: int) -> Any:
@@ -102,7 +100,7 @@ def wait_warm(queries: list[Any], timeout_s: float = 300.0) -> int:
         if time.monotonic() > deadline:
             raise RuntimeError(f"queries did not start within {timeout_s:.0f} s")
         time.sleep(0.5)
-    return now_ms()
+    return wall_ms()
 
 
 # ------------------------------------------------------------------ the pipelines
@@ -192,12 +190,6 @@ def events(spec: Any, t0: int, rows: dict[int, int]) -> Any:
                            "event_ms": label_ms(t0, spec.rate_of(f), seq)})
              for f, n in sorted(rows.items()) for seq in [np.arange(n, dtype=np.int64)]]
     return pd.concat(parts, ignore_index=True)
-
-
-def read_events(spec: Any, ckpt: str) -> Any:
-    """The events a generator query read (its source is deterministic)."""
-    got = served(ckpt)
-    return events(spec, *(got if got is not None else (0, {f: 0 for f in spec.front_ids()})))
 
 
 def batch_events(spec: Any, horizon_ms: int) -> Any:
@@ -391,7 +383,7 @@ def run(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
     """Run the demo on ``spark`` (left running); prints, and returns the JSON doc."""
     from lowtide.spark.pipeline import stop_between_batches
 
-    spec = demo_spec(args.fronts, args.rate, args.lag_ms, now_ms())
+    spec = demo_spec(args.fronts, args.rate, args.lag_ms, wall_ms())
     prepare(spark)
     tmp = args.dir or tempfile.mkdtemp(prefix="lowtide-demo-")
     d = {k: os.path.join(tmp, k) for k in ("lt_out", "lt_ckpt", "wm_out", "wm_ckpt")}

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time as _time
 from collections.abc import Sequence
 
 import numpy as np
@@ -33,13 +32,9 @@ import numpy as np
 from lowtide.core.acks import root_acks
 from lowtide.core.messages import AckBatch
 from lowtide.core.time import Clock, TimeGrid
+from lowtide.service.clock import SystemClock
 from lowtide.spark.ingest import IngestWriter
 from lowtide.spark.transport import AgentLike, TrackerRef, connect
-
-
-class WallClock:
-    def now_ms(self) -> int:
-        return _time.time_ns() // 1_000_000
 
 
 class Front:
@@ -73,7 +68,7 @@ class Front:
         self.front = front
         self.segment = segment
         self.confirm = confirm
-        self._clock = clock or WallClock()
+        self._clock = clock or SystemClock()
         self._writer = IngestWriter(log_dir, front, fsync=fsync)
         self._lock = threading.Lock()
         self._last_slot = max(self._writer.last_time, self._now_slot())

@@ -41,6 +41,7 @@ import numpy as np
 from lowtide.core.acks import root_acks
 from lowtide.core.messages import Heartbeat
 from lowtide.core.time import TimeGrid
+from lowtide.service.clock import wall_ms
 from lowtide.spark.source import FrontPartition, ensure_front, front_key, send_task_batch
 from lowtide.spark.tracking import ACK_COL, TIME_COL, AckAccumulator, as_i64
 from lowtide.spark.transport import TrackerRef, connect
@@ -233,10 +234,6 @@ def gen_rows(
     return batch, times, acks
 
 
-def _now_ms() -> int:
-    import time
-
-    return time.time_ns() // 1_000_000
 
 
 UNTRACKED_SCHEMA = "front int, seq long, event_ms long, payload binary"
@@ -268,11 +265,11 @@ class GenStreamReader(DataSourceStreamReader):  # type: ignore[misc]
         self._registered = True
 
     def initialOffset(self) -> dict[str, Any]:
-        return initial_offset(self.spec, self.spec.start_ms(_now_ms()), self.grid)
+        return initial_offset(self.spec, self.spec.start_ms(wall_ms()), self.grid)
 
     def latestOffset(self, start: dict[str, Any], limit: Any = None) -> dict[str, Any]:
         self._register(start)
-        return next_offset(self.spec, start, _now_ms(), self.grid)
+        return next_offset(self.spec, start, wall_ms(), self.grid)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[FrontPartition]:
         # a restarted query may re-run its last logged batch without latestOffset

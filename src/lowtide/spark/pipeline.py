@@ -36,6 +36,7 @@ from typing import Any
 
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.time import TimeGrid
+from lowtide.service.clock import wall_ms
 from lowtide.service.progress import RowRates, stalled_fronts
 from lowtide.spark.generator import GeneratorSpec, GenSource
 from lowtide.spark.operators import OpRuntime, OpSpec, operator_id, task_function
@@ -290,15 +291,11 @@ def stop_between_batches(query: Any, graceful_s: float = 10.0) -> None:
     query.stop()
 
 
-def _wall_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 def status_of(doc: dict[str, Any], grid: TimeGrid, rates: RowRates | None = None,
               stall_after_ms: int = 2_000) -> PipelineStatus:
     """A :class:`PipelineStatus` from the tracker's status document. Rows/s per segment
     come from the tracker's cumulative ``received`` count of each segment."""
-    now = int(doc.get("now_ms") or _wall_ms())
+    now = int(doc.get("now_ms") or wall_ms())
     segs = []
     for s in doc.get("segments", []):
         lag = now - s["min_time"] * grid.delta_ms if s["min_time"] > 0 else None

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from lowtide.bench.stats import percentile
 from lowtide.spark.bench import (
     CPU,
     BenchConfig,
@@ -471,10 +472,6 @@ def run_config(cfg: RRConfig) -> dict[str, Any]:
     return result
 
 
-def _pct(values: list[float], q: float) -> float | None:
-    return round(float(np.percentile(values, q)), 3) if values else None
-
-
 def punctuation_rows(markers: int, stages: int, p: int) -> int:
     """Marker rows moved by RR-N: p copies into the first shuffle, p per partition (p*p)
     into each later one, one per last-stage partition (p) to the sink."""
@@ -498,9 +495,9 @@ def _entry(cfg: RRConfig, mode: str, n: int, runs: list[tuple[int, Sample]],
         "ratio": round(float(np.median(ratios)), 4) if ratios and mode != NO_LOCAL else None,
         "batch_ms": round(float(np.median([s.batch_ms for s in ss])), 1),
         "batches": sum(s.batches for s in ss), "rows_total": total,
-        "notify_p50_ms": _pct(delays, 50), "notify_p99_ms": _pct(delays, 99),
+        "notify_p50_ms": percentile(delays, 50), "notify_p99_ms": percentile(delays, 99),
         "notified": len(delays),
-        "after_commit_p50_ms": _pct(commit, 50), "from_front_p50_ms": _pct(front, 50),
+        "after_commit_p50_ms": percentile(commit, 50), "from_front_p50_ms": percentile(front, 50),
     }
     if ss[0].messages is not None:
         msgs = sum(s.messages or 0 for s in ss)

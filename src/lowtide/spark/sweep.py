@@ -128,10 +128,11 @@ def say(*parts: Any) -> None:
 def sweep(spark: Any, cfg: SweepConfig, keep_dir: str | None = None) -> dict[str, Any]:
     """Run the lowtide query and every watermark query at once on ``spark`` (left
     running); ``keep_dir``: keep outputs and checkpoints there."""
+    from lowtide.service.clock import wall_ms
     from lowtide.spark import demo
     from lowtide.spark.pipeline import stop_between_batches
 
-    spec = demo.demo_spec(cfg.fronts, cfg.rate, cfg.lag_ms, demo.now_ms())
+    spec = demo.demo_spec(cfg.fronts, cfg.rate, cfg.lag_ms, wall_ms())
     demo.prepare(spark)
     tmp = keep_dir or tempfile.mkdtemp(prefix="lowtide-sweep-")
     path = {name: os.path.join(tmp, name) for name in

@@ -174,6 +174,8 @@ class OpenGate:
 
 
 class NoTracking:
+    """The markers' runs: nothing reports to a tracker."""
+
     def emitted(self, node: int, item: int) -> None:
         pass
 
