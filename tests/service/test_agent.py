@@ -14,6 +14,7 @@ from lowtide.core.errors import AckBehindHead, NonMonotonicHeartbeat, UnknownSeg
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import Ack, AckBatch, Heartbeat, MinTimeUpdate
 from lowtide.service import Agent, BatchKey, TrackerService
+from lowtide.service.errors import ServiceError
 
 pytestmark = pytest.mark.socket
 
@@ -175,3 +176,43 @@ def test_shared_agent_is_fork_safe(service: TrackerService, graph: SegmentGraph)
         assert parent.status()["acks_applied"] == 1
     finally:
         parent.close()
+
+
+def test_a_failing_state_step_is_answered_and_the_server_goes_on(
+    service: TrackerService, agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fault injection: a bug in one step must not kill the task that owns the
+    tracker's state (every later request would hang until its caller's timeout)."""
+    engine = service.server.engine
+    assert engine is not None
+    handle = engine.handle
+    calls = []
+
+    def broken_once(msg, now):  # type: ignore[no-untyped-def]
+        calls.append(msg)
+        if len(calls) == 1:
+            raise RuntimeError("injected bug")
+        return handle(msg, now)
+
+    monkeypatch.setattr(engine, "handle", broken_once)
+    key = BatchKey("q", 0, "src", 0)
+    with pytest.raises(ServiceError, match="injected bug"):
+        agent.register_front(1, "src", 10, timeout_s=5)
+    agent.register_front(1, "src", 10, timeout_s=5)  # served again, state intact
+    assert agent.send_batch(key, AckBatch.of([send(0, 10, 0xA)]), timeout_s=5) is True
+    with agent.subscribe("src") as sub:
+        agent.heartbeat(1, 20)
+        assert sub.wait_for(10, 5).time >= 10
+
+
+def test_a_timeout_says_what_the_connection_is_doing(graph: SegmentGraph) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with (
+        Agent.connect(f"tcp://127.0.0.1:{port}", graph, connect_timeout_s=0.2) as a,
+        pytest.raises(TimeoutError, match="not connected, 0 connections, last error"),
+    ):
+        a.register_front(1, "src", 10, timeout_s=1.0)

@@ -187,7 +187,10 @@ class Agent:
         if threading.current_thread() is self._thread:
             raise RuntimeError("blocking agent call on the agent's own thread (from a callback?)")
         fut = asyncio.run_coroutine_threadsafe(_timed(coro, timeout_s), self._loop)
-        return fut.result()
+        try:
+            return fut.result()
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc} ({self._link.describe()})") from None
 
     def register_front(self, front: int, segment: str, time: int, timeout_s: float = 30.0) -> None:
         """The front feeds source segment ``segment`` with items of slot >= time."""
@@ -345,6 +348,10 @@ class _Link:
     def start(self) -> None:
         self.main = self._lane(self.agent.url, self._on_welcome)
         self.main.start()
+
+    def describe(self) -> str:
+        lanes = [*([self.main] if self.main else []), *self.shards]
+        return "; ".join(lane.describe() for lane in lanes) or "not started"
 
     def _lane(self, url: str, on_welcome: Callable[[Welcome], None]) -> Lane:
         config = self.agent.config.lane()

@@ -55,6 +55,7 @@ class Lane:
         self._task: asyncio.Task[None] | None = None
         self.connected = asyncio.Event()
         self.connects = 0
+        self.last_error = ""  # why the last connection failed or ended, for timeouts
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -90,6 +91,12 @@ class Lane:
     def unanswered(self) -> int:
         return len(self._pending)
 
+    def describe(self) -> str:
+        """One line on the connection, for error messages (read from any thread)."""
+        state = "connected" if self.connected.is_set() else "not connected"
+        last = f", last error {self.last_error}" if self.last_error else ""
+        return f"{self.url}: {state}, {self.connects} connections{last}"
+
     async def drain(self) -> None:
         if self._channel is not None:
             with contextlib.suppress(ConnectionLost):
@@ -110,11 +117,16 @@ class Lane:
                 await self._session()
                 pause = self._config.backoff_s[0]
             except (ConnectionLost, WireError, OSError) as exc:
+                self.last_error = repr(exc)
                 log.debug("lane down", extra={"url": self.url, "reason": str(exc)})
             except ServiceError as exc:  # refused at handshake: tell the waiters
+                self.last_error = repr(exc)
                 log.warning("lane refused", extra={"url": self.url, "reason": str(exc)})
                 self._fail_all(exc)
                 self._on_refused(exc)
+            except Exception as exc:  # a bug here must not leave a dead lane behind
+                self.last_error = repr(exc)
+                log.exception("lane failed", extra={"url": self.url})
             finally:
                 self.connected.clear()
                 if self._channel is not None:

@@ -364,7 +364,23 @@ class TrackerServer:
             items = [await inbox.get()]
             while len(items) < MAX_GROUP and not inbox.empty():
                 items.append(inbox.get_nowait())
-            self._run_group(items)
+            try:
+                self._run_group(items)
+            except Exception as exc:  # a dead state task would hang every client
+                log.exception("state step failed", extra={"items": len(items)})
+                self.metrics.errors.labels(ErrorCode.INTERNAL.name).inc()
+                self._fail_group(items, exc)
+
+    def _fail_group(self, items: list[_Item], exc: Exception) -> None:
+        """Answer what a failed step leaves unanswered, so callers see the error now
+        instead of a timeout (a retry under the same key is safe: rule 6)."""
+        out: Outbox = []
+        for item in items:
+            if isinstance(item, _Admit) and not item.reply.done():
+                item.reply.set_exception(ServiceError(ErrorCode.INTERNAL, repr(exc)))
+            elif isinstance(item, _Request) and isinstance(item.msg, Batch | FrontOp):
+                out.append((item.peer, error_of(item.msg.req, exc)))
+        self._send(out)
 
     def _run_group(self, items: list[_Item]) -> None:
         now = self.clock.now_ms()
