@@ -77,10 +77,11 @@ def pytest_collection_modifyitems(items: list[Any]) -> None:
         from pyspark import cloudpickle
     except ImportError:
         return
+    package = __name__.rsplit(".", 1)[0]
     for mod in {item.module for item in items if getattr(item, "module", None)}:
-        if mod.__name__.split(".")[-1].startswith("test_e2e"):
+        if mod.__name__.startswith(package + "."):
             cloudpickle.register_pickle_by_value(mod)
-    helpers = sys.modules.get(__name__.rsplit(".", 1)[0] + ".helpers")
+    helpers = sys.modules.get(package + ".helpers")
     if helpers is not None:
         cloudpickle.register_pickle_by_value(helpers)
 

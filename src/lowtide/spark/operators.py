@@ -43,8 +43,9 @@ from lowtide.spark.tracking import (
     as_i64,
     as_u64,
     child_index,
+    segment_part,
 )
-from lowtide.spark.transport import TrackerRef
+from lowtide.spark.transport import TrackerRef, task_identity
 
 KINDS = ("map", "flat_map", "filter")
 PARENT_COL = "_parent"
@@ -73,6 +74,9 @@ class OpRuntime:
     in_segment: str  # the segment this operator receives from (its name)
     out_segment: str  # the segment its children are sent into
     op_id: int
+    # the last operator before a null sink: a Spark accumulator that carries what it
+    # sent into the sink segment to the driver (see lowtide.spark.sinks.SinkEcho)
+    echo: Any = None
 
 
 def _split(batch: Any) -> tuple[Any, np.ndarray, np.ndarray]:
@@ -174,6 +178,9 @@ def task_function(rt: OpRuntime) -> Callable[[Iterator[Any]], Iterator[Any]]:
         for batch in batches:
             yield apply_op(rt, batch, acc, in_idx, out_idx)
         tc = TaskContext.get()
-        send_task_batch(rt.ref, rt.in_segment, tc.partitionId() if tc else 0, acc)
+        partition = tc.partitionId() if tc else 0
+        sent = send_task_batch(rt.ref, rt.in_segment, partition, acc)
+        if rt.echo is not None and len(sent):
+            rt.echo.add({(task_identity().batch_id, partition): segment_part(sent, out_idx)})
 
     return run

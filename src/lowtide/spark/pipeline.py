@@ -40,7 +40,7 @@ from lowtide.service.clock import wall_ms
 from lowtide.service.progress import RowRates, stalled_fronts
 from lowtide.spark.generator import GeneratorSpec, GenSource
 from lowtide.spark.operators import OpRuntime, OpSpec, operator_id, task_function
-from lowtide.spark.sinks import TrackedForeachBatch, TrackedSink, console_writer
+from lowtide.spark.sinks import SinkEcho, TrackedForeachBatch, TrackedSink, console_writer
 from lowtide.spark.source import LogSource
 from lowtide.spark.tracking import ACK_COL, TIME_COL
 from lowtide.spark.transport import TrackerRef
@@ -158,8 +158,10 @@ class Stream:
         self, *, checkpoint: str, name: str = "sink", trigger: str | None = None,
         query_name: str | None = None, trace_file: str | None = None,
     ) -> TrackedQuery:
-        """Drop the rows and ack them, computing the acks in the JVM (one aggregation
-        job per batch, no Python pass). ``trace_file``: the driver appends
+        """Drop the rows and ack them once the batch ran. Ending in a tracked operator,
+        the batch is one ``noop`` job whose tasks bring the acks back with their
+        results (:class:`SinkEcho`); otherwise the acks come from one aggregation job
+        per batch in the JVM (no Python pass). ``trace_file``: the driver appends
         ``<batch> <ack start ns> <acks confirmed ns> <rows>`` per batch."""
         return self.pipeline._start(
             self, ("foreach", None, False, trace_file), name, checkpoint, trigger, query_name
@@ -441,9 +443,11 @@ class Pipeline:
                      segment=src.name or "ingest", **kwargs)
 
     # running
-    def build(self, stream: Stream, sink_name: str = "sink") -> Built:
+    def build(self, stream: Stream, sink_name: str = "sink", echo: Any = None) -> Built:
         """Start the tracker and build the streaming DataFrame of ``stream`` (tracking
-        columns included), for a sink that the caller writes and acks itself."""
+        columns included), for a sink that the caller writes and acks itself.
+        ``echo``: a :class:`SinkEcho` for the last step, which must be a tracked
+        operator."""
         src = self._source
         assert src is not None
         graph = stream.graph(sink_name)
@@ -475,8 +479,9 @@ class Pipeline:
             if isinstance(step, WindowSpec):
                 df = build_window(df, step, ref, after[step.name], operator_id(step.name))
                 continue
+            last = step is stream.steps[-1]
             rt = OpRuntime(step.kind, step.fn, ref, step.name, after[step.name],
-                           operator_id(step.name))
+                           operator_id(step.name), echo.accumulator if last and echo else None)
             schema = df.schema if step.kind == "filter" or step.schema is None else \
                 _with_tracking(step.schema)
             df = df.mapInArrow(task_function(rt), schema)
@@ -484,7 +489,11 @@ class Pipeline:
 
     def _start(self, stream: Stream, sink: tuple[Any, ...], sink_name: str, checkpoint: str,
                trigger: str | None, query_name: str | None) -> TrackedQuery:
-        built = self.build(stream, sink_name)
+        echo = None
+        if sink[0] == "foreach" and sink[1] is None and stream.steps and \
+                isinstance(stream.steps[-1], OpSpec):
+            echo = SinkEcho(self.spark.sparkContext)
+        built = self.build(stream, sink_name, echo)
         df, graph, ref = built.df, built.graph, built.ref
         writer = df.writeStream.option("checkpointLocation", checkpoint)
         if trigger:
@@ -493,7 +502,7 @@ class Pipeline:
             writer = writer.queryName(query_name)
         if sink[0] == "foreach":
             fb = TrackedForeachBatch(sink[1], ref, sink_name, keep_tracking_columns=sink[2],
-                                     trace_file=sink[3])
+                                     trace_file=sink[3], echo=echo)
             query = writer.foreachBatch(fb).start()
         else:
             opts = dict(sink[1])

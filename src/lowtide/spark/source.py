@@ -24,7 +24,7 @@ import numpy as np
 
 from lowtide.core.acks import root_acks
 from lowtide.core.errors import NonMonotonicHeartbeat
-from lowtide.core.messages import Heartbeat
+from lowtide.core.messages import AckBatch, Heartbeat
 from lowtide.spark.ingest import IngestReader, list_fronts
 from lowtide.spark.tracking import ACK_COL, TIME_COL, AckAccumulator, as_i64
 from lowtide.spark.transport import AgentLike, TrackerRef, batch_key, connect, task_identity
@@ -74,14 +74,16 @@ def send_task_batch(
     partition: int,
     acc: AckAccumulator,
     heartbeats: Sequence[Heartbeat] = (),
-) -> None:
-    """Send one task's acks (and heartbeats after them) as one idempotent batch."""
+) -> AckBatch:
+    """Send one task's acks (and heartbeats after them) as one idempotent batch;
+    returns the acks (merged per window) it sent."""
     acks = acc.build(ref.grid.window_slots)
     if len(acks) == 0 and not heartbeats:
-        return
+        return acks
     ident = task_identity()
     key = batch_key(ident.query, ident.batch_id, segment, partition)
     connect(ref).send_batch(key, acks, tuple(heartbeats))
+    return acks
 
 
 class FrontPartition(InputPartition):  # type: ignore[misc]

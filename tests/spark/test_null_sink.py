@@ -1,0 +1,75 @@
+"""The null sink (``to_null``): after a tracked operator its receipts come from that
+operator's tasks (no job of their own); after an untracked step they are counted at
+the sink, so a loss in that step is still named."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+import lowtide
+from lowtide.core.time import TimeGrid
+
+pytestmark = pytest.mark.spark
+
+GRID = TimeGrid(delta_ms=10)
+SCHEMA = "front int, seq long, event_ms long, x long"
+
+
+def enrich(b: pa.RecordBatch) -> pa.RecordBatch:
+    return pa.record_batch({"front": b["front"], "seq": b["seq"], "event_ms": b["event_ms"],
+                            "x": pc.multiply(b["seq"], 2)})
+
+
+def trace_rows(path: Path) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for line in path.read_text().splitlines():
+        batch, _start, _done, rows = (int(x) for x in line.split())
+        out[batch] = out.get(batch, 0) + rows
+    return out
+
+
+def test_receipts_from_the_last_operator_are_exact_per_batch(spark, tmp_path: Path) -> None:
+    pipe = lowtide.Pipeline(spark, "echo", grid=GRID)
+    trace = tmp_path / "trace.txt"
+    stream = pipe.generate(fronts=2, rate=300.0).repartition(2).map(enrich, SCHEMA, name="a")
+    query = None
+    try:
+        query = stream.to_null(checkpoint=str(tmp_path / "ckpt"), trigger="100 milliseconds",
+                               trace_file=str(trace))
+        now = GRID.slot_of(time.time_ns() // 1_000_000)
+        assert query.wait_for_min_time(now + 100, timeout_s=90) >= now + 100
+        assert not query.stuck()
+    finally:
+        if query is not None:
+            query.stop()
+        progress = {int(p["batchId"]): int(p["numInputRows"])
+                    for p in (query.query.recentProgress if query else [])}
+        pipe.close()
+    acked = trace_rows(trace)
+    assert sum(acked.values()) > 0
+    for batch, rows in acked.items():  # each batch acks exactly the rows it read
+        if batch in progress:
+            assert rows == progress[batch], (batch, rows, progress[batch])
+
+
+def test_loss_in_an_untracked_step_before_the_null_sink_is_named(spark, tmp_path: Path) -> None:
+    pipe = lowtide.Pipeline(spark, "echo-loss", grid=GRID, stuck_after_ms=1_500)
+    stream = (pipe.generate(fronts=2, rate=150.0).map(enrich, SCHEMA, name="a")
+              .transform(lambda df: df.filter("seq % 5 != 3")))
+    query = None
+    try:
+        query = stream.to_null(checkpoint=str(tmp_path / "ckpt"), trigger="100 milliseconds")
+        deadline = time.monotonic() + 90
+        while not any("segment 'sink'" in s and "missing" in s for s in query.stuck()):
+            assert query.query.exception() is None, query.query.exception()
+            assert time.monotonic() < deadline, query.stuck()
+            time.sleep(0.2)
+    finally:
+        if query is not None:
+            query.stop()
+        pipe.close()
