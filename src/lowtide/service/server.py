@@ -378,8 +378,10 @@ class TrackerServer:
         for item in items:
             if isinstance(item, _Admit) and not item.reply.done():
                 item.reply.set_exception(ServiceError(ErrorCode.INTERNAL, repr(exc)))
-            elif isinstance(item, _Request) and isinstance(item.msg, Batch | FrontOp):
-                out.append((item.peer, error_of(item.msg.req, exc)))
+            elif isinstance(item, _Request):
+                req = getattr(item.msg, "req", None)
+                if isinstance(req, int):
+                    out.append((item.peer, error_of(req, exc)))
         self._send(out)
 
     def _run_group(self, items: list[_Item]) -> None:
