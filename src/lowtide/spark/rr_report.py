@@ -130,8 +130,9 @@ def latency_note(result: dict[str, Any]) -> str:
             "from the sink's ack start to the update, is "
             f"{_largest(result, 'lowtide', 'after_commit_p50_ms', ms)} (sharded "
             f"{_largest(result, SHARDED, 'after_commit_p50_ms', ms)}). Both include the "
-            "sink's Spark job over the batch (the tracker's ack aggregation, the markers' "
-            "count), which the paper's pipelined engine does not have; in micro-batch mode "
+            "end of the batch's Spark job (for lowtide the sink's noop write, whose tasks "
+            "bring the last map's acks back; for the markers the count at the sink), "
+            "which the paper's pipelined engine does not have; in micro-batch mode "
             "a marker travels inside its batch instead of queueing behind data, and every "
             "notification also waits for its batch (untracked batch "
             f"{_largest(result, 'none', 'batch_ms', ms)}). " + _load(result))
