@@ -73,3 +73,42 @@ def test_loss_in_an_untracked_step_before_the_null_sink_is_named(spark, tmp_path
         if query is not None:
             query.stop()
         pipe.close()
+
+
+def test_a_stopped_querys_leftover_jobs_are_cancelled_before_it_returns(spark) -> None:
+    """A job still running in a stopped query's group (CI once saw one outlive stop()
+    and block on the closed tracker) is cancelled and waited for."""
+    import threading
+
+    from lowtide.spark.pipeline import await_jobs_gone
+
+    group = "lowtide-test-leftover"
+    started, outcome = threading.Event(), []
+
+    def slow(it):  # type: ignore[no-untyped-def]
+        for b in it:
+            time.sleep(30)
+            yield b
+
+    def leftover() -> None:
+        spark.sparkContext.setJobGroup(group, "a leftover job", interruptOnCancel=True)
+        started.set()
+        try:
+            spark.range(4, numPartitions=2).mapInArrow(slow, "id long").count()
+            outcome.append("finished")
+        except Exception:
+            outcome.append("cancelled")
+
+    thread = threading.Thread(target=leftover, daemon=True)
+    thread.start()
+    started.wait(10)
+    tracker = spark.sparkContext.statusTracker()
+    deadline = time.monotonic() + 30
+    while not tracker.getJobIdsForGroup(group):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    assert await_jobs_gone(group, timeout_s=20)
+    assert time.monotonic() - t0 < 20
+    thread.join(20)
+    assert outcome == ["cancelled"]

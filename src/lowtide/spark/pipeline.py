@@ -27,6 +27,7 @@ items, both with segment, window and count (:meth:`TrackedQuery.stuck`).
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -45,6 +46,8 @@ from lowtide.spark.source import LogSource
 from lowtide.spark.tracking import ACK_COL, TIME_COL
 from lowtide.spark.transport import TrackerRef
 from lowtide.spark.windows import WindowSpec, build_window, make_windowed
+
+log = logging.getLogger("lowtide.spark.pipeline")
 
 # ------------------------------------------------------------------ description
 
@@ -291,6 +294,30 @@ def stop_between_batches(query: Any, graceful_s: float = 10.0) -> None:
             break
         time.sleep(0.005)
     query.stop()
+    await_jobs_gone(str(query.runId))
+
+
+def await_jobs_gone(job_group: str, timeout_s: float = 30.0) -> bool:
+    """Return once no job of ``job_group`` (a query run's id) is running, cancelling the
+    group again while one is. Spark cancels a stopped query's jobs, yet CI once showed
+    a stage of a stopped query still running, its tasks blocked on the tracker that was
+    closed next. True if none is left within ``timeout_s``."""
+    from pyspark import SparkContext
+
+    sc = SparkContext._active_spark_context
+    if sc is None:
+        return True
+    tracker = sc.statusTracker()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        infos = [tracker.getJobInfo(j) for j in tracker.getJobIdsForGroup(job_group)]
+        if not any(i is not None and i.status == "RUNNING" for i in infos):
+            return True
+        if time.monotonic() > deadline:
+            log.warning("jobs still running after the query stopped", extra={"group": job_group})
+            return False
+        sc.cancelJobGroup(job_group)
+        time.sleep(0.1)
 
 
 def status_of(doc: dict[str, Any], grid: TimeGrid, rates: RowRates | None = None,
