@@ -6,6 +6,7 @@ import asyncio
 import multiprocessing
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -178,31 +179,29 @@ def test_shared_agent_is_fork_safe(service: TrackerService, graph: SegmentGraph)
         parent.close()
 
 
-def test_a_failing_state_step_is_answered_and_the_server_goes_on(
-    service: TrackerService, agent: Agent, monkeypatch: pytest.MonkeyPatch
+def test_a_failing_state_step_fails_the_tracker_loudly_not_silently(
+    service: TrackerService, agent: Agent, graph: SegmentGraph, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Fault injection: a bug in one step must not kill the task that owns the
-    tracker's state (every later request would hang until its caller's timeout)."""
+    """Fault injection: a bug in a step must not leave a dead state task behind (every
+    request would then hang until its caller's timeout), nor may the tracker confirm
+    anything after it (the step may be half applied or unlogged): every request,
+    from this client or a new one, is refused at once with the reason."""
     engine = service.server.engine
     assert engine is not None
-    handle = engine.handle
-    calls = []
 
-    def broken_once(msg, now):  # type: ignore[no-untyped-def]
-        calls.append(msg)
-        if len(calls) == 1:
-            raise RuntimeError("injected bug")
-        return handle(msg, now)
+    def broken(msg, now):  # type: ignore[no-untyped-def]
+        raise RuntimeError("injected bug")
 
-    monkeypatch.setattr(engine, "handle", broken_once)
-    key = BatchKey("q", 0, "src", 0)
+    monkeypatch.setattr(engine, "handle", broken)
+    t0 = time.monotonic()
     with pytest.raises(ServiceError, match="injected bug"):
-        agent.register_front(1, "src", 10, timeout_s=5)
-    agent.register_front(1, "src", 10, timeout_s=5)  # served again, state intact
-    assert agent.send_batch(key, AckBatch.of([send(0, 10, 0xA)]), timeout_s=5) is True
-    with agent.subscribe("src") as sub:
-        agent.heartbeat(1, 20)
-        assert sub.wait_for(10, 5).time >= 10
+        agent.register_front(1, "src", 10, timeout_s=20)
+    with pytest.raises(ServiceError, match="the tracker failed"):
+        agent.send_batch(BatchKey("q", 0, "src", 0), AckBatch.of([send(0, 10, 0xA)]),
+                         timeout_s=20)
+    with Agent.connect(service.url, graph) as other, pytest.raises(ServiceError, match="injected"):
+        other.flush(timeout_s=20)
+    assert time.monotonic() - t0 < 15  # answers, not timeouts
 
 
 def test_a_timeout_says_what_the_connection_is_doing(graph: SegmentGraph) -> None:

@@ -179,6 +179,7 @@ class TrackerServer:
         self._history = MinTimeHistory()
         self._min_time_waits: list[tuple[Peer, MinTimeAt]] = []
         self.inproc_url = ""
+        self._failed: Error | None = None  # set once a step raised: fail-stop
 
     @property
     def url(self) -> str:
@@ -364,24 +365,41 @@ class TrackerServer:
             items = [await inbox.get()]
             while len(items) < MAX_GROUP and not inbox.empty():
                 items.append(inbox.get_nowait())
+            if self._failed is not None:
+                self._refuse_group(items)
+                continue
             try:
                 self._run_group(items)
-            except Exception as exc:  # a dead state task would hang every client
-                log.exception("state step failed", extra={"items": len(items)})
-                self.metrics.errors.labels(ErrorCode.INTERNAL.name).inc()
-                self._fail_group(items, exc)
+            except Exception as exc:
+                self._fail(exc, items)
 
-    def _fail_group(self, items: list[_Item], exc: Exception) -> None:
-        """Answer what a failed step leaves unanswered, so callers see the error now
-        instead of a timeout (a retry under the same key is safe: rule 6)."""
+    def _fail(self, exc: Exception, items: list[_Item]) -> None:
+        """Fail-stop after a step raised: its state may be half applied or its log
+        unwritten, so nothing may be confirmed any more (rule 6: confirm after
+        logging). Each request is answered INTERNAL from now on and every connection
+        is closed, so clients learn why at once instead of waiting for a timeout (a
+        dead state task would leave them all hanging)."""
+        log.critical("tracker state step failed: refusing everything from now on",
+                     exc_info=exc)
+        self.metrics.errors.labels(ErrorCode.INTERNAL.name).inc()
+        self._failed = Error(0, ErrorCode.INTERNAL, f"the tracker failed: {exc!r}")
+        self._refuse_group(items)
+        for peer in list(self._peers):
+            peer.channel.close()
+
+    def _refuse_group(self, items: list[_Item]) -> None:
+        """A failed server's answer to everything. (A request of the failing step that
+        was answered already gets this too; the client drops the stray answer.)"""
+        failed = self._failed
+        assert failed is not None
         out: Outbox = []
         for item in items:
             if isinstance(item, _Admit) and not item.reply.done():
-                item.reply.set_exception(ServiceError(ErrorCode.INTERNAL, repr(exc)))
+                item.reply.set_exception(ServiceError(failed.code, failed.message))
             elif isinstance(item, _Request):
                 req = getattr(item.msg, "req", None)
                 if isinstance(req, int):
-                    out.append((item.peer, error_of(req, exc)))
+                    out.append((item.peer, Error(req, failed.code, failed.message)))
         self._send(out)
 
     def _run_group(self, items: list[_Item]) -> None:

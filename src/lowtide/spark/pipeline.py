@@ -298,26 +298,30 @@ def stop_between_batches(query: Any, graceful_s: float = 10.0) -> None:
 
 
 def await_jobs_gone(job_group: str, timeout_s: float = 30.0) -> bool:
-    """Return once no job of ``job_group`` (a query run's id) is running, cancelling the
-    group again while one is. Spark cancels a stopped query's jobs, yet CI once showed
-    a stage of a stopped query still running, its tasks blocked on the tracker that was
-    closed next. True if none is left within ``timeout_s``."""
+    """Return once no task of ``job_group``'s jobs (a query run's id) is running,
+    cancelling the group again while one is. Spark marks a stopped query's jobs
+    cancelled at once, but their tasks end later; CI once showed a stopped query's
+    stage still running, its tasks blocked on the tracker that was closed next.
+    True if none is left within ``timeout_s``."""
     from pyspark import SparkContext
 
     sc = SparkContext._active_spark_context
     if sc is None:
         return True
-    tracker = sc.statusTracker()
     deadline = time.monotonic() + timeout_s
-    while True:
-        infos = [tracker.getJobInfo(j) for j in tracker.getJobIdsForGroup(job_group)]
-        if not any(i is not None and i.status == "RUNNING" for i in infos):
-            return True
+    while _active_tasks(sc.statusTracker(), job_group):
         if time.monotonic() > deadline:
-            log.warning("jobs still running after the query stopped", extra={"group": job_group})
+            log.warning("tasks still running after the query stopped", extra={"group": job_group})
             return False
         sc.cancelJobGroup(job_group)
         time.sleep(0.1)
+    return True
+
+
+def _active_tasks(tracker: Any, job_group: str) -> int:
+    jobs = [tracker.getJobInfo(j) for j in tracker.getJobIdsForGroup(job_group)]
+    stages = [tracker.getStageInfo(s) for j in jobs if j is not None for s in j.stageIds]
+    return sum(st.numActiveTasks for st in stages if st is not None)
 
 
 def status_of(doc: dict[str, Any], grid: TimeGrid, rates: RowRates | None = None,
@@ -474,9 +478,12 @@ class Pipeline:
         """Start the tracker and build the streaming DataFrame of ``stream`` (tracking
         columns included), for a sink that the caller writes and acks itself.
         ``echo``: a :class:`SinkEcho` for the last step, which must be a tracked
-        operator."""
+        operator whose every row reaches the sink unchanged (the echo acks them as
+        received)."""
         src = self._source
         assert src is not None
+        if echo is not None and not (stream.steps and isinstance(stream.steps[-1], OpSpec)):
+            raise ValueError("a sink echo needs a tracked operator as the stream's last step")
         graph = stream.graph(sink_name)
         handle = self.start_tracker(graph)
         ref = handle.ref
