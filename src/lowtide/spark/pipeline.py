@@ -112,6 +112,10 @@ class Stream:
         difference as missing or extra items."""
         return self._then(_Transform(fn))
 
+    def ends_in_operator(self) -> bool:
+        """Is the last step a tracked operator (whose rows reach the sink unchanged)?"""
+        return bool(self.steps) and isinstance(self.steps[-1], OpSpec)
+
     def repartition(self, n: int) -> Stream:
         return self.transform(lambda df: df.repartition(n))
 
@@ -482,7 +486,7 @@ class Pipeline:
         received)."""
         src = self._source
         assert src is not None
-        if echo is not None and not (stream.steps and isinstance(stream.steps[-1], OpSpec)):
+        if echo is not None and not stream.ends_in_operator():
             raise ValueError("a sink echo needs a tracked operator as the stream's last step")
         graph = stream.graph(sink_name)
         handle = self.start_tracker(graph)
@@ -524,8 +528,7 @@ class Pipeline:
     def _start(self, stream: Stream, sink: tuple[Any, ...], sink_name: str, checkpoint: str,
                trigger: str | None, query_name: str | None) -> TrackedQuery:
         echo = None
-        if sink[0] == "foreach" and sink[1] is None and stream.steps and \
-                isinstance(stream.steps[-1], OpSpec):
+        if sink[0] == "foreach" and sink[1] is None and stream.ends_in_operator():
             echo = SinkEcho(self.spark.sparkContext)
         built = self.build(stream, sink_name, echo)
         df, graph, ref = built.df, built.graph, built.ref

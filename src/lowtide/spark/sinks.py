@@ -90,7 +90,7 @@ class SinkEcho:
         Spark merged their results before the job returned)."""
         entries = self.accumulator.value
         acc = AckAccumulator()
-        for (b, _partition), (t, x, n) in sorted(entries.items()):
+        for (b, _partition), (t, x, n) in entries.items():
             if b == batch_id:
                 acc.add_reduced(segment, t, x, -n)
                 acc.rows_received += int(n.sum())

@@ -170,37 +170,18 @@ def _buffering_note(axis: dict[str, Any]) -> str:
 
 def figures(result: dict[str, Any]) -> list[Figure]:
     axes, out = result["axes"], []
-    for name in AXIS_TITLES:
-        axis = axes[name]
-        title = AXIS_TITLES[name]
-        out.append(
-            Figure(
-                f"traffic_by_{name}",
-                f"Service traffic by {title}",
-                axis["label"],
-                "messages per 50K inputs",
-                axis["x"],
-                series(axis, "messages_per_50k"),
-                log_y=True,
-                paper=PAPER_TRAFFIC,
-                note=_traffic_note(axis, name),
-            )
-        )
-    for name in AXIS_TITLES:
-        axis = axes[name]
-        out.append(
-            Figure(
-                f"notification_latency_by_{name}",
-                f"Notification latency by {AXIS_TITLES[name]}",
-                axis["label"],
-                "mean latency, ms",
-                axis["x"],
-                series(axis, "latency_mean_ms"),
-                log_y=True,
-                paper=PAPER_LATENCY,
-                note=_latency_note(axis, name, result["config"]),
-            )
-        )
+    for prefix, title, y, key, paper, note in (
+        ("traffic", "Service traffic", "messages per 50K inputs", "messages_per_50k",
+         PAPER_TRAFFIC, lambda axis, name: _traffic_note(axis, name)),
+        ("notification_latency", "Notification latency", "mean latency, ms",
+         "latency_mean_ms", PAPER_LATENCY,
+         lambda axis, name: _latency_note(axis, name, result["config"])),
+    ):
+        for name, axis_title in AXIS_TITLES.items():
+            axis = axes[name]
+            out.append(Figure(f"{prefix}_by_{name}", f"{title} by {axis_title}", axis["label"],
+                              y, axis["x"], series(axis, key), log_y=True, paper=paper,
+                              note=note(axis, name)))
     snap = axes["snapshot"]
     note = _buffering_note(snap)
     for name, key, y in (
