@@ -1,6 +1,6 @@
-"""The null sink (``to_null``): after a tracked operator its receipts come from that
-operator's tasks (no job of their own); after an untracked step they are counted at
-the sink, so a loss in that step is still named."""
+"""The null sink (``to_null``): after a tracked operator it is Spark's ``noop`` sink and
+that operator's tasks ack the rows as received; after an untracked step the rows are
+counted at the sink, so a loss in that step is still named."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def trace_rows(path: Path) -> dict[int, int]:
 
 
 def test_receipts_from_the_last_operator_are_exact_per_batch(spark, tmp_path: Path) -> None:
-    pipe = lowtide.Pipeline(spark, "echo", grid=GRID)
+    pipe = lowtide.Pipeline(spark, "null", grid=GRID)
     trace = tmp_path / "trace.txt"
     stream = pipe.generate(fronts=2, rate=300.0).repartition(2).map(enrich, SCHEMA, name="a")
     query = None
@@ -58,12 +58,12 @@ def test_receipts_from_the_last_operator_are_exact_per_batch(spark, tmp_path: Pa
 
 
 def test_a_filter_last_with_task_retries_completes(spark, tmp_path: Path) -> None:
-    """The echo with a filter as the last operator, in tasks whose first attempts fail
-    after the operator before it has sent its acks: receipts neither lost nor doubled,
-    so the sink's min time keeps passing and nothing is stuck."""
+    """A filter as the last operator, in tasks whose first attempts fail after the
+    operator before it has sent its acks: receipts neither lost nor doubled, so the
+    sink's min time keeps passing and nothing is stuck."""
     from .helpers import fail_once
 
-    pipe = lowtide.Pipeline(spark, "echo-retry", grid=GRID)
+    pipe = lowtide.Pipeline(spark, "null-retry", grid=GRID)
     stream = (pipe.generate(fronts=2, rate=300.0).map(enrich, SCHEMA, name="a")
               .transform(lambda df: df.mapInArrow(fail_once(lambda b, p: b % 2 == 1),
                                                   df.schema))
@@ -86,7 +86,7 @@ def test_a_filter_last_with_task_retries_completes(spark, tmp_path: Path) -> Non
 
 
 def test_loss_in_an_untracked_step_before_the_null_sink_is_named(spark, tmp_path: Path) -> None:
-    pipe = lowtide.Pipeline(spark, "echo-loss", grid=GRID, stuck_after_ms=1_500)
+    pipe = lowtide.Pipeline(spark, "null-loss", grid=GRID, stuck_after_ms=1_500)
     stream = (pipe.generate(fronts=2, rate=150.0).map(enrich, SCHEMA, name="a")
               .transform(lambda df: df.filter("seq % 5 != 3")))
     query = None

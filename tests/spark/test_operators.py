@@ -94,6 +94,24 @@ def test_chain_completes_exactly_once_the_sink_acks() -> None:
     assert agent.step()["sink"] == hb
 
 
+def test_the_last_operator_acks_the_null_sink_in_its_own_batch() -> None:
+    """Before the null sink (Spark's ``noop``, same task) the last operator's rows are
+    sent and received at once: its batch has no sink entries, and the sink completes
+    with that batch, exactly when the operator's input does."""
+    from dataclasses import replace
+
+    agent = CoreAgent(GRAPH, GRID)
+    batches, hb = _source_batches(agent)
+    for i, op in enumerate(OPS):
+        last = i == len(OPS) - 1
+        batches = _run(agent, replace(op, null_sink=last), batches, ("q", 0, op.in_segment, i))
+        if not last:
+            assert agent.step()["sink"] < hb
+    *_, (_key, acks, _hbs) = agent.batches
+    assert GRAPH.index("sink") not in acks.segment.tolist()
+    assert agent.step()["sink"] == hb
+
+
 def test_retry_is_idempotent_and_identical() -> None:
     agent = CoreAgent(GRAPH, GRID)
     batches, _hb = _source_batches(agent)

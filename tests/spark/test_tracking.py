@@ -53,37 +53,3 @@ def test_accumulator_merges_by_segment_and_window() -> None:
                       strict=True))
     assert rows == [(0, 10, 7, -3), (0, 20, 8, -1), (1, 10, 7, 3), (1, 20, 8, 1)]
     assert acc.rows_sent == 4 and acc.rows_received == 4
-
-
-class _FakeContext:
-    """Stands in for a SparkContext: an accumulator is a value and its param."""
-
-    def accumulator(self, value, param):  # type: ignore[no-untyped-def]
-        acc = type("Acc", (), {})()
-        acc.value, acc.param = value, param
-        return acc
-
-
-def _part(times: list[int], xors: list[int], counts: list[int]):  # type: ignore[no-untyped-def]
-    return (np.array(times, np.int64), np.array(xors, np.uint64), np.array(counts, np.int64))
-
-
-def test_sink_echo_acks_one_batch_as_receipts_and_keeps_later_ones() -> None:
-    from lowtide.spark.sinks import SinkEcho
-
-    echo = SinkEcho(_FakeContext())
-    param = echo.accumulator.param
-    # two tasks of batch 3, one of batch 4; a retried task adds the same entry again
-    for update in ({(3, 0): _part([10, 11], [5, 6], [2, 1])},
-                   {(3, 1): _part([10], [9], [4])},
-                   {(3, 0): _part([10, 11], [5, 6], [2, 1])},
-                   {(4, 0): _part([12], [1], [7])}):
-        echo.accumulator.value = param.addInPlace(echo.accumulator.value, update)
-    acc = echo.take(3, segment=2)
-    acks = acc.build(window_slots=1)
-    entries = sorted(zip(acks.segment.tolist(), acks.time.tolist(), acks.xor.tolist(),
-                         acks.count.tolist(), strict=True))
-    assert entries == [(2, 10, 5 ^ 9, -6), (2, 11, 6, -1)]  # receipts: the sends, negated
-    assert acc.rows_received == 7
-    assert list(echo.accumulator.value) == [(4, 0)]
-    assert len(echo.take(3, segment=2)) == 0  # taken once

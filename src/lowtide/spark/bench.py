@@ -20,10 +20,10 @@ batches. Other load on the machine does not add to it, though heavy load still
 inflates it (caches, context switches): compare per-round ratios. ``--variants`` adds
 prototypes that split the cost up (see :data:`VARIANTS`).
 
-Notification delay, per tracked batch: from the moment the sink starts sending its
-acks (every task of the batch is done and its output committed) to the
-moment this process receives the sink segment's min time update that the batch made
-possible.
+Notification delay, per tracked batch: from the moment the batch's last map task
+starts sending its acks (they include the null sink's receipts: its rows go straight
+into Spark's ``noop`` writer) to the moment this process receives the sink segment's
+min time update that the batch made possible.
 """
 
 from __future__ import annotations
@@ -180,8 +180,10 @@ def _measure(query: Any, cfg: BenchConfig) -> tuple[int, float, int]:
 #: ``columns``: untracked maps carrying ``lt_time`` and ``lt_ack`` (as the tracked
 #: pipeline does) without computing or sending acks; ``packed``: the same with ONE int64
 #: column (the slot in the high bits, a 40-bit ack in the low bits); ``tracked-noop``:
-#: the tracked maps with the JVM ``noop`` sink (no sink acks, no aggregation job).
-VARIANTS = ("untracked", "tracked", "columns", "packed", "tracked-noop")
+#: the tracked maps with the JVM ``noop`` sink (no sink acks); ``foreach``: the
+#: untracked pipeline written as the tracked null sink writes (``foreachBatch`` running
+#: a ``noop`` write), without tracking.
+VARIANTS = ("untracked", "tracked", "columns", "packed", "tracked-noop", "foreach")
 PACKED_COL = "lt_packed"
 _EXTRA_SCHEMA = {"columns": f", {TIME_COL} long, {ACK_COL} long", "packed": f", {PACKED_COL} long"}
 
@@ -225,14 +227,19 @@ class ColumnsSource(GenSource):  # type: ignore[misc]
         return _ColumnsReader({k.lower(): v for k, v in self.options.items()})
 
 
+def _noop_write(df: Any, batch_id: int) -> None:
+    df.write.format("noop").mode("overwrite").save()
+
+
 def run_untracked(
-    spark: Any, cfg: BenchConfig, workdir: str, columns: str = ""
+    spark: Any, cfg: BenchConfig, workdir: str, variant: str = "untracked"
 ) -> tuple[int, float, int]:
-    """Untracked maps; ``columns`` ("columns" or "packed"): carrying them, see VARIANTS."""
+    """Untracked maps; ``columns``, ``packed``, ``foreach``: see VARIANTS."""
     from lowtide.spark.pipeline import register_sources
 
     register_sources(spark)
     reader = spark.readStream.option("spec", _spec(cfg).to_json())
+    columns = variant if variant in _EXTRA_SCHEMA else ""
     if columns:
         spark.dataSource.register(ColumnsSource)
         df = reader.format(ColumnsSource.name()).option("columns", columns).load()
@@ -241,8 +248,11 @@ def run_untracked(
     schema = UNTRACKED_SCHEMA + _EXTRA_SCHEMA.get(columns, "")
     for _ in range(cfg.stages):
         df = df.repartition(cfg.partitions).mapInArrow(_untracked_stage, schema)
-    ckpt = tempfile.mkdtemp(dir=workdir)
-    query = df.writeStream.format("noop").option("checkpointLocation", ckpt).start()
+    writer = df.writeStream.option("checkpointLocation", tempfile.mkdtemp(dir=workdir))
+    if variant == "foreach":
+        query = writer.foreachBatch(_noop_write).start()
+    else:
+        query = writer.format("noop").start()
     try:
         return _measure(query, cfg)
     finally:
@@ -319,25 +329,37 @@ def run_tracked(
     return result, notification_delays(trace, updates)
 
 
-def notification_delays(trace: str, updates: list[tuple[int, int]]) -> list[float]:
-    """Per batch: ms from its commit start to the first sink update after it."""
+def ack_starts(trace: str) -> list[tuple[int, int]]:
+    """(ns, batch) sorted: per batch with rows, when its sink acks started going out
+    (the null sink's lines are per task: the batch's last one)."""
     if not os.path.exists(trace):
         return []
-    commits = []
+    starts: dict[int, int] = {}
     with open(trace) as f:
         for line in f:
             batch, start_ns, _done_ns, rows = (int(x) for x in line.split())
             if rows:
-                commits.append((start_ns, batch))
-    commits.sort()
+                starts[batch] = max(start_ns, starts.get(batch, start_ns))
+    return sorted((ns, b) for b, ns in starts.items())
+
+
+def first_updates(trace: str, updates: list[tuple[int, int]]) -> dict[int, int]:
+    """Per batch: arrival (ns) of the first sink update after its acks started, if it
+    came before the next batch's did."""
+    starts = ack_starts(trace)
     times = np.array([ns for ns, _t in updates], np.int64)
-    out = []
-    for i, (start_ns, _batch) in enumerate(commits):
-        nxt = commits[i + 1][0] if i + 1 < len(commits) else None
+    out = {}
+    for i, (start_ns, batch) in enumerate(starts):
         k = int(np.searchsorted(times, start_ns))
-        if k < len(times) and (nxt is None or times[k] < nxt):
-            out.append((int(times[k]) - start_ns) / 1e6)
+        if k < len(times) and (i + 1 == len(starts) or times[k] < starts[i + 1][0]):
+            out[batch] = int(times[k])
     return out
+
+
+def notification_delays(trace: str, updates: list[tuple[int, int]]) -> list[float]:
+    """Per batch: ms from its sink acks' start to the first sink update after it."""
+    starts = dict((b, ns) for ns, b in ack_starts(trace))
+    return [(ns - starts[b]) / 1e6 for b, ns in first_updates(trace, updates).items()]
 
 
 @dataclass
@@ -367,7 +389,7 @@ def _run_variant(
         return run_tracked(spark, cfg, workdir)
     if variant == "tracked-noop":
         return run_tracked_noop(spark, cfg, workdir), []
-    return run_untracked(spark, cfg, workdir, "" if variant == "untracked" else variant), []
+    return run_untracked(spark, cfg, workdir, variant), []
 
 
 def _rounds(spark: Any, cfg: BenchConfig, workdir: str) -> dict[str, _Tally]:

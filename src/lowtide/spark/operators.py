@@ -26,6 +26,7 @@ must equal the first run's.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -43,7 +44,6 @@ from lowtide.spark.tracking import (
     as_i64,
     as_u64,
     child_index,
-    segment_part,
 )
 from lowtide.spark.transport import TrackerRef, task_identity
 
@@ -74,9 +74,10 @@ class OpRuntime:
     in_segment: str  # the segment this operator receives from (its name)
     out_segment: str  # the segment its children are sent into
     op_id: int
-    # the last operator before a null sink: a Spark accumulator that carries what it
-    # sent into the sink segment to the driver (see lowtide.spark.sinks.SinkEcho)
-    echo: Any = None
+    # the last operator, its rows going straight into the null sink (see Stream.to_null)
+    null_sink: bool = False
+    # null sink only: each task appends "<batch> <ack start ns> <confirmed ns> <rows>"
+    trace_file: str | None = None
 
 
 def _split(batch: Any) -> tuple[Any, np.ndarray, np.ndarray]:
@@ -159,9 +160,11 @@ def apply_op(rt: OpRuntime, batch: Any, acc: AckAccumulator, in_idx: int, out_id
         c_acks = child_acks(acks[parents], rt.op_id, child_index(parents))
     else:
         raise ValueError(f"unknown operator kind {rt.kind!r}")
-    if c_groups is None:
-        c_groups = TimeGroups.of(c_times)
-    acc.add_grouped(out_idx, c_groups, c_acks, +1)
+    if rt.null_sink:  # sent into the null sink and received there at once: no entries
+        acc.rows_sent += len(c_acks)
+    else:
+        acc.add_grouped(out_idx, c_groups if c_groups is not None else TimeGroups.of(c_times),
+                        c_acks, +1)
     acc.add_grouped(in_idx, groups, acks, -1)
     return _attach(out, c_times, c_acks)
 
@@ -179,8 +182,11 @@ def task_function(rt: OpRuntime) -> Callable[[Iterator[Any]], Iterator[Any]]:
             yield apply_op(rt, batch, acc, in_idx, out_idx)
         tc = TaskContext.get()
         partition = tc.partitionId() if tc else 0
-        sent = send_task_batch(rt.ref, rt.in_segment, partition, acc)
-        if rt.echo is not None and len(sent):
-            rt.echo.add({(task_identity().batch_id, partition): segment_part(sent, out_idx)})
+        started_ns = time.time_ns()
+        send_task_batch(rt.ref, rt.in_segment, partition, acc)
+        if rt.trace_file and acc.rows_sent:
+            with open(rt.trace_file, "a") as f:
+                f.write(f"{task_identity().batch_id} {started_ns} {time.time_ns()}"
+                        f" {acc.rows_sent}\n")
 
     return run

@@ -41,7 +41,7 @@ from lowtide.service.clock import wall_ms
 from lowtide.service.progress import RowRates, stalled_fronts
 from lowtide.spark.generator import GeneratorSpec, GenSource
 from lowtide.spark.operators import OpRuntime, OpSpec, operator_id, task_function
-from lowtide.spark.sinks import SinkEcho, TrackedForeachBatch, TrackedSink, console_writer
+from lowtide.spark.sinks import TrackedForeachBatch, TrackedSink, console_writer
 from lowtide.spark.source import LogSource
 from lowtide.spark.tracking import ACK_COL, TIME_COL
 from lowtide.spark.transport import TrackerRef
@@ -165,11 +165,13 @@ class Stream:
         self, *, checkpoint: str, name: str = "sink", trigger: str | None = None,
         query_name: str | None = None, trace_file: str | None = None,
     ) -> TrackedQuery:
-        """Drop the rows and ack them once the batch ran. Ending in a tracked operator,
-        the batch is one ``noop`` job whose tasks bring the acks back with their
-        results (:class:`SinkEcho`); otherwise the acks come from one aggregation job
-        per batch in the JVM (no Python pass). ``trace_file``: the driver appends
-        ``<batch> <ack start ns> <acks confirmed ns> <rows>`` per batch."""
+        """Drop the rows. Ending in a tracked operator, the query writes to Spark's
+        ``noop`` sink and the operator's tasks ack their rows as received by the sink
+        (they hand them to it in the same task, and nothing is committed), so the sink
+        costs nothing; otherwise a ``foreachBatch`` acks the rows from one aggregation
+        job per batch in the JVM (no Python pass), after the rows' untracked steps ran.
+        ``trace_file``: whoever acks the sink appends ``<batch> <ack start ns> <acks
+        confirmed ns> <rows>`` (the operator's tasks: one line per task attempt)."""
         return self.pipeline._start(
             self, ("foreach", None, False, trace_file), name, checkpoint, trigger, query_name
         )
@@ -478,16 +480,17 @@ class Pipeline:
                      segment=src.name or "ingest", **kwargs)
 
     # running
-    def build(self, stream: Stream, sink_name: str = "sink", echo: Any = None) -> Built:
+    def build(self, stream: Stream, sink_name: str = "sink", null_sink: bool = False,
+              trace_file: str | None = None) -> Built:
         """Start the tracker and build the streaming DataFrame of ``stream`` (tracking
         columns included), for a sink that the caller writes and acks itself.
-        ``echo``: a :class:`SinkEcho` for the last step, which must be a tracked
-        operator whose every row reaches the sink unchanged (the echo acks them as
-        received)."""
+        ``null_sink``: the rows go to Spark's ``noop`` sink and the last step, which
+        must be a tracked operator, acks them as received there (``trace_file``: see
+        :meth:`Stream.to_null`)."""
         src = self._source
         assert src is not None
-        if echo is not None and not stream.ends_in_operator():
-            raise ValueError("a sink echo needs a tracked operator as the stream's last step")
+        if null_sink and not stream.ends_in_operator():
+            raise ValueError("the null sink acks from the last step: a tracked operator")
         graph = stream.graph(sink_name)
         handle = self.start_tracker(graph)
         ref = handle.ref
@@ -517,9 +520,9 @@ class Pipeline:
             if isinstance(step, WindowSpec):
                 df = build_window(df, step, ref, after[step.name], operator_id(step.name))
                 continue
-            last = step is stream.steps[-1]
+            last = null_sink and step is stream.steps[-1]
             rt = OpRuntime(step.kind, step.fn, ref, step.name, after[step.name],
-                           operator_id(step.name), echo.accumulator if last and echo else None)
+                           operator_id(step.name), last, trace_file if last else None)
             schema = df.schema if step.kind == "filter" or step.schema is None else \
                 _with_tracking(step.schema)
             df = df.mapInArrow(task_function(rt), schema)
@@ -527,19 +530,19 @@ class Pipeline:
 
     def _start(self, stream: Stream, sink: tuple[Any, ...], sink_name: str, checkpoint: str,
                trigger: str | None, query_name: str | None) -> TrackedQuery:
-        echo = None
-        if sink[0] == "foreach" and sink[1] is None and stream.ends_in_operator():
-            echo = SinkEcho(self.spark.sparkContext)
-        built = self.build(stream, sink_name, echo)
+        null_sink = sink[0] == "foreach" and sink[1] is None and stream.ends_in_operator()
+        built = self.build(stream, sink_name, null_sink, sink[3] if null_sink else None)
         df, graph, ref = built.df, built.graph, built.ref
         writer = df.writeStream.option("checkpointLocation", checkpoint)
         if trigger:
             writer = writer.trigger(processingTime=trigger)
         if query_name:
             writer = writer.queryName(query_name)
-        if sink[0] == "foreach":
+        if null_sink:
+            query = writer.format("noop").start()
+        elif sink[0] == "foreach":
             fb = TrackedForeachBatch(sink[1], ref, sink_name, keep_tracking_columns=sink[2],
-                                     trace_file=sink[3], echo=echo)
+                                     trace_file=sink[3])
             query = writer.foreachBatch(fb).start()
         else:
             opts = dict(sink[1])

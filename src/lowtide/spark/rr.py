@@ -39,6 +39,7 @@ from lowtide.spark.bench import (
     BenchConfig,
     _measure,
     _spec,
+    first_updates,
     notification_delays,
     run_untracked,
     session,
@@ -206,21 +207,6 @@ def keyed_batches(handle: Any) -> dict[int, int]:
     return out
 
 
-def first_update_ns(trace: str, updates: list[tuple[int, int]]) -> dict[int, int]:
-    """Per batch: arrival of the first sink update after its sink started acking."""
-    if not os.path.exists(trace):
-        return {}
-    with open(trace) as f:
-        starts = sorted((int(ln.split()[1]), int(ln.split()[0])) for ln in f if ln.strip())
-    times = np.array([ns for ns, _t in updates], np.int64)
-    out = {}
-    for i, (start_ns, batch) in enumerate(starts):
-        k = int(np.searchsorted(times, start_ns))
-        if k < len(times) and (i + 1 == len(starts) or times[k] < starts[i + 1][0]):
-            out[batch] = int(times[k])
-    return out
-
-
 def run_lowtide(spark: Any, cfg: BenchConfig, workdir: str, mode: str,
                 tracker: str | None = None, shards: int = 0) -> Sample:
     """One tracked run: on an embedded tracker, or on ``tracker`` (a url) with
@@ -245,7 +231,7 @@ def run_lowtide(spark: Any, cfg: BenchConfig, workdir: str, mode: str,
         pipe.close()
     _count_messages(sample, cfg, _batch_rows(tq.query), doc, per_batch, shards)
     sample.after_commit_ms = tuple(notification_delays(trace, updates))
-    arrived = first_update_ns(trace, updates)
+    arrived = first_updates(trace, updates)
     sample.after_last_row_ms = tuple((ns - last_row.value[b]) / 1e6 for b, ns in arrived.items()
                               if b in last_row.value)
     return sample
@@ -254,10 +240,11 @@ def run_lowtide(spark: Any, cfg: BenchConfig, workdir: str, mode: str,
 def _count_messages(sample: Sample, cfg: BenchConfig, done: dict[int, int], doc: dict[str, Any],
                     per_batch: dict[int, int], shards: int) -> None:
     """Embedded: the tracker's keyed batches of the completed batches, against what
-    their tasks sent (sources, one per map task with rows, the sink). Sharded: the
+    their tasks sent (sources, one per map task with rows; the null sink's receipts
+    travel in the last map's). Sharded: the
     shards' totals over the whole query (each task batch is one message per shard), per
     row sent into the first segment as the tracker counted them."""
-    tasks = cfg.stages * cfg.partitions + 1
+    tasks = cfg.stages * cfg.partitions
     expected = sum(cfg.fronts + tasks * (n > 0) for n in done.values())
     if shards:
         sample.messages = int(doc.get("dedup_keys", 0)) + int(doc.get("dedup_hits", 0))

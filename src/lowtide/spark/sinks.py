@@ -9,10 +9,10 @@ Two mechanisms:
   batch, computes the receive-acks in the JVM (``groupBy(lt_time)`` with ``bit_xor``
   and ``count``; no Python pass over the rows), runs the user's function (which
   commits), then sends one batch keyed ``(query id, batch id, sink segment, 0)``.
-  The console sink is built on it. Without a user function (the null sink) and
-  with a tracked operator right before the sink, the acks need no job of their own:
-  that operator's tasks hand what they sent into the sink segment to the driver
-  with their results (:class:`SinkEcho`), and the batch runs as one ``noop`` write.
+  The console sink is built on it, and so is the null sink after an untracked step
+  (no user function: the aggregation alone). The null sink right after a tracked
+  operator is no sink object at all: Spark's ``noop`` sink, and the operator's
+  tasks ack the rows as received (see ``Stream.to_null``).
 * ``format("lowtide_sink")``: a Python data source stream writer (Arrow). Each task
   writes its rows (``mode=parquet``: a Parquet file per (batch, partition), named
   deterministically, so a re-run batch overwrites instead of duplicating;
@@ -47,11 +47,6 @@ try:
 except ImportError:  # pragma: no cover
     DataSource = DataSourceStreamArrowWriter = WriterCommitMessage = object  # type: ignore
 
-try:
-    from pyspark.accumulators import AccumulatorParam
-except ImportError:  # pragma: no cover
-    AccumulatorParam = object  # type: ignore[misc,assignment]
-
 SINK_MODES = ("parquet", "null")
 
 
@@ -60,42 +55,6 @@ def _query_id(spark_context: Any) -> str:
     if q is None:
         raise RuntimeError("tracked sinks run inside a streaming query's foreachBatch")
     return str(q)
-
-
-class _EchoParam(AccumulatorParam):  # type: ignore[misc]
-    """Merges ``{(batch id, partition): (times, xors, counts)}``. Idempotent: a re-run
-    task adds the same entry under the same key (deterministic acks, rule 5), and
-    Spark merges only successful attempts."""
-
-    def zero(self, value: Any) -> dict[Any, Any]:
-        return {}
-
-    def addInPlace(self, a: dict[Any, Any], b: dict[Any, Any]) -> dict[Any, Any]:
-        a.update(b)
-        return a
-
-
-class SinkEcho:
-    """The null sink's receive-acks, from the last tracked operator instead of a pass
-    over the rows. Its rows reach the sink unchanged (nothing stands between them), so
-    what it sent into the sink segment in batch b is exactly what the sink receives
-    once batch b is written; the driver acks it only after that (rule: receipt after
-    commit). A partition that never ran leaves its rows unacked: a loss, as it should."""
-
-    def __init__(self, spark_context: Any) -> None:
-        self.accumulator = spark_context.accumulator({}, _EchoParam())
-
-    def take(self, batch_id: int, segment: int) -> AckAccumulator:
-        """Batch ``batch_id``'s entries as the sink's receipts (their tasks are done:
-        Spark merged their results before the job returned)."""
-        entries = self.accumulator.value
-        acc = AckAccumulator()
-        for (b, _partition), (t, x, n) in entries.items():
-            if b == batch_id:
-                acc.add_reduced(segment, t, x, -n)
-                acc.rows_received += int(n.sum())
-        self.accumulator.value = {k: v for k, v in entries.items() if k[0] > batch_id}
-        return acc
 
 
 class TrackedForeachBatch:
@@ -109,11 +68,7 @@ class TrackedForeachBatch:
         *,
         keep_tracking_columns: bool = False,
         trace_file: str | None = None,
-        echo: SinkEcho | None = None,
     ) -> None:
-        if echo is not None and fn is not None:
-            raise ValueError("a sink echo stands in for the null sink's pass only")
-        self.echo = echo
         self.fn = fn
         self.ref = ref
         self.segment = segment
@@ -140,11 +95,6 @@ class TrackedForeachBatch:
 
     def __call__(self, df: Any, batch_id: int) -> None:
         query = _query_id(df.sparkSession.sparkContext)
-        if self.echo is not None:  # one noop job; the acks came with its task results
-            df.write.format("noop").mode("overwrite").save()
-            seg = self.ref.graph.index(self.segment)
-            self._ack(query, batch_id, self.echo.take(batch_id, seg))
-            return
         if self.fn is None:  # nothing to commit: ack straight from one aggregation job
             self._ack(query, batch_id, self.acks_of(df))
             return

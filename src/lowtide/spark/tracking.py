@@ -129,12 +129,6 @@ def child_index(parents: npt.NDArray[np.integer]) -> U64:
     return res
 
 
-def segment_part(acks: AckBatch, segment: int) -> tuple[I64, U64, I64]:
-    """(times, xors, counts) of the entries of ``acks`` in ``segment``."""
-    mine = acks.segment == segment
-    return acks.time[mine], acks.xor[mine], acks.count[mine]
-
-
 class AckAccumulator:
     """Collects one task's acks as small per-time pieces; :meth:`build` merges them
     into one :class:`AckBatch` (children and receives, any order: the batch is applied
