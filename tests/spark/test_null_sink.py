@@ -44,6 +44,8 @@ def test_receipts_from_the_last_operator_are_exact_per_batch(spark, tmp_path: Pa
         now = GRID.slot_of(time.time_ns() // 1_000_000)
         assert query.wait_for_min_time(now + 100, timeout_s=90) >= now + 100
         assert not query.stuck()
+        sink = next(s for s in pipe.tracker.status()["segments"] if s["segment"] == "sink")
+        assert sink["received"] > 0  # the sink's rows count in the status
     finally:
         if query is not None:
             query.stop()

@@ -17,7 +17,7 @@ from lowtide.spark.generator import (
     initial_offset,
     next_offset,
 )
-from lowtide.spark.operators import OpRuntime, apply_op, operator_id
+from lowtide.spark.operators import OpRuntime, apply_op, operator_id, task_function
 from lowtide.spark.tracking import ACK_COL, TIME_COL, AckAccumulator, TimeGroups, as_u64
 from lowtide.spark.transport import TrackerRef
 
@@ -91,24 +91,6 @@ def test_chain_completes_exactly_once_the_sink_acks() -> None:
         mins = agent.step()
         assert mins["sink"] < hb  # nothing is complete before the sink's receipt
     _sink(agent, batches, ("q", 0, "sink", 0))
-    assert agent.step()["sink"] == hb
-
-
-def test_the_last_operator_acks_the_null_sink_in_its_own_batch() -> None:
-    """Before the null sink (Spark's ``noop``, same task) the last operator's rows are
-    sent and received at once: its batch has no sink entries, and the sink completes
-    with that batch, exactly when the operator's input does."""
-    from dataclasses import replace
-
-    agent = CoreAgent(GRAPH, GRID)
-    batches, hb = _source_batches(agent)
-    for i, op in enumerate(OPS):
-        last = i == len(OPS) - 1
-        batches = _run(agent, replace(op, null_sink=last), batches, ("q", 0, op.in_segment, i))
-        if not last:
-            assert agent.step()["sink"] < hb
-    *_, (_key, acks, _hbs) = agent.batches
-    assert GRAPH.index("sink") not in acks.segment.tolist()
     assert agent.step()["sink"] == hb
 
 
@@ -207,3 +189,51 @@ def test_time_groups_match_a_reference(layout: str) -> None:
               strict=True)
     assert {t: (x, c) for t, x, c in got} == ref
     assert groups.times.tolist() == sorted(ref)
+
+
+@pytest.fixture
+def memory_agent(monkeypatch: pytest.MonkeyPatch):
+    """task_function outside Spark: the ``memory://`` tracker is a CoreAgent, the task
+    belongs to batch 0."""
+    from lowtide.spark import source, transport
+
+    agent = CoreAgent(GRAPH, GRID)
+    transport.register_scheme("memory", lambda ref: agent)
+    monkeypatch.setattr(source, "task_identity", lambda: transport.TaskIdentity("q", 0, 0, 0))
+    monkeypatch.setattr("lowtide.spark.operators.task_identity",
+                        lambda: transport.TaskIdentity("q", 0, 0, 0))
+    yield agent
+    transport.register_scheme("memory", None)
+
+
+def test_the_last_operators_tasks_ack_the_null_sink_after_their_own_batch(
+    memory_agent: CoreAgent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before the null sink (Spark's ``noop``, same task) each task of the last operator
+    sends its usual batch, then the sink's receipts of exactly what it sent into the
+    sink, keyed apart; the sink completes only when every partition's task has."""
+    from dataclasses import replace
+
+    import pyspark
+
+    partition = [0]
+    monkeypatch.setattr(pyspark.TaskContext, "get", staticmethod(
+        lambda: type("TC", (), {"partitionId": lambda self: partition[0]})()))
+    batches, hb = _source_batches(memory_agent)
+    for op in OPS[:-1]:
+        batches = list(task_function(op)(iter(batches)))
+    last = replace(OPS[-1], null_sink=True)
+    sink = GRAPH.index("sink")
+    for p, part in enumerate(([batches[0]], batches[1:])):
+        assert memory_agent.step()["sink"] < hb  # partition p's rows are not in yet
+        partition[0] = p
+        before = len(memory_agent.batches)
+        assert len(list(task_function(last)(iter(part)))) == len(part)
+        (k_op, op_acks, _), (k_sink, receipts, _) = memory_agent.batches[before:]
+        assert (k_op.segment, k_op.partition) == ("k", p)
+        assert (k_sink.segment, k_sink.partition) == ("<null>sink", p)
+        sent = op_acks.segment == sink
+        assert sent.any() and (receipts.segment == sink).all()
+        assert receipts.xor.tolist() == op_acks.xor[sent].tolist()
+        assert receipts.count.tolist() == (-op_acks.count[sent]).tolist()
+    assert memory_agent.step()["sink"] == hb

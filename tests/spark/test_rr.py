@@ -188,7 +188,7 @@ def test_lowtide_harness_counts_add_up(spark: Any) -> None:
     cfg = tiny()
     with tempfile.TemporaryDirectory() as workdir:
         s = rr.run_lowtide(spark, cfg, workdir, "lowtide")
-    # sources + one batch per map task (the null sink's receipts ride in the last
-    # map's), per completed micro-batch
+    # sources + one batch per map task + the null sink's receipts from each last-map
+    # task, per completed micro-batch
     assert s.messages == s.expected_messages > 0
     assert s.rows_total > 0 and s.after_last_row_ms and s.after_commit_ms

@@ -6,7 +6,8 @@ micro-batch, always backlogged) then ``stages`` times ``repartition(partitions)`
 a map over Arrow batches, then a sink. Untracked: plain ``mapInArrow`` and the JVM
 ``noop`` sink, no tracking columns. Tracked: the same user function as a tracked map
 (acks, tracking columns, one idempotent ack batch per task) and the tracked null sink
-(acks after commit). Both run in the same SparkSession, alternating, ``rounds`` times.
+(Spark's ``noop``, acked by the last map's tasks). Both run in the same SparkSession,
+alternating, ``rounds`` times.
 
 Throughput is rows / batch time over the batches after warm-up (triggers run back to
 back). The first round warms the JVM up and is not counted. The reported ratio is the
@@ -181,8 +182,8 @@ def _measure(query: Any, cfg: BenchConfig) -> tuple[int, float, int]:
 #: pipeline does) without computing or sending acks; ``packed``: the same with ONE int64
 #: column (the slot in the high bits, a 40-bit ack in the low bits); ``tracked-noop``:
 #: the tracked maps with the JVM ``noop`` sink (no sink acks); ``foreach``: the
-#: untracked pipeline written as the tracked null sink writes (``foreachBatch`` running
-#: a ``noop`` write), without tracking.
+#: untracked pipeline written through ``foreachBatch`` running a ``noop`` write (how
+#: tracked sinks other than the null sink write), without tracking.
 VARIANTS = ("untracked", "tracked", "columns", "packed", "tracked-noop", "foreach")
 PACKED_COL = "lt_packed"
 _EXTRA_SCHEMA = {"columns": f", {TIME_COL} long, {ACK_COL} long", "packed": f", {PACKED_COL} long"}

@@ -12,7 +12,8 @@ by time once for both). When the task's input is exhausted (its output is comple
 it sends ONE idempotent batch keyed
 ``(query id, batch id, input segment, partition)`` and waits for the tracker's
 confirmation (rules 2 and 6): the batch holds the children and the receipts together,
-applied atomically, so children never trail their parent.
+applied atomically, so children never trail their parent. The last operator before
+the null sink then also acks that sink's receipts (:func:`ack_null_sink`).
 
 User functions must be deterministic: Spark re-runs tasks and the acks of a re-run
 must equal the first run's.
@@ -34,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from lowtide.core.acks import child_acks
+from lowtide.core.messages import AckBatch
 from lowtide.spark.source import send_task_batch
 from lowtide.spark.tracking import (
     ACK_COL,
@@ -160,11 +162,9 @@ def apply_op(rt: OpRuntime, batch: Any, acc: AckAccumulator, in_idx: int, out_id
         c_acks = child_acks(acks[parents], rt.op_id, child_index(parents))
     else:
         raise ValueError(f"unknown operator kind {rt.kind!r}")
-    if rt.null_sink:  # sent into the null sink and received there at once: no entries
-        acc.rows_sent += len(c_acks)
-    else:
-        acc.add_grouped(out_idx, c_groups if c_groups is not None else TimeGroups.of(c_times),
-                        c_acks, +1)
+    if c_groups is None:
+        c_groups = TimeGroups.of(c_times)
+    acc.add_grouped(out_idx, c_groups, c_acks, +1)
     acc.add_grouped(in_idx, groups, acks, -1)
     return _attach(out, c_times, c_acks)
 
@@ -182,11 +182,25 @@ def task_function(rt: OpRuntime) -> Callable[[Iterator[Any]], Iterator[Any]]:
             yield apply_op(rt, batch, acc, in_idx, out_idx)
         tc = TaskContext.get()
         partition = tc.partitionId() if tc else 0
-        started_ns = time.time_ns()
-        send_task_batch(rt.ref, rt.in_segment, partition, acc)
-        if rt.trace_file and acc.rows_sent:
-            with open(rt.trace_file, "a") as f:
-                f.write(f"{task_identity().batch_id} {started_ns} {time.time_ns()}"
-                        f" {acc.rows_sent}\n")
+        sent = send_task_batch(rt.ref, rt.in_segment, partition, acc)
+        if rt.null_sink:
+            ack_null_sink(rt, partition, sent, out_idx)
 
     return run
+
+
+def ack_null_sink(rt: OpRuntime, partition: int, sent: AckBatch, sink: int) -> None:
+    """The null sink's receipts of what this task sent into it: its rows went to Spark's
+    ``noop`` writer in this same task, and nothing is committed there. A keyed batch of
+    their own, after the operator's (children first), so the operator's batch is the
+    same whatever sink follows it, and the sink's rows are counted in the status."""
+    mine = sent.segment == sink
+    acc = AckAccumulator()
+    acc.add_reduced(sink, sent.time[mine], sent.xor[mine], -sent.count[mine])
+    acc.rows_received = int(sent.count[mine].sum())
+    started_ns = time.time_ns()
+    send_task_batch(rt.ref, f"<null>{rt.out_segment}", partition, acc)
+    if rt.trace_file and acc.rows_received:
+        with open(rt.trace_file, "a") as f:
+            f.write(f"{task_identity().batch_id} {started_ns} {time.time_ns()}"
+                    f" {acc.rows_received}\n")

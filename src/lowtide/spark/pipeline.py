@@ -166,10 +166,11 @@ class Stream:
         query_name: str | None = None, trace_file: str | None = None,
     ) -> TrackedQuery:
         """Drop the rows. Ending in a tracked operator, the query writes to Spark's
-        ``noop`` sink and the operator's tasks ack their rows as received by the sink
-        (they hand them to it in the same task, and nothing is committed), so the sink
-        costs nothing; otherwise a ``foreachBatch`` acks the rows from one aggregation
-        job per batch in the JVM (no Python pass), after the rows' untracked steps ran.
+        ``noop`` sink and each task of the operator acks its rows as received by the
+        sink right after its own batch (it hands them to the sink in the same task, and
+        nothing is committed), so the sink costs nothing; otherwise a ``foreachBatch``
+        acks the rows from one aggregation job per batch in the JVM (no Python pass),
+        after the rows' untracked steps ran.
         ``trace_file``: whoever acks the sink appends ``<batch> <ack start ns> <acks
         confirmed ns> <rows>`` (the operator's tasks: one line per task attempt)."""
         return self.pipeline._start(
@@ -486,7 +487,7 @@ class Pipeline:
         columns included), for a sink that the caller writes and acks itself.
         ``null_sink``: the rows go to Spark's ``noop`` sink and the last step, which
         must be a tracked operator, acks them as received there (``trace_file``: see
-        :meth:`Stream.to_null`)."""
+        :meth:`Stream.to_null`; a path every executor can append to)."""
         src = self._source
         assert src is not None
         if null_sink and not stream.ends_in_operator():

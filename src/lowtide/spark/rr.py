@@ -240,11 +240,11 @@ def run_lowtide(spark: Any, cfg: BenchConfig, workdir: str, mode: str,
 def _count_messages(sample: Sample, cfg: BenchConfig, done: dict[int, int], doc: dict[str, Any],
                     per_batch: dict[int, int], shards: int) -> None:
     """Embedded: the tracker's keyed batches of the completed batches, against what
-    their tasks sent (sources, one per map task with rows; the null sink's receipts
-    travel in the last map's). Sharded: the
+    their tasks sent (sources, one per map task with rows, and one more per last-map
+    task: the null sink's receipts). Sharded: the
     shards' totals over the whole query (each task batch is one message per shard), per
     row sent into the first segment as the tracker counted them."""
-    tasks = cfg.stages * cfg.partitions
+    tasks = (cfg.stages + 1) * cfg.partitions
     expected = sum(cfg.fronts + tasks * (n > 0) for n in done.values())
     if shards:
         sample.messages = int(doc.get("dedup_keys", 0)) + int(doc.get("dedup_hits", 0))
@@ -300,7 +300,8 @@ def per_ack_task(ref: Any, name: str, out: str) -> Callable[[Iterator[Any]], Ite
 
 
 def run_no_local(spark: Any, cfg: BenchConfig, workdir: str) -> Sample:
-    """RR-N whose maps send one message per ack (generator and sink as in ``lowtide``)."""
+    """RR-N whose maps send one message per ack (generator as in ``lowtide``; the sink
+    counts its rows in a ``foreachBatch`` aggregation, one keyed batch per micro-batch)."""
     from lowtide.spark.generator import GEN_SCHEMA
     from lowtide.spark.pipeline import register_sources
     from lowtide.spark.sinks import TrackedForeachBatch

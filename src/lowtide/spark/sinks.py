@@ -19,7 +19,9 @@ Two mechanisms:
   ``mode=null``: drops them) and returns its per-time XORs in its commit message;
   the driver-side ``commit`` publishes the files and then sends the acks.
 
-A failed batch sends nothing: the acks of a batch go out only after its commit.
+A failed batch sends nothing: the acks of a batch go out only after its commit. (The
+null sink after a tracked operator commits nothing and is no object here: that
+operator's tasks ack it, see ``lowtide.spark.operators.ack_null_sink``.)
 """
 
 from __future__ import annotations
