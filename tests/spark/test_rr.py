@@ -192,3 +192,20 @@ def test_lowtide_harness_counts_add_up(spark: Any) -> None:
     # task, per completed micro-batch
     assert s.messages == s.expected_messages > 0
     assert s.rows_total > 0 and s.after_last_row_ms and s.after_commit_ms
+
+
+def test_notification_delays_start_at_each_batchs_last_ack_line(tmp_path: Any) -> None:
+    """Trace lines come per task (the null sink's receipts) or per batch (other sinks):
+    a batch's acks start with its last line; an update counts for the batch whose acks
+    it follows, if it came before the next batch's; batches without rows are left out."""
+    from lowtide.spark.bench import first_updates, notification_delays
+
+    trace = tmp_path / "trace.txt"
+    trace.write_text("1 1000000 0 5\n1 3000000 0 5\n2 9000000 0 0\n3 10000000 0 4\n"
+                     "4 20000000 0 4\n")
+    updates = [(4_000_000, 7), (12_000_000, 8), (25_000_000, 9)]
+    arrived = first_updates(str(trace), updates)
+    assert arrived == {1: (3_000_000, 4_000_000), 3: (10_000_000, 12_000_000),
+                       4: (20_000_000, 25_000_000)}
+    assert notification_delays(arrived) == [1.0, 2.0, 5.0]
+    assert first_updates(str(tmp_path / "none.txt"), updates) == {}

@@ -327,10 +327,10 @@ def run_tracked(
         if query is not None:
             query.stop()
         pipe.close()
-    return result, notification_delays(trace, updates)
+    return result, notification_delays(first_updates(trace, updates))
 
 
-def ack_starts(trace: str) -> list[tuple[int, int]]:
+def _ack_starts(trace: str) -> list[tuple[int, int]]:
     """(ns, batch) sorted: per batch with rows, when its sink acks started going out
     (the null sink's lines are per task: the batch's last one)."""
     if not os.path.exists(trace):
@@ -344,23 +344,22 @@ def ack_starts(trace: str) -> list[tuple[int, int]]:
     return sorted((ns, b) for b, ns in starts.items())
 
 
-def first_updates(trace: str, updates: list[tuple[int, int]]) -> dict[int, int]:
-    """Per batch: arrival (ns) of the first sink update after its acks started, if it
-    came before the next batch's did."""
-    starts = ack_starts(trace)
+def first_updates(trace: str, updates: list[tuple[int, int]]) -> dict[int, tuple[int, int]]:
+    """Per batch: (its acks' start, arrival of the first sink update after it) in ns,
+    if that update came before the next batch's acks started."""
+    starts = _ack_starts(trace)
     times = np.array([ns for ns, _t in updates], np.int64)
     out = {}
     for i, (start_ns, batch) in enumerate(starts):
         k = int(np.searchsorted(times, start_ns))
         if k < len(times) and (i + 1 == len(starts) or times[k] < starts[i + 1][0]):
-            out[batch] = int(times[k])
+            out[batch] = (start_ns, int(times[k]))
     return out
 
 
-def notification_delays(trace: str, updates: list[tuple[int, int]]) -> list[float]:
-    """Per batch: ms from its sink acks' start to the first sink update after it."""
-    starts = dict((b, ns) for ns, b in ack_starts(trace))
-    return [(ns - starts[b]) / 1e6 for b, ns in first_updates(trace, updates).items()]
+def notification_delays(arrived: dict[int, tuple[int, int]]) -> list[float]:
+    """ms from each batch's acks' start to its update (``first_updates``)."""
+    return [(ns - start_ns) / 1e6 for start_ns, ns in arrived.values()]
 
 
 @dataclass

@@ -36,6 +36,7 @@ import numpy as np
 
 from lowtide.core.acks import child_acks
 from lowtide.core.messages import AckBatch
+from lowtide.spark.sinks import append_trace
 from lowtide.spark.source import send_task_batch
 from lowtide.spark.tracking import (
     ACK_COL,
@@ -201,6 +202,4 @@ def ack_null_sink(rt: OpRuntime, partition: int, sent: AckBatch, sink: int) -> N
     started_ns = time.time_ns()
     send_task_batch(rt.ref, f"<null>{rt.out_segment}", partition, acc)
     if rt.trace_file and acc.rows_received:
-        with open(rt.trace_file, "a") as f:
-            f.write(f"{task_identity().batch_id} {started_ns} {time.time_ns()}"
-                    f" {acc.rows_received}\n")
+        append_trace(rt.trace_file, task_identity().batch_id, started_ns, acc.rows_received)

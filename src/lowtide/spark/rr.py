@@ -230,10 +230,10 @@ def run_lowtide(spark: Any, cfg: BenchConfig, workdir: str, mode: str,
     finally:
         pipe.close()
     _count_messages(sample, cfg, _batch_rows(tq.query), doc, per_batch, shards)
-    sample.after_commit_ms = tuple(notification_delays(trace, updates))
     arrived = first_updates(trace, updates)
-    sample.after_last_row_ms = tuple((ns - last_row.value[b]) / 1e6 for b, ns in arrived.items()
-                              if b in last_row.value)
+    sample.after_commit_ms = tuple(notification_delays(arrived))
+    sample.after_last_row_ms = tuple((ns - last_row.value[b]) / 1e6
+                                     for b, (_start, ns) in arrived.items() if b in last_row.value)
     return sample
 
 

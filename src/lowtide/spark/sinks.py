@@ -52,6 +52,13 @@ except ImportError:  # pragma: no cover
 SINK_MODES = ("parquet", "null")
 
 
+def append_trace(path: str, batch_id: int, started_ns: int, rows: int) -> None:
+    """One line of a sink's trace (benchmarks): ``<batch> <ack start ns> <acks confirmed
+    ns> <rows>``, written once the acks are confirmed."""
+    with open(path, "a") as f:
+        f.write(f"{batch_id} {started_ns} {time.time_ns()} {rows}\n")
+
+
 def _query_id(spark_context: Any) -> str:
     q = spark_context.getLocalProperty("sql.streaming.queryId")
     if q is None:
@@ -116,9 +123,8 @@ class TrackedForeachBatch:
             key = batch_key(query, batch_id, self.segment, 0)
             connect(self.ref).send_batch(key, acks)
         self.last_acks = acks
-        if self.trace:  # same format as the writer's trace
-            with open(self.trace, "a") as f:
-                f.write(f"{batch_id} {started_ns} {time.time_ns()} {acc.rows_received}\n")
+        if self.trace:
+            append_trace(self.trace, batch_id, started_ns, acc.rows_received)
 
 
 def console_writer(num_rows: int = 20, truncate: bool = True) -> Callable[[Any, int], None]:
@@ -223,10 +229,8 @@ class SinkWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
         if len(acks):
             query = next(m.query for m in done if m.rows)
             connect(self.ref).send_batch(batch_key(query, batchId, self.segment, 0), acks)
-        if self.trace:  # "<batch> <commit start ns> <acks confirmed ns> <rows>"
-            rows = sum(m.rows for m in done)
-            with open(self.trace, "a") as f:
-                f.write(f"{batchId} {started_ns} {time.time_ns()} {rows}\n")
+        if self.trace:
+            append_trace(self.trace, batchId, started_ns, sum(m.rows for m in done))
 
     def abort(self, messages: list[SinkCommit | None], batchId: int) -> None:
         for m in messages:
