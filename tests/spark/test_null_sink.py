@@ -41,6 +41,13 @@ def test_receipts_from_the_last_operator_are_exact_per_batch(spark, tmp_path: Pa
     try:
         query = stream.to_null(checkpoint=str(tmp_path / "ckpt"), trigger="100 milliseconds",
                                trace_file=str(trace))
+        # the generator's fronts start at the query's first offset, which a slow start
+        # puts after any time taken here: wait for rows before picking the time
+        deadline = time.monotonic() + 90
+        while not any(p["numInputRows"] for p in query.query.recentProgress):
+            assert query.query.exception() is None, query.query.exception()
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
         now = GRID.slot_of(time.time_ns() // 1_000_000)
         assert query.wait_for_min_time(now + 100, timeout_s=90) >= now + 100
         assert not query.stuck()
