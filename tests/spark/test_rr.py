@@ -180,7 +180,8 @@ def test_punctuations_on_spark_align_and_count(spark: Any) -> None:
     assert s.rows_total > 0 and s.markers == markers  # each aligned at the sink once
     # each shuffle moves the markers its upstream stage forwarded, p copies each
     assert s.marker_rows == [markers * P, markers * P * P, markers * P]
-    assert len(s.after_last_row_ms) == markers
+    # latencies: the markers of the batches measured for throughput, not the warm-up's
+    assert 0 < len(s.after_last_row_ms) == len(s.from_front_ms) < markers
 
 
 @pytest.mark.spark
@@ -207,5 +208,19 @@ def test_notification_delays_start_at_each_batchs_last_ack_line(tmp_path: Any) -
     arrived = first_updates(str(trace), updates)
     assert arrived == {1: (3_000_000, 4_000_000), 3: (10_000_000, 12_000_000),
                        4: (20_000_000, 25_000_000)}
-    assert notification_delays(arrived) == [1.0, 2.0, 5.0]
+    assert notification_delays(arrived) == {1: 1.0, 3: 2.0, 4: 5.0}
     assert first_updates(str(tmp_path / "none.txt"), updates) == {}
+
+
+def test_notification_delays_count_only_the_batches_measured_for_throughput() -> None:
+    """The figure's delays are those of the batches whose rows made the throughput
+    figure; the query's warm-up and last batches are kept apart (and their worst shown)."""
+    from lowtide.spark.bench import Measured, _Tally
+
+    m = Measured(rows=10, secs=1.0, batches=2, first=3, last=5)
+    t = _Tally()
+    t.add_delays(m, {2: 240.0, 4: 3.0, 5: 9.0, 6: 1.0}, "round 2")
+    assert t.delays == [3.0, 9.0]
+    assert sorted(t.uncounted) == [(1.0, "round 2, batch 6, stopping"),
+                                   (240.0, "round 2, batch 2, warm-up")]
+    assert t.slowest == (9.0, "round 2, batch 5")

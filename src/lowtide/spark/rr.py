@@ -37,6 +37,7 @@ from lowtide.bench.stats import percentile
 from lowtide.spark.bench import (
     CPU,
     BenchConfig,
+    Measured,
     _measure,
     _spec,
     first_updates,
@@ -128,17 +129,22 @@ class Sample:
     after_commit_ms: tuple[float, ...] = ()  # tracker: from the sink's ack start
     from_front_ms: tuple[float, ...] = ()  # markers: from their birth at the front
     batch_ms: float = 0.0  # mean duration of the measured batches
+    #: the measured batches' ids, ``first < id <= last``; latencies are over these too
+    counted: tuple[int, int] = (-1, -1)
+
+    def counts(self, batch: int) -> bool:
+        return self.counted[0] < batch <= self.counted[1]
 
 
 def _measured(query: Any, cfg: BenchConfig, mode: str) -> Sample:
-    rows, secs, n = _measure(query, cfg)
-    return _sample(mode, cfg, rows, secs, n)
+    return _sample(mode, cfg, _measure(query, cfg))
 
 
-def _sample(mode: str, cfg: BenchConfig, rows: int, secs: float, batches: int) -> Sample:
+def _sample(mode: str, cfg: BenchConfig, m: Measured) -> Sample:
     # _measure leaves the CPU seconds and the rows done in the same window in CPU
-    return Sample(mode, cfg.stages, rows, secs, batches, CPU.get("last", 0.0),
-                  CPU.get("rows", float(rows)), batch_ms=secs * 1000 / max(batches, 1))
+    return Sample(mode, cfg.stages, m.rows, m.secs, m.batches, CPU.get("last", 0.0),
+                  CPU.get("rows", float(m.rows)), batch_ms=m.secs * 1000 / max(m.batches, 1),
+                  counted=(m.first, m.last))
 
 
 def _batch_rows(query: Any) -> dict[int, int]:
@@ -150,8 +156,7 @@ def _batch_rows(query: Any) -> dict[int, int]:
 
 
 def run_none(spark: Any, cfg: BenchConfig, workdir: str) -> Sample:
-    rows, secs, n = run_untracked(spark, cfg, workdir)
-    return _sample("none", cfg, rows, secs, n)
+    return _sample("none", cfg, run_untracked(spark, cfg, workdir))
 
 
 def tracked_stream(spark: Any, cfg: BenchConfig, tracker: str | None,
@@ -230,8 +235,8 @@ def run_lowtide(spark: Any, cfg: BenchConfig, workdir: str, mode: str,
     finally:
         pipe.close()
     _count_messages(sample, cfg, _batch_rows(tq.query), doc, per_batch, shards)
-    arrived = first_updates(trace, updates)
-    sample.after_commit_ms = tuple(notification_delays(arrived))
+    arrived = {b: a for b, a in first_updates(trace, updates).items() if sample.counts(b)}
+    sample.after_commit_ms = tuple(notification_delays(arrived).values())
     sample.after_last_row_ms = tuple((ns - last_row.value[b]) / 1e6
                                      for b, (_start, ns) in arrived.items() if b in last_row.value)
     return sample
@@ -372,7 +377,8 @@ def run_punctuations(spark: Any, cfg: BenchConfig, workdir: str, g: int,
     sample.marker_rows = [sum(v for (b, k), v in copies.value.items() if k == stage and b in done)
                           for stage in range(cfg.stages + 1)]
     notes = [n for n in sink.notifications if n.batch in done]
-    sample.markers = len(notes)
+    sample.markers = len(notes)  # with marker_rows: over every completed batch
+    notes = [n for n in notes if sample.counts(n.batch)]  # latencies: the measured ones
     sample.after_last_row_ms = tuple((n.aligned_ns - n.last_copy_ns) / 1e6 for n in notes)
     sample.from_front_ms = tuple((n.aligned_ns - n.born_ns) / 1e6 for n in notes)
     return sample
