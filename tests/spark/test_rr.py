@@ -224,3 +224,20 @@ def test_notification_delays_count_only_the_batches_measured_for_throughput() ->
     assert sorted(t.uncounted) == [(1.0, "round 2, batch 6, stopping"),
                                    (240.0, "round 2, batch 2, warm-up")]
     assert t.slowest == (9.0, "round 2, batch 5")
+
+
+def test_full_collections_are_timed_and_younger_ones_ignored() -> None:
+    import gc
+
+    from lowtide.spark.bench import FullCollections
+
+    full = FullCollections()
+    gc.callbacks.append(full)
+    try:
+        gc.collect(0)
+        gc.collect(1)
+        assert full.ms == []
+        gc.collect()
+        assert len(full.ms) == 1 and full.ms[0] >= 0.0
+    finally:
+        gc.callbacks.remove(full)

@@ -32,6 +32,7 @@ stops) are reported apart, with their worst.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import shutil
@@ -68,6 +69,7 @@ class BenchConfig:
     master: str = "local[2]"
     #: measured against "untracked" in every round; see VARIANTS
     variants: tuple[str, ...] = ("tracked",)
+    freeze_gc: bool = True  # Pipeline(freeze_gc=...)
 
 
 def user_map(batch: Any) -> Any:
@@ -288,7 +290,7 @@ def run_tracked_noop(spark: Any, cfg: BenchConfig, workdir: str) -> Measured:
     from lowtide.spark.pipeline import Pipeline
 
     # nothing ever acks the sink segment here: not a loss to warn about
-    pipe = Pipeline(spark, "bench", stuck_after_ms=3_600_000)
+    pipe = Pipeline(spark, "bench", stuck_after_ms=3_600_000, freeze_gc=cfg.freeze_gc)
     try:
         built = pipe.build(_tracked_stream(pipe, cfg))
         ckpt = tempfile.mkdtemp(dir=workdir)
@@ -306,7 +308,7 @@ def run_tracked(
 ) -> tuple[Measured, dict[int, float]]:
     from lowtide.spark.pipeline import Pipeline
 
-    pipe = Pipeline(spark, "bench")
+    pipe = Pipeline(spark, "bench", freeze_gc=cfg.freeze_gc)
     stream = _tracked_stream(pipe, cfg)
     trace = os.path.join(workdir, f"trace-{time.time_ns()}.txt")
     ckpt = tempfile.mkdtemp(dir=workdir)
@@ -377,6 +379,26 @@ def notification_delays(arrived: dict[int, tuple[int, int]]) -> dict[int, float]
     return {b: (ns - start_ns) / 1e6 for b, (start_ns, ns) in arrived.items()}
 
 
+class FullCollections:
+    """The durations of this process's full (generation 2) garbage collections: the
+    embedded tracker's thread stops during them, with the rest of the driver."""
+
+    def __init__(self) -> None:
+        self.ms: list[float] = []
+        self._start = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.ms.append((time.perf_counter() - self._start) * 1e3)
+
+
+FULL_GCS = FullCollections()
+
+
 @dataclass
 class _Tally:
     """One variant's counted runs."""
@@ -392,6 +414,7 @@ class _Tally:
     slowest: tuple[float, str] = (0.0, "")  # the largest counted delay: which run and batch
     #: the other batches with rows: each query's warm-up, and those run while it stops
     uncounted: list[tuple[float, str]] = field(default_factory=list)
+    full_gcs_ms: list[float] = field(default_factory=list)  # the driver's, during counted runs
 
     def add_delays(self, m: Measured, delays: dict[int, float], run: str) -> None:
         for batch, ms in delays.items():
@@ -426,6 +449,7 @@ def _rounds(spark: Any, cfg: BenchConfig, workdir: str) -> dict[str, _Tally]:
     for r in range(cfg.rounds):
         base = (0.0, 0.0)
         for variant in tally:
+            gcs = len(FULL_GCS.ms)
             m, d = _run_variant(spark, cfg, workdir, variant)
             rows, secs, n = m.rows, m.secs, m.batches
             rate, cpu_rate = rows / max(secs, 1e-9), CPU["rows"] / max(CPU["last"], 1e-9)
@@ -435,6 +459,7 @@ def _rounds(spark: Any, cfg: BenchConfig, workdir: str) -> dict[str, _Tally]:
                 t.rows, t.secs, t.batches = t.rows + rows, t.secs + secs, t.batches + n
                 t.cpu_rows, t.cpu_s = t.cpu_rows + CPU["rows"], t.cpu_s + CPU["last"]
                 t.add_delays(m, d, f"round {r + 1}")
+                t.full_gcs_ms += FULL_GCS.ms[gcs:]
                 if variant == "untracked":
                     base = (rate, cpu_rate)
                 elif base[0] > 0:
@@ -462,9 +487,13 @@ def _summary(t: _Tally, base: _Tally) -> dict[str, Any]:
 def run(cfg: BenchConfig) -> dict[str, Any]:
     workdir = tempfile.mkdtemp(prefix="lowtide-bench-spark-")
     spark = session(cfg)
+    gc.callbacks.append(FULL_GCS)
     try:
         tally = _rounds(spark, cfg, workdir)
+        gc.collect()  # what one would cost the tracker now (frozen objects skipped)
+        full_gc_now_ms = FULL_GCS.ms[-1]
     finally:
+        gc.callbacks.remove(FULL_GCS)
         spark.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     un = tally["untracked"]
@@ -492,6 +521,9 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
         "notify_uncounted_max_ms": round(max(tracked.uncounted, default=(nan, ""))[0], 2),
         "notify_uncounted_slowest": max(tracked.uncounted, default=(nan, ""))[1],
         "notify_uncounted_batches": len(tracked.uncounted),
+        "driver_full_gcs": len(tracked.full_gcs_ms),
+        "driver_full_gc_max_ms": round(max(tracked.full_gcs_ms, default=0.0), 2),
+        "driver_full_gc_now_ms": round(full_gc_now_ms, 2),
         "variants": variants,
     }
 
@@ -508,6 +540,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=d.rounds,
                    help="untracked/tracked pairs; the first one warms up and is not counted")
     p.add_argument("--master", default=d.master)
+    p.add_argument("--no-freeze-gc", dest="freeze_gc", action="store_false",
+                   help="the tracked pipeline does not gc.freeze() the driver's objects")
     p.add_argument("--variants", default=",".join(d.variants),
                    help="comma-separated, each measured against untracked: "
                    + ", ".join(VARIANTS[1:]))
@@ -518,7 +552,8 @@ def main(args: argparse.Namespace) -> int:
         fronts=args.fronts, rows_per_batch=args.rows_per_batch,
         payload_bytes=args.payload_bytes, stages=args.stages, partitions=args.partitions,
         seconds=args.seconds, warmup_batches=args.warmup_batches, rounds=args.rounds,
-        master=args.master, variants=tuple(v for v in args.variants.split(",") if v),
+        master=args.master, freeze_gc=args.freeze_gc,
+        variants=tuple(v for v in args.variants.split(",") if v),
     )
     unknown = set(cfg.variants) - set(VARIANTS)
     if unknown:
@@ -541,8 +576,12 @@ def main(args: argparse.Namespace) -> int:
               f" {result['notify_uncounted_batches']} (each query's warm-up, and batches run"
               f" while it stops): max {result['notify_uncounted_max_ms']} ms"
               f" ({result['notify_uncounted_slowest']})")
+    print("the driver's full garbage collections during the counted tracked runs (the"
+          f" embedded tracker waits them out): {result['driver_full_gcs']}, longest"
+          f" {result['driver_full_gc_max_ms']} ms; one at the end took"
+          f" {result['driver_full_gc_now_ms']} ms (freeze_gc={cfg.freeze_gc})")
     print(json.dumps({k: result[k] for k in (
         "bench", "throughput_ratio", "cpu_ratio", "rows_per_s_tracked", "rows_per_s_untracked",
         "notify_p50_ms", "notify_p99_ms", "notify_max_ms", "notify_uncounted_max_ms",
-        "variants")}))
+        "driver_full_gc_max_ms", "driver_full_gc_now_ms", "variants")}))
     return 0

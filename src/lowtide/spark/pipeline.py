@@ -27,6 +27,7 @@ items, both with segment, window and count (:meth:`TrackedQuery.stuck`).
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import threading
@@ -207,6 +208,7 @@ class TrackerHandle:
         secret: str | None,
         state_dir: str | None,
         stuck_after_ms: int,
+        freeze_gc: bool = True,
     ) -> None:
         self.graph, self.grid, self.secret = graph, grid, secret
         self.service: Any = None
@@ -222,6 +224,15 @@ class TrackerHandle:
                 kwargs["stuck_after_ms"] = stuck_after_ms
             self.service = TrackerService.start(graph, **kwargs)
             url = self.service.url
+            if freeze_gc and gc.get_freeze_count() == 0:
+                # The tracker's thread shares this process's GIL: a full collection
+                # over a PySpark driver's objects stalls it 20-60 ms (measured), and
+                # every notification with it. Objects alive now are long-lived; later
+                # full collections skip them. Garbage is collected first (frozen cycles
+                # are never freed), and only once per process, so what later pipelines
+                # leave behind stays collectable.
+                gc.collect()
+                gc.freeze()
         self.url: str = url  # type: ignore[assignment]
         self.ref = TrackerRef(self.url, graph, grid, secret)
         self._agent: Any = None
@@ -394,6 +405,9 @@ class Pipeline:
 
     ``tracker``: None to embed a tracker service in this process, or
     ``"tcp://host:port"`` of a running ``lowtide serve`` (``secret``: its shared secret).
+    ``freeze_gc``: when the embedded tracker starts, ``gc.freeze()`` the objects alive
+    in this process, so Python's full collections (which stall the tracker's thread
+    with the rest of the process) scan only objects made later; see docs/spark.md.
     """
 
     def __init__(
@@ -406,6 +420,7 @@ class Pipeline:
         grid: TimeGrid | None = None,
         state_dir: str | None = None,
         stuck_after_ms: int = 5_000,
+        freeze_gc: bool = True,
     ) -> None:
         self.spark = spark
         self.name = name
@@ -414,6 +429,7 @@ class Pipeline:
         self._secret = secret if secret is not None else os.environ.get("LOWTIDE_SECRET")
         self._state_dir = state_dir
         self._stuck_after_ms = stuck_after_ms
+        self._freeze_gc = freeze_gc
         self._source: _Source | None = None
         self._graph: SegmentGraph | None = None
         self._handle: TrackerHandle | None = None
@@ -457,7 +473,7 @@ class Pipeline:
             return self._handle
         self._graph = graph
         self._handle = TrackerHandle(graph, self.grid, self._tracker_url, self._secret,
-                                     self._state_dir, self._stuck_after_ms)
+                                     self._state_dir, self._stuck_after_ms, self._freeze_gc)
         return self._handle
 
     @property
