@@ -27,7 +27,6 @@ items, both with segment, window and count (:meth:`TrackedQuery.stuck`).
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import threading
@@ -219,20 +218,12 @@ class TrackerHandle:
                 "grid": grid,
                 "state_dir": state_dir,
                 "secret": secret.encode() if secret is not None else None,
+                "freeze_gc": freeze_gc,
             }
             if stuck_after_ms is not None:
                 kwargs["stuck_after_ms"] = stuck_after_ms
             self.service = TrackerService.start(graph, **kwargs)
             url = self.service.url
-            if freeze_gc and gc.get_freeze_count() == 0:
-                # The tracker's thread shares this process's GIL: a full collection
-                # over a PySpark driver's objects stalls it 20-60 ms (measured), and
-                # every notification with it. Objects alive now are long-lived; later
-                # full collections skip them. Garbage is collected first (frozen cycles
-                # are never freed), and only once per process, so what later pipelines
-                # leave behind stays collectable.
-                gc.collect()
-                gc.freeze()
         self.url: str = url  # type: ignore[assignment]
         self.ref = TrackerRef(self.url, graph, grid, secret)
         self._agent: Any = None

@@ -1,6 +1,7 @@
-"""The embedded tracker runs on a thread of the driver's process: a full collection
-of the driver's objects stalls it (20-60 ms measured on a PySpark driver). Its start
-freezes the objects alive then, so later full collections skip them."""
+"""An embedded tracker runs on a thread of its host's process (a PySpark driver): a
+full collection of the host's objects stalls it (35-129 ms measured on a driver with
+the pipeline running). Its start freezes the objects alive then, so later full
+collections skip them."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-import lowtide
 from lowtide.core.graph import SegmentGraph
+from lowtide.service import TrackerService
 
 GRAPH = SegmentGraph.of(("a", ()), ("sink", ("a",)))
 
@@ -22,18 +23,27 @@ def unfrozen() -> Iterator[None]:
     gc.unfreeze()
 
 
-def test_the_embedded_tracker_freezes_the_objects_alive_when_it_starts() -> None:
-    pipe = lowtide.Pipeline(None, "gc")
+def test_an_embedded_tracker_freezes_the_objects_alive_when_it_starts() -> None:
+    survivor = [object() for _ in range(100)]  # made before: long-lived
+    svc = TrackerService.start(GRAPH)
     try:
-        survivor = [object() for _ in range(100)]  # made before: long-lived
-        pipe.start_tracker(GRAPH)
         assert gc.get_freeze_count() >= len(survivor)
         assert not any(o is survivor for o in gc.get_objects(generation=2))
     finally:
-        pipe.close()
+        svc.stop()
 
 
 def test_freeze_gc_false_leaves_the_collector_alone() -> None:
+    svc = TrackerService.start(GRAPH, freeze_gc=False)
+    try:
+        assert gc.get_freeze_count() == 0
+    finally:
+        svc.stop()
+
+
+def test_a_pipeline_passes_freeze_gc_to_its_embedded_tracker() -> None:
+    import lowtide
+
     pipe = lowtide.Pipeline(None, "gc", freeze_gc=False)
     try:
         pipe.start_tracker(GRAPH)
@@ -43,17 +53,15 @@ def test_freeze_gc_false_leaves_the_collector_alone() -> None:
 
 
 def test_only_the_first_embedded_tracker_of_a_process_freezes() -> None:
-    """Objects of a pipeline that is closed later must stay collectable: a second
+    """What a tracker started later leaves behind must stay collectable: a second
     embedded tracker (or a user's own gc.freeze() before) leaves the freeze as it is."""
-    first = lowtide.Pipeline(None, "gc-1")
-    second = lowtide.Pipeline(None, "gc-2")
+    first = TrackerService.start(GRAPH)
     try:
-        first.start_tracker(GRAPH)
         frozen = gc.get_freeze_count()
         later = [object() for _ in range(100)]
-        second.start_tracker(GRAPH)
+        second = TrackerService.start(GRAPH)
+        second.stop()
         assert gc.get_freeze_count() <= frozen  # frozen objects may still be freed
         assert any(o is later for o in gc.get_objects())  # still collectable
     finally:
-        second.close()
-        first.close()
+        first.stop()
