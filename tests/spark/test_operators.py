@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -18,7 +20,15 @@ from lowtide.spark.generator import (
     next_offset,
 )
 from lowtide.spark.operators import OpRuntime, apply_op, operator_id, task_function
-from lowtide.spark.tracking import ACK_COL, TIME_COL, AckAccumulator, TimeGroups, as_u64
+from lowtide.spark.tracking import (
+    TRACK_COL,
+    AckAccumulator,
+    TimeGroups,
+    ack_ids,
+    attach,
+    pack,
+    slots_of,
+)
 from lowtide.spark.transport import TrackerRef
 
 from .conftest import CoreAgent
@@ -26,6 +36,8 @@ from .conftest import CoreAgent
 GRID = TimeGrid(delta_ms=10)
 GRAPH = SegmentGraph.of(("m", ()), ("f", ("m",)), ("k", ("f",)), ("sink", ("k",)))
 REF = TrackerRef("memory://x", GRAPH, GRID)
+T0_MS = time.time_ns() // 1_000_000  # rows labelled now: task_function unwraps with its clock
+REF_SLOT = GRID.slot_of(T0_MS)
 
 
 def double(b: pa.RecordBatch) -> pa.RecordBatch:
@@ -50,27 +62,38 @@ OPS = [
 ]
 
 
-def _source_batches(agent: CoreAgent):
-    spec = GeneratorSpec(fronts=2, rate=5_000.0, payload_bytes=0)
-    off = initial_offset(spec, 1_000, GRID)
-    for f in spec.front_ids():
+SPEC = GeneratorSpec(fronts=2, rate=5_000.0, payload_bytes=0)
+
+
+def _agent() -> CoreAgent:
+    """A tracker whose fronts start at T0 (its tables move up to their wall-clock slots)."""
+    agent = CoreAgent(GRAPH, GRID)
+    off = initial_offset(SPEC, T0_MS, GRID)
+    for f in SPEC.front_ids():
         agent.register_front(f, "m", off[f"f{f}"]["hb"])
-    end = next_offset(spec, off, 1_200, GRID)
+    agent.step()
+    return agent
+
+
+def _source_batches(agent: CoreAgent):
+    off = initial_offset(SPEC, T0_MS, GRID)
+    end = next_offset(SPEC, off, T0_MS + 200, GRID)
     out = []
     for i, part in enumerate(gen_partitions(off, end)):
-        batch, times, acks = gen_rows(spec, part, GRID)
+        batch, times, acks = gen_rows(SPEC, part, GRID)
         acc = AckAccumulator()
-        acc.add(GRAPH.index("m"), times, acks, +1)
+        packed = pack(times, acks, REF_SLOT)
+        acc.add(GRAPH.index("m"), times, ack_ids(packed), +1)
         hb = [Heartbeat(part.front, part.extra[1])]
         agent.send_batch(("q", 0, "source", i), acc.build(1), hb)
-        out.append(batch.select(["seq", TIME_COL, ACK_COL]))
+        out.append(attach(batch.select(["seq"]), packed))
     return out, min(p.extra[1] for p in gen_partitions(off, end))
 
 
 def _run(agent: CoreAgent, op: OpRuntime, batches, key):
     acc = AckAccumulator()
-    outs = [apply_op(op, b, acc, GRAPH.index(op.in_segment), GRAPH.index(op.out_segment))
-            for b in batches]
+    outs = [apply_op(op, b, acc, GRAPH.index(op.in_segment), GRAPH.index(op.out_segment),
+                     REF_SLOT) for b in batches]
     agent.send_batch(key, acc.build(GRID.window_slots))
     return outs
 
@@ -78,13 +101,12 @@ def _run(agent: CoreAgent, op: OpRuntime, batches, key):
 def _sink(agent: CoreAgent, batches, key):
     acc = AckAccumulator()
     for b in batches:
-        acc.add(GRAPH.index("sink"), b[TIME_COL].to_numpy(),
-                as_u64(b[ACK_COL].to_numpy()), -1)
+        acc.add_packed(GRAPH.index("sink"), b[TRACK_COL].to_numpy(), REF_SLOT, -1)
     agent.send_batch(key, acc.build(1))
 
 
 def test_chain_completes_exactly_once_the_sink_acks() -> None:
-    agent = CoreAgent(GRAPH, GRID)
+    agent = _agent()
     batches, hb = _source_batches(agent)
     for i, op in enumerate(OPS):
         batches = _run(agent, op, batches, ("q", 0, op.in_segment, i))
@@ -95,7 +117,7 @@ def test_chain_completes_exactly_once_the_sink_acks() -> None:
 
 
 def test_retry_is_idempotent_and_identical() -> None:
-    agent = CoreAgent(GRAPH, GRID)
+    agent = _agent()
     batches, _hb = _source_batches(agent)
     first = _run(agent, OPS[0], batches, ("q", 0, "m", 0))
     again = _run(agent, OPS[0], batches, ("q", 0, "m", 0))  # a re-run task
@@ -104,7 +126,7 @@ def test_retry_is_idempotent_and_identical() -> None:
 
 
 def test_untracked_drop_is_reported_as_missing() -> None:
-    agent = CoreAgent(GRAPH, GRID)
+    agent = _agent()
     batches, hb = _source_batches(agent)
     batches = _run(agent, OPS[0], batches, ("q", 0, "m", 0))
     dropped = [b.slice(1) for b in batches]  # an untracked filter
@@ -117,7 +139,7 @@ def test_untracked_drop_is_reported_as_missing() -> None:
 
 
 def test_map_must_keep_row_count() -> None:
-    agent = CoreAgent(GRAPH, GRID)
+    agent = _agent()
     batches, _ = _source_batches(agent)
     bad = OpRuntime("map", lambda b: b.slice(0, 1), REF, "m", "f", 1)
     with pytest.raises(ValueError, match="flat_map"):
@@ -129,17 +151,17 @@ def test_flat_map_with_parent_column_equals_tuple_form() -> None:
         out, parents = explode(b)
         return out.append_column("_parent", pa.array(parents))
 
-    agent = CoreAgent(GRAPH, GRID)
+    agent = _agent()
     batches, _ = _source_batches(agent)
     a = _run(agent, OPS[1], batches, ("q", 0, "f", 0))
     col = OpRuntime("flat_map", with_column, REF, "f", "k", operator_id("f"))
-    b = _run(CoreAgent(GRAPH, GRID), col, batches, ("q", 0, "f", 0))
+    b = _run(_agent(), col, batches, ("q", 0, "f", 0))
     assert all(x.equals(y) for x, y in zip(a, b, strict=True))
     assert "_parent" not in b[0].schema.names
 
 
 def test_untracked_duplicate_is_reported_as_extra() -> None:
-    agent = CoreAgent(GRAPH, GRID)
+    agent = _agent()
     batches, hb = _source_batches(agent)
     batches = _run(agent, OPS[0], batches, ("q", 0, "m", 0))
     doubled = [pa.concat_batches([b, b.slice(0, 2)]) for b in batches]  # untracked dup
@@ -154,16 +176,16 @@ def test_untracked_duplicate_is_reported_as_extra() -> None:
 
 def test_map_acks_do_not_depend_on_row_order() -> None:
     """After a repartition rows arrive in any order: the per-time XORs stay the same."""
-    agent = CoreAgent(GRAPH, GRID)
+    agent = _agent()
     batches, _hb = _source_batches(agent)
     whole = pa.concat_batches(batches)
     shuffled = whole.take(pa.array(np.random.default_rng(7).permutation(whole.num_rows)))
     in_order, any_order = AckAccumulator(), AckAccumulator()
     m = GRAPH.index("m"), GRAPH.index("f")
-    apply_op(OPS[0], whole, in_order, *m)
-    apply_op(OPS[0], shuffled, any_order, *m)
+    apply_op(OPS[0], whole, in_order, *m, REF_SLOT)
+    apply_op(OPS[0], shuffled, any_order, *m, REF_SLOT)
     a, b = in_order.build(GRID.window_slots), any_order.build(GRID.window_slots)
-    assert len(np.unique(whole[TIME_COL].to_numpy())) > 1
+    assert len(np.unique(slots_of(whole[TRACK_COL].to_numpy(), REF_SLOT))) > 1
     for col in ("segment", "time", "xor", "count"):
         assert (getattr(a, col) == getattr(b, col)).all()
     assert in_order.rows_received == any_order.rows_received == whole.num_rows
@@ -197,7 +219,7 @@ def memory_agent(monkeypatch: pytest.MonkeyPatch):
     belongs to batch 0."""
     from lowtide.spark import source, transport
 
-    agent = CoreAgent(GRAPH, GRID)
+    agent = _agent()
     transport.register_scheme("memory", lambda ref: agent)
     monkeypatch.setattr(source, "task_identity", lambda: transport.TaskIdentity("q", 0, 0, 0))
     monkeypatch.setattr("lowtide.spark.operators.task_identity",

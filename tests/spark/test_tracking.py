@@ -1,12 +1,29 @@
-"""Vectorised ack arithmetic: per-time XOR, child indices, accumulator."""
+"""Vectorised ack arithmetic: the packed tracking column, per-time XOR, child indices,
+accumulator."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lowtide.spark.tracking import AckAccumulator, as_i64, as_u64, child_index, xor_by_time
+from lowtide.spark.tracking import (
+    ID_MASK,
+    SLOT_RANGE,
+    AckAccumulator,
+    TimeGroups,
+    ack_ids,
+    as_i64,
+    as_u64,
+    child_index,
+    pack,
+    slots_of,
+    with_ids,
+    xor_by_time,
+)
+
+NOW_SLOT = 178_000_000_000  # 2026 at delta_ms=10
 
 
 def _reference(times: list[int], acks: list[int]) -> dict[int, tuple[int, int]]:
@@ -53,3 +70,54 @@ def test_accumulator_merges_by_segment_and_window() -> None:
                       strict=True))
     assert rows == [(0, 10, 7, -3), (0, 20, 8, -1), (1, 10, 7, 3), (1, 20, 8, 1)]
     assert acc.rows_sent == 4 and acc.rows_received == 4
+
+
+@given(st.integers(-(2**40), 2**40), st.integers(0, 2**32),
+       st.lists(st.tuples(st.integers(-SLOT_RANGE, SLOT_RANGE - 1), st.integers(0, 2**64 - 1)),
+                min_size=1, max_size=50),
+       st.integers(-(SLOT_RANGE // 2), SLOT_RANGE // 2))
+def test_packed_slots_unwrap_exactly_against_any_near_reference(
+    packer: int, wrap: int, rows: list[tuple[int, int]], drift: int
+) -> None:
+    """Round trip: a row packed against one clock comes back with its exact slot and the
+    low 32 bits of its ack against another clock, as long as the row is within 2**31
+    slots of it; whatever the position of the 2**32-slot wrap."""
+    ref = NOW_SLOT + packer + wrap
+    near = [(ref + d // 2, a) for d, a in rows]  # within 2**30 of ref
+    slots = np.array([t for t, _ in near], np.int64)
+    acks = np.array([a for _, a in near], np.uint64)
+    p = pack(slots, acks, ref)
+    assert slots_of(p, ref + drift).tolist() == slots.tolist()
+    assert ack_ids(p).tolist() == (acks & ID_MASK).tolist()
+
+
+def test_pack_refuses_rows_it_could_not_unwrap() -> None:
+    ok = np.array([NOW_SLOT - SLOT_RANGE, NOW_SLOT + SLOT_RANGE - 1], np.int64)
+    assert slots_of(pack(ok, np.zeros(2, np.uint64), NOW_SLOT), NOW_SLOT).tolist() == ok.tolist()
+    for bad in (NOW_SLOT - SLOT_RANGE - 1, NOW_SLOT + SLOT_RANGE, 100):
+        with pytest.raises(ValueError, match="label rows with the wall clock"):
+            pack(np.array([NOW_SLOT, bad], np.int64), np.zeros(2, np.uint64), NOW_SLOT)
+
+
+def test_children_keep_their_parents_slots() -> None:
+    slots = np.array([NOW_SLOT, NOW_SLOT + 1, NOW_SLOT - 5], np.int64)
+    parents = pack(slots, np.array([1, 2, 3], np.uint64), NOW_SLOT)
+    children = with_ids(parents, np.array([2**63 + 7, 8, 2**40], np.uint64))
+    assert slots_of(children, NOW_SLOT).tolist() == slots.tolist()
+    assert ack_ids(children).tolist() == [7, 8, 0]
+
+
+@given(st.lists(st.tuples(st.integers(-3, 3), st.integers(0, 2**64 - 1)), max_size=100),
+       st.integers(0, 3))
+def test_grouping_packed_rows_equals_grouping_their_slots(
+    rows: list[tuple[int, int]], wrap_at: int
+) -> None:
+    """Grouping by the wrapped slot bits then unwrapping the groups gives the per-slot
+    XORs of the ids, also for a micro-batch that spans the 2**32-slot wrap."""
+    base = (NOW_SLOT // 2**32 + 1) * 2**32 - wrap_at  # the wrap falls inside the rows
+    slots = np.array([base + t for t, _ in rows], np.int64)
+    acks = np.array([a for _, a in rows], np.uint64)
+    g = TimeGroups.of_packed(pack(slots, acks, base), base)
+    got = {int(t): (int(x), int(c)) for t, x, c in
+           zip(g.times, g.xor(ack_ids(pack(slots, acks, base))), g.counts, strict=True)}
+    assert got == _reference(slots.tolist(), (acks & ID_MASK).tolist())

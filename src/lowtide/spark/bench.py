@@ -46,6 +46,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from lowtide.spark.generator import (
+    GEN_SCHEMA,
     UNTRACKED_SCHEMA,
     GeneratorSpec,
     GenSource,
@@ -53,7 +54,7 @@ from lowtide.spark.generator import (
     gen_rows,
 )
 from lowtide.spark.pipeline import stop_between_batches
-from lowtide.spark.tracking import ACK_COL, TIME_COL
+from lowtide.spark.tracking import attach, pack, reference_slot
 
 
 @dataclass(frozen=True)
@@ -195,51 +196,33 @@ def _measure(query: Any, cfg: BenchConfig) -> Measured:
 
 
 #: Prototype variants: what parts of tracking cost, measured without the rest.
-#: ``columns``: untracked maps carrying ``lt_time`` and ``lt_ack`` (as the tracked
-#: pipeline does) without computing or sending acks; ``packed``: the same with ONE int64
-#: column (the slot in the high bits, a 40-bit ack in the low bits); ``tracked-noop``:
-#: the tracked maps with the JVM ``noop`` sink (no sink acks); ``foreach``: the
-#: untracked pipeline written through ``foreachBatch`` running a ``noop`` write (how
-#: tracked sinks other than the null sink write), without tracking.
-VARIANTS = ("untracked", "tracked", "columns", "packed", "tracked-noop", "foreach")
-PACKED_COL = "lt_packed"
-_EXTRA_SCHEMA = {"columns": f", {TIME_COL} long, {ACK_COL} long", "packed": f", {PACKED_COL} long"}
-
-
-def packed_column(times: np.ndarray, acks: np.ndarray) -> np.ndarray:
-    """The prototype's packed (time, ack): 24 bits of slot, 40 bits of ack (int64)."""
-    slot = np.asarray(times, np.int64).astype(np.uint64)
-    low = np.asarray(acks, np.uint64) & np.uint64((1 << 40) - 1)
-    return ((slot << np.uint64(40)) | low).view(np.int64)
+#: ``columns``: untracked maps carrying the tracking column ``lt_track`` (as the tracked
+#: pipeline does) without computing or sending acks; ``tracked-noop``: the tracked maps
+#: with the JVM ``noop`` sink (no sink acks); ``foreach``: the untracked pipeline written
+#: through ``foreachBatch`` running a ``noop`` write (how tracked sinks other than the
+#: null sink write), without tracking.
+VARIANTS = ("untracked", "tracked", "columns", "tracked-noop", "foreach")
 
 
 class _ColumnsReader(GenStreamReader):  # type: ignore[misc]
     def __init__(self, options: dict[str, str]) -> None:
         super().__init__({**options, "tracking": "false"})
-        self.columns = options["columns"]
 
     def read(self, partition: Any) -> Any:
-        import pyarrow as pa
-
         batch, times, acks = gen_rows(self.spec, partition, self.grid)
-        if not len(times):
-            return
-        if self.columns == "columns":
-            yield batch
-            return
-        data = batch.select(["front", "seq", "event_ms", "payload"])
-        yield data.append_column(PACKED_COL, pa.array(packed_column(times, acks)))
+        if len(times):
+            yield attach(batch, pack(times, acks, reference_slot(self.grid)))
 
 
 class ColumnsSource(GenSource):  # type: ignore[misc]
-    """The generator's rows with tracking columns (or one packed column) and no tracker."""
+    """The generator's rows with the tracking column and no tracker."""
 
     @classmethod
     def name(cls) -> str:
         return "lowtide_gen_columns"
 
     def schema(self) -> str:
-        return UNTRACKED_SCHEMA + _EXTRA_SCHEMA[self.options["columns"]]
+        return GEN_SCHEMA
 
     def streamReader(self, schema: Any) -> _ColumnsReader:
         return _ColumnsReader({k.lower(): v for k, v in self.options.items()})
@@ -252,18 +235,17 @@ def _noop_write(df: Any, batch_id: int) -> None:
 def run_untracked(
     spark: Any, cfg: BenchConfig, workdir: str, variant: str = "untracked"
 ) -> Measured:
-    """Untracked maps; ``columns``, ``packed``, ``foreach``: see VARIANTS."""
+    """Untracked maps; ``columns``, ``foreach``: see VARIANTS."""
     from lowtide.spark.pipeline import register_sources
 
     register_sources(spark)
     reader = spark.readStream.option("spec", _spec(cfg).to_json())
-    columns = variant if variant in _EXTRA_SCHEMA else ""
-    if columns:
+    if variant == "columns":
         spark.dataSource.register(ColumnsSource)
-        df = reader.format(ColumnsSource.name()).option("columns", columns).load()
+        df = reader.format(ColumnsSource.name()).load()
     else:
         df = reader.format("lowtide_gen").option("tracking", "false").load()
-    schema = UNTRACKED_SCHEMA + _EXTRA_SCHEMA.get(columns, "")
+    schema = GEN_SCHEMA if variant == "columns" else UNTRACKED_SCHEMA
     for _ in range(cfg.stages):
         df = df.repartition(cfg.partitions).mapInArrow(_untracked_stage, schema)
     writer = df.writeStream.option("checkpointLocation", tempfile.mkdtemp(dir=workdir))

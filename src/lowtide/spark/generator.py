@@ -43,7 +43,7 @@ from lowtide.core.messages import Heartbeat
 from lowtide.core.time import TimeGrid
 from lowtide.service.clock import wall_ms
 from lowtide.spark.source import FrontPartition, ensure_front, front_key, send_task_batch
-from lowtide.spark.tracking import ACK_COL, TIME_COL, AckAccumulator, as_i64
+from lowtide.spark.tracking import TRACK_COL, AckAccumulator, ack_ids, attach, pack, reference_slot
 from lowtide.spark.transport import TrackerRef, connect
 
 try:
@@ -52,9 +52,8 @@ except ImportError:  # pragma: no cover
     DataSource = DataSourceStreamReader = object  # type: ignore[misc,assignment]
 
 DEFAULT_GRID = TimeGrid()
-GEN_SCHEMA = (
-    f"front int, seq long, event_ms long, payload binary, {TIME_COL} long, {ACK_COL} long"
-)
+UNTRACKED_SCHEMA = "front int, seq long, event_ms long, payload binary"
+GEN_SCHEMA = f"{UNTRACKED_SCHEMA}, {TRACK_COL} long"
 
 
 @dataclass(frozen=True)
@@ -203,7 +202,7 @@ def gen_partitions(start: dict[str, Any], end: dict[str, Any]) -> list[FrontPart
 def gen_rows(
     spec: GeneratorSpec, part: FrontPartition, grid: TimeGrid
 ) -> tuple[Any, np.ndarray, np.ndarray]:
-    """(record batch, times, acks) of a partition's rows."""
+    """(record batch of the data columns, times, acks) of a partition's rows."""
     import pyarrow as pa
 
     t0 = part.extra[0]
@@ -226,17 +225,13 @@ def gen_rows(
             pa.array(seq.astype(np.int64)),
             pa.array(ms),
             payload,
-            pa.array(times),
-            pa.array(as_i64(acks)),
         ],
-        names=["front", "seq", "event_ms", "payload", TIME_COL, ACK_COL],
+        names=["front", "seq", "event_ms", "payload"],
     )
     return batch, times, acks
 
 
 
-
-UNTRACKED_SCHEMA = "front int, seq long, event_ms long, payload binary"
 
 
 class GenStreamReader(DataSourceStreamReader):  # type: ignore[misc]
@@ -280,12 +275,13 @@ class GenStreamReader(DataSourceStreamReader):  # type: ignore[misc]
         batch, times, acks = gen_rows(self.spec, partition, self.grid)
         if not self.tracking:
             if len(times):
-                yield batch.select(["front", "seq", "event_ms", "payload"])
+                yield batch
             return
+        packed = pack(times, acks, reference_slot(self.grid))
         acc = AckAccumulator()
-        acc.add(self.ref.graph.index(self.segment), times, acks, +1)
+        acc.add(self.ref.graph.index(self.segment), times, ack_ids(packed), +1)
         if len(times):
-            yield batch
+            yield attach(batch, packed)
         hb = (Heartbeat(partition.front, int(partition.extra[1])),)
         # key namespace "<source>": the first operator's tasks key on the same segment
         send_task_batch(self.ref, f"<source>{self.segment}", partition.front, acc, hb)

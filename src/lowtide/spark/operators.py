@@ -8,8 +8,9 @@ re-attached). Per input batch, one vectorised pass computes:
   inherit the parent's time (rule 5), and their send-acks (output segment, count +1),
 
 reduced per time by :class:`lowtide.spark.tracking.TimeGroups` (a map groups its rows
-by time once for both). When the task's input is exhausted (its output is complete)
-it sends ONE idempotent batch keyed
+by time once for both). Rows carry one tracking column (slot and ack id packed, see
+:mod:`lowtide.spark.tracking`); children copy their parent's slot bits. When the
+task's input is exhausted (its output is complete) it sends ONE idempotent batch keyed
 ``(query id, batch id, input segment, partition)`` and waits for the tracker's
 confirmation (rules 2 and 6): the batch holds the children and the receipts together,
 applied atomically, so children never trail their parent. The last operator before
@@ -39,14 +40,14 @@ from lowtide.core.messages import AckBatch
 from lowtide.spark.sinks import append_trace
 from lowtide.spark.source import send_task_batch
 from lowtide.spark.tracking import (
-    ACK_COL,
-    TIME_COL,
-    TRACKING_COLS,
+    TRACK_COL,
     AckAccumulator,
     TimeGroups,
-    as_i64,
-    as_u64,
+    ack_ids,
+    attach,
     child_index,
+    reference_slot,
+    with_ids,
 )
 from lowtide.spark.transport import TrackerRef, task_identity
 
@@ -83,14 +84,13 @@ class OpRuntime:
     trace_file: str | None = None
 
 
-def _split(batch: Any) -> tuple[Any, np.ndarray, np.ndarray]:
-    """(data-only batch, times int64, acks uint64)."""
+def _split(batch: Any) -> tuple[Any, np.ndarray]:
+    """(data-only batch, tracking column int64)."""
     names = batch.schema.names
-    t = batch.column(names.index(TIME_COL)).to_numpy(zero_copy_only=False)
-    a = as_u64(batch.column(names.index(ACK_COL)).to_numpy(zero_copy_only=False))
-    keep = [i for i, n in enumerate(names) if n not in TRACKING_COLS]
-    data = batch.select(keep)
-    return data, np.asarray(t, np.int64), a
+    i = names.index(TRACK_COL)
+    packed = batch.column(i).to_numpy(zero_copy_only=False)
+    data = batch.select([j for j in range(len(names)) if j != i])
+    return data, np.asarray(packed, np.int64)
 
 
 def _as_batch(out: Any) -> Any:
@@ -107,18 +107,14 @@ def _as_batch(out: Any) -> Any:
     raise TypeError(f"tracked operator functions return a pyarrow RecordBatch, got {type(out)}")
 
 
-def _attach(data: Any, times: np.ndarray, acks: np.ndarray) -> Any:
-    import pyarrow as pa
-
-    arrays = [*data.columns, pa.array(times, pa.int64()), pa.array(as_i64(acks), pa.int64())]
-    return pa.RecordBatch.from_arrays(arrays, names=[*data.schema.names, TIME_COL, ACK_COL])
-
-
-def apply_op(rt: OpRuntime, batch: Any, acc: AckAccumulator, in_idx: int, out_idx: int) -> Any:
-    """Run the user function on one Arrow batch; record its acks in ``acc``."""
-    data, times, acks = _split(batch)
-    n = len(times)
-    groups = TimeGroups.of(times)
+def apply_op(rt: OpRuntime, batch: Any, acc: AckAccumulator, in_idx: int, out_idx: int,
+             ref_slot: int) -> Any:
+    """Run the user function on one Arrow batch; record its acks in ``acc`` (slots
+    unwrapped against ``ref_slot``)."""
+    data, packed = _split(batch)
+    n = len(packed)
+    acks = ack_ids(packed)
+    groups = TimeGroups.of_packed(packed, ref_slot)
     c_groups = None
     if rt.kind == "map":
         out = _as_batch(rt.fn(data))
@@ -126,8 +122,8 @@ def apply_op(rt: OpRuntime, batch: Any, acc: AckAccumulator, in_idx: int, out_id
             raise ValueError(
                 f"map {rt.in_segment!r} returned {out.num_rows} rows for {n}: use flat_map"
             )
-        c_times, c_groups = times, groups  # children inherit their parent's time
-        c_acks = child_acks(acks, rt.op_id, np.zeros(n, np.uint64))
+        c_groups = groups  # children inherit their parent's time
+        c_packed = with_ids(packed, child_acks(acks, rt.op_id, np.zeros(n, np.uint64)))
     elif rt.kind == "filter":
         mask = rt.fn(data)
         mask = np.asarray(
@@ -138,8 +134,8 @@ def apply_op(rt: OpRuntime, batch: Any, acc: AckAccumulator, in_idx: int, out_id
         import pyarrow as pa
 
         out = data.filter(pa.array(mask, pa.bool_())) if n else data
-        c_times = times[mask]
-        c_acks = child_acks(acks[mask], rt.op_id, np.zeros(int(mask.sum()), np.uint64))
+        c_packed = with_ids(packed[mask],
+                            child_acks(acks[mask], rt.op_id, np.zeros(int(mask.sum()), np.uint64)))
     elif rt.kind == "flat_map":
         res = rt.fn(data)
         if isinstance(res, tuple):
@@ -159,15 +155,15 @@ def apply_op(rt: OpRuntime, batch: Any, acc: AckAccumulator, in_idx: int, out_id
             raise ValueError(f"flat_map {rt.in_segment!r}: one parent index per output row")
         if len(parents) and (parents.min() < 0 or parents.max() >= n):
             raise ValueError(f"flat_map {rt.in_segment!r}: parent index out of range")
-        c_times = times[parents]
-        c_acks = child_acks(acks[parents], rt.op_id, child_index(parents))
+        c_packed = with_ids(packed[parents],
+                            child_acks(acks[parents], rt.op_id, child_index(parents)))
     else:
         raise ValueError(f"unknown operator kind {rt.kind!r}")
     if c_groups is None:
-        c_groups = TimeGroups.of(c_times)
-    acc.add_grouped(out_idx, c_groups, c_acks, +1)
+        c_groups = TimeGroups.of_packed(c_packed, ref_slot)
+    acc.add_grouped(out_idx, c_groups, ack_ids(c_packed), +1)
     acc.add_grouped(in_idx, groups, acks, -1)
-    return _attach(out, c_times, c_acks)
+    return attach(out, c_packed)
 
 
 def task_function(rt: OpRuntime) -> Callable[[Iterator[Any]], Iterator[Any]]:
@@ -179,8 +175,9 @@ def task_function(rt: OpRuntime) -> Callable[[Iterator[Any]], Iterator[Any]]:
         graph = rt.ref.graph
         in_idx, out_idx = graph.index(rt.in_segment), graph.index(rt.out_segment)
         acc = AckAccumulator()
+        ref_slot = reference_slot(rt.ref.grid)
         for batch in batches:
-            yield apply_op(rt, batch, acc, in_idx, out_idx)
+            yield apply_op(rt, batch, acc, in_idx, out_idx, ref_slot)
         tc = TaskContext.get()
         partition = tc.partitionId() if tc else 0
         sent = send_task_batch(rt.ref, rt.in_segment, partition, acc)

@@ -43,7 +43,7 @@ from lowtide.spark.generator import GeneratorSpec, GenSource
 from lowtide.spark.operators import OpRuntime, OpSpec, operator_id, task_function
 from lowtide.spark.sinks import TrackedForeachBatch, TrackedSink, console_writer
 from lowtide.spark.source import LogSource
-from lowtide.spark.tracking import ACK_COL, TIME_COL
+from lowtide.spark.tracking import TRACK_COL
 from lowtide.spark.transport import TrackerRef
 from lowtide.spark.windows import WindowSpec, build_window, make_windowed
 
@@ -374,10 +374,9 @@ def _with_tracking(schema: Any) -> Any:
     from pyspark.sql.types import LongType, StructField, StructType
 
     if isinstance(schema, str):
-        return f"{schema}, {TIME_COL} long, {ACK_COL} long"
+        return f"{schema}, {TRACK_COL} long"
     if isinstance(schema, StructType):
-        return StructType([*schema.fields, StructField(TIME_COL, LongType(), False),
-                           StructField(ACK_COL, LongType(), False)])
+        return StructType([*schema.fields, StructField(TRACK_COL, LongType(), False)])
     raise TypeError(f"schema must be a DDL string or StructType, got {type(schema)}")
 
 

@@ -281,17 +281,23 @@ def per_ack_task(ref: Any, name: str, out: str) -> Callable[[Iterator[Any]], Ite
 
     def run(batches: Iterator[Any]) -> Iterator[Any]:
         from lowtide.core.messages import AckBatch
-        from lowtide.spark.tracking import ACK_COL, TIME_COL, AckAccumulator, as_u64
+        from lowtide.spark.tracking import (
+            TRACK_COL,
+            AckAccumulator,
+            ack_ids,
+            reference_slot,
+            slots_of,
+        )
         from lowtide.spark.transport import batch_key, connect, task_identity
 
         ident, agent = task_identity(), connect(ref)
         in_idx, out_idx = ref.graph.index(name), ref.graph.index(out)
-        row = 0
+        row, ref_slot = 0, reference_slot(ref.grid)
         for batch in batches:
-            result = apply_op(rt, batch, AckAccumulator(), in_idx, out_idx)
-            t = batch.column(TIME_COL).to_numpy()
-            parent = as_u64(batch.column(ACK_COL).to_numpy())
-            child = as_u64(result.column(ACK_COL).to_numpy())
+            result = apply_op(rt, batch, AckAccumulator(), in_idx, out_idx, ref_slot)
+            packed = batch.column(TRACK_COL).to_numpy()
+            t, parent = slots_of(packed, ref_slot), ack_ids(packed)
+            child = ack_ids(result.column(TRACK_COL).to_numpy())
             for i in range(len(t)):
                 for kind, seg, ack, sign in (("s", out_idx, child, 1), ("r", in_idx, parent, -1)):
                     key = batch_key(ident.query, ident.batch_id, f"{name}/{kind}{row + i}",

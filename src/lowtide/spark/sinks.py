@@ -6,9 +6,10 @@ end-to-end completeness: every row with time < t has been committed at the sink.
 Two mechanisms:
 
 * :class:`TrackedForeachBatch` wraps a ``foreachBatch`` function. It caches the
-  batch, computes the receive-acks in the JVM (``groupBy(lt_time)`` with ``bit_xor``
-  and ``count``; no Python pass over the rows), runs the user's function (which
-  commits), then sends one batch keyed ``(query id, batch id, sink segment, 0)``.
+  batch, computes the receive-acks in the JVM (grouped by the slot bits of
+  ``lt_track``, with ``bit_xor`` and ``count``; no Python pass over the rows), runs
+  the user's function (which commits), then sends one batch keyed
+  ``(query id, batch id, sink segment, 0)``.
   The console sink is built on it, and so is the null sink after an untracked step
   (no user function: the aggregation alone). The null sink right after a tracked
   operator is no sink object at all: Spark's ``noop`` sink, and the operator's
@@ -18,6 +19,9 @@ Two mechanisms:
   deterministically, so a re-run batch overwrites instead of duplicating;
   ``mode=null``: drops them) and returns its per-time XORs in its commit message;
   the driver-side ``commit`` publishes the files and then sends the acks.
+
+With ``keep_tracking_columns`` the output has ``lt_time`` (the row's full slot) and
+``lt_ack`` (its 32-bit ack id) instead of the packed ``lt_track``.
 
 A failed batch sends nothing: the acks of a batch go out only after its commit. (The
 null sink after a tracked operator commits nothing and is no object here: that
@@ -37,7 +41,20 @@ from typing import Any
 
 import numpy as np
 
-from lowtide.spark.tracking import ACK_COL, TIME_COL, TRACKING_COLS, AckAccumulator, as_u64
+from lowtide.spark.tracking import (
+    ACK_COL,
+    ID_BITS,
+    ID_MASK,
+    SLOT_RANGE,
+    TIME_COL,
+    TRACK_COL,
+    AckAccumulator,
+    ack_ids,
+    as_u64,
+    reference_slot,
+    slots_of,
+    unwrap,
+)
 from lowtide.spark.transport import TrackerRef, batch_key, connect
 
 try:
@@ -89,14 +106,14 @@ class TrackedForeachBatch:
         from pyspark.sql import functions as F
 
         rows = (
-            df.groupBy(TIME_COL)
-            .agg(F.bit_xor(ACK_COL).alias("x"), F.count(F.lit(1)).alias("n"))
+            df.groupBy(F.shiftright(TRACK_COL, ID_BITS))
+            .agg(F.bit_xor(TRACK_COL).alias("x"), F.count(F.lit(1)).alias("n"))
             .collect()
         )
         acc = AckAccumulator()
         if rows:
-            t = np.array([r[0] for r in rows], np.int64)
-            x = as_u64(np.array([r[1] for r in rows], np.int64))
+            t = unwrap(np.array([r[0] for r in rows], np.int64), reference_slot(self.ref.grid))
+            x = as_u64(np.array([r[1] for r in rows], np.int64)) & ID_MASK
             n = np.array([r[2] for r in rows], np.int64)
             acc.add_reduced(self.ref.graph.index(self.segment), t, x, -n)
             acc.rows_received = int(n.sum())
@@ -110,7 +127,8 @@ class TrackedForeachBatch:
         cached = df.persist()
         try:
             acc = self.acks_of(cached)
-            user_df = cached if self.keep else cached.drop(*TRACKING_COLS)
+            user_df = (unpacked_columns(cached, reference_slot(self.ref.grid)) if self.keep
+                       else cached.drop(TRACK_COL))
             self.fn(user_df, batch_id)
             self._ack(query, batch_id, acc)
         finally:
@@ -127,6 +145,18 @@ class TrackedForeachBatch:
             append_trace(self.trace, batch_id, started_ns, acc.rows_received)
 
 
+def unpacked_columns(df: Any, ref_slot: int) -> Any:
+    """``df`` with ``lt_time`` and ``lt_ack`` in place of ``lt_track`` (Spark columns;
+    :func:`lowtide.spark.tracking.unwrap` as an expression)."""
+    from pyspark.sql import functions as F
+
+    base = ref_slot - SLOT_RANGE
+    c = F.col(TRACK_COL)
+    slot = F.lit(base) + (F.shiftright(c, ID_BITS) - F.lit(base)).bitwiseAND(F.lit(int(ID_MASK)))
+    return (df.withColumn(TIME_COL, slot).withColumn(ACK_COL, c.bitwiseAND(F.lit(int(ID_MASK))))
+            .drop(TRACK_COL))
+
+
 def console_writer(num_rows: int = 20, truncate: bool = True) -> Callable[[Any, int], None]:
     def show(df: Any, batch_id: int) -> None:
         print(f"-------- lowtide batch {batch_id} --------")
@@ -136,6 +166,13 @@ def console_writer(num_rows: int = 20, truncate: bool = True) -> Callable[[Any, 
 
 
 # ------------------------------------------------------------------ data source writer
+def _with_unpacked(batch: Any, packed: np.ndarray, ref_slot: int) -> Any:
+    import pyarrow as pa
+
+    batch = batch.append_column(TIME_COL, pa.array(slots_of(packed, ref_slot)))
+    return batch.append_column(ACK_COL, pa.array(ack_ids(packed).astype(np.int64)))
+
+
 @dataclass
 class SinkCommit(WriterCommitMessage):  # type: ignore[misc]
     query: str
@@ -172,21 +209,20 @@ class SinkWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
         partition = tc.partitionId() if tc else 0
         acc = AckAccumulator()
         seg = self.ref.graph.index(self.segment)
+        ref_slot = reference_slot(self.ref.grid)
         writer = None
         tmp: str | None = None
         rows = 0
         try:
             for batch in iterator:
-                names = batch.schema.names
-                t = np.asarray(batch.column(names.index(TIME_COL)).to_numpy(), np.int64)
-                a = as_u64(np.asarray(batch.column(names.index(ACK_COL)).to_numpy(), np.int64))
-                acc.add(seg, t, a, -1)
-                rows += len(t)
+                i = batch.schema.names.index(TRACK_COL)
+                packed = np.asarray(batch.column(i).to_numpy(), np.int64)
+                acc.add_packed(seg, packed, ref_slot, -1)
+                rows += len(packed)
                 if self.mode == "parquet" and batch.num_rows:
-                    if not self.keep:
-                        batch = batch.select(
-                            [i for i, n in enumerate(names) if n not in TRACKING_COLS]
-                        )
+                    batch = batch.remove_column(i)
+                    if self.keep:
+                        batch = _with_unpacked(batch, packed, ref_slot)
                     if writer is None:
                         import pyarrow.parquet as pq
 
@@ -247,7 +283,7 @@ class TrackedSink(DataSource):  # type: ignore[misc]
         return "lowtide_sink"
 
     def schema(self) -> str:
-        return f"{TIME_COL} long, {ACK_COL} long"
+        return f"{TRACK_COL} long"
 
     def streamWriter(self, schema: Any, overwrite: bool) -> SinkWriter:
         return SinkWriter({k.lower(): v for k, v in self.options.items()}, schema)

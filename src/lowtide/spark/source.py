@@ -5,9 +5,10 @@ front. Offsets are ``{"f<front>": next offset}`` and live in Spark's checkpoint,
 restarted query resumes where it stopped; a re-run batch reads exactly the same records.
 
 A source task is a tracked operator: it *receives* the records from the ingest segment
-(where the :class:`lowtide.Front` producer sent them) and *sends* them, same ack values,
-into the segment of the first tracked operator. It sends one idempotent batch, keyed
-``(query id, batch id, ingest segment, front)``, when its output is complete (rule 6).
+(where the :class:`lowtide.Front` producer sent them) and *sends* them into the segment
+of the first tracked operator, their ack values cut to the tracking column's 32-bit
+ids. It sends one idempotent batch, keyed ``(query id, batch id, ingest segment,
+front)``, when its output is complete (rule 6).
 The producer heartbeats on its own channel after its own acks (rule 3).
 
 Notes on the API (PySpark 4.3): the stream reader lives in a separate Python process
@@ -26,7 +27,14 @@ from lowtide.core.acks import root_acks
 from lowtide.core.errors import NonMonotonicHeartbeat
 from lowtide.core.messages import AckBatch, Heartbeat
 from lowtide.spark.ingest import IngestReader, list_fronts
-from lowtide.spark.tracking import ACK_COL, TIME_COL, AckAccumulator, as_i64
+from lowtide.spark.tracking import (
+    TRACK_COL,
+    AckAccumulator,
+    ack_ids,
+    attach,
+    pack,
+    reference_slot,
+)
 from lowtide.spark.transport import AgentLike, TrackerRef, batch_key, connect, task_identity
 
 try:  # the module must import without pyspark for the pure tests
@@ -34,7 +42,7 @@ try:  # the module must import without pyspark for the pure tests
 except ImportError:  # pragma: no cover
     DataSource = DataSourceStreamReader = InputPartition = object  # type: ignore[misc,assignment]
 
-LOG_SCHEMA = f"front int, offset long, payload binary, {TIME_COL} long, {ACK_COL} long"
+LOG_SCHEMA = f"front int, offset long, payload binary, {TRACK_COL} long"
 
 
 def front_key(front: int) -> str:
@@ -122,7 +130,8 @@ def log_partitions(start: dict[str, int], end: dict[str, int]) -> list[FrontPart
 def read_log_partition(
     directory: str, part: FrontPartition
 ) -> tuple[Any, np.ndarray, np.ndarray]:
-    """(record batch, times, acks) of the partition's records."""
+    """(record batch of the data columns, times, acks as the front sent them) of the
+    partition's records."""
     import pyarrow as pa
 
     times, payloads = IngestReader(directory, part.front).read(part.start, part.end)
@@ -134,10 +143,8 @@ def read_log_partition(
             pa.array(np.full(n, part.front, np.int32)),
             pa.array(seq.astype(np.int64)),
             payloads,
-            pa.array(times),
-            pa.array(as_i64(acks)),
         ],
-        names=["front", "offset", "payload", TIME_COL, ACK_COL],
+        names=["front", "offset", "payload"],
     )
     return batch, times, acks
 
@@ -164,12 +171,13 @@ class LogStreamReader(DataSourceStreamReader):  # type: ignore[misc]
 
     def read(self, partition: FrontPartition) -> Iterator[Any]:
         batch, times, acks = read_log_partition(self.path, partition)
+        packed = pack(times, acks, reference_slot(self.ref.grid))
         out = self.ref.graph.index(self.out)
         ingest = self.ref.graph.index(self.ingest)
         acc = AckAccumulator()
-        acc.add(out, times, acks, +1)  # children first (same values, next segment)
+        acc.add(out, times, ack_ids(packed), +1)  # children first: the acks' low 32 bits
         acc.add(ingest, times, acks, -1)
-        yield batch
+        yield attach(batch, packed)
         send_task_batch(self.ref, self.ingest, partition.front, acc)
 
     def commit(self, end: dict[str, int]) -> None:

@@ -22,8 +22,8 @@ received downstream; named after the next receiver). Per task it sends ONE keyed
 * every input row: receive-ack out of ``S_in`` at the row's time;
 * the first row of a (key, window): a hold, sent into ``S_in.state`` at the window's
   last slot ``end - 1`` with value ``child_acks(hash(key), operator id, start)``;
-* a complete window: its result row (``lt_time = end - 1``, ``lt_ack`` = child of the
-  hold), sent into the outbound segment, and the hold's receive-ack, in the same batch.
+* a complete window: its result row (slot ``end - 1``, ack = child of the hold), sent
+  into the outbound segment, and the hold's receive-ack, in the same batch.
 
 A window ``[start, end)`` is complete when ``S_in``'s min time is ``>= end``. The
 decision must be the same in every attempt of a task (rule 5), so the operator asks
@@ -53,7 +53,16 @@ from typing import Any
 import numpy as np
 
 from lowtide.core.acks import child_acks
-from lowtide.spark.tracking import ACK_COL, TIME_COL, TRACKING_COLS, AckAccumulator, as_i64, as_u64
+from lowtide.spark.tracking import (
+    ID_MASK,
+    TRACK_COL,
+    TRACKING_COLS,
+    AckAccumulator,
+    ack_ids,
+    as_i64,
+    pack,
+    slots_of,
+)
 from lowtide.spark.transport import TrackerRef
 
 AGG_FUNCTIONS = ("count", "sum", "min", "max", "mean")
@@ -215,7 +224,7 @@ class WindowRuntime:
         cols += [f"`{a.out}` {'long' if a.fn == 'count' else 'double'}" for a in s.aggs]
         if s.fn_schema:
             cols.append(s.fn_schema)
-        return ", ".join([*cols, f"{TIME_COL} long", f"{ACK_COL} long"])
+        return ", ".join([*cols, f"{TRACK_COL} long"])
 
     def state_schema(self) -> str:
         cols = ["hold long", "parts int", "n long"]
@@ -267,9 +276,11 @@ def processor_class() -> type:
             frames = [df for df in rows if len(df)]
             if frames:
                 df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-                times = df[TIME_COL].to_numpy(np.int64)
-                acks = as_u64(df[ACK_COL].to_numpy(np.int64))
-                self.acc.add(self.in_idx, times, acks, -1)
+                packed = df[TRACK_COL].to_numpy(np.int64)
+                # the batch's timestamp: the same reference in every attempt
+                now_ms = int(timerValues.getCurrentProcessingTimeInMs())
+                times = slots_of(packed, self.rt.ref.grid.slot_of(now_ms))
+                self.acc.add(self.in_idx, times, ack_ids(packed), -1)
                 self._absorb(key[0], df, times)
             yield from self._emit(key[0], timerValues)
 
@@ -351,7 +362,8 @@ def processor_class() -> type:
                 end = start + rt.size
                 res = self._results(v, start)
                 m = len(res)
-                child = child_acks(np.repeat(hold, m), rt.op_id, np.arange(m, dtype=np.uint64))
+                child = ID_MASK & child_acks(np.repeat(hold, m), rt.op_id,
+                                             np.arange(m, dtype=np.uint64))
                 t = np.full(m, end - 1, np.int64)
                 self.acc.add(self.out_idx, t, child, +1)
                 self.acc.add(self.state_idx, np.array([end - 1], np.int64), hold, -1)
@@ -360,8 +372,7 @@ def processor_class() -> type:
                                                              utc=True))
                 res.insert(2, "window_end", pd.to_datetime([end * delta] * m, unit="ms",
                                                            utc=True))
-                res[TIME_COL] = t
-                res[ACK_COL] = as_i64(child)
+                res[TRACK_COL] = pack(t, child, rt.ref.grid.slot_of(now))
                 out.append(res)
                 self.state.removeKey((start,))
                 if self.rows is not None:
