@@ -10,12 +10,10 @@ import pyarrow.compute as pc
 import pytest
 
 from lowtide.core.graph import SegmentGraph
-from lowtide.core.messages import Heartbeat
 from lowtide.core.time import TimeGrid
 from lowtide.spark.generator import (
     GeneratorSpec,
     gen_partitions,
-    gen_rows,
     initial_offset,
     next_offset,
 )
@@ -24,9 +22,6 @@ from lowtide.spark.tracking import (
     TRACK_COL,
     AckAccumulator,
     TimeGroups,
-    ack_ids,
-    attach,
-    pack,
     slots_of,
 )
 from lowtide.spark.transport import TrackerRef
@@ -76,18 +71,22 @@ def _agent() -> CoreAgent:
 
 
 def _source_batches(agent: CoreAgent):
+    """The generator source's tasks (its real ``read``, tracking column included) for
+    the first 200 ms of two fronts."""
+    from unittest import mock
+
+    from lowtide.spark import source, transport
+    from lowtide.spark.generator import GenStreamReader
+
+    reader = GenStreamReader({"spec": SPEC.to_json(), "lowtide.tracker": REF.to_option(),
+                              "lowtide.segment": "m"})
     off = initial_offset(SPEC, T0_MS, GRID)
-    end = next_offset(SPEC, off, T0_MS + 200, GRID)
-    out = []
-    for i, part in enumerate(gen_partitions(off, end)):
-        batch, times, acks = gen_rows(SPEC, part, GRID)
-        acc = AckAccumulator()
-        packed = pack(times, acks, REF_SLOT)
-        acc.add(GRAPH.index("m"), times, ack_ids(packed), +1)
-        hb = [Heartbeat(part.front, part.extra[1])]
-        agent.send_batch(("q", 0, "source", i), acc.build(1), hb)
-        out.append(attach(batch.select(["seq"]), packed))
-    return out, min(p.extra[1] for p in gen_partitions(off, end))
+    parts = gen_partitions(off, next_offset(SPEC, off, T0_MS + 200, GRID))
+    with mock.patch.dict(transport._factories, {"memory": lambda ref: agent}), \
+            mock.patch.object(source, "task_identity",
+                              lambda: transport.TaskIdentity("q", 0, 0, 0)):
+        out = [b.select(["seq", TRACK_COL]) for part in parts for b in reader.read(part)]
+    return out, min(p.extra[1] for p in parts)
 
 
 def _run(agent: CoreAgent, op: OpRuntime, batches, key):

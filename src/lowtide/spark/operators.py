@@ -1,6 +1,6 @@
 """Tracked operators: map, flat_map and filter over Arrow batches (``mapInArrow``).
 
-The user function sees the data columns only (the tracking columns are split off and
+The user function sees the data columns only (the tracking column is split off and
 re-attached). Per input batch, one vectorised pass computes:
 
 * receive-acks of the input rows (input segment, count -1),

@@ -45,9 +45,9 @@ from lowtide.spark.tracking import (
     ACK_COL,
     ID_BITS,
     ID_MASK,
-    SLOT_RANGE,
     TIME_COL,
     TRACK_COL,
+    UNWRAP_RANGE,
     AckAccumulator,
     ack_ids,
     as_u64,
@@ -150,7 +150,7 @@ def unpacked_columns(df: Any, ref_slot: int) -> Any:
     :func:`lowtide.spark.tracking.unwrap` as an expression)."""
     from pyspark.sql import functions as F
 
-    base = ref_slot - SLOT_RANGE
+    base = ref_slot - UNWRAP_RANGE
     c = F.col(TRACK_COL)
     slot = F.lit(base) + (F.shiftright(c, ID_BITS) - F.lit(base)).bitwiseAND(F.lit(int(ID_MASK)))
     return (df.withColumn(TIME_COL, slot).withColumn(ACK_COL, c.bitwiseAND(F.lit(int(ID_MASK))))

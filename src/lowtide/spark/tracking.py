@@ -6,7 +6,8 @@ extra 8 bytes per row cost a 16-byte-row pipeline 2-3% of its throughput, mostly
 the shuffles). The tracker gets, per (segment, time), the XOR of the ids and the row
 count. Full slots come back by unwrapping against a reference slot, any slot within
 2**31 slots of every row's (248 days at ``delta_ms=10``): a task's wall clock, or a
-batch's timestamp. Sources refuse rows outside that range (:func:`pack`).
+batch's timestamp. Sources refuse rows more than 2**30 slots from their clock
+(:func:`pack`), later tasks rows more than 1.5 * 2**30 from theirs (:func:`unwrap`).
 
 Nothing in this module loops over rows in Python: ids are XOR-reduced per time with
 ``np.bitwise_xor.reduceat`` over runs of equal times. Rows a source emits are grouped
@@ -49,8 +50,13 @@ ACK_COL = "lt_ack"
 ID_BITS = 32
 ID_MASK = np.uint64((1 << ID_BITS) - 1)
 SLOT_MASK = ~ID_MASK
-#: how far (in slots) a row's slot may be from the reference that unwraps it
-SLOT_RANGE = 1 << (ID_BITS - 1)
+WRAP_SLOTS = 1 << ID_BITS  # lt_track holds slots modulo this
+UNWRAP_RANGE = WRAP_SLOTS // 2  # unwrapping picks the slot within this of the reference
+# sources take rows within PACK_RANGE of their clock (124 days at delta_ms=10); tasks
+# after them, with later clocks, refuse rows past HELD_RANGE of theirs: a row is
+# unwrapped right while its task's clock is within UNWRAP_RANGE of it
+PACK_RANGE = UNWRAP_RANGE // 2
+HELD_RANGE = 3 * UNWRAP_RANGE // 4
 
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]
@@ -70,23 +76,36 @@ def as_i64(values: U64) -> I64:
 
 def reference_slot(grid: TimeGrid) -> int:
     """This process's wall-clock slot: the reference a task unwraps its rows' slots
-    against (rows in flight are labelled within days of it, far inside SLOT_RANGE)."""
+    against (rows in flight are labelled within days of it, far inside the ranges)."""
     return grid.slot_of(wall_ms())
+
+
+def _check_range(slots: I64, ref_slot: int, limit: int, fix: str) -> None:
+    if len(slots) == 0:
+        return
+    lo, hi = int(slots.min()), int(slots.max())
+    bad = lo if ref_slot - lo >= hi - ref_slot else hi
+    if abs(bad - ref_slot) >= limit:
+        raise ValueError(
+            f"a row of slot {bad} is {abs(bad - ref_slot):,} slots from this task's clock "
+            f"(slot {ref_slot}); the tracking column holds slots modulo 2**{ID_BITS}, and "
+            f"this part of lowtide takes rows within {limit:,} slots of its clock "
+            f"({limit * 10 / 86_400_000:.0f} days at delta_ms=10): {fix}")
+
+
+def _ids(ids: U64) -> U64:
+    """Low 32 bits, never 0 (an id of 0 would vanish from the XORs)."""
+    out: U64 = np.maximum(np.asarray(ids, np.uint64) & ID_MASK, np.uint64(1))
+    return out
 
 
 def pack(slots: I64, ids: U64, ref_slot: int) -> I64:
     """The tracking column of rows labelled ``slots`` with ack values ``ids`` (their
-    low 32 bits are kept). Refuses slots that ``ref_slot`` could not unwrap."""
+    low 32 bits are kept). A source packs against its clock and refuses rows more than
+    PACK_RANGE from it, so that later tasks, with later clocks, still unwrap them."""
     t = np.asarray(slots, np.int64)
-    if len(t) and (int(t.min()) < ref_slot - SLOT_RANGE or int(t.max()) >= ref_slot + SLOT_RANGE):
-        bad = int(t.min()) if int(t.min()) < ref_slot - SLOT_RANGE else int(t.max())
-        raise ValueError(
-            f"a row labelled at slot {bad} is {abs(bad - ref_slot):,} slots from this "
-            f"task's clock (slot {ref_slot}); lowtide's tracking column holds slots within "
-            f"{SLOT_RANGE:,} slots of it (248 days at delta_ms=10): label rows with the "
-            "wall clock")
-    out: I64 = ((t.astype(np.uint64) << np.uint64(ID_BITS))
-                | (np.asarray(ids, np.uint64) & ID_MASK)).view(np.int64)
+    _check_range(t, ref_slot, PACK_RANGE, "label rows with the wall clock")
+    out: I64 = ((t.astype(np.uint64) << np.uint64(ID_BITS)) | _ids(ids)).view(np.int64)
     return out
 
 
@@ -106,15 +125,18 @@ def ack_ids(packed: I64) -> U64:
 def with_ids(parent_packed: I64, ids: U64) -> I64:
     """Children's tracking column: the parents' slots (rule 5: children inherit their
     parent's time) with new ids."""
-    out: I64 = ((as_u64(parent_packed) & SLOT_MASK) | (np.asarray(ids, np.uint64) & ID_MASK)
-                ).view(np.int64)
+    out: I64 = ((as_u64(parent_packed) & SLOT_MASK) | _ids(ids)).view(np.int64)
     return out
 
 
 def unwrap(wrapped: I64, ref_slot: int) -> I64:
-    """Full slots from slots modulo 2**32: the one in [ref - 2**31, ref + 2**31)."""
-    base = ref_slot - SLOT_RANGE
-    out: I64 = base + ((np.asarray(wrapped, np.int64) - base) & np.int64((1 << ID_BITS) - 1))
+    """Full slots from slots modulo 2**32: the ones in [ref - 2**31, ref + 2**31).
+    Refuses results further than HELD_RANGE from ``ref_slot``: that close to the edge
+    a row may have been unwrapped to the wrong cycle."""
+    base = ref_slot - UNWRAP_RANGE
+    out: I64 = base + ((np.asarray(wrapped, np.int64) - base) & np.int64(WRAP_SLOTS - 1))
+    _check_range(out, ref_slot, HELD_RANGE,
+                 "a row held this long, or clocks this far apart, cannot be tracked")
     return out
 
 
@@ -128,7 +150,7 @@ class TimeGroups:
     """Rows grouped by time, once, for XOR-reducing any per-row values (a map's
     receive-acks and its children's send-acks share their rows' times)."""
 
-    times: I64  # distinct (ascending, unless unwrapped across a 2**32-slot wrap)
+    times: I64  # distinct; ascending, except unwrapped ones around a slot = 2**31 mod 2**32
     counts: I64  # rows per time
     starts: npt.NDArray[np.intp]  # where each time's run starts, in grouped order
     order: npt.NDArray[np.intp] | None  # the permutation that groups rows; None: as they are
