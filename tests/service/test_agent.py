@@ -66,6 +66,31 @@ def test_updates_arrive_in_order_and_late_subscriber_gets_current(agent: Agent) 
         assert late.next_update(5) == MinTimeUpdate("mid", 29)
 
 
+def test_submitted_batches_are_applied_in_submission_order(agent: Agent) -> None:
+    """A task submits its batches and waits only at its end; they must still arrive in
+    order: children's send-acks (into mid) before their parents' receipts (out of src).
+    Had a receipt overtaken its children, mid would look empty and its min time would
+    pass a child still in flight (then the late child is refused as behind mid's head)."""
+    agent.register_front(1, "src", 1)
+    with agent.subscribe("mid") as mid, agent.subscribe("src") as src:
+        pending = []
+        for t in range(1, 40):
+            pending.append(agent.submit_batch(
+                BatchKey("q", t, "src", 0), AckBatch.of([send(0, t, 0x10 + t)]),
+                [Heartbeat(1, t + 1)]))
+            pending.append(agent.submit_batch(
+                BatchKey("q", t, "mid", 0), AckBatch.of([send(1, t, 0x100 + t)])))
+            pending.append(agent.submit_batch(
+                BatchKey("q", t, "src-out", 0), AckBatch.of([recv(0, t, 0x10 + t)])))
+        assert all(p.wait() for p in pending)  # each applied once, none refused
+        assert src.wait_for(40, 5).time == 40  # every parent received
+        updates = [mid.next_update(5).time]
+        with pytest.raises(TimeoutError):
+            while True:
+                updates.append(mid.next_update(0.3).time)
+    assert max(updates) == 1  # the child of slot 1 is still in flight
+
+
 def test_async_iterator_and_callback(agent: Agent) -> None:
     agent.register_front(1, "src", 0)
     got: list[MinTimeUpdate] = []

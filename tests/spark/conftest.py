@@ -8,6 +8,7 @@ import os
 import sys
 import threading
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -19,6 +20,16 @@ from lowtide.core.time import TimeGrid
 from lowtide.core.tracker import Tracker, TrackerConfig
 
 PY = sys.executable
+
+
+@dataclass(frozen=True)
+class Applied:
+    """CoreAgent's pending batch: applied at once."""
+
+    applied: bool
+
+    def wait(self) -> bool:
+        return self.applied
 
 
 class CoreAgent:
@@ -45,6 +56,10 @@ class CoreAgent:
             self.keys.add(key)
             self.batches.append((key, acks, tuple(heartbeats)))
             return True
+
+    def submit_batch(self, key: Any, acks: AckBatch, heartbeats: Iterable[Heartbeat] = (),
+                     timeout_s: float = 30.0) -> Applied:
+        return Applied(self.send_batch(key, acks, heartbeats, timeout_s))
 
     def add_acks(self, acks: AckBatch) -> None:
         with self.lock:

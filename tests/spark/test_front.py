@@ -66,7 +66,10 @@ def test_front_labels_acks_logs_and_the_source_completes_it(tmp_path, memory_ref
     batch, times, _acks = read_log_partition(str(tmp_path), part)
     assert batch.column("payload").to_pylist() == [b"a", b"b", b"c"]
     assert times.tolist() == [s0, s0, s0 + 2]
-    (out,) = _log_reader(ref, tmp_path).read(part)  # receives from ingest, sends to parse
+    task = _log_reader(ref, tmp_path).read(part)  # receives from ingest, sends to parse
+    out = next(task)
+    assert [k.segment for k, _a, _h in agent.batches] == ["ingest"]  # sent before the rows
+    assert next(task, None) is None
     mins = agent.step()
     assert mins["ingest"] == s0 + 4 and mins["parse"] == s0  # parse waits for its receiver
     acc = AckAccumulator()  # parse receives what the source sent, by its tracking column

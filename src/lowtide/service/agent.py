@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
 import hashlib
 import itertools
 import json
@@ -110,6 +111,23 @@ class AgentConfig:
         return Agent(url, graph, self)
 
 
+class PendingBatch:
+    """A keyed batch on its way to the tracker (:meth:`Agent.submit_batch`)."""
+
+    def __init__(
+        self,
+        fut: concurrent.futures.Future[bool],
+        result: Callable[[concurrent.futures.Future[bool]], bool],
+    ) -> None:
+        self._fut = fut
+        self._result = result
+
+    def wait(self) -> bool:
+        """Block until the tracker confirmed: True if applied now, False if it had
+        been applied before; raises as :meth:`Agent.send_batch` does."""
+        return self._result(self._fut)
+
+
 class Agent:
     _shared: ClassVar[dict[tuple[str, str], Agent]] = {}
     # Class-wide, and replaced in a forked child (see _fresh_locks): a lock that some
@@ -183,14 +201,19 @@ class Agent:
         self.close()
 
     # ------------------------------------------------------------ blocking calls
-    def _call(self, coro: Awaitable[T], timeout_s: float) -> T:
+    def _spawn(self, coro: Awaitable[T], timeout_s: float) -> concurrent.futures.Future[T]:
         if threading.current_thread() is self._thread:
             raise RuntimeError("blocking agent call on the agent's own thread (from a callback?)")
-        fut = asyncio.run_coroutine_threadsafe(_timed(coro, timeout_s), self._loop)
+        return asyncio.run_coroutine_threadsafe(_timed(coro, timeout_s), self._loop)
+
+    def _result(self, fut: concurrent.futures.Future[T]) -> T:
         try:
             return fut.result()
         except TimeoutError as exc:
             raise TimeoutError(f"{exc} ({self._link.describe()})") from None
+
+    def _call(self, coro: Awaitable[T], timeout_s: float) -> T:
+        return self._result(self._spawn(coro, timeout_s))
 
     def register_front(self, front: int, segment: str, time: int, timeout_s: float = 30.0) -> None:
         """The front feeds source segment ``segment`` with items of slot >= time."""
@@ -213,10 +236,24 @@ class Agent:
         the tracker confirmed (after logging). True if applied now, False if it had
         been applied before (a retry). Raises the core ProtocolError the tracker
         raised, or TimeoutError (then retry with the same key: it is safe)."""
+        return self.submit_batch(key, acks, heartbeats, timeout_s).wait()
+
+    def submit_batch(
+        self,
+        key: BatchKey,
+        acks: AckBatch,
+        heartbeats: Iterable[Heartbeat] = (),
+        timeout_s: float = 30.0,
+    ) -> PendingBatch:
+        """:meth:`send_batch` without waiting: the caller goes on (a Spark task emits
+        its last rows) while the batch travels, and calls ``wait()`` before it may
+        report success. Batches go out in the order they were submitted, after
+        everything submitted or buffered before them; ``timeout_s`` counts from now."""
         self._ensure()
         if key.batch_id < 0:
             raise ValueError(f"batch ids start at 0, got {key.batch_id}")
-        return self._call(self._link.keyed(key, acks, tuple(heartbeats)), timeout_s)
+        fut = self._spawn(self._link.keyed(key, acks, tuple(heartbeats)), timeout_s)
+        return PendingBatch(fut, self._result)
 
     def flush(self, timeout_s: float = 30.0) -> None:
         """Send what the local tracker holds and wait until every earlier request is

@@ -42,7 +42,7 @@ from lowtide.core.acks import root_acks
 from lowtide.core.messages import Heartbeat
 from lowtide.core.time import TimeGrid
 from lowtide.service.clock import wall_ms
-from lowtide.spark.source import FrontPartition, ensure_front, front_key, send_task_batch
+from lowtide.spark.source import FrontPartition, ensure_front, front_key, submit_task_batch
 from lowtide.spark.tracking import TRACK_COL, AckAccumulator, ack_ids, attach, pack, reference_slot
 from lowtide.spark.transport import TrackerRef, connect
 
@@ -280,11 +280,12 @@ class GenStreamReader(DataSourceStreamReader):  # type: ignore[misc]
         packed = pack(times, acks, reference_slot(self.grid))
         acc = AckAccumulator()
         acc.add(self.ref.graph.index(self.segment), times, ack_ids(packed), +1)
-        if len(times):
-            yield attach(batch, packed)
         hb = (Heartbeat(partition.front, int(partition.extra[1])),)
         # key namespace "<source>": the first operator's tasks key on the same segment
-        send_task_batch(self.ref, f"<source>{self.segment}", partition.front, acc, hb)
+        sent = submit_task_batch(self.ref, f"<source>{self.segment}", partition.front, acc, hb)
+        if len(times):
+            yield attach(batch, packed)
+        sent.wait()
 
     def commit(self, end: dict[str, Any]) -> None:
         return None

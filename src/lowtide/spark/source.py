@@ -19,6 +19,7 @@ neither may keep state between calls except through offsets.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,7 +36,14 @@ from lowtide.spark.tracking import (
     pack,
     reference_slot,
 )
-from lowtide.spark.transport import AgentLike, TrackerRef, batch_key, connect, task_identity
+from lowtide.spark.transport import (
+    AgentLike,
+    Pending,
+    TrackerRef,
+    batch_key,
+    connect,
+    task_identity,
+)
 
 try:  # the module must import without pyspark for the pure tests
     from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -76,6 +84,38 @@ def ensure_front(agent: AgentLike, front: int, segment: str, time: int) -> None:
         return
 
 
+@dataclass(frozen=True)
+class TaskBatch:
+    """One task's acks (merged per window) on their way to the tracker."""
+
+    acks: AckBatch
+    pending: Pending | None  # None: nothing to send
+
+    def wait(self) -> None:
+        """Block until the tracker confirmed the batch (rule 6: before the task ends)."""
+        if self.pending is not None:
+            self.pending.wait()
+
+
+def submit_task_batch(
+    ref: TrackerRef,
+    segment: str,
+    partition: int,
+    acc: AckAccumulator,
+    heartbeats: Sequence[Heartbeat] = (),
+) -> TaskBatch:
+    """Submit one task's acks (and heartbeats after them) as one idempotent batch,
+    without waiting. A task submits once its acks are all known, possibly before its
+    last rows are emitted (acks early only keep rows in flight longer), and waits
+    before it ends, so the round trip overlaps the emitting."""
+    acks = acc.build(ref.grid.window_slots)
+    if len(acks) == 0 and not heartbeats:
+        return TaskBatch(acks, None)
+    ident = task_identity()
+    key = batch_key(ident.query, ident.batch_id, segment, partition)
+    return TaskBatch(acks, connect(ref).submit_batch(key, acks, tuple(heartbeats)))
+
+
 def send_task_batch(
     ref: TrackerRef,
     segment: str,
@@ -83,15 +123,10 @@ def send_task_batch(
     acc: AckAccumulator,
     heartbeats: Sequence[Heartbeat] = (),
 ) -> AckBatch:
-    """Send one task's acks (and heartbeats after them) as one idempotent batch;
-    returns the acks (merged per window) it sent."""
-    acks = acc.build(ref.grid.window_slots)
-    if len(acks) == 0 and not heartbeats:
-        return acks
-    ident = task_identity()
-    key = batch_key(ident.query, ident.batch_id, segment, partition)
-    connect(ref).send_batch(key, acks, tuple(heartbeats))
-    return acks
+    """:func:`submit_task_batch` and wait; returns the acks (merged per window) sent."""
+    batch = submit_task_batch(ref, segment, partition, acc, heartbeats)
+    batch.wait()
+    return batch.acks
 
 
 class FrontPartition(InputPartition):  # type: ignore[misc]
@@ -177,8 +212,9 @@ class LogStreamReader(DataSourceStreamReader):  # type: ignore[misc]
         acc = AckAccumulator()
         acc.add(out, times, ack_ids(packed), +1)  # children first: the acks' low 32 bits
         acc.add(ingest, times, acks, -1)
+        sent = submit_task_batch(self.ref, self.ingest, partition.front, acc)
         yield attach(batch, packed)
-        send_task_batch(self.ref, self.ingest, partition.front, acc)
+        sent.wait()
 
     def commit(self, end: dict[str, int]) -> None:
         return None
@@ -209,4 +245,5 @@ __all__ = [
     "parse_fronts",
     "read_log_partition",
     "send_task_batch",
+    "submit_task_batch",
 ]

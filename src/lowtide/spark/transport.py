@@ -24,6 +24,12 @@ from lowtide.core.messages import AckBatch, Heartbeat
 from lowtide.core.time import TimeGrid
 
 
+class Pending(Protocol):
+    """A keyed batch on its way (``lowtide.service.PendingBatch``)."""
+
+    def wait(self) -> bool: ...
+
+
 class AgentLike(Protocol):
     """What the Spark layer needs from ``lowtide.service.Agent``."""
 
@@ -36,6 +42,14 @@ class AgentLike(Protocol):
         heartbeats: Iterable[Heartbeat] = (),
         timeout_s: float = 30.0,
     ) -> Any: ...
+
+    def submit_batch(
+        self,
+        key: Any,
+        acks: AckBatch,
+        heartbeats: Iterable[Heartbeat] = (),
+        timeout_s: float = 30.0,
+    ) -> Pending: ...
 
     def add_acks(self, acks: AckBatch) -> None: ...
 
