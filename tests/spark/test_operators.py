@@ -190,11 +190,16 @@ def test_map_acks_do_not_depend_on_row_order() -> None:
     assert in_order.rows_received == any_order.rows_received == whole.num_rows
 
 
-@pytest.mark.parametrize("layout", ["narrow", "wide runs", "wide shuffled"])
+@pytest.mark.parametrize("layout", ["narrow", "narrow sorted", "medium", "wide runs",
+                                    "wide shuffled"])
 def test_time_groups_match_a_reference(layout: str) -> None:
     rng = np.random.default_rng(3)
     if layout == "narrow":  # a micro-batch after a shuffle: few slots, any order
         times = rng.integers(10**11, 10**11 + 7, 5_000)
+    elif layout == "narrow sorted":  # a source's rows
+        times = np.sort(rng.integers(10**11, 10**11 + 7, 5_000))
+    elif layout == "medium":  # a lagging front's backlog: 16-bit offsets, any order
+        times = rng.integers(10**11, 10**11 + 30_000, 5_000)
     elif layout == "wide runs":  # grouped by time, runs out of order, spanning > 2**16
         times = np.repeat(rng.integers(0, 2**40, 40), 50)
     else:
@@ -258,3 +263,33 @@ def test_the_last_operators_tasks_ack_the_null_sink_after_their_own_batch(
         assert receipts.xor.tolist() == op_acks.xor[sent].tolist()
         assert receipts.count.tolist() == (-op_acks.count[sent]).tolist()
     assert memory_agent.step()["sink"] == hb
+
+
+def test_a_task_submits_its_acks_before_its_last_output_and_waits_at_its_end(
+    memory_agent: CoreAgent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the last input batch is processed every ack is known: the batch travels
+    while the last output goes out, and the task waits for the confirmation only at
+    its end (rule 6), instead of a round trip after its output."""
+    events: list[str] = []
+    submit = memory_agent.submit_batch
+
+    class Recorded:
+        def __init__(self, pending) -> None:
+            self.pending = pending
+
+        def wait(self) -> bool:
+            events.append("wait")
+            return bool(self.pending.wait())
+
+    def recording(key, acks, heartbeats=(), timeout_s=30.0):
+        events.append(f"submit {key.segment}")
+        return Recorded(submit(key, acks, heartbeats, timeout_s))
+
+    batches, _hb = _source_batches(memory_agent)
+    assert len(batches) >= 2
+    monkeypatch.setattr(memory_agent, "submit_batch", recording)
+    for _out in task_function(OPS[0])(iter(batches)):
+        events.append("out")
+    assert events == ["out"] * (len(batches) - 1) + ["submit m", "out", "wait"]
+    assert list(task_function(OPS[0])(iter([]))) == [] and events[-1] == "wait"  # nothing new

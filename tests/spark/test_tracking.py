@@ -18,9 +18,11 @@ from lowtide.spark.tracking import (
     ack_ids,
     as_i64,
     as_u64,
+    child_ids,
     child_index,
     pack,
     slots_of,
+    track_children,
     with_ids,
     xor_by_time,
 )
@@ -128,3 +130,61 @@ def test_grouping_packed_rows_equals_grouping_their_slots(
     got = {int(t): (int(x), int(c)) for t, x, c in
            zip(g.times, g.xor(ack_ids(packed)), g.counts, strict=True)}
     assert got == _reference(slots.tolist(), ack_ids(packed).tolist())
+
+
+@given(st.lists(st.integers(0, 2**32 - 1), unique=True, max_size=300), st.integers(0, 2**32 - 1))
+def test_child_ids_are_distinct_for_distinct_parents_and_never_zero(
+    parents: list[int], salt: int
+) -> None:
+    """A map's or a filter's children (one per parent) never collide in their ids, so a
+    lost child cannot be hidden by a duplicated sibling with the same id; 0 would
+    vanish from the XORs and is never used (the one exception to distinctness)."""
+    p = np.array(parents, np.uint32)
+    c = child_ids(p, salt)
+    assert (c != 0).all()
+    assert len(set(c.tolist())) >= len(parents) - 1  # a bijection, but for 0 -> 1
+    assert np.array_equal(c, child_ids(p.copy(), salt))  # rule 5: a pure function
+    if len(p):
+        assert not np.array_equal(c, child_ids(p, salt ^ 1))
+        assert not np.array_equal(c, child_ids(p, salt, np.ones(len(p), np.int64)))
+
+
+@pytest.mark.parametrize("kind", ["map", "filter", "flat_map"])
+@given(rows=st.lists(st.tuples(st.integers(-6, 6), st.integers(1, 2**32 - 1), st.integers(0, 2)),
+                     max_size=120))
+def test_track_children_equals_a_row_by_row_reference(
+    kind: str, rows: list[tuple[int, int, int]]
+) -> None:
+    """The vectorised kernel of the tracked operators against a plain loop: per slot,
+    the XOR and count of the parents' ids (received) and of the children's ids (sent),
+    and the children's tracking column (their parent's slot, child_ids)."""
+    slots = np.array([NOW_SLOT + d for d, _i, _k in rows], np.int64)
+    packed = pack(slots, np.array([i for _d, i, _k in rows], np.uint64), NOW_SLOT)
+    ids = ack_ids(packed).astype(np.uint32)
+    if kind == "map":
+        children, parents, index = None, list(range(len(rows))), [0] * len(rows)
+    elif kind == "filter":
+        children = np.array([k > 0 for _d, _i, k in rows], bool)
+        parents = [r for r, (_d, _i, k) in enumerate(rows) if k > 0]
+        index = [0] * len(parents)
+    else:
+        parents = [r for r, (_d, _i, k) in enumerate(rows) for _ in range(k)]
+        index = [j for _d, _i, k in rows for j in range(k)]
+        children = np.array(parents, np.int64)
+    acc = AckAccumulator()
+    out = track_children(acc, (0, 1), packed, NOW_SLOT, 77, children)
+    want: dict[tuple[int, int], tuple[int, int]] = {}
+    for s, i in zip(slots.tolist(), ids.tolist(), strict=True):
+        x, c = want.get((0, s), (0, 0))
+        want[(0, s)] = (x ^ i, c - 1)
+    kids = [int(child_ids(np.array([ids[p]], np.uint32), 77, np.array([j]))[0])
+            for p, j in zip(parents, index, strict=True)]
+    for p, k in zip(parents, kids, strict=True):
+        x, c = want.get((1, int(slots[p])), (0, 0))
+        want[(1, int(slots[p]))] = (x ^ k, c + 1)
+    got = acc.build(window_slots=1)
+    assert {(int(g), int(t)): (int(x), int(c)) for g, t, x, c in
+            zip(got.segment, got.time, got.xor, got.count, strict=True)} == want
+    assert slots_of(out, NOW_SLOT).tolist() == [int(slots[p]) for p in parents]
+    assert ack_ids(out).tolist() == kids
+    assert acc.rows_received == len(rows) and acc.rows_sent == len(parents)

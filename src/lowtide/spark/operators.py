@@ -4,15 +4,17 @@ The user function sees the data columns only (the tracking column is split off a
 re-attached). Per input batch, one vectorised pass computes:
 
 * receive-acks of the input rows (input segment, count -1),
-* the children's ack values ``child_acks(parent, operator id, child index)``, which
-  inherit the parent's time (rule 5), and their send-acks (output segment, count +1),
+* the children's 32-bit ack ids ``child_ids(parent id, operator salt, child index)``,
+  which inherit the parent's time (rule 5), and their send-acks (output segment,
+  count +1),
 
-reduced per time by :class:`lowtide.spark.tracking.TimeGroups` (a map groups its rows
+reduced per time by :func:`lowtide.spark.tracking.track_children` (it groups the rows
 by time once for both). Rows carry one tracking column (slot and ack id packed, see
-:mod:`lowtide.spark.tracking`); children copy their parent's slot bits. When the
-task's input is exhausted (its output is complete) it sends ONE idempotent batch keyed
-``(query id, batch id, input segment, partition)`` and waits for the tracker's
-confirmation (rules 2 and 6): the batch holds the children and the receipts together,
+:mod:`lowtide.spark.tracking`); children copy their parent's slot bits. Once the
+task has processed its last input batch (every ack is known) it submits ONE
+idempotent batch keyed ``(query id, batch id, input segment, partition)``, emits its
+last output while the batch travels, and waits for the tracker's confirmation before
+it ends (rules 2 and 6): the batch holds the children and the receipts together,
 applied atomically, so children never trail their parent. The last operator before
 the null sink then also acks that sink's receipts (:func:`ack_null_sink`).
 
@@ -29,29 +31,28 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from functools import cached_property
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-from lowtide.core.acks import child_acks
 from lowtide.core.messages import AckBatch
 from lowtide.spark.sinks import append_trace
-from lowtide.spark.source import send_task_batch
+from lowtide.spark.source import TaskBatch, submit_task_batch
 from lowtide.spark.tracking import (
     TRACK_COL,
     AckAccumulator,
-    TimeGroups,
-    ack_ids,
     attach,
-    child_index,
+    operator_salt,
     reference_slot,
-    with_ids,
+    track_children,
 )
 from lowtide.spark.transport import TrackerRef, task_identity
 
 KINDS = ("map", "flat_map", "filter")
+T = TypeVar("T")
 PARENT_COL = "_parent"
 
 
@@ -83,6 +84,10 @@ class OpRuntime:
     # null sink only: each task appends "<batch> <ack start ns> <confirmed ns> <rows>"
     trace_file: str | None = None
 
+    @cached_property
+    def salt(self) -> int:
+        return operator_salt(self.op_id)
+
 
 def _split(batch: Any) -> tuple[Any, np.ndarray]:
     """(data-only batch, tracking column int64)."""
@@ -112,91 +117,137 @@ def apply_op(rt: OpRuntime, batch: Any, acc: AckAccumulator, in_idx: int, out_id
     """Run the user function on one Arrow batch; record its acks in ``acc`` (slots
     unwrapped against ``ref_slot``)."""
     data, packed = _split(batch)
-    n = len(packed)
-    acks = ack_ids(packed)
-    groups = TimeGroups.of_packed(packed, ref_slot)
-    c_groups = None
+    out, children = _run_fn(rt, data, len(packed))
+    c_packed = track_children(acc, (in_idx, out_idx), packed, ref_slot, rt.salt, children)
+    return attach(out, c_packed)
+
+
+def _run_fn(rt: OpRuntime, data: Any, n: int) -> tuple[Any, np.ndarray | None]:
+    """(output batch, children) of the user function on ``n`` rows: children as
+    :func:`lowtide.spark.tracking.track_children` takes them."""
     if rt.kind == "map":
         out = _as_batch(rt.fn(data))
         if out.num_rows != n:
             raise ValueError(
                 f"map {rt.in_segment!r} returned {out.num_rows} rows for {n}: use flat_map"
             )
-        c_groups = groups  # children inherit their parent's time
-        c_packed = with_ids(packed, child_acks(acks, rt.op_id, np.zeros(n, np.uint64)))
-    elif rt.kind == "filter":
-        mask = rt.fn(data)
-        mask = np.asarray(
-            mask.to_numpy(zero_copy_only=False) if hasattr(mask, "to_numpy") else mask, bool
-        )
-        if mask.shape != (n,):
-            raise ValueError(f"filter {rt.in_segment!r} returned a mask of shape {mask.shape}")
+        return out, None
+    if rt.kind == "filter":
         import pyarrow as pa
 
-        out = data.filter(pa.array(mask, pa.bool_())) if n else data
-        c_packed = with_ids(packed[mask],
-                            child_acks(acks[mask], rt.op_id, np.zeros(int(mask.sum()), np.uint64)))
-    elif rt.kind == "flat_map":
-        res = rt.fn(data)
-        if isinstance(res, tuple):
-            out, parents = _as_batch(res[0]), res[1]
-            parents = np.asarray(
-                parents.to_numpy(zero_copy_only=False) if hasattr(parents, "to_numpy") else parents,
-                np.int64,
-            )
-        else:
-            out = _as_batch(res)
-            if PARENT_COL not in out.schema.names:
-                raise ValueError(f"flat_map {rt.in_segment!r}: return (batch, parents)")
-            i = out.schema.names.index(PARENT_COL)
-            parents = np.asarray(out.column(i).to_numpy(zero_copy_only=False), np.int64)
-            out = out.select([j for j in range(out.num_columns) if j != i])
-        if len(parents) != out.num_rows:
-            raise ValueError(f"flat_map {rt.in_segment!r}: one parent index per output row")
-        if len(parents) and (parents.min() < 0 or parents.max() >= n):
-            raise ValueError(f"flat_map {rt.in_segment!r}: parent index out of range")
-        c_packed = with_ids(packed[parents],
-                            child_acks(acks[parents], rt.op_id, child_index(parents)))
-    else:
+        mask = _numpy(rt.fn(data), bool)
+        if mask.shape != (n,):
+            raise ValueError(f"filter {rt.in_segment!r} returned a mask of shape {mask.shape}")
+        return (data.filter(pa.array(mask, pa.bool_())) if n else data), mask
+    if rt.kind != "flat_map":
         raise ValueError(f"unknown operator kind {rt.kind!r}")
-    if c_groups is None:
-        c_groups = TimeGroups.of_packed(c_packed, ref_slot)
-    acc.add_grouped(out_idx, c_groups, ack_ids(c_packed), +1)
-    acc.add_grouped(in_idx, groups, acks, -1)
-    return attach(out, c_packed)
+    res = rt.fn(data)
+    if isinstance(res, tuple):
+        out, parents = _as_batch(res[0]), _numpy(res[1], np.int64)
+    else:
+        out = _as_batch(res)
+        if PARENT_COL not in out.schema.names:
+            raise ValueError(f"flat_map {rt.in_segment!r}: return (batch, parents)")
+        i = out.schema.names.index(PARENT_COL)
+        parents = _numpy(out.column(i), np.int64)
+        out = out.select([j for j in range(out.num_columns) if j != i])
+    if len(parents) != out.num_rows:
+        raise ValueError(f"flat_map {rt.in_segment!r}: one parent index per output row")
+    if len(parents) and (parents.min() < 0 or parents.max() >= n):
+        raise ValueError(f"flat_map {rt.in_segment!r}: parent index out of range")
+    return out, parents
+
+
+def _numpy(values: Any, dtype: Any) -> np.ndarray:
+    """An Arrow or array-like column as a numpy array of ``dtype``."""
+    if hasattr(values, "to_numpy"):
+        values = values.to_numpy(zero_copy_only=False)
+    return np.asarray(values, dtype)
 
 
 def task_function(rt: OpRuntime) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """The function given to ``DataFrame.mapInArrow``."""
+    """The function given to ``DataFrame.mapInArrow``. It reads one input batch ahead:
+    once the last one is processed every ack is known, so the task's batch goes to the
+    tracker while the last output is emitted, and the task waits for the confirmation
+    only at its end (rule 6)."""
 
     def run(batches: Iterator[Any]) -> Iterator[Any]:
-        from pyspark import TaskContext
-
         graph = rt.ref.graph
         in_idx, out_idx = graph.index(rt.in_segment), graph.index(rt.out_segment)
         acc = AckAccumulator()
         ref_slot = reference_slot(rt.ref.grid)
-        for batch in batches:
-            yield apply_op(rt, batch, acc, in_idx, out_idx, ref_slot)
-        tc = TaskContext.get()
-        partition = tc.partitionId() if tc else 0
-        sent = send_task_batch(rt.ref, rt.in_segment, partition, acc)
-        if rt.null_sink:
-            ack_null_sink(rt, partition, sent, out_idx)
+        sent: list[Waiter] = []
+        for batch, last in marked_last(batches):
+            out = apply_op(rt, batch, acc, in_idx, out_idx, ref_slot)
+            if last:
+                sent = submit_acks(rt, acc, out_idx)
+            yield out
+        for b in sent:
+            b.wait()
 
     return run
 
 
-def ack_null_sink(rt: OpRuntime, partition: int, sent: AckBatch, sink: int) -> None:
-    """The null sink's receipts of what this task sent into it: its rows went to Spark's
+_END = object()
+
+
+def marked_last(items: Iterable[T]) -> Iterator[tuple[T, bool]]:
+    """``(item, is it the last one)``, reading one item ahead.
+
+    >>> list(marked_last("ab")), list(marked_last(""))
+    ([('a', False), ('b', True)], [])
+    """
+    it = iter(items)
+    cur = next(it, _END)
+    while cur is not _END:
+        nxt = next(it, _END)
+        yield cur, nxt is _END  # type: ignore[misc]
+        cur = nxt
+
+
+def submit_acks(rt: OpRuntime, acc: AckAccumulator, out_idx: int) -> list[Waiter]:
+    """Submit the task's batch (children and receipts together, applied atomically, so
+    children never trail their parent: rule 2) and, before the null sink, the sink's
+    receipts after it."""
+    from pyspark import TaskContext
+
+    tc = TaskContext.get()
+    partition = tc.partitionId() if tc else 0
+    sent = submit_task_batch(rt.ref, rt.in_segment, partition, acc)
+    if not rt.null_sink:
+        return [sent]
+    return [sent, ack_null_sink(rt, partition, sent.acks, out_idx)]
+
+
+def ack_null_sink(rt: OpRuntime, partition: int, sent: AckBatch, sink: int) -> Waiter:
+    """The null sink's receipts of what this task sent into it: its rows go to Spark's
     ``noop`` writer in this same task, and nothing is committed there. A keyed batch of
-    their own, after the operator's (children first), so the operator's batch is the
-    same whatever sink follows it, and the sink's rows are counted in the status."""
+    their own, submitted after the operator's (children first), so the operator's
+    batch is the same whatever sink follows it, and the sink's rows are counted in the
+    status."""
     mine = sent.segment == sink
     acc = AckAccumulator()
     acc.add_reduced(sink, sent.time[mine], sent.xor[mine], -sent.count[mine])
-    acc.rows_received = int(sent.count[mine].sum())
     started_ns = time.time_ns()
-    send_task_batch(rt.ref, f"<null>{rt.out_segment}", partition, acc)
+    receipts = submit_task_batch(rt.ref, f"<null>{rt.out_segment}", partition, acc)
     if rt.trace_file and acc.rows_received:
-        append_trace(rt.trace_file, task_identity().batch_id, started_ns, acc.rows_received)
+        return _Traced(receipts, rt.trace_file, started_ns, acc.rows_received)
+    return receipts
+
+
+class Waiter(Protocol):
+    def wait(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class _Traced:
+    """Receipts whose confirmation goes into the sink's trace (benchmarks)."""
+
+    receipts: TaskBatch
+    path: str
+    started_ns: int
+    rows: int
+
+    def wait(self) -> None:
+        self.receipts.wait()
+        append_trace(self.path, task_identity().batch_id, self.started_ns, self.rows)

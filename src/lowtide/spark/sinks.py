@@ -116,7 +116,6 @@ class TrackedForeachBatch:
             x = as_u64(np.array([r[1] for r in rows], np.int64)) & ID_MASK
             n = np.array([r[2] for r in rows], np.int64)
             acc.add_reduced(self.ref.graph.index(self.segment), t, x, -n)
-            acc.rows_received = int(n.sum())
         return acc
 
     def __call__(self, df: Any, batch_id: int) -> None:

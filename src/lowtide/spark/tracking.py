@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from lowtide.core.acks import splitmix64
 from lowtide.core.local import merge_acks
 from lowtide.core.messages import AckBatch
 from lowtide.core.time import TimeGrid
@@ -60,6 +61,7 @@ HELD_RANGE = 3 * UNWRAP_RANGE // 4
 
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]
+U32 = npt.NDArray[np.uint32]
 
 
 def as_u64(values: npt.NDArray[np.int64]) -> U64:
@@ -148,9 +150,13 @@ def slots_of(packed: I64, ref_slot: int) -> I64:
 @dataclass(frozen=True)
 class TimeGroups:
     """Rows grouped by time, once, for XOR-reducing any per-row values (a map's
-    receive-acks and its children's send-acks share their rows' times)."""
+    receive-acks and its children's send-acks share their rows' times).
 
-    times: I64  # distinct; ascending, except unwrapped ones around a slot = 2**31 mod 2**32
+    A micro-batch spans few slots, so each row gets a small code (its offset from the
+    earliest slot, 8 or 16 bits) and numpy's stable sort of those codes is a radix
+    sort: no comparison sort, whatever the order of the rows (they come shuffled)."""
+
+    times: I64  # distinct times present; ascending, except unwrapped ones (of_packed)
     counts: I64  # rows per time
     starts: npt.NDArray[np.intp]  # where each time's run starts, in grouped order
     order: npt.NDArray[np.intp] | None  # the permutation that groups rows; None: as they are
@@ -160,13 +166,25 @@ class TimeGroups:
         t = np.asarray(times, np.int64)
         if len(t) == 0:
             return cls(t, np.empty(0, np.int64), np.empty(0, np.intp), None)
-        order = None
-        if not bool((t[1:] >= t[:-1]).all()):
-            order = _grouping_order(t)
-            t = t[order]
-        starts = np.flatnonzero(np.r_[True, t[1:] != t[:-1]])
+        lo, hi = int(t.min()), int(t.max())
+        if hi - lo >= 1 << 16:  # rows from far apart (a backlog): sort the times themselves
+            order = np.argsort(t, kind="stable")
+            st = t[order]
+            starts = np.flatnonzero(np.concatenate(([True], st[1:] != st[:-1])))
+            counts = np.diff(np.append(starts, len(t))).astype(np.int64)
+            return cls(st[starts], counts, starts, order)
+        codes = (t - lo).astype(np.uint8 if hi - lo < 1 << 8 else np.uint16)
+        order = None if _ascending(codes) else np.argsort(codes, kind="stable")
+        grouped = codes if order is None else codes[order]
+        if hi - lo < 1 << 10:  # where each code's run starts, the last entry the end
+            bounds = np.searchsorted(grouped, np.arange(hi - lo + 2))
+            present = np.flatnonzero(np.diff(bounds))
+            starts = bounds[present]
+        else:
+            starts = np.flatnonzero(np.concatenate(([True], grouped[1:] != grouped[:-1])))
+            present = grouped[starts]
         counts = np.diff(np.append(starts, len(t))).astype(np.int64)
-        return cls(t[starts], counts, starts, order)
+        return cls(lo + present.astype(np.int64), counts, starts.astype(np.intp), order)
 
     @classmethod
     def of_packed(cls, packed: I64, ref_slot: int) -> TimeGroups:
@@ -177,33 +195,98 @@ class TimeGroups:
 
     def xor(self, values: U64) -> U64:
         """XOR of ``values`` (one per row, in the rows' order) per time."""
-        v = np.asarray(values, np.uint64)
+        v = np.asarray(values)
         if len(v) == 0:
-            return np.empty(0, np.uint64)
+            return np.empty(0, v.dtype)
         if self.order is not None:
             v = v[self.order]
         out: U64 = np.bitwise_xor.reduceat(v, self.starts)
         return out
 
-
-def _grouping_order(t: I64) -> npt.NDArray[np.intp]:
-    """A stable permutation sorting ``t``. Shuffled rows of a micro-batch span few slots:
-    sort 16-bit offsets (numpy's stable sort is a radix sort for them), else run ends
-    (rows grouped by time in no particular order), else the times themselves."""
-    lo, hi = int(t.min()), int(t.max())
-    if hi - lo < 1 << 16:
-        out: npt.NDArray[np.intp] = np.argsort((t - lo).astype(np.uint16), kind="stable")
+    def sums(self, values: npt.NDArray[Any]) -> I64:
+        """Sum of ``values`` (one per row) per time."""
+        v = np.asarray(values, np.int64)
+        if self.order is not None:
+            v = v[self.order]
+        out: I64 = np.add.reduceat(v, self.starts) if len(v) else np.empty(0, np.int64)
         return out
-    ends = np.flatnonzero(t[1:] != t[:-1]) + 1
-    if 8 * len(ends) < len(t):  # few runs: order the runs, not the rows
-        starts = np.concatenate(([0], ends))
-        lengths = np.diff(np.append(starts, len(t)))
-        by_run = np.argsort(t[starts], kind="stable")
-        first = np.repeat(starts[by_run] - np.cumsum(lengths[by_run]) + lengths[by_run],
-                          lengths[by_run])
-        grouped: npt.NDArray[np.intp] = np.arange(len(t)) + first
-        return grouped
-    return np.argsort(t, kind="stable")
+
+
+_FMIX1 = np.uint32(0x85EBCA6B)
+_FMIX2 = np.uint32(0xC2B2AE35)
+_GOLDEN32 = np.uint32(0x9E3779B9)
+
+
+def operator_salt(op_id: int) -> int:
+    """An operator's 32-bit salt for :func:`child_ids`."""
+    return int(splitmix64(np.array([op_id], np.uint64))[0] & ID_MASK)
+
+
+def child_ids(parents: U32, salt: int, index: npt.NDArray[np.integer] | None = None) -> U32:
+    """Children's 32-bit ack ids, a pure function of (parent id, operator salt, child
+    index) (rule 5): murmur3's 32-bit finaliser over 32-bit words, a third of the work
+    of two 64-bit splitmix rounds. It is a bijection, so the children of distinct
+    parents (one child each: a map, a filter) are distinct; never 0.
+
+    >>> p = np.array([1, 2, 3], np.uint32)
+    >>> len(set(child_ids(p, 7).tolist())), bool((child_ids(p, 7) == child_ids(p, 8)).any())
+    (3, False)
+    """
+    x = np.bitwise_xor(parents, np.uint32(salt), dtype=np.uint32)
+    if index is not None:
+        x += np.asarray(index).astype(np.uint32) * _GOLDEN32
+    x ^= x >> np.uint32(16)
+    x *= _FMIX1
+    x ^= x >> np.uint32(13)
+    x *= _FMIX2
+    x ^= x >> np.uint32(16)
+    out: U32 = np.maximum(x, np.uint32(1), out=x)
+    return out
+
+
+def track_children(
+    acc: AckAccumulator,
+    segments: tuple[int, int],
+    packed: I64,
+    ref_slot: int,
+    salt: int,
+    children: npt.NDArray[Any] | None = None,
+) -> I64:
+    """Record one input batch of a tracked operator in ``acc``: its rows' receipts out
+    of ``segments[0]`` and their children's send-acks into ``segments[1]``; return the
+    children's tracking column (their parents' slots, :func:`child_ids`).
+
+    ``children``: None, one child per row (a map); a boolean mask, the rows kept (a
+    filter); or indices, the parent row of each child (a flat_map)."""
+    u = as_u64(packed)
+    ids = u.astype(np.uint32)  # the low 32 bits
+    groups = TimeGroups.of_packed(packed, ref_slot)
+    if children is None or children.dtype == np.bool_:
+        child = child_ids(ids, salt)
+        sent = child if children is None else np.where(children, child, np.uint32(0))
+        # receipts' XOR in the high half, children's in the low: one grouping pass
+        both = groups.xor((ids.astype(np.uint64) << np.uint64(ID_BITS)) | sent)
+        kept = groups.counts if children is None else groups.sums(children)
+        acc.add_reduced(segments[0], groups.times, both >> np.uint64(ID_BITS), -groups.counts)
+        some = kept > 0
+        acc.add_reduced(segments[1], groups.times[some], both[some] & ID_MASK, kept[some])
+        c_packed: I64 = ((u & SLOT_MASK) | child).view(np.int64)
+        return c_packed if children is None else c_packed[children]
+    child = child_ids(ids[children], salt, child_index(children))
+    c_packed = ((u[children] & SLOT_MASK) | child).view(np.int64)
+    acc.add_reduced(segments[0], groups.times, groups.xor(ids), -groups.counts)
+    c_groups = TimeGroups.of_packed(c_packed, ref_slot)
+    acc.add_reduced(segments[1], c_groups.times, c_groups.xor(child), c_groups.counts)
+    return c_packed
+
+
+def _ascending(codes: npt.NDArray[np.unsignedinteger[Any]]) -> bool:
+    """Whether ``codes`` never go down; rows after a shuffle rarely do, and a look at
+    the first few tells most of those apart without a pass over all."""
+    head = codes[:16].astype(np.int32)
+    if len(head) > 1 and bool((head[1:] < head[:-1]).any()):
+        return False
+    return bool((codes[1:] >= codes[:-1]).all())
 
 
 def xor_by_time(times: I64, acks: U64) -> tuple[I64, U64, I64]:
@@ -263,20 +346,19 @@ class AckAccumulator:
     def add_grouped(self, segment: int, groups: TimeGroups, acks: U64, sign: int) -> None:
         """Like :meth:`add`, for rows whose times are already grouped."""
         self.add_reduced(segment, groups.times, groups.xor(acks), groups.counts * sign)
-        rows = int(groups.counts.sum())
-        if sign > 0:
-            self.rows_sent += rows
-        else:
-            self.rows_received += rows
 
     def add_reduced(self, segment: int, times: I64, xors: U64, counts: I64) -> None:
-        """Already reduced entries (e.g. from a Spark ``bit_xor`` aggregate)."""
+        """Already reduced entries (e.g. from a Spark ``bit_xor`` aggregate); counts
+        are positive for sends, negative for receipts."""
         if len(times) == 0:
             return
+        c = np.asarray(counts, np.int64)
         self._seg.append(np.full(len(times), segment, np.int32))
         self._time.append(np.asarray(times, np.int64))
         self._xor.append(np.asarray(xors, np.uint64))
-        self._count.append(np.asarray(counts, np.int64))
+        self._count.append(c)
+        self.rows_sent += int(c[c > 0].sum())
+        self.rows_received -= int(c[c < 0].sum())
 
     def __len__(self) -> int:
         return sum(len(s) for s in self._seg)
