@@ -293,3 +293,13 @@ def test_a_task_submits_its_acks_before_its_last_output_and_waits_at_its_end(
         events.append("out")
     assert events == ["out"] * (len(batches) - 1) + ["submit m", "out", "wait"]
     assert list(task_function(OPS[0])(iter([]))) == [] and events[-1] == "wait"  # nothing new
+    # confirm=False (benchmarks only: what the wait costs): submitted, never waited for
+    from dataclasses import replace
+
+    events.clear()
+    unconfirmed = replace(OPS[0], ref=TrackerRef.from_option(replace(REF, confirm=False)
+                                                              .to_option()))
+    assert unconfirmed.ref.confirm is False
+    for _out in task_function(unconfirmed)(iter(batches)):
+        events.append("out")
+    assert events == ["out"] * (len(batches) - 1) + ["submit m", "out"]

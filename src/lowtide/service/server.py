@@ -423,10 +423,13 @@ class TrackerServer:
             return self._send(out)
         if self._wal is not None:
             self._wal.commit(now)
+        # confirmations first: Spark tasks block on them, and they do not need the step
+        self._send(out)
         step = engine.step(now)
         self._history.observe(now, step.updates)
-        self._answer_min_time_at(now, out)
-        self._send(out)
+        answers: Outbox = []
+        self._answer_min_time_at(now, answers)
+        self._send(answers)
         self._publish(step)
         if ticked:
             self._tick(engine, now)

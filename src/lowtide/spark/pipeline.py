@@ -208,6 +208,7 @@ class TrackerHandle:
         state_dir: str | None,
         stuck_after_ms: int,
         freeze_gc: bool = True,
+        confirm: bool = True,
     ) -> None:
         self.graph, self.grid, self.secret = graph, grid, secret
         self.service: Any = None
@@ -225,7 +226,7 @@ class TrackerHandle:
             self.service = TrackerService.start(graph, **kwargs)
             url = self.service.url
         self.url: str = url  # type: ignore[assignment]
-        self.ref = TrackerRef(self.url, graph, grid, secret)
+        self.ref = TrackerRef(self.url, graph, grid, secret, confirm)
         self._agent: Any = None
 
     @property
@@ -398,6 +399,10 @@ class Pipeline:
     ``freeze_gc``: when the embedded tracker starts, ``gc.freeze()`` the objects alive
     in this process, so Python's full collections (which stall the tracker's thread
     with the rest of the process) scan only objects made later; see docs/spark.md.
+    ``confirm=False`` is for measuring only: tasks submit their ack batches and end
+    without waiting for the tracker's confirmation, which breaks rule 6 (a worker that
+    dies right after its task loses the task's acks, and their windows stay stuck).
+    ``lowtide bench spark --variants tracked-unconfirmed`` measures what the wait costs.
     """
 
     def __init__(
@@ -411,6 +416,7 @@ class Pipeline:
         state_dir: str | None = None,
         stuck_after_ms: int = 5_000,
         freeze_gc: bool = True,
+        confirm: bool = True,
     ) -> None:
         self.spark = spark
         self.name = name
@@ -420,6 +426,7 @@ class Pipeline:
         self._state_dir = state_dir
         self._stuck_after_ms = stuck_after_ms
         self._freeze_gc = freeze_gc
+        self._confirm = confirm
         self._source: _Source | None = None
         self._graph: SegmentGraph | None = None
         self._handle: TrackerHandle | None = None
@@ -463,7 +470,8 @@ class Pipeline:
             return self._handle
         self._graph = graph
         self._handle = TrackerHandle(graph, self.grid, self._tracker_url, self._secret,
-                                     self._state_dir, self._stuck_after_ms, self._freeze_gc)
+                                     self._state_dir, self._stuck_after_ms, self._freeze_gc,
+                                     self._confirm)
         return self._handle
 
     @property

@@ -113,7 +113,8 @@ def submit_task_batch(
         return TaskBatch(acks, None)
     ident = task_identity()
     key = batch_key(ident.query, ident.batch_id, segment, partition)
-    return TaskBatch(acks, connect(ref).submit_batch(key, acks, tuple(heartbeats)))
+    pending = connect(ref).submit_batch(key, acks, tuple(heartbeats))
+    return TaskBatch(acks, pending if ref.confirm else None)
 
 
 def send_task_batch(

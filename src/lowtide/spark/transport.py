@@ -64,6 +64,9 @@ class TrackerRef:
     graph: SegmentGraph
     grid: TimeGrid = TimeGrid()
     secret: str | None = None
+    #: tasks wait for the tracker's confirmation of their batches (rule 6); False only
+    #: to measure what the wait costs (see Pipeline)
+    confirm: bool = True
 
     def to_option(self) -> str:
         """Encode as one string (data source options are strings)."""
@@ -74,6 +77,7 @@ class TrackerRef:
             "delta_ms": self.grid.delta_ms,
             "window_slots": self.grid.window_slots,
             "secret": self.secret,
+            "confirm": self.confirm,
         }
         return base64.urlsafe_b64encode(json.dumps(doc).encode()).decode()
 
@@ -86,7 +90,8 @@ class TrackerRef:
             for n, ups in zip(names, doc["inbound"], strict=True)
         ]
         graph = SegmentGraph.of(*specs)
-        return cls(doc["url"], graph, TimeGrid(doc["delta_ms"], doc["window_slots"]), doc["secret"])
+        grid = TimeGrid(doc["delta_ms"], doc["window_slots"])
+        return cls(doc["url"], graph, grid, doc["secret"], doc.get("confirm", True))
 
 
 _factories: dict[str, Callable[[TrackerRef], AgentLike]] = {}
