@@ -240,3 +240,56 @@ def test_a_timeout_says_what_the_connection_is_doing(graph: SegmentGraph) -> Non
         pytest.raises(TimeoutError, match="not connected, 0 connections, last error"),
     ):
         a.register_front(1, "src", 10, timeout_s=1.0)
+
+
+def test_caller_agent_runs_its_loop_in_the_calling_thread(
+    service: TrackerService, graph: SegmentGraph
+) -> None:
+    """Spark tasks use a CallerAgent: no thread of its own, the same contract for
+    calls; a submitted batch goes out at once (the tracker applies it while the caller
+    does other work), and what needs an always-running loop is refused clearly."""
+    from lowtide.service import CallerAgent
+
+    threads = threading.active_count()
+    agent = CallerAgent.connect(service.url, graph)
+    try:
+        assert threading.active_count() == threads
+        agent.register_front(1, "src", 10)
+        key = BatchKey("q", 0, "src", 0)
+        assert agent.send_batch(key, AckBatch.of([send(0, 10, 0xA)]), [Heartbeat(1, 11)])
+        assert agent.send_batch(key, AckBatch.of([send(0, 10, 0xA)])) is False  # a retry
+        pending = agent.submit_batch(BatchKey("q", 0, "mid", 0),
+                                     AckBatch.of([send(1, 10, 0xB), recv(0, 10, 0xA)]))
+        with Agent.connect(service.url, graph) as watcher, watcher.subscribe("src") as src:
+            assert src.wait_for(11, 5).time == 11  # applied before anyone waited for it
+        assert pending.wait() is True
+        assert agent.status()["global_min"] == 10
+        for refused in (lambda: agent.heartbeat(1, 12), lambda: agent.subscribe("sink"),
+                        lambda: agent.add_acks(AckBatch.of([send(0, 12, 1)]))):
+            with pytest.raises(RuntimeError, match="use Agent"):
+                refused()
+    finally:
+        agent.close()
+    assert threading.active_count() == threads
+
+
+def test_caller_agent_reconnects_to_a_restarted_tracker_between_calls(
+    graph: SegmentGraph, tmp_path
+) -> None:
+    """Between calls nobody runs a CallerAgent's loop: a tracker that restarted
+    meanwhile is found gone at the next call, which reconnects and is answered."""
+    from lowtide.service import CallerAgent
+
+    svc = TrackerService.start(graph, state_dir=tmp_path, port=0)
+    port = svc.url.rsplit(":", 1)[1]
+    agent = CallerAgent.connect(svc.url, graph)
+    try:
+        agent.register_front(1, "src", 10)
+        svc.stop()
+        svc = TrackerService.start(graph, state_dir=tmp_path, port=int(port))
+        key = BatchKey("q", 1, "src", 0)
+        assert agent.send_batch(key, AckBatch.of([send(0, 10, 0xA)]), timeout_s=10) is True
+        assert agent.status()["global_min"] == 10
+    finally:
+        agent.close()
+        svc.stop()

@@ -3,7 +3,7 @@
 >>> from lowtide.service import TrackerService, Agent, BatchKey  # the Spark layer's API
 """
 
-from lowtide.service.agent import Agent, AgentConfig, BatchKey, PendingBatch
+from lowtide.service.agent import Agent, AgentConfig, BatchKey, CallerAgent, PendingBatch
 from lowtide.service.embedded import TrackerService
 from lowtide.service.errors import ConnectionLost, ServiceError
 from lowtide.service.server import ServerConfig, TrackerServer
@@ -14,6 +14,7 @@ __all__ = [
     "AgentConfig",
     "AsyncSubscription",
     "BatchKey",
+    "CallerAgent",
     "ConnectionLost",
     "PendingBatch",
     "ServerConfig",

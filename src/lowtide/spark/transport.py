@@ -114,12 +114,22 @@ def connect(ref: TrackerRef) -> AgentLike:
         factory = _factories.get(scheme)
     if factory is not None:
         return factory(ref)
-    from lowtide.service import Agent
+    from lowtide.service import Agent, CallerAgent
 
     text = ref.secret if ref.secret is not None else os.environ.get("LOWTIDE_SECRET")
     secret = text.strip().encode() if text else None
-    agent: AgentLike = Agent.shared(ref.url, ref.graph, secret=secret)
+    # a task only makes calls, and blocks on them: its own thread runs the agent's loop
+    kind = CallerAgent if _in_task() else Agent
+    agent: AgentLike = kind.shared(ref.url, ref.graph, secret=secret)
     return agent
+
+
+def _in_task() -> bool:
+    try:
+        from pyspark import TaskContext
+    except ImportError:
+        return False
+    return TaskContext.get() is not None
 
 
 def batch_key(query: str, batch_id: int, segment: str, partition: int) -> Any:
