@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -17,7 +18,13 @@ from lowtide.spark.generator import (
     initial_offset,
     next_offset,
 )
-from lowtide.spark.operators import OpRuntime, apply_op, operator_id, task_function
+from lowtide.spark.operators import (
+    OpRuntime,
+    apply_op,
+    hold_back,
+    operator_id,
+    task_function,
+)
 from lowtide.spark.tracking import (
     TRACK_COL,
     AckAccumulator,
@@ -265,12 +272,38 @@ def test_the_last_operators_tasks_ack_the_null_sink_after_their_own_batch(
     assert memory_agent.step()["sink"] == hb
 
 
-def test_a_task_submits_its_acks_before_its_last_output_and_waits_at_its_end(
+def test_hold_back_keeps_the_latest_outputs_up_to_its_cap_until_its_callback() -> None:
+    """Nothing is lost or reordered; at most ``cap_bytes`` (at least one output) is
+    held when the callback runs."""
+
+    @dataclass(frozen=True)
+    class Out:
+        name: str
+        nbytes: int
+
+    def run(sizes: list[int], cap: int) -> list[str]:
+        events: list[str] = []
+        outs = (Out(str(i), n) for i, n in enumerate(sizes))
+        for out in hold_back(outs, cap, lambda: events.append("submit")):
+            events.append(out.name)
+        return events
+
+    assert run([5, 5, 5], 100) == ["submit", "0", "1", "2"]
+    assert run([5, 5, 5], 10) == ["0", "submit", "1", "2"]
+    assert run([5, 5, 5], 0) == ["0", "1", "submit", "2"]
+    assert run([50, 5], 10) == ["0", "submit", "1"]
+    assert run([], 10) == ["submit"]
+
+
+def test_a_task_submits_its_acks_before_its_held_outputs_and_waits_at_its_end(
     memory_agent: CoreAgent, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Once the last input batch is processed every ack is known: the batch travels
-    while the last output goes out, and the task waits for the confirmation only at
-    its end (rule 6), instead of a round trip after its output."""
+    while the outputs held back go out, and the task waits for the confirmation only
+    at its end (rule 6), instead of a round trip after its output. Past the byte cap
+    the earliest outputs go out before the batch."""
+    from dataclasses import replace
+
     events: list[str] = []
     submit = memory_agent.submit_batch
 
@@ -291,15 +324,17 @@ def test_a_task_submits_its_acks_before_its_last_output_and_waits_at_its_end(
     monkeypatch.setattr(memory_agent, "submit_batch", recording)
     for _out in task_function(OPS[0])(iter(batches)):
         events.append("out")
+    assert events == ["submit m"] + ["out"] * len(batches) + ["wait"]
+    events.clear()
+    for _out in task_function(replace(OPS[0], hold_output_bytes=1))(iter(batches)):
+        events.append("out")
     assert events == ["out"] * (len(batches) - 1) + ["submit m", "out", "wait"]
     assert list(task_function(OPS[0])(iter([]))) == [] and events[-1] == "wait"  # nothing new
     # confirm=False (benchmarks only: what the wait costs): submitted, never waited for
-    from dataclasses import replace
-
     events.clear()
     unconfirmed = replace(OPS[0], ref=TrackerRef.from_option(replace(REF, confirm=False)
                                                               .to_option()))
     assert unconfirmed.ref.confirm is False
     for _out in task_function(unconfirmed)(iter(batches)):
         events.append("out")
-    assert events == ["out"] * (len(batches) - 1) + ["submit m", "out"]
+    assert events == ["submit m"] + ["out"] * len(batches)

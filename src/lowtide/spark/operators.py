@@ -12,11 +12,12 @@ reduced per time by :func:`lowtide.spark.tracking.track_children` (it groups the
 by time once for both). Rows carry one tracking column (slot and ack id packed, see
 :mod:`lowtide.spark.tracking`); children copy their parent's slot bits. Once the
 task has processed its last input batch (every ack is known) it submits ONE
-idempotent batch keyed ``(query id, batch id, input segment, partition)``, emits its
-last output while the batch travels, and waits for the tracker's confirmation before
-it ends (rules 2 and 6): the batch holds the children and the receipts together,
-applied atomically, so children never trail their parent. The last operator before
-the null sink then also acks that sink's receipts (:func:`ack_null_sink`).
+idempotent batch keyed ``(query id, batch id, input segment, partition)``, emits the
+outputs it held back (up to :data:`HOLD_OUTPUT_BYTES`) while the batch travels, and
+waits for the tracker's confirmation before it ends (rules 2 and 6): the batch holds
+the children and the receipts together, applied atomically, so children never trail
+their parent. The last operator before the null sink then also acks that sink's
+receipts (:func:`ack_null_sink`).
 
 User functions must be deterministic: Spark re-runs tasks and the acks of a re-run
 must equal the first run's.
@@ -31,10 +32,11 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -52,7 +54,8 @@ from lowtide.spark.tracking import (
 from lowtide.spark.transport import TrackerRef, task_identity
 
 KINDS = ("map", "flat_map", "filter")
-T = TypeVar("T")
+# a task holds back up to this much of its output until its batch is submitted
+HOLD_OUTPUT_BYTES = 16 << 20
 PARENT_COL = "_parent"
 
 
@@ -83,6 +86,8 @@ class OpRuntime:
     null_sink: bool = False
     # null sink only: each task appends "<batch> <ack start ns> <confirmed ns> <rows>"
     trace_file: str | None = None
+    # outputs a task holds back until its batch is submitted (see hold_back)
+    hold_output_bytes: int = HOLD_OUTPUT_BYTES
 
     @cached_property
     def salt(self) -> int:
@@ -166,10 +171,10 @@ def _numpy(values: Any, dtype: Any) -> np.ndarray:
 
 
 def task_function(rt: OpRuntime) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """The function given to ``DataFrame.mapInArrow``. It reads one input batch ahead:
-    once the last one is processed every ack is known, so the task's batch goes to the
-    tracker while the last output is emitted, and the task waits for the confirmation
-    only at its end (rule 6)."""
+    """The function given to ``DataFrame.mapInArrow``. It holds back its latest
+    outputs (up to ``rt.hold_output_bytes``): once the input is exhausted every ack is
+    known, so the task's batch goes to the tracker while the held outputs are emitted,
+    and the task waits for the confirmation only at its end (rule 6)."""
 
     def run(batches: Iterator[Any]) -> Iterator[Any]:
         graph = rt.ref.graph
@@ -177,32 +182,33 @@ def task_function(rt: OpRuntime) -> Callable[[Iterator[Any]], Iterator[Any]]:
         acc = AckAccumulator()
         ref_slot = reference_slot(rt.ref.grid)
         sent: list[Waiter] = []
-        for batch, last in marked_last(batches):
-            out = apply_op(rt, batch, acc, in_idx, out_idx, ref_slot)
-            if last:
-                sent = submit_acks(rt, acc, out_idx)
-            yield out
+        outputs = (apply_op(rt, batch, acc, in_idx, out_idx, ref_slot) for batch in batches)
+        yield from hold_back(outputs, rt.hold_output_bytes,
+                             lambda: sent.extend(submit_acks(rt, acc, out_idx)))
         for b in sent:
             b.wait()
 
     return run
 
 
-_END = object()
-
-
-def marked_last(items: Iterable[T]) -> Iterator[tuple[T, bool]]:
-    """``(item, is it the last one)``, reading one item ahead.
-
-    >>> list(marked_last("ab")), list(marked_last(""))
-    ([('a', False), ('b', True)], [])
-    """
-    it = iter(items)
-    cur = next(it, _END)
-    while cur is not _END:
-        nxt = next(it, _END)
-        yield cur, nxt is _END  # type: ignore[misc]
-        cur = nxt
+def hold_back(outputs: Iterable[Any], cap_bytes: int,
+              before_held: Callable[[], None]) -> Iterator[Any]:
+    """Yield ``outputs`` (Arrow batches) holding back the latest, up to ``cap_bytes``
+    (always at least one); once ``outputs`` is exhausted call ``before_held``, then
+    yield the held ones. The confirmation's round trip then overlaps Spark's work on
+    all of them, not on one batch: measured 2-4 points of throughput on 16-byte rows
+    (BENCHMARKS.md, 2026-11-24)."""
+    held: deque[Any] = deque()
+    held_bytes = 0
+    for out in outputs:
+        held.append(out)
+        held_bytes += out.nbytes
+        while held_bytes > cap_bytes and len(held) > 1:
+            first = held.popleft()
+            held_bytes -= first.nbytes
+            yield first
+    before_held()
+    yield from held
 
 
 def submit_acks(rt: OpRuntime, acc: AckAccumulator, out_idx: int) -> list[Waiter]:
