@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
@@ -245,8 +245,6 @@ def test_the_last_operators_tasks_ack_the_null_sink_after_their_own_batch(
     """Before the null sink (Spark's ``noop``, same task) each task of the last operator
     sends its usual batch, then the sink's receipts of exactly what it sent into the
     sink, keyed apart; the sink completes only when every partition's task has."""
-    from dataclasses import replace
-
     import pyspark
 
     partition = [0]
@@ -302,7 +300,6 @@ def test_a_task_submits_its_acks_before_its_held_outputs_and_waits_at_its_end(
     while the outputs held back go out, and the task waits for the confirmation only
     at its end (rule 6), instead of a round trip after its output. Past the byte cap
     the earliest outputs go out before the batch."""
-    from dataclasses import replace
 
     events: list[str] = []
     submit = memory_agent.submit_batch

@@ -196,7 +196,7 @@ def hold_back(outputs: Iterable[Any], cap_bytes: int,
     """Yield ``outputs`` (Arrow batches) holding back the latest, up to ``cap_bytes``
     (always at least one); once ``outputs`` is exhausted call ``before_held``, then
     yield the held ones. The confirmation's round trip then overlaps Spark's work on
-    all of them, not on one batch: measured 2-4 points of throughput on 16-byte rows
+    all of them, not on one batch: measured 4-7 points of throughput on 16-byte rows
     (BENCHMARKS.md, 2026-11-24)."""
     held: deque[Any] = deque()
     held_bytes = 0
