@@ -1,7 +1,58 @@
-"""Suite-wide settings. Tests assert behaviour, never speed: Hypothesis's per-example
-deadline is off (a loaded CI machine made a 50 ms example take 260 ms)."""
+"""Suite-wide settings and fixtures.
 
+Tests assert behaviour, never speed: Hypothesis's per-example deadline is off (a loaded
+CI machine made a 50 ms example take 260 ms). Tests that need Spark share ONE
+SparkSession for the whole run (local[2], small shuffles, no UI)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
 from hypothesis import settings
 
 settings.register_profile("lowtide", deadline=None)
 settings.load_profile("lowtide")
+
+PY = sys.executable
+
+
+def pytest_collection_modifyitems(items: list[Any]) -> None:
+    """Test modules are not importable on Spark's Python workers: ship the functions
+    they define (and the helpers they use) by value."""
+    try:
+        from pyspark import cloudpickle
+    except ImportError:
+        return
+    for name, mod in list(sys.modules.items()):
+        if name == "tests" or not name.startswith("tests."):
+            continue
+        if getattr(mod, "__file__", None) and not name.endswith(".conftest"):
+            cloudpickle.register_pickle_by_value(mod)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    os.environ["PYSPARK_PYTHON"] = PY
+    os.environ["PYSPARK_DRIVER_PYTHON"] = PY
+    pyspark_sql = pytest.importorskip("pyspark.sql")
+    session = (
+        pyspark_sql.SparkSession.builder.master("local[2,4]")
+        .appName("lowtide-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.driver.memory", "1g")
+        .config("spark.sql.streaming.stopTimeout", "30s")
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.driver.extraJavaOptions", "-Xss32m")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    try:
+        yield session
+    finally:
+        session.stop()

@@ -1,27 +1,35 @@
 """lowtide: exact progress tracking for streaming pipelines.
 
-``lowtide.Front`` and ``lowtide.Pipeline`` are loaded on first use, so the core
+``lowtide.Pipeline`` describes a tracked PySpark pipeline, ``lowtide.Front`` labels
+records where they enter; see docs/spark.md. Both load on first use, so the core
 imports without pyspark.
 """
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["Front", "Pipeline"]
 
-_LAZY = {
-    "Front": ("lowtide.spark.front", "Front"),
-    "Pipeline": ("lowtide.spark.pipeline", "Pipeline"),
-}
 
+def lazy_exports(package: str, table: dict[str, str]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` that imports ``name`` from ``table[name]`` on first use
+    (and keeps it), so importing a package costs only what is used."""
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        module, attr = _LAZY[name]
-        value = getattr(importlib.import_module(module), attr)
-        globals()[name] = value
+    def __getattr__(name: str) -> Any:
+        if name not in table:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        module = importlib.import_module(package)
+        value = getattr(importlib.import_module(table[name]), name)
+        setattr(module, name, value)
         return value
-    raise AttributeError(f"module 'lowtide' has no attribute {name!r}")
+
+    return __getattr__
+
+
+__getattr__ = lazy_exports(__name__, {
+    "Front": "lowtide.spark.sources.front",
+    "Pipeline": "lowtide.spark.pipeline.builder",
+})

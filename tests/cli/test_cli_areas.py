@@ -25,3 +25,18 @@ def test_an_area_missing_its_dependency_is_named_with_its_extra() -> None:
     epilog = out.stdout.splitlines()[0]
     assert "lowtide[service]" in epilog and "'rich'" in epilog
     assert "Traceback" not in out.stderr
+
+
+def test_every_command_has_a_handler() -> None:
+    """Each command and benchmark the CLI lists runs something (none only prints help)."""
+    from lowtide.cli import build_parser
+
+    parser = build_parser()
+    top = next(a for a in parser._actions if a.dest == "command")
+    commands = [[name] for name in top.choices if name not in ("bench", "spark")]
+    bench = top.choices["bench"]._actions[-1].choices
+    commands += [["bench", name] for name in bench]
+    commands += [["spark", name] for name in top.choices["spark"]._actions[-1].choices]
+    assert ["bench", "spark"] in commands and ["serve"] in commands
+    for argv in commands:
+        assert callable(getattr(parser.parse_args(argv), "handler", None)), argv

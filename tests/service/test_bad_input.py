@@ -3,12 +3,10 @@ everyone else keeps being served. Also authentication and limits."""
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from raw import RawClient
 
 from lowtide.core.errors import (
     AckBehindHead,
@@ -22,9 +20,9 @@ from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import Ack, AckBatch, Heartbeat
 from lowtide.service import Agent, BatchKey, ServiceError, TrackerService
 from lowtide.service.auth import load_secret
-from lowtide.service.cli import register, run_serve
 from lowtide.service.errors import ConnectionLost
 from lowtide.service.net import Limits, StreamChannel
+from lowtide.service.standalone import main as serve_main
 from lowtide.wire.frames import HEADER
 from lowtide.wire.messages import (
     Batch,
@@ -36,6 +34,7 @@ from lowtide.wire.messages import (
     StatusRequest,
     Welcome,
 )
+from tests.service.raw import RawClient
 
 pytestmark = pytest.mark.socket
 
@@ -187,10 +186,7 @@ def test_unauthenticated_raw_peer_cannot_skip_the_challenge(secured: TrackerServ
 
 def test_non_loopback_bind_needs_a_secret(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("LOWTIDE_SECRET", raising=False)
-    parser = argparse.ArgumentParser()
-    register(parser.add_subparsers(), argparse.ArgumentParser().add_subparsers())
-    args = parser.parse_args(["serve", "--host", "0.0.0.0"])
-    assert run_serve(args) == 2
+    assert serve_main(["--host", "0.0.0.0"]) == 2
     monkeypatch.setenv("LOWTIDE_SECRET", "short")
     with pytest.raises(ValueError, match="at least"):
         load_secret()

@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from raw import RawClient
-from test_wire import SAMPLES
 
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import AckBatch, Heartbeat, MinTimeUpdate
 from lowtide.service import Agent, BatchKey, Subscription, TrackerService
 from lowtide.wire import WireError, decode, encode, frame
 from lowtide.wire.messages import Batch, FrontOp, GraphSpec, Message, graph_spec
+from tests.service.raw import RawClient
+from tests.wire.test_wire import SAMPLES
 
 pytestmark = pytest.mark.socket
 

@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from procs import consumer, graph, produced, producer, serve, write_graph
-from raw import RawClient
 
 from lowtide.core.messages import Ack, AckBatch, Heartbeat, MinTimeUpdate
 from lowtide.service import Agent, BatchKey, TrackerService
 from lowtide.service.persist import StateDirInUse
 from lowtide.wire.frames import HEADER
 from lowtide.wire.messages import Error, ErrorCode, FrontOp, Welcome
+from tests.service.procs import consumer, graph, produced, producer, serve, write_graph
+from tests.service.raw import RawClient
 
 pytestmark = pytest.mark.socket
 

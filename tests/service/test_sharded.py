@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from procs import consumed, consumer, graph, produced, producer, serve, write_graph
-from raw import RawClient
 
 from lowtide.core.messages import Ack, AckBatch, Heartbeat, MinTimeUpdate
 from lowtide.service import Agent, BatchKey
-from lowtide.service.agent import stream_time
+from lowtide.service.batches import stream_time
 from lowtide.wire.messages import Batch, Ok, Welcome
+from tests.service.procs import consumed, consumer, graph, produced, producer, serve, write_graph
+from tests.service.raw import RawClient
 
 pytestmark = pytest.mark.socket
 

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from rich.console import Console
 
+from lowtide.bench.service import GRAPH, server
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import AckBatch
 from lowtide.core.time import TimeGrid
 from lowtide.service import Agent, BatchKey, TrackerService
-from lowtide.service.bench import GRAPH, server
 from lowtide.service.metrics import ServerMetrics
 from lowtide.service.progress import RowRates, stalled_fronts
 from lowtide.service.status import render
@@ -119,7 +119,7 @@ def test_status_counts_rows_and_rates_them(graph: SegmentGraph) -> None:
         line = next(ln for ln in shown.splitlines() if ln.lstrip("│ ").startswith("sink"))
         assert float(line.split("│")[4].replace(",", "")) > 0, shown  # the rows/s column
         raw = subprocess.run(
-            [sys.executable, "-m", "lowtide.service.cli", "status", "--url", svc.url, "--json"],
+            [sys.executable, "-m", "lowtide.cli", "status", "--url", svc.url, "--json"],
             capture_output=True,
             text=True,
             timeout=60,
@@ -143,7 +143,7 @@ def test_status_names_the_front_whose_heartbeats_stop(graph: SegmentGraph) -> No
         rows = {ln.split("│")[1].strip(): ln for ln in shown.splitlines() if "│ src" in ln}
         assert "STALLED" in rows["1"] and "STALLED" not in rows["0"], shown
         cli = subprocess.run(
-            [sys.executable, "-m", "lowtide.service.cli", "status", "--url", svc.url, "--once"],
+            [sys.executable, "-m", "lowtide.cli", "status", "--url", svc.url, "--once"],
             capture_output=True,
             text=True,
             timeout=60,

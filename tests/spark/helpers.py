@@ -1,10 +1,11 @@
-"""Checks shared by the end-to-end Spark tests."""
+"""Helpers shared by the Spark tests: an in-process agent on the core tracker, and the
+end-to-end checks."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,7 +13,66 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lowtide.spark.generator import GeneratorSpec, rows_before
+from lowtide.core.graph import SegmentGraph
+from lowtide.core.messages import AckBatch, Heartbeat, RegisterFront
+from lowtide.core.time import TimeGrid
+from lowtide.core.tracker import Tracker, TrackerConfig
+from lowtide.spark.sources.generator import GeneratorSpec, rows_before
+
+
+@dataclass(frozen=True)
+class Applied:
+    """CoreAgent's pending batch: applied at once."""
+
+    applied: bool
+
+    def wait(self) -> bool:
+        return self.applied
+
+
+class CoreAgent:
+    """An agent that applies straight to a core Tracker (no network): for pure tests
+    of what the Spark layer sends. Keys are deduplicated as the service does."""
+
+    def __init__(self, graph: SegmentGraph, grid: TimeGrid | None = None) -> None:
+        self.graph = graph
+        self.tracker: Tracker = TrackerConfig(graph, grid or TimeGrid()).build()
+        self.keys: set[Any] = set()
+        self.batches: list[tuple[Any, AckBatch, tuple[Heartbeat, ...]]] = []
+        self.lock = threading.Lock()
+
+    def register_front(self, front: int, segment: str, time: int) -> None:
+        with self.lock:
+            self.tracker.register_front(RegisterFront(front, segment, time))
+
+    def send_batch(self, key: Any, acks: AckBatch, heartbeats: Iterable[Heartbeat] = (),
+                   timeout_s: float = 30.0) -> bool:
+        with self.lock:
+            if key in self.keys:
+                return False
+            self.tracker.apply_flush(acks, tuple(heartbeats))
+            self.keys.add(key)
+            self.batches.append((key, acks, tuple(heartbeats)))
+            return True
+
+    def submit_batch(self, key: Any, acks: AckBatch, heartbeats: Iterable[Heartbeat] = (),
+                     timeout_s: float = 30.0) -> Applied:
+        return Applied(self.send_batch(key, acks, heartbeats, timeout_s))
+
+    def add_acks(self, acks: AckBatch) -> None:
+        with self.lock:
+            self.tracker.apply(acks)
+
+    def heartbeat(self, front: int, time: int) -> None:
+        with self.lock:
+            self.tracker.heartbeat(Heartbeat(front, time))
+
+    def step(self) -> dict[str | None, int]:
+        with self.lock:
+            self.tracker.step(0)
+            out: dict[str | None, int] = {n: self.tracker.min_time(n) for n in self.graph.names}
+            out[None] = self.tracker.min_time(None)
+            return out
 
 
 @dataclass

@@ -8,9 +8,12 @@ import importlib
 import pytest
 
 
-@pytest.mark.parametrize(
-    "module", ["lowtide.spark.tracking", "lowtide.spark.ingest", "lowtide.spark.generator"]
-)
+@pytest.mark.parametrize("module", [
+    "lowtide.spark.tracking.column",
+    "lowtide.spark.sources.ingest",
+    "lowtide.spark.sources.generator",
+    "lowtide.spark.operators.windows",
+])
 def test_docstring_examples(module: str) -> None:
     result = doctest.testmod(importlib.import_module(module))
     assert result.attempted > 0 and result.failed == 0

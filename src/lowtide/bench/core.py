@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lowtide.bench import walkthrough
 from lowtide.core.acks import child_acks, root_acks
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import AckBatch, Flush, Heartbeat, RegisterFront
@@ -132,11 +131,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def register(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_arguments(bench.add_parser("core", help="ack entries/s and per-batch latency of the core"))
-    walkthrough.add_arguments(
-        sub.add_parser(
-            "walkthrough", help="walk through the tracker on a simulated pipeline (no Spark)"
-        )
-    )
 
 
 if __name__ == "__main__":

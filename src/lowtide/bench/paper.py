@@ -42,9 +42,9 @@ class SubBench:
 
 SUB_BENCHES: tuple[SubBench, ...] = (
     SubBench("sim", "lowtide.bench.sim"),
-    SubBench("rr", "lowtide.spark.rr_report"),
-    SubBench("capacity", "lowtide.service.capacity"),
-    SubBench("sweep", "lowtide.spark.sweep"),
+    SubBench("rr", "lowtide.bench.rr_report"),
+    SubBench("capacity", "lowtide.bench.capacity"),
+    SubBench("sweep", "lowtide.bench.sweep"),
 )
 
 

@@ -21,80 +21,24 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import contextlib
-import hashlib
-import itertools
-import json
 import logging
 import os
 import secrets
 import threading
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, NoReturn, Protocol, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from lowtide.core.graph import SegmentGraph
-from lowtide.core.local import LocalTrackerConfig, merge_acks
-from lowtide.core.messages import AckBatch, Flush, Heartbeat, MinTimeUpdate, NodeTime
-from lowtide.core.sharding import ShardLayout, ShardRouter
-from lowtide.core.time import TimeGrid
-from lowtide.service.auth import nonce
-from lowtide.service.clock import SystemClock
-from lowtide.service.errors import ServiceError, exception_of
-from lowtide.service.lane import Lane, LaneConfig, Reply
-from lowtide.service.subscribe import AsyncSubscription, Forward, Subscription
-from lowtide.wire.messages import (
-    WIRE_VERSION,
-    Batch,
-    Error,
-    FrontOp,
-    Hello,
-    Message,
-    MinTimeAt,
-    MinTimeAtReply,
-    Notify,
-    Ok,
-    Role,
-    Status,
-    StatusRequest,
-    Subscribe,
-    Unsubscribe,
-    Welcome,
-    graph_spec,
-)
+from lowtide.core.messages import AckBatch, Heartbeat, MinTimeUpdate
+from lowtide.service.batches import BatchKey, Outcome, PendingBatch
+from lowtide.service.lane import LaneConfig
+from lowtide.service.link import Link, timed
+from lowtide.service.subscribe import AsyncSubscription, Subscription
 
 log = logging.getLogger("lowtide.service.agent")
 
 T = TypeVar("T")
-T_co = TypeVar("T_co", covariant=True)
-
-
-@dataclass(frozen=True)
-class BatchKey:
-    """Rule 6: what a Spark task's ack batch is known by. No attempt number: every
-    attempt of a task sends the same acks under the same key."""
-
-    query: str
-    batch_id: int
-    segment: str
-    partition: int
-
-    def text(self) -> str:
-        return json.dumps([self.query, self.batch_id, self.segment, self.partition])
-
-
-def stream_time(key: BatchKey, min_time: int) -> NodeTime:
-    """The node time of a keyed batch in a sharded deployment (rule 8).
-
-    Each (query, segment, partition) is a node of its own whose counter is the batch
-    id + 1: every attempt of a batch, from any process, then carries the same node
-    time, so a batch that one attempt got to some shards and a retry to the others
-    completes, and the node count stays that of the streams. It needs batch ids of a
-    stream to arrive in increasing order, as Spark's micro-batches do; a shard refuses
-    one that comes after a later one."""
-    stream = json.dumps([key.query, key.segment, key.partition]).encode()
-    node = int.from_bytes(hashlib.blake2b(stream, digest_size=8).digest(), "little") >> 1
-    return NodeTime(node, key.batch_id + 1, min_time)
 
 
 @dataclass(frozen=True)
@@ -110,25 +54,6 @@ class AgentConfig:
 
     def build(self, url: str, graph: SegmentGraph) -> Agent:
         return Agent(url, graph, self)
-
-
-class Outcome(Protocol[T_co]):
-    """A call under way (a ``concurrent.futures.Future``, or a caller-driven task)."""
-
-    def result(self) -> T_co: ...
-
-
-class PendingBatch:
-    """A keyed batch on its way to the tracker (:meth:`Agent.submit_batch`)."""
-
-    def __init__(self, fut: Outcome[bool], result: Callable[[Outcome[bool]], bool]) -> None:
-        self._fut = fut
-        self._result = result
-
-    def wait(self) -> bool:
-        """Block until the tracker confirmed: True if applied now, False if it had
-        been applied before; raises as :meth:`Agent.send_batch` does."""
-        return self._result(self._fut)
 
 
 class Agent:
@@ -167,7 +92,7 @@ class Agent:
         self._pid = os.getpid()
         self.session = secrets.randbits(62) + 1
         self._loop = asyncio.new_event_loop()
-        self._link = _Link(self, self.session)
+        self._link = Link(self, self.session)
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="lowtide-agent", daemon=True
         )
@@ -211,7 +136,7 @@ class Agent:
     def _spawn(self, coro: Awaitable[T], timeout_s: float) -> Outcome[T]:
         if threading.current_thread() is self._thread:
             raise RuntimeError("blocking agent call on the agent's own thread (from a callback?)")
-        return asyncio.run_coroutine_threadsafe(_timed(coro, timeout_s), self._loop)
+        return asyncio.run_coroutine_threadsafe(timed(coro, timeout_s), self._loop)
 
     def _result(self, fut: Outcome[T]) -> T:
         try:
@@ -342,357 +267,11 @@ def _fresh_locks() -> None:
 os.register_at_fork(after_in_child=_fresh_locks)
 
 
-class CallerAgent(Agent):
-    """An agent without a thread of its own: the calling thread runs its event loop,
-    during each call. A round trip then wakes one thread (the caller) instead of two
-    (the agent's thread, then the caller); on a loaded machine each wake-up may wait
-    for a core, and a Spark task blocks on such a round trip before it ends (rule 6).
-    Measured in one A/B run of ``lowtide bench spark``'s pipeline: 1.6 points of
-    throughput. For processes that only make calls: keyed batches (:meth:`send_batch`,
-    and :meth:`submit_batch`, whose request goes out at once), front operations,
-    status and min-time queries, from one thread at a time (others wait), never from
-    inside a running asyncio loop. Buffered acks, heartbeats and subscriptions need a
-    loop that always runs: they are refused here (use :class:`Agent`)."""
-
-    _shared: ClassVar[dict[tuple[str, str], Agent]] = {}
-
-    def _boot(self) -> None:
-        self._pid = os.getpid()
-        self.session = secrets.randbits(62) + 1
-        self._loop = asyncio.new_event_loop()
-        self._link = _Link(self, self.session)
-        self._thread = None  # type: ignore[assignment]
-        self._lock = threading.Lock()
-        self._loop.call_soon(self._link.start)
-
-    def _spawn(self, coro: Awaitable[T], timeout_s: float) -> Outcome[T]:
-        with self._lock:
-            task = self._loop.create_task(_timed(coro, timeout_s))
-            # a few turns of the loop: a connected agent writes the request now
-            self._loop.run_until_complete(_turns(3))
-        return _Driven(self._loop, self._lock, task)
-
-    def close(self, timeout_s: float = 5.0) -> None:
-        if os.getpid() != self._pid or self._loop.is_closed():
-            return
-        try:
-            self._call(self._link.flush_all(), timeout_s)
-        except Exception as exc:  # closing must not fail
-            log.warning("close: unflushed acks", extra={"reason": repr(exc)})
-        with self._lock:
-            with contextlib.suppress(Exception):
-                self._loop.run_until_complete(asyncio.wait_for(self._link.close(), timeout_s))
-            self._loop.close()
-        self._forget()
-
-    def _refuse(self, what: str) -> NoReturn:
-        raise RuntimeError(f"{what} needs an agent whose loop always runs: use Agent, "
-                           "not CallerAgent (it runs only during calls)")
-
-    def add_acks(self, acks: AckBatch) -> None:
-        self._refuse("add_acks")
-
-    def heartbeat(self, front: int, time: int) -> None:
-        self._refuse("heartbeat")
-
-    def subscribe(self, segment: str | None = None, timeout_s: float = 30.0) -> Subscription:
-        self._refuse("subscribe")
-
-    async def subscribe_async(self, segment: str | None = None) -> AsyncSubscription:
-        self._refuse("subscribe_async")
-
-    def on_update(
-        self, callback: Callable[[MinTimeUpdate], None], segment: str | None = None
-    ) -> Callable[[], None]:
-        self._refuse("on_update")
-
-
-class _Driven(Generic[T]):
-    """A CallerAgent's call under way: :meth:`result` runs the loop until it is done."""
-
-    def __init__(
-        self, loop: asyncio.AbstractEventLoop, lock: threading.Lock, task: asyncio.Task[T]
-    ) -> None:
-        self._loop, self._lock, self._task = loop, lock, task
-
-    def result(self) -> T:
-        with self._lock:
-            return self._loop.run_until_complete(self._task)
-
-
-async def _turns(n: int) -> None:
-    for _ in range(n):
-        await asyncio.sleep(0)
-
-
 @atexit.register
 def _close_shared() -> None:
     """Flush the process's shared agents on the way out: what ``add_acks`` buffered in
     the last milliseconds would otherwise die with the daemon thread."""
     with Agent._shared_lock:
-        agents = [*Agent._shared.values(), *CallerAgent._shared.values()]
+        agents = [a for cls in (Agent, *Agent.__subclasses__()) for a in cls._shared.values()]
     for agent in agents:
         agent.close(timeout_s=2.0)
-
-
-async def _timed(coro: Awaitable[T], timeout_s: float) -> T:
-    try:
-        return await asyncio.wait_for(coro, timeout_s)
-    except TimeoutError:
-        raise TimeoutError(f"no answer from the tracker within {timeout_s} s") from None
-
-
-def _check(reply: Reply) -> Reply:
-    if isinstance(reply, Error):
-        raise exception_of(reply)
-    return reply
-
-
-class _Link:
-    """The agent's loop-side state: local tracker, lanes, subscriptions."""
-
-    def __init__(self, agent: Agent, session: int) -> None:
-        self.agent = agent
-        self.session = session
-        self.clock = SystemClock()
-        self._reqs = itertools.count(1)
-        self._local_config = LocalTrackerConfig(
-            TimeGrid(window_slots=1), agent.config.max_age_ms, agent.config.max_entries
-        )
-        self.local = self._local_config.build(session)
-        self.main: Lane | None = None
-        self.shards: list[Lane] = []
-        self.router: ShardRouter | None = None
-        self.layout: ShardLayout | None = None
-        self.ready = asyncio.Event()
-        self.refused: ServiceError | None = None
-        self._changed = asyncio.Event()  # set on each welcome or refusal of the main lane
-        self._subs: dict[int, Forward] = {}
-        self._inflight: set[asyncio.Future[Reply]] = set()
-        self._errors: list[Exception] = []
-        self._timer: asyncio.TimerHandle | None = None
-
-    def start(self) -> None:
-        self.main = self._lane(self.agent.url, self._on_welcome)
-        self.main.start()
-
-    def describe(self) -> str:
-        lanes = [*([self.main] if self.main else []), *self.shards]
-        return "; ".join(lane.describe() for lane in lanes) or "not started"
-
-    def _lane(self, url: str, on_welcome: Callable[[Welcome], None]) -> Lane:
-        config = self.agent.config.lane()
-        return Lane(url, self._hello, config, on_welcome, self._on_push, self._on_refused)
-
-    def _on_refused(self, exc: ServiceError) -> None:
-        self.refused = exc
-        self._changed.set()
-
-    async def _ready(self) -> None:
-        """Wait for the first welcome; raise why the server refused us, if it did."""
-        while not self.ready.is_set():
-            if self.refused is not None:
-                raise self.refused
-            self._changed.clear()
-            await self._changed.wait()
-
-    def _hello(self) -> Hello:
-        name = self.agent.config.name or f"agent-{os.getpid()}"
-        return Hello(WIRE_VERSION, Role.AGENT, nonce(), name, graph_spec(self.agent.graph))
-
-    async def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        for lane in [*self.shards, *([self.main] if self.main else [])]:
-            await lane.close()
-
-    # ------------------------------------------------------------ topology
-    def _on_welcome(self, welcome: Welcome) -> None:
-        self.refused = None
-        self._changed.set()
-        if self.ready.is_set():
-            self._retarget(welcome.shards)
-            return
-        if welcome.shards:
-            self.layout = ShardLayout(len(welcome.shards), welcome.window_slots)
-            self.router = ShardRouter(self.layout, self.session)
-            self.shards = [self._lane(url, lambda _w: None) for url in welcome.shards]
-            for lane in self.shards:
-                lane.start()
-        self.ready.set()
-        # Acks buffered before we knew the server's window size were merged per slot;
-        # send them as they are, then merge by the server's windows from now on.
-        self._send_flush(self.local.flush())
-        grid = TimeGrid(welcome.delta_ms, welcome.window_slots)
-        self._local_config = LocalTrackerConfig(
-            grid, self._local_config.max_age_ms, self._local_config.max_entries
-        )
-        self.local = self._local_config.build(self.session)
-
-    def _retarget(self, urls: tuple[str, ...]) -> None:
-        """A restarted coordinator may have started its shards on other ports: send
-        there from now on (shard k is still shard k, with its state and dedup)."""
-        if len(urls) != len(self.shards):
-            log.error("shard count changed: restart the agent", extra={"shards": urls})
-            return
-        for lane, url in zip(self.shards, urls, strict=True):
-            lane.url = url
-
-    def _state_lanes(self) -> list[Lane]:
-        assert self.main is not None
-        return self.shards or [self.main]
-
-    # ------------------------------------------------------------ local tracker
-    def add_acks(self, acks: AckBatch) -> None:
-        self.local.add_acks(acks, self.clock.now_ms())
-        self._poll()
-
-    def add_heartbeat(self, hb: Heartbeat) -> None:
-        try:
-            self.local.add_heartbeat(hb, self.clock.now_ms())
-        except ValueError as exc:
-            self._errors.append(exc)
-            return
-        self._poll()
-
-    def _poll(self) -> None:
-        if not self.ready.is_set():
-            return
-        self._send_flush(self.local.poll(self.clock.now_ms()))
-        deadline = self.local.next_deadline_ms()
-        if deadline is not None and self._timer is None:
-            delay = max(0, deadline - self.clock.now_ms()) / 1000
-            self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
-
-    def _on_timer(self) -> None:
-        self._timer = None
-        self._poll()
-
-    def _send_flush(self, flush: Flush | None) -> None:
-        if flush is None:
-            return
-        if self.router is None:
-            batch = self._batch("", flush.acks, flush.heartbeats)
-            self._submit(self._state_lanes()[0], batch, background=True)
-            return
-        for part in self.router.route(flush):
-            batch = self._batch("", part.acks, part.heartbeats, part.node_time)
-            self._submit(self.shards[part.shard], batch, background=True)
-
-    def _batch(
-        self, key: str, acks: AckBatch, hbs: tuple[Heartbeat, ...], nt: NodeTime | None = None
-    ) -> Batch:
-        return Batch(next(self._reqs), self.session, key, acks, hbs, nt)
-
-    def _submit(
-        self, lane: Lane, msg: Batch | FrontOp, background: bool = False
-    ) -> asyncio.Future[Reply]:
-        """Send ``msg``; ``background``: nobody awaits the reply, so an error is kept
-        for the next :meth:`flush_all` to raise."""
-        fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-        self._inflight.add(fut)
-        fut.add_done_callback(self._inflight.discard)
-        if background:
-            fut.add_done_callback(self._settled)
-        lane.submit(msg.req, msg, fut)
-        return fut
-
-    def _settled(self, fut: asyncio.Future[Reply]) -> None:
-        if fut.cancelled():
-            return
-        exc: BaseException | None = fut.exception()
-        reply = None if exc is not None else fut.result()
-        if isinstance(reply, Error):
-            exc = exception_of(reply)
-        if isinstance(exc, Exception):
-            log.warning("flush refused", extra={"error": str(exc)})
-            self._errors.append(exc)
-
-    async def flush_all(self) -> None:
-        await self._ready()
-        self._send_flush(self.local.flush())
-        if self._inflight:
-            await asyncio.wait(list(self._inflight))
-        errors, self._errors = self._errors, []
-        if errors:
-            raise errors[0]
-
-    # ------------------------------------------------------------ requests
-    async def front_op(self, register: bool, front: int, segment: str, time: int) -> None:
-        await self._ready()
-        self._send_flush(self.local.flush())
-        futs = [
-            self._submit(
-                lane, FrontOp(next(self._reqs), self.session, register, front, segment, time)
-            )
-            for lane in self._state_lanes()
-        ]
-        for reply in await asyncio.gather(*futs):
-            _check(reply)
-
-    async def keyed(self, key: BatchKey, acks: AckBatch, hbs: tuple[Heartbeat, ...]) -> bool:
-        await self._ready()
-        self._send_flush(self.local.flush())
-        merged = merge_acks(acks, self._local_config.grid.window_slots)
-        text = key.text()
-        if self.layout is None:
-            futs = [self._submit(self._state_lanes()[0], self._batch(text, merged, hbs))]
-        else:
-            # merged times are window starts, so the aggregate stays on window boundaries
-            nt = stream_time(key, int(merged.time.min())) if len(merged) else None
-            parts = self.layout.split(merged)
-            futs = [
-                self._submit(lane, self._batch(text, part, hbs, nt))
-                for lane, part in zip(self.shards, parts, strict=True)
-            ]
-        replies = [_check(r) for r in await asyncio.gather(*futs)]
-        return any(isinstance(r, Ok) and not r.duplicate for r in replies)
-
-    async def status(self) -> dict[str, Any]:
-        assert self.main is not None
-        req = next(self._reqs)
-        fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-        self.main.submit(req, StatusRequest(req), fut)
-        reply = _check(await fut)
-        assert isinstance(reply, Status)
-        body: dict[str, Any] = json.loads(reply.json)
-        return body
-
-    async def min_time_at(self, segment: str | None, at_ms: int) -> int:
-        await self._ready()
-        assert self.main is not None
-        req = next(self._reqs)
-        fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-        self.main.submit(req, MinTimeAt(req, segment, at_ms), fut)
-        reply = _check(await fut)
-        assert isinstance(reply, MinTimeAtReply)
-        return reply.time
-
-    # ------------------------------------------------------------ subscriptions
-    async def subscribe(self, segment: str | None, deliver: Callable[[MinTimeUpdate], None]) -> int:
-        assert self.main is not None
-        req = next(self._reqs)
-        self._subs[req] = Forward(deliver)
-        fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-        self.main.stand(req, Subscribe(req, segment), fut)
-        try:
-            _check(await fut)
-        except Exception:
-            self.unsubscribe(req)
-            raise
-        return req
-
-    def unsubscribe(self, req: int) -> None:
-        self._subs.pop(req, None)
-        if self.main is not None:
-            self.main.sit(req)
-            self.main.post(Unsubscribe(req))
-
-    def _on_push(self, msg: Message) -> None:
-        if not isinstance(msg, Notify):
-            log.warning("unexpected push", extra={"type": type(msg).__name__})
-            return
-        for req, update in msg.updates:
-            forward = self._subs.get(req)
-            if forward is not None:
-                forward(update)

@@ -37,7 +37,7 @@ class ShardProcesses:
         return tuple(self.urls)
 
     def _command(self, k: int, port: int) -> list[str]:
-        cmd = [sys.executable, "-m", "lowtide.service.cli", "serve", *self._args]
+        cmd = [sys.executable, "-m", "lowtide.service.standalone", *self._args]
         cmd += ["--shard", f"{k}/{self.count}", "--port", str(port), "--watch-stdin"]
         if self._state_dir is not None:
             cmd += ["--state-dir", str(self._state_dir / f"shard-{k}")]

@@ -17,7 +17,8 @@ from typing import Any
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.time import TimeGrid
 from lowtide.service.agent import Agent
-from lowtide.service.server import ServerConfig, TrackerServer
+from lowtide.service.config import ServerConfig
+from lowtide.service.server import TrackerServer
 
 DEFAULT_GRID = TimeGrid()
 

@@ -24,9 +24,13 @@ first attempt emitted is then emitted by a later batch instead of by the retry).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Generic, TypeVar
 
 from lowtide.core.messages import MinTimeUpdate
+from lowtide.wire.messages import MinTimeAt, MinTimeAtReply
+
+A = TypeVar("A")
 
 
 class MinTimeHistory:
@@ -64,3 +68,28 @@ class MinTimeHistory:
             return 0
         i = bisect.bisect_right(ms, at_ms) - 1
         return self._val[seg][i] if i >= 0 else 0
+
+
+class MinTimeQuestions(Generic[A]):
+    """``MinTimeAt`` questions waiting for the server's clock to pass their time."""
+
+    def __init__(self) -> None:
+        self._waiting: list[tuple[A, MinTimeAt]] = []
+
+    def ask(self, asker: A, question: MinTimeAt) -> None:
+        self._waiting.append((asker, question))
+
+    def answer(self, now_ms: int, history: MinTimeHistory,
+               alive: Callable[[A], bool]) -> list[tuple[A, MinTimeAtReply]]:
+        """Final answers to the questions whose time has passed (call after the step
+        recorded at ``now_ms``); questions of askers no longer alive are dropped."""
+        if not self._waiting:
+            return []
+        out, waiting = [], []
+        for asker, q in self._waiting:
+            if now_ms > q.at_ms:
+                out.append((asker, MinTimeAtReply(q.req, history.at(q.segment, q.at_ms))))
+            elif alive(asker):
+                waiting.append((asker, q))
+        self._waiting = waiting
+        return out

@@ -11,34 +11,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import logging
 import os
-from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from lowtide.core.errors import ProtocolError
 from lowtide.core.graph import SegmentGraph
-from lowtide.core.messages import MinTimeUpdate
 from lowtide.core.sharding import ShardLayout
-from lowtide.core.subscriptions import Subscriptions
-from lowtide.core.time import Clock, TimeGrid
+from lowtide.core.time import Clock
 from lowtide.service import net
-from lowtide.service.auth import is_loopback
 from lowtide.service.channel import Channel, register_inproc, unregister_inproc
 from lowtide.service.clock import SystemClock
+from lowtide.service.config import ServerConfig
 from lowtide.service.coordinator import CoordinatorEngine
-from lowtide.service.engine import Engine, EngineConfig, StateRequest, StepResult
+from lowtide.service.engine import Engine, StateRequest, StepResult
 from lowtide.service.errors import ConnectionLost, ServiceError, error_of
-from lowtide.service.history import MinTimeHistory
+from lowtide.service.history import MinTimeHistory, MinTimeQuestions
+from lowtide.service.inbox import Admit, Call, Gone, Item, Outbox, Peer, Request, Tick
 from lowtide.service.lane import LaneConfig
 from lowtide.service.metrics import ServerMetrics
 from lowtide.service.persist import StateLog, store_graph, stored_graph
 from lowtide.service.shard import ShardEngine
+from lowtide.service.subscribers import Subscribers
 from lowtide.wire.codec import WireError
 from lowtide.wire.frames import FrameTooLarge
 from lowtide.wire.messages import (
@@ -50,8 +46,6 @@ from lowtide.wire.messages import (
     Hello,
     Message,
     MinTimeAt,
-    MinTimeAtReply,
-    Notify,
     Ok,
     ShardReleaseFrame,
     ShardReportFrame,
@@ -71,101 +65,14 @@ MAX_GROUP = 1024
 INBOX = 4096
 
 
-@dataclass(frozen=True)
-class ServerConfig:
-    """``graph`` None: adopt the graph of the first client (standalone server)."""
-
-    graph: SegmentGraph | None = None
-    grid: TimeGrid = TimeGrid()
-    host: str = "127.0.0.1"
-    port: int = 0
-    listen: bool = True
-    state_dir: Path | None = None
-    fsync: bool = False
-    snapshot_every_ms: int = 30_000
-    secret: bytes | None = None
-    limits: net.Limits = net.Limits()
-    tick_ms: int = 50
-    metrics_every_ms: int = 1_000
-    stuck_after_ms: int = 5_000
-    max_windows: int = 1 << 20
-    dedup_retention_ms: int = 24 * 3_600_000
-    max_keys: int = 1_000_000
-    metrics_port: int | None = None
-    name: str = "lowtide"
-    shard: tuple[int, int] | None = None  # (index, count): this server is one shard
-    shard_urls: tuple[str, ...] = ()  # this server coordinates these shards
-
-    def __post_init__(self) -> None:
-        if self.listen and not is_loopback(self.host) and self.secret is None:
-            raise ValueError(
-                f"binding {self.host} (not loopback) requires a shared secret "
-                "(--secret-file or LOWTIDE_SECRET)"
-            )
-
-    def engine_config(self, graph: SegmentGraph) -> EngineConfig:
-        return EngineConfig(
-            graph,
-            self.grid,
-            max_windows=self.max_windows,
-            stuck_after_ms=self.stuck_after_ms,
-            dedup_retention_ms=self.dedup_retention_ms,
-            max_keys=self.max_keys,
-        )
-
-    def build(self, clock: Clock | None = None) -> TrackerServer:
-        return TrackerServer(self, clock)
-
-
-# ------------------------------------------------------------- inbox items
-@dataclass(eq=False)
-class Peer:
-    channel: Channel
-    name: str = ""
-    subs: dict[int, int] = field(default_factory=dict)  # request id -> subscriber id
-
-
-@dataclass(frozen=True)
-class _Request:
-    peer: Peer
-    msg: Message
-
-
-@dataclass(frozen=True)
-class _Admit:
-    hello: Hello
-    reply: asyncio.Future[Welcome]
-
-
-@dataclass(frozen=True)
-class _Gone:
-    peer: Peer
-
-
-@dataclass(frozen=True)
-class _Tick:
-    pass
-
-
-@dataclass(frozen=True)
-class _Call:
-    fn: Callable[[], None]
-
-
-_Item = _Request | _Admit | _Gone | _Tick | _Call
-Outbox = list[tuple[Peer, Message]]
-
-
 class TrackerServer:
     def __init__(self, config: ServerConfig, clock: Clock | None = None) -> None:
         self.config = config
         self.clock = clock or SystemClock()
         self.engine: Engine | None = None
         self.metrics = ServerMetrics()
-        self._inbox: asyncio.Queue[_Item] = asyncio.Queue(INBOX)
-        self._subs = Subscriptions()
-        self._sub_owner: dict[int, tuple[Peer, int]] = {}
-        self._sub_ids = itertools.count(1)
+        self._inbox: asyncio.Queue[Item] = asyncio.Queue(INBOX)
+        self._subscribers = Subscribers()
         self._peers: set[Peer] = set()
         self._watchers: set[Peer] = set()
         self._posted: set[asyncio.Task[None]] = set()
@@ -177,7 +84,7 @@ class TrackerServer:
         self.metrics_port = 0
         self._next_metrics_ms = 0
         self._history = MinTimeHistory()
-        self._min_time_waits: list[tuple[Peer, MinTimeAt]] = []
+        self._questions: MinTimeQuestions[Peer] = MinTimeQuestions()
         self.inproc_url = ""
         self._failed: Error | None = None  # set once a step raised: fail-stop
 
@@ -248,7 +155,7 @@ class TrackerServer:
 
     def post(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` in the state task, after what is already queued (same loop only)."""
-        task = asyncio.get_running_loop().create_task(self._inbox.put(_Call(fn)))
+        task = asyncio.get_running_loop().create_task(self._inbox.put(Call(fn)))
         self._posted.add(task)
         task.add_done_callback(self._posted.discard)
 
@@ -292,7 +199,7 @@ class TrackerServer:
         finally:
             self._peers.discard(peer)
             self.metrics.connections.dec()
-            await self._inbox.put(_Gone(peer))
+            await self._inbox.put(Gone(peer))
 
     async def _read(self, peer: Peer) -> None:
         while True:
@@ -307,7 +214,7 @@ class TrackerServer:
             except WireError as exc:
                 self._refuse(peer, Error(0, ErrorCode.BAD_FRAME, str(exc)))
                 continue
-            await self._inbox.put(_Request(peer, msg))
+            await self._inbox.put(Request(peer, msg))
 
     def _refuse(self, peer: Peer, err: Error) -> None:
         log.warning(
@@ -325,7 +232,7 @@ class TrackerServer:
 
     async def _admit(self, hello: Hello) -> Welcome:
         reply: asyncio.Future[Welcome] = asyncio.get_running_loop().create_future()
-        await self._inbox.put(_Admit(hello, reply))
+        await self._inbox.put(Admit(hello, reply))
         return await reply
 
     def _welcome(self, hello: Hello) -> Welcome:
@@ -357,7 +264,7 @@ class TrackerServer:
     async def _ticker(self) -> None:
         while True:
             await asyncio.sleep(self.config.tick_ms / 1000)
-            await self._inbox.put(_Tick())
+            await self._inbox.put(Tick())
 
     async def _state_loop(self) -> None:
         inbox = self._inbox
@@ -373,7 +280,7 @@ class TrackerServer:
             except Exception as exc:
                 self._fail(exc, items)
 
-    def _fail(self, exc: Exception, items: list[_Item]) -> None:
+    def _fail(self, exc: Exception, items: list[Item]) -> None:
         """Fail-stop after a step raised: its state may be half applied or its log
         unwritten, so nothing may be confirmed any more (rule 6: confirm after
         logging). Each request is answered INTERNAL from now on and every connection
@@ -387,34 +294,34 @@ class TrackerServer:
         for peer in list(self._peers):
             peer.channel.close()
 
-    def _refuse_group(self, items: list[_Item]) -> None:
+    def _refuse_group(self, items: list[Item]) -> None:
         """A failed server's answer to everything. (A request of the failing step that
         was answered already gets this too; the client drops the stray answer.)"""
         failed = self._failed
         assert failed is not None
         out: Outbox = []
         for item in items:
-            if isinstance(item, _Admit) and not item.reply.done():
+            if isinstance(item, Admit) and not item.reply.done():
                 item.reply.set_exception(ServiceError(failed.code, failed.message))
-            elif isinstance(item, _Request):
+            elif isinstance(item, Request):
                 req = getattr(item.msg, "req", None)
                 if isinstance(req, int):
                     out.append((item.peer, Error(req, failed.code, failed.message)))
         self._send(out)
 
-    def _run_group(self, items: list[_Item]) -> None:
+    def _run_group(self, items: list[Item]) -> None:
         now = self.clock.now_ms()
         out: Outbox = []
         ticked = False
         for item in items:
-            if isinstance(item, _Request):
+            if isinstance(item, Request):
                 self._dispatch(item.peer, item.msg, now, out)
-            elif isinstance(item, _Admit):
+            elif isinstance(item, Admit):
                 self._admit_now(item)
-            elif isinstance(item, _Gone):
-                self._drop_subscriptions(item.peer)
+            elif isinstance(item, Gone):
+                self._subscribers.drop(item.peer)
                 self._watchers.discard(item.peer)
-            elif isinstance(item, _Call):
+            elif isinstance(item, Call):
                 item.fn()
             else:
                 ticked = True
@@ -427,15 +334,13 @@ class TrackerServer:
         self._send(out)
         step = engine.step(now)
         self._history.observe(now, step.updates)
-        answers: Outbox = []
-        self._answer_min_time_at(now, answers)
-        self._send(answers)
+        self._send(self._questions.answer(now, self._history, self._peers.__contains__))
         self._publish(step)
         if ticked:
             self._tick(engine, now)
         return None
 
-    def _admit_now(self, item: _Admit) -> None:
+    def _admit_now(self, item: Admit) -> None:
         try:
             item.reply.set_result(self._welcome(item.hello))
         except ServiceError as exc:
@@ -458,16 +363,13 @@ class TrackerServer:
         elif isinstance(msg, Subscribe):
             self._subscribe(engine, peer, msg, out)
         elif isinstance(msg, Unsubscribe):
-            sub = peer.subs.pop(msg.req, None)
-            if sub is not None:
-                self._subs.unsubscribe(sub, everywhere=True)
-                del self._sub_owner[sub]
+            self._subscribers.unsubscribe(peer, msg.req)
             out.append((peer, Ok(msg.req)))
         elif isinstance(msg, MinTimeAt):
             if msg.segment is not None and msg.segment not in engine.graph.names:
                 out.append((peer, Error(msg.req, ErrorCode.UNKNOWN_SEGMENT, msg.segment)))
             else:
-                self._min_time_waits.append((peer, msg))
+                self._questions.ask(peer, msg)
         elif isinstance(msg, StatusRequest):
             out.append((peer, Status(msg.req, json.dumps(self.status()))))
         elif isinstance(msg, ShardReleaseFrame | WatchShard):
@@ -483,20 +385,6 @@ class TrackerServer:
         elif not reply.duplicate and self._wal is not None:
             self._wal.append(msg)
         return reply
-
-    def _answer_min_time_at(self, now: int, out: Outbox) -> None:
-        """Answer the MinTimeAt questions whose time has passed (after this group's
-        step, which is recorded at ``now`` > their time): final answers."""
-        if not self._min_time_waits:
-            return
-        waiting = []
-        for peer, msg in self._min_time_waits:
-            if now > msg.at_ms:
-                t = self._history.at(msg.segment, msg.at_ms)
-                out.append((peer, MinTimeAtReply(msg.req, t)))
-            elif peer in self._peers:
-                waiting.append((peer, msg))
-        self._min_time_waits = waiting
 
     def _shard_duty(
         self, engine: Engine, peer: Peer, msg: ShardReleaseFrame | WatchShard, out: Outbox
@@ -520,18 +408,8 @@ class TrackerServer:
         except ProtocolError as exc:
             out.append((peer, error_of(msg.req, exc)))
             return
-        sub = next(self._sub_ids)
-        peer.subs[msg.req] = sub
-        self._sub_owner[sub] = (peer, msg.req)
-        first = self._subs.subscribe(sub, msg.segment, current)
         out.append((peer, Ok(msg.req)))
-        out.append((peer, Notify(((msg.req, first),))))
-
-    def _drop_subscriptions(self, peer: Peer) -> None:
-        for sub in peer.subs.values():
-            self._subs.unsubscribe(sub, everywhere=True)
-            self._sub_owner.pop(sub, None)
-        peer.subs.clear()
+        out.append((peer, self._subscribers.subscribe(peer, msg.req, msg.segment, current)))
 
     def _publish(self, step: StepResult) -> None:
         if step.report is not None:
@@ -541,11 +419,7 @@ class TrackerServer:
         if not step.updates:
             return
         self.metrics.updates(step.updates, self.clock.now_ms(), self.config.grid)
-        per_peer: dict[Peer, list[tuple[int, MinTimeUpdate]]] = defaultdict(list)
-        for sub, update in self._subs.route(step.updates):
-            peer, req = self._sub_owner[sub]
-            per_peer[peer].append((req, update))
-        self._send([(peer, Notify(tuple(ups))) for peer, ups in per_peer.items()])
+        self._send(self._subscribers.notifies(step.updates))
 
     def _send(self, out: Outbox) -> None:
         for peer, msg in out:

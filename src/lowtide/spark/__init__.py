@@ -1,2 +1,31 @@
-"""PySpark tracked pipelines: fronts and the ingest log, tracked sources, operators and
-sinks, the pipeline description, and ``lowtide bench spark``. See docs/spark.md."""
+"""lowtide on PySpark: describe a tracked pipeline like a PySpark query, run it, and
+read exact completeness. The guide is docs/spark.md.
+
+What a pipeline is made of lives in the subpackages: ``sources`` (fronts, the ingest
+log, the generator), ``operators`` (tracked steps, exact windows), ``sinks``,
+``pipeline`` (the description, queries and progress) and ``tracking`` (the tracking
+column and the connection every task shares). Names load on first use: importing
+``lowtide.spark.sources.front`` (a producer) does not import pyspark.
+"""
+
+from lowtide import lazy_exports
+
+__all__ = [
+    "Front",
+    "GeneratorSpec",
+    "Pipeline",
+    "PipelineStatus",
+    "Stream",
+    "TrackedQuery",
+    "stop_between_batches",
+]
+
+__getattr__ = lazy_exports(__name__, {
+    "Front": "lowtide.spark.sources.front",
+    "GeneratorSpec": "lowtide.spark.sources.generator",
+    "Pipeline": "lowtide.spark.pipeline.builder",
+    "PipelineStatus": "lowtide.spark.pipeline.status",
+    "Stream": "lowtide.spark.pipeline.stream",
+    "TrackedQuery": "lowtide.spark.pipeline.query",
+    "stop_between_batches": "lowtide.spark.pipeline.query",
+})

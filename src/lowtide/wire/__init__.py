@@ -2,7 +2,7 @@
 
 from lowtide.wire.codec import WireError, decode, encode, expect
 from lowtide.wire.frames import PREAMBLE, FrameDecoder, FrameTooLarge, frame
-from lowtide.wire.messages import WIRE_VERSION
+from lowtide.wire.messages import WIRE_VERSION, graph_spec
 
 __all__ = [
     "PREAMBLE",
@@ -14,4 +14,5 @@ __all__ = [
     "encode",
     "expect",
     "frame",
+    "graph_spec",
 ]

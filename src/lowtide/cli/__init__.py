@@ -1,0 +1,66 @@
+"""`lowtide` command line. Each area adds its own sub-commands through ``register``.
+
+Areas are imported lazily so ``lowtide bench core`` works with the core install alone,
+and a missing extra is reported as a one-line hint instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+
+# (module, the extra that provides its dependencies); each has register(subparsers, bench).
+AREAS: tuple[tuple[str, str], ...] = (
+    ("lowtide.cli.service", "lowtide[service]"),
+    ("lowtide.cli.spark", "lowtide[spark]"),
+    ("lowtide.apps.walkthrough", ""),
+    ("lowtide.bench.core", ""),
+    ("lowtide.bench.service", "lowtide[service]"),
+    ("lowtide.bench.spark", "lowtide[spark]"),
+    ("lowtide.bench.sim", ""),
+    ("lowtide.bench.capacity", "lowtide[service]"),
+    ("lowtide.bench.rr", "lowtide[spark]"),
+    ("lowtide.bench.sweep", "lowtide[spark]"),
+    ("lowtide.bench.paper", "lowtide[bench]"),
+)
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lowtide", description="Exact progress tracking for PySpark streaming pipelines."
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    bench = sub.add_parser("bench", help="benchmarks: human table, then one JSON line")
+    bench_sub = bench.add_subparsers(dest="bench", metavar="BENCH")
+    missing = []
+    for module, extra in AREAS:
+        try:  # register may import more of the area (lazily, for start-up time)
+            importlib.import_module(module).register(sub, bench_sub)
+        except ModuleNotFoundError as exc:
+            package = (exc.name or "?").split(".")[0]
+            missing.append(f"{module} needs {package!r}: pip install '{extra}'")
+    if missing:
+        parser.epilog = "unavailable here: " + "; ".join(missing)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Handler | None = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help()
+        return 2
+    try:
+        return handler(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

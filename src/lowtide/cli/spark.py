@@ -1,0 +1,55 @@
+"""``lowtide demo``, ``lowtide spark demo`` and ``lowtide spark status``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def register(subparsers: Any, bench_subparsers: Any) -> None:
+    from lowtide.apps import demo, progress_demo
+
+    top = subparsers.add_parser(
+        "demo", help="exact windows vs a withWatermark query, live view, then JSON"
+    )
+    demo.add_arguments(top)
+    top.set_defaults(handler=demo.main)
+
+    spark = subparsers.add_parser("spark", help="PySpark tracked pipelines")
+    sub = spark.add_subparsers(dest="spark_command", metavar="COMMAND")
+    progress_demo.add_arguments(
+        sub.add_parser("demo", help="run a tracked generator pipeline and show progress"))
+
+    status = sub.add_parser("status", help="segments, lag, rows/s, stalled fronts, losses")
+    status.add_argument("--url", default="tcp://127.0.0.1:7433")
+    status.add_argument("--secret-file", type=Path, help="shared secret (else $LOWTIDE_SECRET)")
+    status.add_argument("--interval", type=float, default=1.0)
+    status.add_argument("--once", action="store_true")
+    status.set_defaults(handler=run_status)
+
+
+def run_status(args: argparse.Namespace) -> int:
+    from lowtide.core.time import TimeGrid
+    from lowtide.service.auth import load_secret
+    from lowtide.service.lane import LaneConfig
+    from lowtide.service.progress import RowRates
+    from lowtide.service.status import poll_status
+    from lowtide.spark.pipeline import status_of
+
+    rates = RowRates()
+    lane = LaneConfig(secret=load_secret(args.secret_file), connect_timeout_s=5.0)
+
+    def show(doc: dict[str, Any] | None) -> bool:
+        if doc is None:
+            print(f"{args.url}: no answer (retrying)", file=sys.stderr)
+            return not args.once
+        grid = TimeGrid(int(doc.get("delta_ms", 10)))
+        print(status_of(doc, grid, rates).render(grid.delta_ms), flush=True)
+        print()
+        return not args.once
+
+    asyncio.run(poll_status(args.url, lane, show, args.interval, 5.0))
+    return 0

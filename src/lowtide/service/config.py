@@ -1,0 +1,64 @@
+"""The tracker server's configuration (frozen; ``.build()`` makes the server)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from lowtide.core.graph import SegmentGraph
+from lowtide.core.time import Clock, TimeGrid
+from lowtide.service import net
+from lowtide.service.auth import is_loopback
+from lowtide.service.engine import EngineConfig
+
+if TYPE_CHECKING:
+    from lowtide.service.server import TrackerServer
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """``graph`` None: adopt the graph of the first client (standalone server)."""
+
+    graph: SegmentGraph | None = None
+    grid: TimeGrid = TimeGrid()
+    host: str = "127.0.0.1"
+    port: int = 0
+    listen: bool = True
+    state_dir: Path | None = None
+    fsync: bool = False
+    snapshot_every_ms: int = 30_000
+    secret: bytes | None = None
+    limits: net.Limits = net.Limits()
+    tick_ms: int = 50
+    metrics_every_ms: int = 1_000
+    stuck_after_ms: int = 5_000
+    max_windows: int = 1 << 20
+    dedup_retention_ms: int = 24 * 3_600_000
+    max_keys: int = 1_000_000
+    metrics_port: int | None = None
+    name: str = "lowtide"
+    shard: tuple[int, int] | None = None  # (index, count): this server is one shard
+    shard_urls: tuple[str, ...] = ()  # this server coordinates these shards
+
+    def __post_init__(self) -> None:
+        if self.listen and not is_loopback(self.host) and self.secret is None:
+            raise ValueError(
+                f"binding {self.host} (not loopback) requires a shared secret "
+                "(--secret-file or LOWTIDE_SECRET)"
+            )
+
+    def engine_config(self, graph: SegmentGraph) -> EngineConfig:
+        return EngineConfig(
+            graph,
+            self.grid,
+            max_windows=self.max_windows,
+            stuck_after_ms=self.stuck_after_ms,
+            dedup_retention_ms=self.dedup_retention_ms,
+            max_keys=self.max_keys,
+        )
+
+    def build(self, clock: Clock | None = None) -> TrackerServer:
+        from lowtide.service.server import TrackerServer
+
+        return TrackerServer(self, clock)

@@ -1,0 +1,48 @@
+"""What connections hand the state task: the items of its inbox, and its outbox."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from lowtide.service.channel import Channel
+from lowtide.wire.messages import Hello, Message, Welcome
+
+
+@dataclass(eq=False)
+class Peer:
+    channel: Channel
+    name: str = ""
+    subs: dict[int, int] = field(default_factory=dict)  # request id -> subscriber id
+
+
+@dataclass(frozen=True)
+class Request:
+    peer: Peer
+    msg: Message
+
+
+@dataclass(frozen=True)
+class Admit:
+    hello: Hello
+    reply: asyncio.Future[Welcome]
+
+
+@dataclass(frozen=True)
+class Gone:
+    peer: Peer
+
+
+@dataclass(frozen=True)
+class Tick:
+    pass
+
+
+@dataclass(frozen=True)
+class Call:
+    fn: Callable[[], None]
+
+
+Item = Request | Admit | Gone | Tick | Call
+Outbox = list[tuple[Peer, Message]]

@@ -1,0 +1,304 @@
+"""The exact window's runtime: hold acks, the ``transformWithStateInPandas`` processor
+that emits a (key, window) once its inbound segment is complete, and the DataFrame
+plan of a window step. The description and its rules are in :mod:`.windows`."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from lowtide.core.acks import child_acks
+from lowtide.spark.operators.windows import ROCKSDB, Agg, WindowSpec, state_segment
+from lowtide.spark.tracking.column import (
+    ID_MASK,
+    TRACK_COL,
+    TRACKING_COLS,
+    AckAccumulator,
+    ack_ids,
+    as_i64,
+    pack,
+    slots_of,
+)
+from lowtide.spark.tracking.transport import TrackerRef
+
+# ------------------------------------------------------------------ acks
+
+
+def key_hash(value: Any) -> int:
+    """A deterministic 64-bit hash of a key value (Python's hash() is salted)."""
+    text = f"{type(value).__name__}:{value}".encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
+
+
+def hold_ack(op_id: int, key_value: Any, start: int) -> int:
+    parent = np.array([key_hash(key_value)], np.uint64)
+    return int(child_acks(parent, op_id, np.array([start], np.uint64))[0])
+
+
+def window_starts(times: np.ndarray, size: int, slide: int) -> np.ndarray:
+    """(rows, size // slide) start slots of the windows each row belongs to."""
+    base = (times // slide) * slide
+    return base[:, None] - slide * np.arange(size // slide, dtype=np.int64)[None, :]
+
+
+# ------------------------------------------------------------------ runtime
+
+
+@dataclass(frozen=True)
+class WindowRuntime:
+    """What the processor needs on the executors (pickled with it)."""
+
+    spec: WindowSpec
+    ref: TrackerRef
+    out_segment: str
+    op_id: int
+    key_type: str  # DDL type of the key column
+    data_schema: str  # DDL of the input data columns (for apply)
+
+    @property
+    def in_segment(self) -> str:
+        return self.spec.name
+
+    @property
+    def size(self) -> int:
+        return self.spec.size_ms // self.ref.grid.delta_ms
+
+    @property
+    def slide(self) -> int:
+        return self.spec.slide_ms // self.ref.grid.delta_ms
+
+    def output_schema(self) -> str:
+        s = self.spec
+        cols = [f"`{s.key}` {self.key_type}", "window_start timestamp", "window_end timestamp"]
+        cols += [f"`{a.out}` {'long' if a.fn == 'count' else 'double'}" for a in s.aggs]
+        if s.fn_schema:
+            cols.append(s.fn_schema)
+        return ", ".join([*cols, f"{TRACK_COL} long"])
+
+    def state_schema(self) -> str:
+        cols = ["hold long", "parts int", "n long"]
+        cols += [f"a{i} double" for i in range(len(self.spec.aggs))]
+        cols += [f"c{i} long" for i in range(len(self.spec.aggs))]
+        return ", ".join(cols)
+
+
+def _init_value(a: Agg) -> float:
+    return {"sum": 0.0, "mean": 0.0, "count": 0.0, "min": np.inf, "max": -np.inf}[a.fn]
+
+
+def processor_class() -> type:
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+    class WindowProcessor(StatefulProcessor):  # type: ignore[misc]
+        def __init__(self, rt: WindowRuntime) -> None:
+            self.rt = rt
+
+        def init(self, handle: Any) -> None:
+            from pyspark import TaskContext
+
+            self.handle = handle
+            self.live = TaskContext.get() is not None
+            self.state = handle.getMapState("win", "start long", self.rt.state_schema())
+            self.rows = (handle.getMapState("rows", "start long, part int", "data binary")
+                         if self.rt.spec.fn is not None else None)
+            graph = self.rt.ref.graph
+            self.in_idx = graph.index(self.rt.in_segment)
+            self.state_idx = graph.index(state_segment(self.rt.in_segment))
+            self.out_idx = graph.index(self.rt.out_segment)
+            self.acc = AckAccumulator()
+            self._complete: tuple[int, int] | None = None  # (batch ms, min time of S_in)
+
+        # -------------------------------------------------- completeness
+        def complete_below(self, now_ms: int) -> int:
+            """S_in's min time at the batch timestamp: the same in every attempt."""
+            if self._complete is None or self._complete[0] != now_ms:
+                from lowtide.spark.tracking.transport import connect
+
+                agent: Any = connect(self.rt.ref)
+                self._complete = (now_ms, int(agent.min_time_at(self.rt.in_segment, now_ms)))
+            return self._complete[1]
+
+        # -------------------------------------------------- input
+        def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
+            import pandas as pd
+
+            frames = [df for df in rows if len(df)]
+            if frames:
+                df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+                packed = df[TRACK_COL].to_numpy(np.int64)
+                # the batch's timestamp: the same reference in every attempt
+                now_ms = int(timerValues.getCurrentProcessingTimeInMs())
+                times = slots_of(packed, self.rt.ref.grid.slot_of(now_ms))
+                self.acc.add(self.in_idx, times, ack_ids(packed), -1)
+                self._absorb(key[0], df, times)
+            yield from self._emit(key[0], timerValues)
+
+        def handleExpiredTimer(self, key: Any, timerValues: Any,
+                               expiredTimerInfo: Any) -> Iterator[Any]:
+            yield from self._emit(key[0], timerValues)
+
+        def _absorb(self, kv: Any, df: Any, times: np.ndarray) -> None:
+            rt = self.rt
+            starts = window_starts(times, rt.size, rt.slide)
+            data_cols = [c for c in df.columns if c not in TRACKING_COLS]
+            for j in range(starts.shape[1]):
+                col = starts[:, j]
+                for start in np.unique(col).tolist():
+                    sel = df[col == start]
+                    self._add_window(kv, int(start), sel, data_cols)
+
+        def _add_window(self, kv: Any, start: int, sel: Any, data_cols: list[str]) -> None:
+            rt = self.rt
+            aggs = rt.spec.aggs
+            k = (start,)
+            if self.state.containsKey(k):
+                v = list(self.state.getValue(k))
+            else:
+                hold = hold_ack(rt.op_id, kv, start)
+                end = start + rt.size
+                self.acc.add(self.state_idx, np.array([end - 1], np.int64),
+                             np.array([hold], np.uint64), +1)
+                v = [int(as_i64(np.array([hold], np.uint64))[0]), 0, 0]
+                v += [_init_value(a) for a in aggs] + [0] * len(aggs)
+            n_aggs = len(aggs)
+            v[2] += len(sel)
+            for i, a in enumerate(aggs):
+                if a.fn == "count" and a.column is None:
+                    continue
+                vals = sel[a.column].to_numpy(np.float64)
+                vals = vals[~np.isnan(vals)]
+                if not len(vals):
+                    continue
+                v[3 + n_aggs + i] += len(vals)
+                if a.fn in ("sum", "mean"):
+                    v[3 + i] += float(vals.sum())
+                elif a.fn == "min":
+                    v[3 + i] = min(v[3 + i], float(vals.min()))
+                elif a.fn == "max":
+                    v[3 + i] = max(v[3 + i], float(vals.max()))
+            if self.rows is not None:
+                import pyarrow as pa
+
+                buf = io.BytesIO()
+                table = pa.Table.from_pandas(sel[data_cols], preserve_index=False)
+                with pa.ipc.new_stream(buf, table.schema) as w:
+                    w.write_table(table)
+                self.rows.updateValue((start, int(v[1])), (buf.getvalue(),))
+                v[1] += 1
+            self.state.updateValue(k, tuple(v))
+
+        # -------------------------------------------------- output
+        def _emit(self, kv: Any, timerValues: Any) -> Iterator[Any]:
+            import pandas as pd
+
+            rt = self.rt
+            now = int(timerValues.getCurrentProcessingTimeInMs())
+            starts = sorted(int(k[0]) for k in self.state.keys())  # noqa: SIM118 (MapState)
+            if not starts:
+                return
+            done_below = self.complete_below(now)
+            ready = [s for s in starts if s + rt.size <= done_below]
+            if len(ready) < len(starts):
+                poll = rt.spec.poll_ms
+                self.handle.registerTimer((now // poll + 1) * poll)
+            if not ready:
+                return
+            delta = rt.ref.grid.delta_ms
+            out: list[Any] = []
+            for start in ready:
+                v = self.state.getValue((start,))
+                hold = np.array([v[0]], np.int64).view(np.uint64)
+                end = start + rt.size
+                res = self._results(v, start)
+                m = len(res)
+                child = ID_MASK & child_acks(np.repeat(hold, m), rt.op_id,
+                                             np.arange(m, dtype=np.uint64))
+                t = np.full(m, end - 1, np.int64)
+                self.acc.add(self.out_idx, t, child, +1)
+                self.acc.add(self.state_idx, np.array([end - 1], np.int64), hold, -1)
+                res.insert(0, rt.spec.key, [kv] * m)
+                res.insert(1, "window_start", pd.to_datetime([start * delta] * m, unit="ms",
+                                                             utc=True))
+                res.insert(2, "window_end", pd.to_datetime([end * delta] * m, unit="ms",
+                                                           utc=True))
+                res[TRACK_COL] = pack(t, child, rt.ref.grid.slot_of(now))
+                out.append(res)
+                self.state.removeKey((start,))
+                if self.rows is not None:
+                    for p in range(int(v[1])):
+                        self.rows.removeKey((start, p))
+            yield pd.concat(out, ignore_index=True)
+
+        def _results(self, v: Any, start: int) -> Any:
+            import pandas as pd
+
+            rt = self.rt
+            aggs = rt.spec.aggs
+            n_aggs = len(aggs)
+            row: dict[str, Any] = {}
+            for i, a in enumerate(aggs):
+                cnt = v[3 + n_aggs + i]
+                if a.fn == "count":
+                    row[a.out] = int(v[2] if a.column is None else cnt)
+                elif cnt == 0:
+                    row[a.out] = None
+                elif a.fn == "mean":
+                    row[a.out] = v[3 + i] / cnt
+                else:
+                    row[a.out] = float(v[3 + i])
+            if rt.spec.fn is None:
+                return pd.DataFrame([row])
+            import pyarrow as pa
+
+            assert self.rows is not None
+            tables = []
+            for p in range(int(v[1])):
+                data = self.rows.getValue((start, p))[0]
+                tables.append(pa.ipc.open_stream(io.BytesIO(bytes(data))).read_all())
+            pdf = pa.concat_tables(tables).to_pandas() if tables else pd.DataFrame()
+            res = rt.spec.fn(pdf)
+            res = res if isinstance(res, pd.DataFrame) else pd.DataFrame([res])
+            for k, val in row.items():
+                res[k] = val
+            return res.reset_index(drop=True)
+
+        def close(self) -> None:
+            if not self.live:
+                return
+            from pyspark import TaskContext
+
+            from lowtide.spark.sources.log_source import send_task_batch
+
+            tc = TaskContext.get()
+            send_task_batch(self.rt.ref, self.rt.in_segment,
+                            tc.partitionId() if tc is not None else 0, self.acc)
+
+    return WindowProcessor
+
+
+def build_window(df: Any, spec: WindowSpec, ref: TrackerRef, out_segment: str,
+                 op_id: int) -> Any:
+    """The DataFrame plan of a window step: groupBy(key).transformWithStateInPandas."""
+    spark = df.sparkSession
+    if spark.conf.get("spark.sql.streaming.stateStore.providerClass", "") != ROCKSDB:
+        spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
+    fields = {f.name: f for f in df.schema.fields}
+    if spec.key not in fields:
+        raise ValueError(f"window key {spec.key!r} is not a column of {list(fields)}")
+    for a in spec.aggs:
+        if a.column is not None and a.column not in fields:
+            raise ValueError(f"aggregate {a.out}: no column {a.column!r}")
+    data = [f for f in df.schema.fields if f.name not in TRACKING_COLS]
+    data_schema = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in data)
+    rt = WindowRuntime(spec, ref, out_segment, op_id,
+                       fields[spec.key].dataType.simpleString(), data_schema)
+    proc = processor_class()(rt)
+    return df.groupBy(spec.key).transformWithStateInPandas(
+        statefulProcessor=proc, outputStructType=rt.output_schema(), outputMode="Append",
+        timeMode="ProcessingTime",
+    )

@@ -1,0 +1,155 @@
+"""Exact windows: tumbling and sliding windows over global time, keyed, emitted once
+when they are complete.
+
+::
+
+    counts = (stream
+              .window("2 seconds", key="user")            # slide="1 second": sliding
+              .agg(n="count", total=("amount", "sum"), top=("amount", "max")))
+    # or .apply(fn, "p50 double")  with fn(pandas.DataFrame of the window's rows) -> dict
+
+reads like ``df.groupBy("user", F.window("ts", "2 seconds")).agg(...)``: the result
+rows carry the key, ``window_start`` and ``window_end`` (timestamps, from the slots via
+the grid's ``delta_ms``) and the aggregates.
+
+The operator is a tracked stateful operator (``transformWithStateInPandas`` with
+processing-time timers, RocksDB state) with three segments: its inbound segment
+``S_in`` (named after the operator: rows sent to it, not yet received), its state
+segment ``S_in.state`` (holds, rule 7) and its outbound segment (results sent, not yet
+received downstream; named after the next receiver). Per task it sends ONE keyed batch
+``(query id, batch id, S_in, partition)`` from ``close()``:
+
+* every input row: receive-ack out of ``S_in`` at the row's time;
+* the first row of a (key, window): a hold, sent into ``S_in.state`` at the window's
+  last slot ``end - 1`` with value ``child_acks(hash(key), operator id, start)``;
+* a complete window: its result row (slot ``end - 1``, ack = child of the hold), sent
+  into the outbound segment, and the hold's receive-ack, in the same batch.
+
+A window ``[start, end)`` is complete when ``S_in``'s min time is ``>= end``. The
+decision must be the same in every attempt of a task (rule 5), so the operator asks
+the tracker for ``S_in``'s min time *at the batch's timestamp*
+(``timerValues.getCurrentProcessingTimeInMs()``, identical for retries and re-runs),
+which the tracker answers only once its clock has passed it (:meth:`Agent.min_time_at`).
+If that min time is ``>= end``, every row of the window was received in an earlier
+batch, whose state is committed. State (aggregates, rows for ``apply``) lives in the
+state store and survives restarts from the checkpoint; holds live in the tracker.
+
+Caveat: the tracker's min time history is kept in memory (10 minutes). A task retried
+across a tracker restart, or more than 10 minutes after its batch started, may decide
+"not complete" where its first attempt emitted; the window is then emitted by a later
+batch, but the first attempt's applied acks and the retry's rows disagree and the
+tracker reports the outbound segment stuck.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+AGG_FUNCTIONS = ("count", "sum", "min", "max", "mean")
+STATE_SUFFIX = ".state"
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+_UNITS = {"ms": 1, "millisecond": 1, "milliseconds": 1, "s": 1000, "second": 1000,
+          "seconds": 1000, "sec": 1000, "m": 60_000, "minute": 60_000, "minutes": 60_000,
+          "min": 60_000, "h": 3_600_000, "hour": 3_600_000, "hours": 3_600_000}
+
+
+def duration_ms(text: str | int) -> int:
+    """``"2 seconds"``, ``"500 milliseconds"``, ``"1 minute"`` or an int (ms).
+
+    >>> duration_ms("2 seconds"), duration_ms("250ms"), duration_ms(100)
+    (2000, 250, 100)
+    """
+    if isinstance(text, int):
+        return text
+    m = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]+)\s*", text)
+    if m is None or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"not a duration: {text!r}")
+    return int(m.group(1)) * _UNITS[m.group(2).lower()]
+
+
+def state_segment(name: str) -> str:
+    return name + STATE_SUFFIX
+
+
+@dataclass(frozen=True)
+class Agg:
+    out: str
+    fn: str  # count | sum | min | max | mean
+    column: str | None
+
+
+def parse_aggs(aggs: dict[str, Any]) -> tuple[Agg, ...]:
+    out = []
+    for name, spec in aggs.items():
+        if spec == "count" or spec == ("*", "count"):
+            out.append(Agg(name, "count", None))
+            continue
+        if not (isinstance(spec, tuple) and len(spec) == 2 and spec[1] in AGG_FUNCTIONS):
+            raise ValueError(
+                f"aggregate {name}={spec!r}: use 'count' or (column, one of {AGG_FUNCTIONS})"
+            )
+        out.append(Agg(name, spec[1], spec[0]))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class WindowSpec:
+    """A window step of a :class:`lowtide.spark.pipeline.builder.Stream`."""
+
+    name: str
+    key: str
+    size_ms: int
+    slide_ms: int
+    aggs: tuple[Agg, ...] = ()
+    fn: Callable[[Any], Any] | None = None
+    fn_schema: str | None = None
+    poll_ms: int = 100
+
+    def segments(self) -> list[str]:
+        return [self.name, state_segment(self.name)]
+
+
+@dataclass(frozen=True)
+class WindowedStream:
+    """``stream.window(...)``; finish with :meth:`agg` or :meth:`apply`."""
+
+    stream: Any
+    name: str
+    key: str
+    size_ms: int
+    slide_ms: int
+    poll_ms: int = 100
+
+    def agg(self, **aggs: Any) -> Any:
+        """``name="count"`` or ``name=(column, "sum"|"min"|"max"|"mean"|"count")``."""
+        if not aggs:
+            raise ValueError("agg() needs at least one aggregate")
+        spec = WindowSpec(self.name, self.key, self.size_ms, self.slide_ms, parse_aggs(aggs),
+                          poll_ms=self.poll_ms)
+        return self.stream._then(spec)
+
+    def count(self) -> Any:
+        return self.agg(count="count")
+
+    def apply(self, fn: Callable[[Any], Any], schema: str) -> Any:
+        """``fn(rows: pandas.DataFrame) -> dict`` (one result row) or a DataFrame (one
+        result row per row), columns as in the DDL ``schema``; called once per window
+        with all its rows (without the tracking columns), when it is complete."""
+        spec = WindowSpec(self.name, self.key, self.size_ms, self.slide_ms, (), fn, schema,
+                          self.poll_ms)
+        return self.stream._then(spec)
+
+
+def make_windowed(stream: Any, size: str | int, key: str, slide: str | int | None,
+                  name: str, poll_ms: int, delta_ms: int) -> WindowedStream:
+    size_ms = duration_ms(size)
+    slide_ms = duration_ms(slide) if slide is not None else size_ms
+    if size_ms % delta_ms or slide_ms % delta_ms:
+        raise ValueError(f"window size and slide must be multiples of delta_ms={delta_ms}")
+    if slide_ms <= 0 or size_ms % slide_ms:
+        raise ValueError("the window size must be a positive multiple of the slide")
+    return WindowedStream(stream, name, key, size_ms, slide_ms, poll_ms)

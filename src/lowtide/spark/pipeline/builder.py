@@ -1,0 +1,265 @@
+"""``lowtide.Pipeline``: a tracked streaming pipeline, described like PySpark.
+
+::
+
+    pipe = lowtide.Pipeline(spark, "clicks")               # embedded tracker
+    events = pipe.read_log("/data/ingest")                 # or pipe.generate(fronts=4, ...)
+    parsed = events.map(parse, "user string, n long", name="parse")
+    kept = parsed.filter(lambda b: pc.greater(b["n"], 0), name="positive")
+    query = kept.write_parquet("/out", checkpoint="/ckpt")   # starts the query
+    query.wait_for_min_time(t)                             # end-to-end completeness
+    pipe.close()
+
+The description is lazy: nothing touches Spark until a sink is chosen. Then the
+segment graph is derived (one segment per tracked receiver: the source's ingest
+segment if it reads a log, one per tracked operator, one for the sink), the tracker
+learns it (embedded: started here; remote: ``tracker="tcp://host:port"``, the graph
+travels in the handshake), and the DataFrame plan is built with closures that know
+the graph.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from lowtide.core.graph import SegmentGraph
+from lowtide.core.time import TimeGrid
+from lowtide.service.progress import RowRates
+from lowtide.spark.operators.tracked import OpRuntime, OpSpec, operator_id, task_function
+from lowtide.spark.operators.window_state import build_window
+from lowtide.spark.operators.windows import WindowSpec
+from lowtide.spark.pipeline.handle import TrackerHandle
+from lowtide.spark.pipeline.query import TrackedQuery
+from lowtide.spark.pipeline.status import PipelineStatus, status_of
+from lowtide.spark.pipeline.stream import SourceSpec, Stream, TransformSpec
+from lowtide.spark.sinks import TrackedForeachBatch, TrackedSink
+from lowtide.spark.sources.generator import GeneratorSpec, GenSource
+from lowtide.spark.sources.log_source import LogSource
+from lowtide.spark.tracking.column import TRACK_COL
+from lowtide.spark.tracking.transport import TrackerRef
+
+_REGISTERED: set[int] = set()
+_REG_LOCK = threading.Lock()
+
+
+def register_sources(spark: Any) -> None:
+    """Register lowtide's Python data sources with ``spark`` (once per session)."""
+    with _REG_LOCK:
+        if id(spark) in _REGISTERED:
+            return
+        for ds in (LogSource, GenSource, TrackedSink):
+            spark.dataSource.register(ds)
+        _REGISTERED.add(id(spark))
+
+
+def _with_tracking(schema: Any) -> Any:
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    if isinstance(schema, str):
+        return f"{schema}, {TRACK_COL} long"
+    if isinstance(schema, StructType):
+        return StructType([*schema.fields, StructField(TRACK_COL, LongType(), False)])
+    raise TypeError(f"schema must be a DDL string or StructType, got {type(schema)}")
+
+
+@dataclass(frozen=True)
+class Built:
+    """A built pipeline: the streaming DataFrame (up to the sink), its graph and
+    tracker."""
+
+    df: Any
+    graph: SegmentGraph
+    ref: TrackerRef
+
+
+class Pipeline:
+    """A tracked PySpark streaming pipeline; see the module docstring.
+
+    ``tracker``: None to embed a tracker service in this process, or
+    ``"tcp://host:port"`` of a running ``lowtide serve`` (``secret``: its shared secret).
+    ``freeze_gc``: when the embedded tracker starts, ``gc.freeze()`` the objects alive
+    in this process, so Python's full collections (which stall the tracker's thread
+    with the rest of the process) scan only objects made later; see docs/spark.md.
+    ``confirm=False`` is for measuring only: tasks submit their ack batches and end
+    without waiting for the tracker's confirmation, which breaks rule 6 (a worker that
+    dies right after its task loses the task's acks, and their windows stay stuck).
+    ``lowtide bench spark --variants tracked-unconfirmed`` measures what the wait costs.
+    """
+
+    def __init__(
+        self,
+        spark: Any,
+        name: str = "lowtide",
+        *,
+        tracker: str | None = None,
+        secret: str | None = None,
+        grid: TimeGrid | None = None,
+        state_dir: str | None = None,
+        stuck_after_ms: int = 5_000,
+        freeze_gc: bool = True,
+        confirm: bool = True,
+    ) -> None:
+        self.spark = spark
+        self.name = name
+        self.grid = grid or TimeGrid()
+        self._tracker_url = tracker
+        self._secret = secret if secret is not None else os.environ.get("LOWTIDE_SECRET")
+        self._state_dir = state_dir
+        self._stuck_after_ms = stuck_after_ms
+        self._freeze_gc = freeze_gc
+        self._confirm = confirm
+        self._source: SourceSpec | None = None
+        self._graph: SegmentGraph | None = None
+        self._handle: TrackerHandle | None = None
+        self._queries: list[TrackedQuery] = []
+        self._rates = RowRates()
+
+    # sources
+    def read_log(
+        self, path: str, *, fronts: str | list[int] | None = None, name: str = "ingest",
+        max_records_per_batch: int | None = None,
+    ) -> Stream:
+        """The ingest log written by :class:`lowtide.Front` producers; one partition
+        per front. ``name`` is the ingest segment (the fronts' source segment)."""
+        opts = {"path": os.fspath(path)}
+        if fronts is not None:
+            opts["fronts"] = fronts if isinstance(fronts, str) else ",".join(map(str, fronts))
+        if max_records_per_batch is not None:
+            opts["maxRecordsPerBatch"] = str(max_records_per_batch)
+        return self._set_source(SourceSpec("log", name, opts))
+
+    def generate(self, spec: GeneratorSpec | None = None, **kwargs: Any) -> Stream:
+        """The generator source (see :class:`GeneratorSpec` for ``kwargs``)."""
+        spec = spec or GeneratorSpec(**kwargs)
+        return self._set_source(SourceSpec("gen", None, {"spec": spec.to_json()}, spec))
+
+    def _set_source(self, src: SourceSpec) -> Stream:
+        if self._source is not None:
+            raise ValueError("a Pipeline has one source (build another Pipeline for more)")
+        self._source = src
+        return Stream(self)
+
+    # tracker
+    def describe(self, stream: Stream, sink: str = "sink") -> SegmentGraph:
+        return stream.graph(sink)
+
+    def start_tracker(self, graph: SegmentGraph) -> TrackerHandle:
+        """Start (embedded) or reach (remote) the tracker for ``graph``; idempotent."""
+        if self._handle is not None:
+            if self._handle.graph != graph:
+                raise ValueError("this pipeline's tracker already tracks another graph")
+            return self._handle
+        self._graph = graph
+        self._handle = TrackerHandle(graph, self.grid, self._tracker_url, self._secret,
+                                     self._state_dir, self._stuck_after_ms, self._freeze_gc,
+                                     self._confirm)
+        return self._handle
+
+    @property
+    def tracker(self) -> TrackerHandle:
+        if self._handle is None:
+            raise RuntimeError("the tracker starts with the query (or start_tracker(graph))")
+        return self._handle
+
+    @property
+    def tracker_ref(self) -> TrackerRef:
+        return self.tracker.ref
+
+    def front(self, front: int, log_dir: str | None = None, **kwargs: Any) -> Any:
+        """A :class:`lowtide.Front` producer feeding this pipeline's ingest log."""
+        from lowtide.spark.sources.front import Front
+
+        src = self._source
+        if src is None or src.kind != "log":
+            raise ValueError("fronts feed pipelines that read_log()")
+        return Front(log_dir or src.options["path"], front, self.tracker_ref,
+                     segment=src.name or "ingest", **kwargs)
+
+    # running
+    def build(self, stream: Stream, sink_name: str = "sink", null_sink: bool = False,
+              trace_file: str | None = None) -> Built:
+        """Start the tracker and build the streaming DataFrame of ``stream`` (tracking
+        columns included), for a sink that the caller writes and acks itself.
+        ``null_sink``: the rows go to Spark's ``noop`` sink and the last step, which
+        must be a tracked operator, acks them as received there (``trace_file``: see
+        :meth:`Stream.to_null`; a path every executor can append to)."""
+        src = self._source
+        assert src is not None
+        if null_sink and not stream.ends_in_operator():
+            raise ValueError("the null sink acks from the last step: a tracked operator")
+        graph = stream.graph(sink_name)
+        handle = self.start_tracker(graph)
+        ref = handle.ref
+        register_sources(self.spark)
+        names = stream.segment_names(sink_name)
+        first_out = names[1] if src.kind == "log" else names[0]
+        opts = dict(src.options)
+        opts["lowtide.tracker"] = ref.to_option()
+        if src.kind == "log":
+            opts["lowtide.segment"] = src.name or "ingest"
+            opts["lowtide.out"] = first_out
+            df = self.spark.readStream.format("lowtide_log").options(**opts).load()
+        else:
+            opts["lowtide.segment"] = first_out
+            df = self.spark.readStream.format("lowtide_gen").options(**opts).load()
+        # segment after op k is the next receiver's name
+        ops = [s for s in stream.steps if isinstance(s, OpSpec | WindowSpec)]
+        op_names = [o.name for o in ops]
+        after: dict[str, str] = {
+            n: (op_names[i + 1] if i + 1 < len(op_names) else sink_name)
+            for i, n in enumerate(op_names)
+        }
+        for step in stream.steps:
+            if isinstance(step, TransformSpec):
+                df = step.fn(df)
+                continue
+            if isinstance(step, WindowSpec):
+                df = build_window(df, step, ref, after[step.name], operator_id(step.name))
+                continue
+            last = null_sink and step is stream.steps[-1]
+            rt = OpRuntime(step.kind, step.fn, ref, step.name, after[step.name],
+                           operator_id(step.name), last, trace_file if last else None)
+            schema = df.schema if step.kind == "filter" or step.schema is None else \
+                _with_tracking(step.schema)
+            df = df.mapInArrow(task_function(rt), schema)
+        return Built(df, graph, ref)
+
+    def _start(self, stream: Stream, sink: tuple[Any, ...], sink_name: str, checkpoint: str,
+               trigger: str | None, query_name: str | None) -> TrackedQuery:
+        null_sink = sink[0] == "foreach" and sink[1] is None and stream.ends_in_operator()
+        built = self.build(stream, sink_name, null_sink, sink[3] if null_sink else None)
+        df, graph, ref = built.df, built.graph, built.ref
+        writer = df.writeStream.option("checkpointLocation", checkpoint)
+        if trigger:
+            writer = writer.trigger(processingTime=trigger)
+        if query_name:
+            writer = writer.queryName(query_name)
+        if null_sink:
+            query = writer.format("noop").start()
+        elif sink[0] == "foreach":
+            fb = TrackedForeachBatch(sink[1], ref, sink_name, keep_tracking_columns=sink[2],
+                                     trace_file=sink[3])
+            query = writer.foreachBatch(fb).start()
+        else:
+            opts = dict(sink[1])
+            opts["lowtide.tracker"] = ref.to_option()
+            opts["lowtide.segment"] = sink_name
+            query = writer.format("lowtide_sink").options(**opts).start()
+        tq = TrackedQuery(self, query, graph)
+        self._queries.append(tq)
+        return tq
+
+    def status(self) -> PipelineStatus:
+        return status_of(self.tracker.status(), self.grid, self._rates)
+
+    def close(self) -> None:
+        """Stop this pipeline's queries and its embedded tracker."""
+        for q in self._queries:
+            q.stop()
+        self._queries.clear()
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None

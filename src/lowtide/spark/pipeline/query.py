@@ -1,0 +1,101 @@
+"""A running tracked query, and stopping Spark queries between batches."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from lowtide.core.graph import SegmentGraph
+from lowtide.spark.pipeline.status import PipelineStatus
+
+if TYPE_CHECKING:
+    from lowtide.spark.pipeline.builder import Pipeline
+
+log = logging.getLogger("lowtide.spark.pipeline")
+
+
+def stop_between_batches(query: Any, graceful_s: float = 10.0) -> None:
+    """Stop a streaming query between batches if one ends within ``graceful_s``:
+    PySpark 4.3's stop during a Python task can kill the stream thread with a
+    StackOverflowError (a regex over the interrupted task's long error message), and
+    it aborts the batch's writes noisily."""
+    deadline = time.monotonic() + graceful_s
+    while query.isActive and query.status.get("isTriggerActive", False):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.005)
+    query.stop()
+    await_jobs_gone(str(query.runId))
+
+
+def await_jobs_gone(job_group: str, timeout_s: float = 30.0) -> bool:
+    """Return once no task of ``job_group``'s jobs (a query run's id) is running,
+    cancelling the group again while one is. Spark marks a stopped query's jobs
+    cancelled at once, but their tasks end later; CI once showed a stopped query's
+    stage still running, its tasks blocked on the tracker that was closed next.
+    True if none is left within ``timeout_s``."""
+    from pyspark import SparkContext
+
+    sc = SparkContext._active_spark_context
+    if sc is None:
+        return True
+    deadline = time.monotonic() + timeout_s
+    while _active_tasks(sc.statusTracker(), job_group):
+        if time.monotonic() > deadline:
+            log.warning("tasks still running after the query stopped", extra={"group": job_group})
+            return False
+        sc.cancelJobGroup(job_group)
+        time.sleep(0.1)
+    return True
+
+
+def _active_tasks(tracker: Any, job_group: str) -> int:
+    jobs = [tracker.getJobInfo(j) for j in tracker.getJobIdsForGroup(job_group)]
+    stages = [tracker.getStageInfo(s) for j in jobs if j is not None for s in j.stageIds]
+    return sum(st.numActiveTasks for st in stages if st is not None)
+
+
+
+class TrackedQuery:
+    """A running tracked query: Spark's ``StreamingQuery`` plus the tracker's view."""
+
+    def __init__(self, pipeline: Pipeline, query: Any, graph: SegmentGraph) -> None:
+        self.pipeline = pipeline
+        self.query = query
+        self.graph = graph
+        self.sink = graph.names[-1]
+
+    @property
+    def id(self) -> str:
+        return str(self.query.id)
+
+    def status(self) -> PipelineStatus:
+        return self.pipeline.status()
+
+    def min_time(self, segment: str | None = None) -> int:
+        doc = self.pipeline.tracker.status()
+        if segment is None:
+            return int(doc["global_min"])
+        return next(int(s["min_time"]) for s in doc["segments"] if s["segment"] == segment)
+
+    def stuck(self) -> list[str]:
+        return list(self.pipeline.tracker.status().get("stuck", []))
+
+    def wait_for_min_time(self, time_slot: int, segment: str | None = None,
+                          timeout_s: float = 60.0) -> int:
+        """Block until ``segment`` (default: the sink) passes ``time_slot``."""
+        seg = segment or self.sink
+        deadline = time.monotonic() + timeout_s
+        while True:
+            t = self.min_time(seg)
+            if t >= time_slot:
+                return t
+            if self.query.exception() is not None:
+                raise RuntimeError(f"query failed: {self.query.exception()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{seg!r} at {t}, waited for {time_slot}; stuck: {self.stuck()}")
+            time.sleep(0.05)
+
+    def stop(self, *, graceful_s: float = 10.0) -> None:
+        stop_between_batches(self.query, graceful_s)

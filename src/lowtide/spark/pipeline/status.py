@@ -1,0 +1,67 @@
+"""A pipeline's progress as the tracker reports it: per segment min time, lag, rows/s,
+fronts' heartbeat lag, stalled fronts and stuck windows."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from lowtide.core.time import TimeGrid
+from lowtide.service.clock import wall_ms
+from lowtide.service.progress import RowRates, stalled_fronts
+
+
+@dataclass
+class SegmentProgress:
+    segment: str
+    min_time: int
+    lag_ms: int | None
+    rows_per_s: float | None
+    in_flight: int | None = None
+    bound: int | None = None
+
+
+@dataclass
+class PipelineStatus:
+    wall_ms: int
+    global_min: int
+    segments: list[SegmentProgress]
+    fronts: dict[str, Any] = field(default_factory=dict)
+    stalled_fronts: list[int] = field(default_factory=list)
+    stuck: list[str] = field(default_factory=list)
+
+    def render(self, delta_ms: int) -> str:
+        lines = [f"{'segment':<16} {'min time':>14} {'lag ms':>9} {'rows/s':>10} {'in flight':>9}"]
+        for s in self.segments:
+            lag = "-" if s.lag_ms is None else str(s.lag_ms)
+            rps = "-" if s.rows_per_s is None else f"{s.rows_per_s:.0f}"
+            fl = "-" if s.in_flight is None else str(s.in_flight)
+            lines.append(f"{s.segment:<16} {s.min_time:>14} {lag:>9} {rps:>10} {fl:>9}")
+        for f, (seg, t) in sorted(self.fronts.items(), key=lambda kv: int(kv[0])):
+            flag = "  STALLED" if int(f) in self.stalled_fronts else ""
+            lag = self.wall_ms - t * delta_ms
+            lines.append(f"front {f:<10} {seg:<8} heartbeat lag {lag} ms{flag}")
+        lines.extend(f"STUCK: {s}" for s in self.stuck)
+        return "\n".join(lines)
+
+
+
+def status_of(doc: dict[str, Any], grid: TimeGrid, rates: RowRates | None = None,
+              stall_after_ms: int = 2_000) -> PipelineStatus:
+    """A :class:`PipelineStatus` from the tracker's status document. Rows/s per segment
+    come from the tracker's cumulative ``received`` count of each segment."""
+    now = int(doc.get("now_ms") or wall_ms())
+    segs = []
+    for s in doc.get("segments", []):
+        lag = now - s["min_time"] * grid.delta_ms if s["min_time"] > 0 else None
+        rps = None
+        total = s.get("received")
+        if rates is not None and total is not None:
+            rps = rates.observe(s["segment"], time.monotonic(), int(total))
+        segs.append(SegmentProgress(s["segment"], s["min_time"], lag, rps,
+                                    s.get("in_flight"), s.get("bound")))
+    fronts = doc.get("fronts", {})
+    stalled = stalled_fronts(fronts, now, grid, stall_after_ms)
+    return PipelineStatus(now, doc.get("global_min", 0), segs, fronts, sorted(stalled),
+                          list(doc.get("stuck", [])))

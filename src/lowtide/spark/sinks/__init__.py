@@ -1,0 +1,46 @@
+"""Tracked sinks: receipt is acked only after the batch is committed.
+
+The sink's input segment is the last segment of the pipeline, so its min time is
+end-to-end completeness: every row with time < t has been committed at the sink.
+
+Two mechanisms:
+
+* :class:`TrackedForeachBatch` wraps a ``foreachBatch`` function. It caches the
+  batch, computes the receive-acks in the JVM (grouped by the slot bits of
+  ``lt_track``, with ``bit_xor`` and ``count``; no Python pass over the rows), runs
+  the user's function (which commits), then sends one batch keyed
+  ``(query id, batch id, sink segment, 0)``.
+  The console sink is built on it, and so is the null sink after an untracked step
+  (no user function: the aggregation alone). The null sink right after a tracked
+  operator is no sink object at all: Spark's ``noop`` sink, and the operator's
+  tasks ack the rows as received (see ``Stream.to_null``).
+* ``format("lowtide_sink")``: a Python data source stream writer (Arrow). Each task
+  writes its rows (``mode=parquet``: a Parquet file per (batch, partition), named
+  deterministically, so a re-run batch overwrites instead of duplicating;
+  ``mode=null``: drops them) and returns its per-time XORs in its commit message;
+  the driver-side ``commit`` publishes the files and then sends the acks.
+
+With ``keep_tracking_columns`` the output has ``lt_time`` (the row's full slot) and
+``lt_ack`` (its 32-bit ack id) instead of the packed ``lt_track``.
+
+A failed batch sends nothing: the acks of a batch go out only after its commit. (The
+null sink after a tracked operator commits nothing and is no object here: that
+operator's tasks ack it, see ``lowtide.spark.operators.tracked.ack_null_sink``.)
+"""
+
+from lowtide.spark.sinks.foreach import (
+    TrackedForeachBatch,
+    append_trace,
+    console_writer,
+    unpacked_columns,
+)
+from lowtide.spark.sinks.writer import SINK_MODES, TrackedSink
+
+__all__ = [
+    "SINK_MODES",
+    "TrackedForeachBatch",
+    "TrackedSink",
+    "append_trace",
+    "console_writer",
+    "unpacked_columns",
+]

@@ -1,0 +1,250 @@
+"""Tracked Spark sources (Python Data Source API, micro-batch).
+
+``lowtide_log`` reads the ingest log (:mod:`lowtide.spark.sources.ingest`), one partition per
+front. Offsets are ``{"f<front>": next offset}`` and live in Spark's checkpoint, so a
+restarted query resumes where it stopped; a re-run batch reads exactly the same records.
+
+A source task is a tracked operator: it *receives* the records from the ingest segment
+(where the :class:`lowtide.Front` producer sent them) and *sends* them into the segment
+of the first tracked operator, their ack values cut to the tracking column's 32-bit
+ids. It sends one idempotent batch, keyed ``(query id, batch id, ingest segment,
+front)``, when its output is complete (rule 6).
+The producer heartbeats on its own channel after its own acks (rule 3).
+
+Notes on the API (PySpark 4.3): the stream reader lives in a separate Python process
+next to the driver (not the user's driver process); ``read`` runs in executor tasks;
+neither may keep state between calls except through offsets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from lowtide.core.acks import root_acks
+from lowtide.core.errors import NonMonotonicHeartbeat
+from lowtide.core.messages import AckBatch, Heartbeat
+from lowtide.spark.sources.ingest import IngestReader, list_fronts
+from lowtide.spark.tracking.column import (
+    TRACK_COL,
+    AckAccumulator,
+    ack_ids,
+    attach,
+    pack,
+    reference_slot,
+)
+from lowtide.spark.tracking.transport import (
+    AgentLike,
+    Pending,
+    TrackerRef,
+    batch_key,
+    connect,
+    task_identity,
+)
+
+try:  # the module must import without pyspark for the pure tests
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+except ImportError:  # pragma: no cover
+    DataSource = DataSourceStreamReader = InputPartition = object  # type: ignore[misc,assignment]
+
+LOG_SCHEMA = f"front int, offset long, payload binary, {TRACK_COL} long"
+
+
+def front_key(front: int) -> str:
+    return f"f{front}"
+
+
+def parse_fronts(text: str | None) -> list[int] | None:
+    """``"0,1,5"`` or ``"0-3"`` -> ids; None/empty/``"auto"``: discover."""
+    if not text or text == "auto":
+        return None
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if "-" in part:
+            lo, hi = part.split("-", 1)
+            out.extend(range(int(lo), int(hi) + 1))
+        elif part:
+            out.append(int(part))
+    return sorted(set(out))
+
+
+def ensure_front(agent: AgentLike, front: int, segment: str, time: int) -> None:
+    """Register ``front`` at ``time`` unless it is already live further ahead.
+
+    A restarted query says hello again from its checkpoint's offsets; the tracker may
+    have seen later heartbeats of the same front (from a batch that ran but was not
+    committed), which is fine: the front stays where it is."""
+    try:
+        agent.register_front(front, segment, time)
+    except NonMonotonicHeartbeat:
+        return
+
+
+@dataclass(frozen=True)
+class TaskBatch:
+    """One task's acks (merged per window) on their way to the tracker."""
+
+    acks: AckBatch
+    pending: Pending | None  # None: nothing to send
+
+    def wait(self) -> None:
+        """Block until the tracker confirmed the batch (rule 6: before the task ends)."""
+        if self.pending is not None:
+            self.pending.wait()
+
+
+def submit_task_batch(
+    ref: TrackerRef,
+    segment: str,
+    partition: int,
+    acc: AckAccumulator,
+    heartbeats: Sequence[Heartbeat] = (),
+) -> TaskBatch:
+    """Submit one task's acks (and heartbeats after them) as one idempotent batch,
+    without waiting. A task submits once its acks are all known, possibly before its
+    last rows are emitted (acks early only keep rows in flight longer), and waits
+    before it ends, so the round trip overlaps the emitting."""
+    acks = acc.build(ref.grid.window_slots)
+    if len(acks) == 0 and not heartbeats:
+        return TaskBatch(acks, None)
+    ident = task_identity()
+    key = batch_key(ident.query, ident.batch_id, segment, partition)
+    pending = connect(ref).submit_batch(key, acks, tuple(heartbeats))
+    return TaskBatch(acks, pending if ref.confirm else None)
+
+
+def send_task_batch(
+    ref: TrackerRef,
+    segment: str,
+    partition: int,
+    acc: AckAccumulator,
+    heartbeats: Sequence[Heartbeat] = (),
+) -> AckBatch:
+    """:func:`submit_task_batch` and wait; returns the acks (merged per window) sent."""
+    batch = submit_task_batch(ref, segment, partition, acc, heartbeats)
+    batch.wait()
+    return batch.acks
+
+
+class FrontPartition(InputPartition):  # type: ignore[misc]
+    def __init__(self, front: int, start: int, end: int, extra: Any = None) -> None:
+        self.front, self.start, self.end, self.extra = front, start, end, extra
+
+    def __repr__(self) -> str:
+        return f"FrontPartition(front={self.front}, [{self.start}, {self.end}))"
+
+
+def log_offsets(
+    directory: str, fronts: list[int] | None, start: dict[str, int], max_records: int | None
+) -> dict[str, int]:
+    """The next end offsets: everything visible, or at most ``max_records`` per front."""
+    ids = fronts if fronts is not None else list_fronts(directory)
+    end = dict(start)
+    for f in ids:
+        k = front_key(f)
+        lo = int(start.get(k, 0))
+        hi = IngestReader(directory, f).end_offset()
+        if max_records is not None:
+            hi = min(hi, lo + max_records)
+        end[k] = max(lo, hi)
+    return end
+
+
+def log_partitions(start: dict[str, int], end: dict[str, int]) -> list[FrontPartition]:
+    out = []
+    for k in sorted(end, key=lambda s: int(s[1:])):
+        lo, hi = int(start.get(k, 0)), int(end[k])
+        if hi > lo:
+            out.append(FrontPartition(int(k[1:]), lo, hi))
+    return out
+
+
+def read_log_partition(
+    directory: str, part: FrontPartition
+) -> tuple[Any, np.ndarray, np.ndarray]:
+    """(record batch of the data columns, times, acks as the front sent them) of the
+    partition's records."""
+    import pyarrow as pa
+
+    times, payloads = IngestReader(directory, part.front).read(part.start, part.end)
+    seq = np.arange(part.start, part.end, dtype=np.uint64)
+    acks = root_acks(part.front, seq)
+    n = len(seq)
+    batch = pa.RecordBatch.from_arrays(
+        [
+            pa.array(np.full(n, part.front, np.int32)),
+            pa.array(seq.astype(np.int64)),
+            payloads,
+        ],
+        names=["front", "offset", "payload"],
+    )
+    return batch, times, acks
+
+
+class LogStreamReader(DataSourceStreamReader):  # type: ignore[misc]
+    def __init__(self, options: dict[str, str]) -> None:
+        self.path = options["path"]
+        self.fronts = parse_fronts(options.get("fronts"))
+        mr = options.get("maxrecordsperbatch")
+        self.max_records = int(mr) if mr else None
+        self.ref = TrackerRef.from_option(options["lowtide.tracker"])
+        self.ingest = options["lowtide.segment"]
+        self.out = options["lowtide.out"]
+
+    def initialOffset(self) -> dict[str, int]:
+        ids = self.fronts if self.fronts is not None else list_fronts(self.path)
+        return {front_key(f): 0 for f in ids}
+
+    def latestOffset(self, start: dict[str, int], limit: Any = None) -> dict[str, int]:
+        return log_offsets(self.path, self.fronts, start, self.max_records)
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[FrontPartition]:
+        return log_partitions(start, end)
+
+    def read(self, partition: FrontPartition) -> Iterator[Any]:
+        batch, times, acks = read_log_partition(self.path, partition)
+        packed = pack(times, acks, reference_slot(self.ref.grid))
+        out = self.ref.graph.index(self.out)
+        ingest = self.ref.graph.index(self.ingest)
+        acc = AckAccumulator()
+        acc.add(out, times, ack_ids(packed), +1)  # children first: the acks' low 32 bits
+        acc.add(ingest, times, acks, -1)
+        sent = submit_task_batch(self.ref, self.ingest, partition.front, acc)
+        yield attach(batch, packed)
+        sent.wait()
+
+    def commit(self, end: dict[str, int]) -> None:
+        return None
+
+
+class LogSource(DataSource):  # type: ignore[misc]
+    """``spark.readStream.format("lowtide_log")``; see :mod:`lowtide.spark.sources.log_source`."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "lowtide_log"
+
+    def schema(self) -> str:
+        return LOG_SCHEMA
+
+    def streamReader(self, schema: Any) -> LogStreamReader:
+        return LogStreamReader({k.lower(): v for k, v in self.options.items()})
+
+
+__all__ = [
+    "LOG_SCHEMA",
+    "FrontPartition",
+    "LogSource",
+    "LogStreamReader",
+    "ensure_front",
+    "log_offsets",
+    "log_partitions",
+    "parse_fronts",
+    "read_log_partition",
+    "send_task_batch",
+    "submit_task_batch",
+]
