@@ -101,18 +101,22 @@ class Run:
         self.seen.append((update.segment, update.time, time.monotonic_ns()))
 
     def start_fronts(self) -> None:
-        for front in self.work.fronts:
-            args = (self.tracker.url, self.work, front, self.skew.get(front, 0),
-                    str(self.journal / f"front-{front}.log"), self.go)
-            self.procs.append(self.ctx.Process(target=front_process, args=args))
+        """Fronts register one at a time, least skewed first, then all start together:
+        a front registered ahead of the others would move the min time past the slots
+        the others start at."""
+        starts = [(self.skew.get(f, 0), front_process,
+                   (self.tracker.url, self.work, f, self.skew.get(f, 0),
+                    str(self.journal / f"front-{f}.log"), self.go))
+                  for f in self.work.fronts]
         if self.scenario.rogue:
-            args = (self.tracker.url, self.work, ROGUE_FRONT,
-                    str(self.journal / f"front-{ROGUE_FRONT}.log"), self.go)
-            self.procs.append(self.ctx.Process(target=rogue_front_process, args=args))
-        for p in self.procs:
-            p.start()
-        _wait(lambda: self._registered() == len(self.procs), 60, "fronts to register",
-              self.procs, self.journal)
+            starts.append((0, rogue_front_process,
+                           (self.tracker.url, self.work, ROGUE_FRONT,
+                            str(self.journal / f"front-{ROGUE_FRONT}.log"), self.go)))
+        for _skew, target, args in sorted(starts, key=lambda s: s[0]):
+            self.procs.append(self.ctx.Process(target=target, args=args))
+            self.procs[-1].start()
+            _wait(lambda: self._registered() == len(self.procs), 60, "fronts to register",
+                  self.procs, self.journal)
         self.go.set()
 
     def _registered(self) -> int:
