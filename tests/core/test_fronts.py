@@ -128,7 +128,7 @@ def test_export_restore_round_trip() -> None:
     fronts.register(3, 0, 30, floor=0)
     fronts.unregister(3)
     live, done = fronts.export()
-    assert live == ((1, 0, 10), (2, 1, 20))
+    assert live == ((1, 0, 10, 0), (2, 1, 20, 0))
     assert done == (30, 0)
     copy = FrontTable(n_segments=2)
     copy.register(9, 1, 1, floor=0)  # replaced by restore
