@@ -110,6 +110,7 @@ def test_a_resent_refused_batch_stays_refused_across_a_restart(
         first = ask(client, behind)
         assert isinstance(first, Error) and first.code == ErrorCode.ACK_BEHIND_HEAD
         assert ask(client, behind) == first
+        assert ask(client, Batch(3, 9, "", AckBatch.empty(), (Heartbeat(1, 11),))) == Ok(3)
         client.close()
     finally:
         svc.stop()
