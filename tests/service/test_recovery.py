@@ -17,6 +17,7 @@ import pytest
 
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import Ack, AckBatch, Heartbeat
+from lowtide.core.time import TimeGrid
 from lowtide.service import Agent, BatchKey, TrackerService
 from lowtide.service.persist import StateDirRefused
 
@@ -109,6 +110,11 @@ def test_a_state_dir_of_another_graph_refuses_to_start(two_files: Path) -> None:
     with pytest.raises(StateDirRefused, match="another pipeline graph"):
         TrackerService.start(other, state_dir=two_files)
     assert recovered_min(two_files) == 12  # untouched by the refused start
+
+
+def test_another_time_grid_refuses_to_start(two_files: Path) -> None:
+    with pytest.raises(StateDirRefused, match="same grid"):
+        TrackerService.start(GRAPH, grid=TimeGrid(10, 2), state_dir=two_files)
 
 
 def test_another_format_refuses_to_start(two_files: Path) -> None:

@@ -155,6 +155,13 @@ class Engine(ABC):
         self.sent += sent.astype(np.int64)
         self.received += received.astype(np.int64)
 
+    def identity(self) -> dict[str, Any]:
+        """What a state dir must have been written for, besides the graph: the time
+        grid (slots and windows mean nothing under another) and, on a shard, which
+        windows it owns."""
+        grid = self.config.grid
+        return {"delta_ms": grid.delta_ms, "window_slots": grid.window_slots}
+
     def status_document(self) -> dict[str, Any]:
         """:meth:`status` with each segment's ``received`` and ``sent`` rows (a
         coordinator's status already holds its shards' sums)."""

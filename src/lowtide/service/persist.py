@@ -27,6 +27,7 @@ import json
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 from lowtide.core.graph import SegmentGraph
 from lowtide.service.engine import Engine, Logged
@@ -76,28 +77,50 @@ def store_graph(state_dir: Path, graph: SegmentGraph) -> None:
     """Bind ``state_dir`` to ``graph`` (and this format), or refuse if it belongs to
     another graph or format, or holds state without saying whose."""
     _private_dir(state_dir)
-    path = state_dir / STATE
-    mine = {"format": FORMAT_VERSION, "graph": graph.fingerprint()}
-    if path.exists():
-        try:
-            found = json.loads(path.read_bytes())
-            fmt, fingerprint = int(found["format"]), str(found["graph"])
-        except (ValueError, KeyError, TypeError):
-            raise _refused(path, 0, "damaged") from None
-        if fmt != FORMAT_VERSION:
-            raise _refused(path, 0, f"written in format {fmt}, this lowtide reads "
-                           f"{FORMAT_VERSION}")
-        if fingerprint != mine["graph"]:
-            raise StateDirRefused(
-                f"{state_dir} holds the state of another pipeline graph (fingerprint "
-                f"{fingerprint}, this one {mine['graph']}): use the graph it was written "
-                f"for, or another state dir"
-            )
-    elif (state_dir / SNAPSHOT).exists() or any(state_dir.glob("wal-*.log")):
-        raise _refused(path, 0, "missing, so the log and snapshot here cannot be checked")
-    else:
-        _atomic_write(path, json.dumps(mine).encode(), fsync=True)
+    _bind(state_dir, graph.fingerprint())
     _atomic_write(state_dir / GRAPH, json.dumps(graph_spec(graph)).encode(), fsync=True)
+
+
+def _bind(state_dir: Path, fingerprint: str, identity: dict[str, Any] | None = None) -> None:
+    """Check ``state.json`` against this graph and (``identity``) this engine's time
+    grid and shard layout, recording what it does not say yet."""
+    found = _state_file(state_dir)
+    state = found or {"format": FORMAT_VERSION, "graph": fingerprint}
+    if state["graph"] != fingerprint:
+        raise StateDirRefused(
+            f"{state_dir} holds the state of another pipeline graph (fingerprint "
+            f"{state['graph']}, this one {fingerprint}): use the graph it was written for, "
+            f"or another state dir"
+        )
+    earlier = state.get("engine")
+    if identity is not None and earlier is not None and earlier != identity:
+        raise StateDirRefused(
+            f"{state_dir} was written by a tracker with {earlier}, this one has {identity}: "
+            "start it with the same grid (--delta-ms, --window-slots) and shard layout, or "
+            "use another state dir"
+        )
+    if found is None or (identity is not None and earlier is None):
+        state = {**state, "engine": identity} if identity is not None else state
+        _atomic_write(state_dir / STATE, json.dumps(state).encode(), fsync=True)
+
+
+def _state_file(state_dir: Path) -> dict[str, Any] | None:
+    """``state.json``, checked; None in a directory that holds no state yet. A
+    directory with a log or snapshot but no readable state.json is refused."""
+    path = state_dir / STATE
+    if not path.exists():
+        if (state_dir / SNAPSHOT).exists() or any(state_dir.glob("wal-*.log")):
+            raise _refused(path, 0, "missing, so the log and snapshot here cannot be checked")
+        return None
+    try:
+        found: dict[str, Any] = json.loads(path.read_bytes())
+        fmt = int(found["format"])
+        str(found["graph"])
+    except (ValueError, KeyError, TypeError):
+        raise _refused(path, 0, "damaged") from None
+    if fmt != FORMAT_VERSION:
+        raise _refused(path, 0, f"written in format {fmt}, this lowtide reads {FORMAT_VERSION}")
+    return found
 
 
 def _refused(path: Path, offset: int, what: str) -> StateDirRefused:
@@ -151,6 +174,7 @@ class StateLog:
         self._last_snapshot_ms: int | None = None
         self._broken: str | None = None
         _private_dir(state_dir)
+        _state_file(state_dir)  # refuse a directory of another format before anything
         self._lock = _lock_dir(state_dir)
 
     # ---------------------------------------------------------------- recover
@@ -158,6 +182,7 @@ class StateLog:
         """Load the snapshot and replay the logs into ``engine``; returns the number of
         groups replayed. Opens a fresh log file for what follows, and from then on
         logs the engine's refusals too."""
+        _bind(self.dir, engine.graph.fingerprint(), engine.identity())
         first = 1
         snap = self.dir / SNAPSHOT
         if snap.exists():

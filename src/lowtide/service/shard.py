@@ -72,6 +72,9 @@ class ShardEngine(Engine):
         if nt is not None:
             self._retained[(nt.node, nt.counter)] = nt.min_time
 
+    def identity(self) -> dict[str, Any]:
+        return {**super().identity(), "shard": [self.index, self.shard.layout.n_shards]}
+
     def _prove(self, msg: Batch) -> None:
         """Rule 8: acks travel with a node time whose min time is at or below them."""
         if len(msg.acks) == 0:
