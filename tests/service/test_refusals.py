@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -13,27 +13,12 @@ from lowtide.core.errors import FrontOwned, TableOverflow
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import Ack, AckBatch, Heartbeat
 from lowtide.service import Agent, SessionFailed, TrackerService
-from lowtide.wire.messages import Batch, Error, ErrorCode, FrontOp, Message, Ok, Welcome
+from lowtide.wire.messages import Batch, Error, ErrorCode, FrontOp, Ok
 from tests.service.raw import RawClient
 
 pytestmark = pytest.mark.socket
 
 FAR = 1 << 21  # slots ahead of the head: more than the table may grow (TableOverflow)
-
-
-@pytest.fixture
-def raw(service: TrackerService) -> Iterator[RawClient]:
-    client = RawClient.open(service.url)
-    try:
-        assert isinstance(client.hello(), Welcome)
-        yield client
-    finally:
-        client.close()
-
-
-def ask(client: RawClient, msg: Message) -> Message:
-    client.send(msg)
-    return client.recv()
 
 
 def sink_min(url: str, graph: SegmentGraph) -> int:
@@ -43,37 +28,37 @@ def sink_min(url: str, graph: SegmentGraph) -> int:
 
 # ------------------------------------------------------------ point 1: failed sessions
 def test_refused_background_flush_fails_the_session_on_the_server(
-    service: TrackerService, raw: RawClient, graph: SegmentGraph
+    service: TrackerService, graph: SegmentGraph
 ) -> None:
     """A client that goes on after its flush was refused (a client cannot be trusted
     to stop): its later heartbeats are refused, so the sink's min time stays below
     the item whose send-ack was in the refused flush."""
-    assert ask(raw, FrontOp(1, 7, True, 1, "src", 0)) == Ok(1)
-    lost = AckBatch.of([Ack(0, 5, 0xA, 1), Ack(0, FAR, 0xB, 1)])  # item at 5 is in flight
-    refused = ask(raw, Batch(2, 7, "", lost))
-    assert isinstance(refused, Error) and refused.code == ErrorCode.TABLE_OVERFLOW
-    later = ask(raw, Batch(3, 7, "", AckBatch.empty(), (Heartbeat(1, 50),)))
-    assert isinstance(later, Error) and later.code == ErrorCode.SESSION_FAILED
-    assert "request 2" in later.message and "TABLE_OVERFLOW" in later.message
-    assert ask(raw, FrontOp(4, 7, True, 1, "src", 60)).code == ErrorCode.SESSION_FAILED  # type: ignore[union-attr]
+    with closing(RawClient.welcomed(service.url)) as raw:
+        assert raw.ask(FrontOp(1, 7, True, 1, "src", 0)) == Ok(1)
+        lost = AckBatch.of([Ack(0, 5, 0xA, 1), Ack(0, FAR, 0xB, 1)])  # item at 5 in flight
+        refused = raw.ask(Batch(2, 7, "", lost))
+        assert isinstance(refused, Error) and refused.code == ErrorCode.TABLE_OVERFLOW
+        later = raw.ask(Batch(3, 7, "", AckBatch.empty(), (Heartbeat(1, 50),)))
+        assert isinstance(later, Error) and later.code == ErrorCode.SESSION_FAILED
+        assert "request 2" in later.message and "TABLE_OVERFLOW" in later.message
+        moved = raw.ask(FrontOp(4, 7, True, 1, "src", 60))
+        assert isinstance(moved, Error) and moved.code == ErrorCode.SESSION_FAILED
     assert sink_min(service.url, graph) == 0
 
 
 def test_failed_session_stays_failed_after_a_restart(tmp_path: Path, graph: SegmentGraph) -> None:
     svc = TrackerService.start(graph, state_dir=tmp_path / "state")
     try:
-        client = RawClient.open(svc.url)
-        assert isinstance(client.hello(), Welcome)
-        ask(client, FrontOp(1, 7, True, 1, "src", 0))
-        ask(client, Batch(2, 7, "", AckBatch.of([Ack(0, 5, 0xA, 1), Ack(0, FAR, 0xB, 1)])))
+        client = RawClient.welcomed(svc.url)
+        client.ask(FrontOp(1, 7, True, 1, "src", 0))
+        client.ask(Batch(2, 7, "", AckBatch.of([Ack(0, 5, 0xA, 1), Ack(0, FAR, 0xB, 1)])))
         client.close()
     finally:
         svc.stop()
     svc = TrackerService.start(graph, state_dir=tmp_path / "state")
     try:
-        client = RawClient.open(svc.url)
-        assert isinstance(client.hello(), Welcome)
-        later = ask(client, Batch(3, 7, "", AckBatch.empty(), (Heartbeat(1, 50),)))
+        client = RawClient.welcomed(svc.url)
+        later = client.ask(Batch(3, 7, "", AckBatch.empty(), (Heartbeat(1, 50),)))
         assert isinstance(later, Error) and later.code == ErrorCode.SESSION_FAILED
         client.close()
         assert sink_min(svc.url, graph) == 0
@@ -104,21 +89,19 @@ def test_a_resent_refused_batch_stays_refused_across_a_restart(
     behind = Batch(2, 9, '["q",1,"src",0]', AckBatch.of([Ack(0, 3, 0x1, 1)]))
     svc = TrackerService.start(graph, state_dir=state)
     try:
-        client = RawClient.open(svc.url)
-        assert isinstance(client.hello(), Welcome)
-        ask(client, FrontOp(1, 9, True, 1, "src", 10))
-        first = ask(client, behind)
+        client = RawClient.welcomed(svc.url)
+        client.ask(FrontOp(1, 9, True, 1, "src", 10))
+        first = client.ask(behind)
         assert isinstance(first, Error) and first.code == ErrorCode.ACK_BEHIND_HEAD
-        assert ask(client, behind) == first
-        assert ask(client, Batch(3, 9, "", AckBatch.empty(), (Heartbeat(1, 11),))) == Ok(3)
+        assert client.ask(behind) == first
+        assert client.ask(Batch(3, 9, "", AckBatch.empty(), (Heartbeat(1, 11),))) == Ok(3)
         client.close()
     finally:
         svc.stop()
     svc = TrackerService.start(graph, state_dir=state)
     try:
-        client = RawClient.open(svc.url)
-        assert isinstance(client.hello(), Welcome)
-        assert ask(client, behind) == first  # not Ok(duplicate=True): it was never applied
+        client = RawClient.welcomed(svc.url)
+        assert client.ask(behind) == first  # not Ok(duplicate=True): it was never applied
         client.close()
     finally:
         svc.stop()
@@ -151,7 +134,7 @@ def test_a_successor_with_the_same_owner_name_takes_over(
     with Agent.connect(service.url, graph) as successor:  # a restarted process
         successor.register_front(1, "src", 9, owner="ingest")
         assert service_fronts(successor) == {"1": ["src", 9]}
-        successor.unregister_front(1)
+        successor.unregister_front(1, owner="ingest")
         assert service_fronts(successor) == {}
 
 

@@ -17,11 +17,9 @@ from lowtide.wire.messages import (
     Error,
     ErrorCode,
     FrontOp,
-    Message,
     Ok,
     ShardReportFrame,
     WatchShard,
-    Welcome,
 )
 from tests.service.raw import RawClient
 
@@ -34,22 +32,18 @@ LOW = 4  # window 4 of 1 slot: shard 0 of 2 owns it
 @pytest.fixture
 def shard0() -> Iterator[RawClient]:
     svc = TrackerService.start(GRAPH, grid=TimeGrid(10, 1), shard=(0, 2))
-    client = RawClient.open(svc.url)
     try:
-        assert isinstance(client.hello(), Welcome)
-        yield client
+        client = RawClient.welcomed(svc.url)
+        try:
+            yield client
+        finally:
+            client.close()
     finally:
-        client.close()
         svc.stop()
 
 
-def ask(client: RawClient, msg: Message) -> Message:
-    client.send(msg)
-    return client.recv()
-
-
 def reported(client: RawClient) -> tuple[int, ...]:
-    assert ask(client, WatchShard(99)) == Ok(99)
+    assert client.ask(WatchShard(99)) == Ok(99)
     report = client.recv()
     assert isinstance(report, ShardReportFrame)
     return report.report.min_times
@@ -63,18 +57,18 @@ def reported(client: RawClient) -> tuple[int, ...]:
 def test_unproven_acks_are_refused_and_hold_the_shard(
     shard0: RawClient, node_time: NodeTime | None
 ) -> None:
-    assert ask(shard0, FrontOp(1, 5, True, 1, "src", 0)) == Ok(1)
+    assert shard0.ask(FrontOp(1, 5, True, 1, "src", 0)) == Ok(1)
     in_flight = AckBatch.of([Ack(0, LOW, 0xA, 1)])
-    refused = ask(shard0, Batch(2, 5, '["q",0,"src",0]', in_flight, (), node_time))
+    refused = shard0.ask(Batch(2, 5, '["q",0,"src",0]', in_flight, (), node_time))
     assert isinstance(refused, Error) and refused.code == ErrorCode.BAD_REQUEST
     assert "rule 8" in refused.message
     # someone heartbeats the front far past the refused item: the shard stays below it
-    assert ask(shard0, Batch(1, 6, "", AckBatch.empty(), (Heartbeat(1, 100),))) == Ok(1)
+    assert shard0.ask(Batch(1, 6, "", AckBatch.empty(), (Heartbeat(1, 100),))) == Ok(1)
     assert max(reported(shard0)) <= LOW
 
 
 def test_proven_acks_are_applied(shard0: RawClient) -> None:
-    assert ask(shard0, FrontOp(1, 5, True, 1, "src", 0)) == Ok(1)
+    assert shard0.ask(FrontOp(1, 5, True, 1, "src", 0)) == Ok(1)
     acks = AckBatch.of([Ack(0, LOW, 0xA, 1), Ack(0, LOW, 0xA, -1)])
-    assert ask(shard0, Batch(2, 5, "", acks, (Heartbeat(1, 100),), NodeTime(5, 1, LOW))) == Ok(2)
+    assert shard0.ask(Batch(2, 5, "", acks, (Heartbeat(1, 100),), NodeTime(5, 1, LOW))) == Ok(2)
     assert min(reported(shard0)) >= 100

@@ -159,6 +159,7 @@ class Agent:
         self._call(self._link.front_op(True, front, segment, time, owner), timeout_s)
 
     def unregister_front(self, front: int, timeout_s: float = 30.0, *, owner: str = "") -> None:
+        """The front is done; ``owner``: the name it was registered with, if any."""
         self._ensure()
         self._call(self._link.front_op(False, front, "", 0, owner), timeout_s)
 

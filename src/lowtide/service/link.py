@@ -85,7 +85,6 @@ class Link:
         self.refused: ServiceError | None = None
         self._changed = asyncio.Event()  # set on each welcome or refusal of the main lane
         self._subs: dict[int, Forward] = {}
-        self._owners: dict[int, int] = {}  # front -> the owner id it was registered with
         self._inflight: set[asyncio.Future[Reply]] = set()
         self._errors: list[Exception] = []
         #: set once the tracker refused a background flush: every later call raises it
@@ -264,8 +263,7 @@ class Link:
         await self._ready()
         self.check_failed()
         self._send_flush(self.local.flush())
-        owner_id = self._owners.get(front) if not register else None
-        owner_id = owner_id or self.owner_id(front, owner)
+        owner_id = self.owner_id(front, owner)
         futs = [
             self._submit(
                 lane,
@@ -275,10 +273,6 @@ class Link:
         ]
         for reply in await asyncio.gather(*futs):
             _check(reply)
-        if register:
-            self._owners[front] = owner_id
-        else:
-            self._owners.pop(front, None)
 
     async def keyed(self, key: BatchKey, acks: AckBatch, hbs: tuple[Heartbeat, ...]) -> bool:
         await self._ready()
