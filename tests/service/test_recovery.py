@@ -99,9 +99,24 @@ def test_serve_says_why_in_one_line(two_files: Path, tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "lowtide.cli", "serve", "--port", "0", "--graph", str(graph),
            "--state-dir", str(two_files)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 1
+    assert done.returncode == 3
     lines = [line for line in done.stderr.splitlines() if "lowtide serve:" in line]
     assert len(lines) == 1 and "wal-00000001.log" in lines[0] and "Traceback" not in done.stderr
+
+
+def test_a_sharded_deployment_says_why_in_one_line(tmp_path: Path) -> None:
+    """A shard that refuses its state dir stops the coordinator at once (no retries)."""
+    shard = tmp_path / "state" / "shard-0"
+    shard.mkdir(parents=True)
+    (shard / "wal-00000001.log").write_bytes(b"")  # a log, but nothing says whose
+    graph = tmp_path / "graph.json"
+    graph.write_text(json.dumps([["src", []], ["sink", ["src"]]]))
+    cmd = [sys.executable, "-m", "lowtide.cli", "serve", "--port", "0", "--graph", str(graph),
+           "--state-dir", str(tmp_path / "state"), "--shards", "1"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3
+    assert "Traceback" not in done.stderr
+    assert "state.json: missing" in done.stderr and "retrying cannot help" in done.stderr
 
 
 # ------------------------------------------------------------ point 8: whose state dir

@@ -50,15 +50,20 @@ WAY_OUT = (
 
 
 class StateDirError(RuntimeError):
-    """The state directory cannot be used; the message is one line."""
+    """The state directory cannot be used; the message is one line. ``exit_code``:
+    what `lowtide serve` exits with."""
+
+    exit_code = 1
 
 
 class StateDirInUse(StateDirError):
-    """Another live server holds this state directory."""
+    """Another live server holds this state directory (it may be on its way out)."""
 
 
 class StateDirRefused(StateDirError):
-    """Recovery cannot prove the state it would load: it refuses to start."""
+    """Recovery cannot prove the state it would load: it refuses to start, for good."""
+
+    exit_code = 3
 
 
 def _wal_name(index: int) -> str:

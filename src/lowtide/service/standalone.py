@@ -97,7 +97,7 @@ def run_serve(args: argparse.Namespace) -> int:
         asyncio.run(_serve(args))
     except StateDirError as exc:
         print(f"lowtide serve: {exc}", file=sys.stderr)
-        return 1
+        return exc.exit_code
     return 0
 
 
