@@ -11,6 +11,7 @@ import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -117,6 +118,30 @@ def test_a_sharded_deployment_says_why_in_one_line(tmp_path: Path) -> None:
     assert done.returncode == 3
     assert "Traceback" not in done.stderr
     assert "state.json: missing" in done.stderr and "retrying cannot help" in done.stderr
+
+
+def test_replay_forgets_batch_keys_when_the_server_did(tmp_path: Path) -> None:
+    """Dedup keys expire with the requests (logged), not with the clock's ticks: a key
+    that expired before a resend was applied again, so the replay must apply it again."""
+    state = tmp_path / "state"
+    key, acks = BatchKey("q", 0, "src", 0), AckBatch.of([Ack(0, 5, 0xA, 1)])
+    svc = TrackerService.start(GRAPH, state_dir=state, dedup_retention_ms=100)
+    try:
+        with Agent.connect(svc.url, GRAPH) as agent:
+            agent.register_front(1, "src", 0)
+            assert agent.send_batch(key, acks) is True
+            time.sleep(0.3)  # the key's retention ends; ticks go by
+            assert agent.send_batch(key, acks) is True  # forgotten: applied again
+            before = agent.status()["segments"][0]["in_flight"]
+    finally:
+        svc.stop()
+    assert before == 2
+    svc = TrackerService.start(GRAPH, state_dir=state, dedup_retention_ms=100)
+    try:
+        with Agent.connect(svc.url, GRAPH) as agent:
+            assert agent.status()["segments"][0]["in_flight"] == before
+    finally:
+        svc.stop()
 
 
 # ------------------------------------------------------------ point 8: whose state dir

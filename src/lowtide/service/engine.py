@@ -94,11 +94,13 @@ class Engine(ABC):
         self.hold = TIME_LIMIT
         #: told of every refusal, to log it (the write-ahead log sets it after replay)
         self.on_refused: Callable[[Refused], None] | None = None
+        self._expired_ms = -1
 
     def handle(self, msg: StateRequest, now_ms: int) -> Ok | Error:
         """Apply a request at most once; the reply says what happened. A refusal is
         final: a resend gets the same error, never a duplicate's Ok (rule 10)."""
         key = msg.key if isinstance(msg, Batch) else ""
+        self._expire(now_ms)
         if self.dedup.seen(msg.session, msg.req, key):
             reply = self.dedup.outcome(msg.session, msg.req)
             self.dedup.record(msg.session, msg.req, "", now_ms)
@@ -129,7 +131,16 @@ class Engine(ABC):
             self.on_refused(refused)
         return err
 
+    def _expire(self, now_ms: int) -> None:
+        """Forget old dedup keys and sessions, with the requests rather than on the
+        clock's ticks: a replay of the log then forgets exactly when the server did
+        (a key forgotten before its resend was applied again, and must be again)."""
+        if now_ms > self._expired_ms:
+            self._expired_ms = now_ms
+            self.dedup.expire(now_ms)
+
     def remember(self, refused: Refused, now_ms: int) -> None:
+        self._expire(now_ms)
         err = Error(refused.req, refused.code, refused.message)
         self.dedup.record_error(refused.session, refused.req, err, now_ms)
         if refused.fails_session:
@@ -171,8 +182,9 @@ class Engine(ABC):
             seg.setdefault("sent", int(sent))
         return body
 
-    def tick(self, now_ms: int) -> None:
-        self.dedup.expire(now_ms)
+    def tick(self, now_ms: int) -> None:  # noqa: B027 (optional hook)
+        """Periodic work between requests (the coordinator's); none in the state, so
+        that a replay of the log, which has no ticks, repeats the state exactly."""
 
     @abstractmethod
     def _apply(self, msg: StateRequest) -> None: ...
