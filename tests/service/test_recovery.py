@@ -178,8 +178,9 @@ def test_missing_snapshot_or_state_file_refuses_to_start(tmp_path: Path) -> None
 
 
 def test_state_dir_is_private(tmp_path: Path) -> None:
-    state = tmp_path / "state"
+    state = tmp_path / "deploy" / "state"  # the parent too, as `serve --shards` nests them
     run(state, 0, batches=1)
+    assert stat.S_IMODE(state.parent.stat().st_mode) == 0o700
     assert stat.S_IMODE(state.stat().st_mode) == 0o700
     for path in state.iterdir():
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path.name

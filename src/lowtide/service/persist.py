@@ -134,7 +134,14 @@ def _refused(path: Path, offset: int, what: str) -> StateDirRefused:
 
 
 def _private_dir(path: Path) -> None:
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    """Create ``path`` and any missing parents 0700 (mkdir's ``parents`` would leave
+    the parents to the umask); directories that exist are left as they are."""
+    missing = []
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    for directory in reversed(missing):
+        directory.mkdir(mode=0o700, exist_ok=True)
 
 
 def _open_private(path: Path, flags: int) -> int:
