@@ -241,7 +241,7 @@ class StateLog:
             raise _refused(path, confirmed, "damaged or unconfirmed records in a log file "
                            "that is not the last")
         if stop < len(data) and not torn_at(data, stop):
-            raise _refused(path, stop, "damaged record before confirmed ones")
+            raise _refused(path, stop, "damaged record (not the torn tail of a crash)")
         # A crash tore the last write: nothing from here on was confirmed. Cut it off,
         # so that this file ends on a Commit once a new file follows it.
         log.warning("dropped unconfirmed log tail",
