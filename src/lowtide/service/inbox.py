@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from lowtide.core.graph import SegmentGraph
 from lowtide.service.channel import Channel
 from lowtide.wire.messages import Hello, Message, Welcome
 
@@ -25,7 +26,11 @@ class Request:
 
 @dataclass(frozen=True)
 class Admit:
+    """``graph``: the Hello's graph, checked by the connection task (not the state
+    task, which a huge graph must not hold up)."""
+
     hello: Hello
+    graph: SegmentGraph | None
     reply: asyncio.Future[Welcome]
 
 

@@ -23,13 +23,14 @@ from lowtide.wire.messages import Auth, Challenge, Error, ErrorCode, Hello, Mess
 
 log = logging.getLogger("lowtide.service.net")
 
-HANDSHAKE_TIMEOUT_S = 10.0
+HTTP_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
 class Limits:
     max_frame: int = DEFAULT_MAX_FRAME
     max_buffer: int = 64 << 20
+    handshake_timeout_s: float = 10.0
 
 
 class StreamChannel:
@@ -89,7 +90,7 @@ async def serve_tcp(
         channel = StreamChannel(reader, writer, limits)
         try:
             preamble = await asyncio.wait_for(
-                reader.readexactly(len(PREAMBLE)), HANDSHAKE_TIMEOUT_S
+                reader.readexactly(len(PREAMBLE)), limits.handshake_timeout_s
             )
         except (asyncio.IncompleteReadError, ConnectionError, TimeoutError):
             writer.close()
@@ -110,13 +111,13 @@ async def serve_tcp(
     return server, int(bound)
 
 
-async def server_handshake(channel: Channel, secret: bytes | None, admit: Admit) -> Hello | None:
+async def server_handshake(
+    channel: Channel, secret: bytes | None, admit: Admit, timeout_s: float
+) -> Hello | None:
     """Hello, then (with a secret) the HMAC challenge, then Welcome or Error.
     Returns the Hello of an admitted peer; None (after telling it why) otherwise."""
     try:
-        return await asyncio.wait_for(
-            _server_handshake(channel, secret, admit), HANDSHAKE_TIMEOUT_S
-        )
+        return await asyncio.wait_for(_server_handshake(channel, secret, admit), timeout_s)
     except TimeoutError:
         _refuse(channel, ErrorCode.BAD_REQUEST, "handshake timed out")
     except ServiceError as exc:
@@ -187,7 +188,7 @@ async def serve_http(
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HANDSHAKE_TIMEOUT_S)
+            await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HTTP_TIMEOUT_S)
             body = render()
             head = (
                 "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"

@@ -17,7 +17,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from lowtide.core.errors import ProtocolError
+from lowtide.core.errors import GraphError, ProtocolError
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.sharding import ShardLayout
 from lowtide.core.time import Clock
@@ -187,7 +187,10 @@ class TrackerServer:
             self._conn_tasks.discard(task)
 
     async def _serve_peer(self, channel: Channel) -> None:
-        hello = await net.server_handshake(channel, self.config.secret, self._admit)
+        cfg = self.config
+        hello = await net.server_handshake(
+            channel, cfg.secret, self._admit, cfg.limits.handshake_timeout_s
+        )
         if hello is None:
             self.metrics.refused.inc()
             return
@@ -231,11 +234,15 @@ class TrackerServer:
             peer.channel.send(err)
 
     async def _admit(self, hello: Hello) -> Welcome:
+        try:
+            graph = None if hello.graph is None else graph_of(hello.graph)
+        except GraphError as exc:
+            raise ServiceError(ErrorCode.BAD_REQUEST, f"bad pipeline graph: {exc}") from None
         reply: asyncio.Future[Welcome] = asyncio.get_running_loop().create_future()
-        await self._inbox.put(Admit(hello, reply))
+        await self._inbox.put(Admit(hello, graph, reply))
         return await reply
 
-    def _welcome(self, hello: Hello) -> Welcome:
+    def _welcome(self, hello: Hello, graph: SegmentGraph | None) -> Welcome:
         """Runs in the state task: may adopt the client's graph."""
         if hello.version != WIRE_VERSION:
             raise ServiceError(
@@ -243,17 +250,19 @@ class TrackerServer:
                 f"wire version {hello.version}, server speaks {WIRE_VERSION}",
             )
         if self.engine is None:
-            if hello.graph is None:
+            if graph is None:
                 raise ServiceError(
                     ErrorCode.GRAPH_MISMATCH, "this tracker has no pipeline graph yet"
                 )
-            self._adopt(graph_of(hello.graph))
+            self._adopt(graph)
         assert self.engine is not None
-        mine = graph_spec(self.engine.graph)
-        if hello.graph is not None and hello.graph != mine:
+        if graph is not None and graph != self.engine.graph:
             raise ServiceError(
-                ErrorCode.GRAPH_MISMATCH, f"client graph {hello.graph} differs from {mine}"
+                ErrorCode.GRAPH_MISMATCH,
+                f"client graph {graph.fingerprint()} ({len(graph)} segments) differs from "
+                f"the tracker's {self.engine.graph.fingerprint()} ({len(self.engine.graph)})",
             )
+        mine = graph_spec(self.engine.graph)
         grid = self.config.grid
         shards = self.engine.shards
         return Welcome(
@@ -341,8 +350,10 @@ class TrackerServer:
         return None
 
     def _admit_now(self, item: Admit) -> None:
+        if item.reply.done():  # its handshake timed out while it waited in the inbox
+            return
         try:
-            item.reply.set_result(self._welcome(item.hello))
+            item.reply.set_result(self._welcome(item.hello, item.graph))
         except ServiceError as exc:
             item.reply.set_exception(exc)
 
@@ -366,7 +377,7 @@ class TrackerServer:
             self._subscribers.unsubscribe(peer, msg.req)
             out.append((peer, Ok(msg.req)))
         elif isinstance(msg, MinTimeAt):
-            if msg.segment is not None and msg.segment not in engine.graph.names:
+            if msg.segment is not None and msg.segment not in engine.graph:
                 out.append((peer, Error(msg.req, ErrorCode.UNKNOWN_SEGMENT, msg.segment)))
             else:
                 self._questions.ask(peer, msg)
