@@ -191,6 +191,7 @@ def test_non_loopback_bind_needs_a_secret(tmp_path: Path, monkeypatch: pytest.Mo
     with pytest.raises(ValueError, match="at least"):
         load_secret()
     (tmp_path / "s").write_text(" from-a-file-0123456789 \n")
+    (tmp_path / "s").chmod(0o600)
     assert load_secret(tmp_path / "s") == b"from-a-file-0123456789"
 
 

@@ -16,6 +16,7 @@ class Peer:
     channel: Channel
     name: str = ""
     subs: dict[int, int] = field(default_factory=dict)  # request id -> subscriber id
+    questions: int = 0  # MinTimeAt requests not answered yet
 
 
 @dataclass(frozen=True)

@@ -150,8 +150,21 @@ class Lane:
                 self._pending[req] = (self._standing[req], None)
             self._send(self._pending[req][0])
         self.connected.set()
+        keepalive = asyncio.get_running_loop().create_task(self._keep_alive(channel))
+        try:
+            while True:
+                self._receive(await channel.recv())
+        finally:
+            keepalive.cancel()
+
+    async def _keep_alive(self, channel: Channel) -> None:
+        """An idle connection (say, a subscriber's) must not look dead to the server."""
         while True:
-            self._receive(await channel.recv())
+            await asyncio.sleep(self._config.limits.keepalive_s)
+            try:
+                channel.keepalive()
+            except ConnectionLost:
+                return
 
     async def _dial(self) -> Channel:
         if Address.parse(self.url).scheme == "inproc":

@@ -31,12 +31,13 @@ from lowtide.service.errors import ConnectionLost, ServiceError, error_of
 from lowtide.service.history import MinTimeHistory, MinTimeQuestions
 from lowtide.service.inbox import Admit, Call, Gone, Item, Outbox, Peer, Request, Tick
 from lowtide.service.lane import LaneConfig
+from lowtide.service.logs import LogBudget, clip
 from lowtide.service.metrics import ServerMetrics
 from lowtide.service.persist import StateLog, store_graph, stored_graph
 from lowtide.service.shard import ShardEngine
 from lowtide.service.subscribers import Subscribers
 from lowtide.wire.codec import WireError
-from lowtide.wire.frames import FrameTooLarge
+from lowtide.wire.frames import FrameForged, FrameTooLarge
 from lowtide.wire.messages import (
     WIRE_VERSION,
     Batch,
@@ -87,6 +88,7 @@ class TrackerServer:
         self._questions: MinTimeQuestions[Peer] = MinTimeQuestions()
         self.inproc_url = ""
         self._failed: Error | None = None  # set once a step raised: fail-stop
+        self._log_budget = LogBudget()  # per peer
 
     @property
     def url(self) -> str:
@@ -188,13 +190,11 @@ class TrackerServer:
 
     async def _serve_peer(self, channel: Channel) -> None:
         cfg = self.config
-        hello = await net.server_handshake(
-            channel, cfg.secret, self._admit, cfg.limits.handshake_timeout_s
-        )
+        hello = await net.server_handshake(channel, cfg.secret, self._admit, cfg.limits)
         if hello is None:
             self.metrics.refused.inc()
             return
-        peer = Peer(channel, hello.name)
+        peer = Peer(channel, clip(hello.name, 128))
         self._peers.add(peer)
         self.metrics.connections.inc()
         try:
@@ -214,21 +214,28 @@ class TrackerServer:
                 self._refuse(peer, Error(0, ErrorCode.LIMIT, str(exc)))
                 peer.channel.close()
                 return
+            except FrameForged as exc:  # altered on the way, or not from this peer
+                self._refuse(peer, Error(0, ErrorCode.AUTH_FAILED, str(exc)))
+                peer.channel.close()
+                return
             except WireError as exc:
                 self._refuse(peer, Error(0, ErrorCode.BAD_FRAME, str(exc)))
                 continue
             await self._inbox.put(Request(peer, msg))
 
     def _refuse(self, peer: Peer, err: Error) -> None:
-        log.warning(
-            "bad input",
-            extra={
-                "peer": peer.channel.peer,
-                "client": peer.name,
-                "code": err.code.name,
-                "error": err.message,
-            },
-        )
+        suppressed = self._log_budget.allow(peer)
+        if suppressed is not None:  # a peer that repeats its errors logs a few of them
+            log.warning(
+                "bad input",
+                extra={
+                    "peer": peer.channel.peer,
+                    "client": peer.name,
+                    "code": err.code.name,
+                    "error": err.message,
+                    "suppressed": suppressed,
+                },
+            )
         self.metrics.errors.labels(err.code.name).inc()
         with contextlib.suppress(ConnectionLost):
             peer.channel.send(err)
@@ -330,6 +337,7 @@ class TrackerServer:
             elif isinstance(item, Gone):
                 self._subscribers.drop(item.peer)
                 self._watchers.discard(item.peer)
+                self._log_budget.forget(item.peer)
             elif isinstance(item, Call):
                 item.fn()
             else:
@@ -343,7 +351,10 @@ class TrackerServer:
         self._send(out)
         step = engine.step(now)
         self._history.observe(now, step.updates)
-        self._send(self._questions.answer(now, self._history, self._peers.__contains__))
+        answers = self._questions.answer(now, self._history, self._peers.__contains__)
+        for peer, _reply in answers:
+            peer.questions -= 1
+        self._send(answers)
         self._publish(step)
         if ticked:
             self._tick(engine, now)
@@ -370,17 +381,14 @@ class TrackerServer:
         if engine is None:
             out.append((peer, Error(0, ErrorCode.BAD_REQUEST, "no pipeline graph yet")))
         elif isinstance(msg, Batch | FrontOp):
-            out.append((peer, self._apply(engine, msg, now)))
+            out.append((peer, self._apply(engine, peer, msg, now)))
         elif isinstance(msg, Subscribe):
             self._subscribe(engine, peer, msg, out)
         elif isinstance(msg, Unsubscribe):
             self._subscribers.unsubscribe(peer, msg.req)
             out.append((peer, Ok(msg.req)))
         elif isinstance(msg, MinTimeAt):
-            if msg.segment is not None and msg.segment not in engine.graph:
-                out.append((peer, Error(msg.req, ErrorCode.UNKNOWN_SEGMENT, msg.segment)))
-            else:
-                self._questions.ask(peer, msg)
+            self._ask(engine, peer, msg, out)
         elif isinstance(msg, StatusRequest):
             out.append((peer, Status(msg.req, json.dumps(self.status()))))
         elif isinstance(msg, ShardReleaseFrame | WatchShard):
@@ -388,10 +396,13 @@ class TrackerServer:
         else:
             out.append((peer, Error(0, ErrorCode.BAD_REQUEST, f"unexpected {type(msg).__name__}")))
 
-    def _apply(self, engine: Engine, msg: StateRequest, now: int) -> Ok | Error:
+    def _apply(self, engine: Engine, peer: Peer, msg: StateRequest, now: int) -> Ok | Error:
         reply = engine.handle(msg, now)
         if isinstance(reply, Error):
-            log.warning("refused request", extra={"code": reply.code.name, "error": reply.message})
+            suppressed = self._log_budget.allow(peer)
+            if suppressed is not None:
+                extra = {"code": reply.code.name, "error": reply.message, "client": peer.name}
+                log.warning("refused request", extra={**extra, "suppressed": suppressed})
             self.metrics.errors.labels(reply.code.name).inc()
         elif not reply.duplicate and self._wal is not None:
             self._wal.append(msg)
@@ -413,7 +424,23 @@ class TrackerServer:
         except ServiceError as exc:
             out.append((peer, error_of(getattr(msg, "req", 0), exc)))
 
+    def _ask(self, engine: Engine, peer: Peer, msg: MinTimeAt, out: Outbox) -> None:
+        quota = self.config.limits.max_questions_per_peer
+        if msg.segment is not None and msg.segment not in engine.graph:
+            out.append((peer, Error(msg.req, ErrorCode.UNKNOWN_SEGMENT, clip(msg.segment))))
+        elif peer.questions >= quota:
+            out.append((peer, _over_quota(msg.req, quota, "MinTimeAt questions wait",
+                                          "max_questions_per_peer", "wait for their answers")))
+        else:
+            peer.questions += 1
+            self._questions.ask(peer, msg)
+
     def _subscribe(self, engine: Engine, peer: Peer, msg: Subscribe, out: Outbox) -> None:
+        quota = self.config.limits.max_subscriptions_per_peer
+        if len(peer.subs) >= quota and msg.req not in peer.subs:
+            out.append((peer, _over_quota(msg.req, quota, "subscriptions are open",
+                                          "max_subscriptions_per_peer", "unsubscribe first")))
+            return
         try:
             current = engine.current(msg.segment)
         except ProtocolError as exc:
@@ -437,7 +464,9 @@ class TrackerServer:
             try:
                 peer.channel.send(msg)
             except ConnectionLost as exc:
-                log.warning("dropped peer", extra={"peer": peer.channel.peer, "reason": str(exc)})
+                if self._log_budget.allow(peer) is not None:
+                    extra = {"peer": peer.channel.peer, "reason": str(exc)}
+                    log.warning("dropped peer", extra=extra)
 
     def status(self) -> dict[str, object]:
         engine = self.engine
@@ -455,3 +484,8 @@ class TrackerServer:
             body["delta_ms"] = self.config.grid.delta_ms
             body["now_ms"] = self.clock.now_ms()
         return body
+
+
+def _over_quota(req: int, quota: int, what: str, setting: str, advice: str) -> Error:
+    message = f"{quota} {what} on this connection, the limit (Limits.{setting}): {advice}"
+    return Error(req, ErrorCode.LIMIT, message)

@@ -22,7 +22,7 @@ from lowtide.core.messages import (
 )
 
 #: Bumped on any incompatible change of the byte format; checked at handshake.
-WIRE_VERSION = 1
+WIRE_VERSION = 2
 
 #: A graph as plain data: ((name, (inbound names...)), ...) in topological order.
 GraphSpec = tuple[tuple[str, tuple[str, ...]], ...]
@@ -78,9 +78,11 @@ class Hello:
 
 @dataclass(frozen=True)
 class Challenge:
-    """Sent instead of :class:`Welcome` when the server requires a shared secret."""
+    """Sent instead of :class:`Welcome` when the server requires a shared secret;
+    ``proof`` proves the server knows it too (mutual authentication, wire version 2)."""
 
     nonce: bytes
+    proof: bytes
 
 
 @dataclass(frozen=True)
