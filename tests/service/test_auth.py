@@ -5,18 +5,17 @@ on the way is refused."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 
 import pytest
 
 from lowtide.core.graph import SegmentGraph
 from lowtide.service import Agent, ServiceError, TrackerService
 from lowtide.wire.messages import WIRE_VERSION, Auth, Challenge, ErrorCode, Hello, Welcome
+from tests.service.conftest import SECRET
 from tests.service.peers import AlteringProxy, FakeTracker
 
 pytestmark = pytest.mark.socket
 
-SECRET = b"correct horse battery staple"
 
 
 def welcome(hello: Hello) -> Welcome:
@@ -46,15 +45,6 @@ def test_an_agent_believes_nothing_from_a_tracker_that_cannot_prove_the_secret(
         assert not any(isinstance(m, Auth) for m in fake.received)
     finally:
         fake.close()
-
-
-@pytest.fixture
-def secured(graph: SegmentGraph) -> Iterator[TrackerService]:
-    svc = TrackerService.start(graph, secret=SECRET)
-    try:
-        yield svc
-    finally:
-        svc.stop()
 
 
 FRONT_OP, TIME_OFFSET = 11, 26  # a FrontOp's type byte; where its time starts

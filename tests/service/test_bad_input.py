@@ -34,11 +34,11 @@ from lowtide.wire.messages import (
     StatusRequest,
     Welcome,
 )
+from tests.service.conftest import SECRET
 from tests.service.raw import RawClient
 
 pytestmark = pytest.mark.socket
 
-SECRET = b"correct horse battery staple"
 
 
 def one(segment: int, time: int, value: int = 0x5, count: int = 1) -> AckBatch:
@@ -151,15 +151,6 @@ def test_replayed_request_numbers_are_not_applied_twice(raw: RawClient) -> None:
 
 
 # ---------------------------------------------------------------- security
-@pytest.fixture
-def secured(graph: SegmentGraph) -> Iterator[TrackerService]:
-    svc = TrackerService.start(graph, secret=SECRET)
-    try:
-        yield svc
-    finally:
-        svc.stop()
-
-
 def test_shared_secret_admits_the_right_agents(
     secured: TrackerService, graph: SegmentGraph
 ) -> None:

@@ -4,19 +4,16 @@ metrics on loopback unless asked, and one-line errors from `lowtide status`."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from lowtide.cli import main as cli_main
-from lowtide.core.graph import SegmentGraph
 from lowtide.service import TrackerService
 from lowtide.service.auth import load_secret
 from lowtide.service.standalone import add_arguments, server_config
 from lowtide.service.standalone import main as serve_main
-
-SECRET = b"correct horse battery staple"
+from tests.service.conftest import SECRET
 
 
 def secret_file(tmp_path: Path, secret: bytes, mode: int) -> Path:
@@ -48,15 +45,6 @@ def test_metrics_listen_on_loopback_unless_asked(tmp_path: Path) -> None:
     assert server_config(parser.parse_args(base)).metrics_host == "127.0.0.1"
     asked = parser.parse_args([*base, "--metrics-host", "0.0.0.0"])
     assert server_config(asked).metrics_host == "0.0.0.0"
-
-
-@pytest.fixture
-def secured(graph: SegmentGraph) -> Iterator[TrackerService]:
-    svc = TrackerService.start(graph, secret=SECRET)
-    try:
-        yield svc
-    finally:
-        svc.stop()
 
 
 @pytest.mark.socket

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from lowtide.service import net
 from lowtide.service.channel import Address, Channel, dial_inproc
 from lowtide.service.errors import ConnectionLost, ServiceError
+from lowtide.service.logs import LogBudget
 from lowtide.wire.codec import WireError
 from lowtide.wire.messages import Error, Hello, Message, MinTimeAtReply, Ok, Status, Welcome
 
@@ -56,6 +57,7 @@ class Lane:
         self.connected = asyncio.Event()
         self.connects = 0
         self.last_error = ""  # why the last connection failed or ended, for timeouts
+        self._log_budget = LogBudget()  # a server's stray errors: a few lines, not a flood
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -177,7 +179,7 @@ class Lane:
             return
         entry = self._pending.pop(msg.req, None)
         if entry is None:
-            if isinstance(msg, Error):
+            if isinstance(msg, Error) and self._log_budget.allow(None) is not None:
                 log.warning(
                     "server error",
                     extra={"url": self.url, "code": msg.code.name, "error": msg.message},

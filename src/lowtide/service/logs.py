@@ -42,12 +42,18 @@ def escape(text: str) -> str:
     return text.replace("\\", "\\\\").translate(_CONTROL)
 
 
-def _fields(record: logging.LogRecord) -> dict[str, str | object]:
-    return {
-        k: v if isinstance(v, int | float | bool) else clip(v)
-        for k, v in record.__dict__.items()
-        if k not in _STANDARD
-    }
+def _field(value: object) -> object:
+    """Numbers as they are, short containers too (JSON keeps their structure), the
+    rest as clipped text."""
+    if value is None or isinstance(value, int | float | bool):
+        return value
+    if isinstance(value, list | tuple | dict) and len(str(value)) <= MAX_FIELD:
+        return value
+    return clip(value)
+
+
+def _fields(record: logging.LogRecord) -> dict[str, object]:
+    return {k: _field(v) for k, v in record.__dict__.items() if k not in _STANDARD}
 
 
 class LogBudget:

@@ -199,7 +199,7 @@ async def server_handshake(
     except ValueError as exc:  # WireError and friends: garbage instead of a handshake
         _refuse(channel, ErrorCode.BAD_FRAME, str(exc))
     except ConnectionLost:
-        log.info("peer left during handshake", extra={"peer": channel.peer})
+        _log_refusal(channel, "left during the handshake", logging.INFO)
     else:
         channel.admitted(limits.idle_timeout_s)
         return hello
@@ -233,12 +233,12 @@ def _refuse(channel: Channel, code: ErrorCode, message: str) -> None:
         channel.send(Error(0, code, message))
 
 
-def _log_refusal(channel: Channel, reason: str) -> None:
+def _log_refusal(channel: Channel, reason: str, level: int = logging.WARNING) -> None:
     host = channel.peer.rpartition(":")[0] or channel.peer
     suppressed = _refusals.allow(host)
     if suppressed is not None:
         extra = {"peer": channel.peer, "reason": reason, "suppressed": suppressed}
-        log.warning("refused peer", extra=extra)
+        log.log(level, "refused peer", extra=extra)
 
 
 # ------------------------------------------------------------------ client
