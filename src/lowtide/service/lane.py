@@ -179,10 +179,9 @@ class Lane:
             return
         entry = self._pending.pop(msg.req, None)
         if entry is None:
-            if isinstance(msg, Error) and self._log_budget.allow(None) is not None:
-                log.warning(
-                    "server error",
-                    extra={"url": self.url, "code": msg.code.name, "error": msg.message},
+            if isinstance(msg, Error):
+                self._log_budget.warn(
+                    log, None, "server error", url=self.url, code=msg.code.name, error=msg.message
                 )
             return
         if isinstance(msg, Error):

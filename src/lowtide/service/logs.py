@@ -90,6 +90,15 @@ class LogBudget:
     def forget(self, key: Hashable) -> None:
         self._keys.pop(key, None)
 
+    def warn(
+        self, logger: logging.Logger, key: Hashable, event: str, level: int = logging.WARNING,
+        **fields: object,
+    ) -> None:
+        """``logger.log(level, event)`` with ``fields``, if ``key`` has lines left."""
+        suppressed = self.allow(key)
+        if suppressed is not None:
+            logger.log(level, event, extra={**fields, "suppressed": suppressed})
+
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:

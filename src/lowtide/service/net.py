@@ -235,10 +235,7 @@ def _refuse(channel: Channel, code: ErrorCode, message: str) -> None:
 
 def _log_refusal(channel: Channel, reason: str, level: int = logging.WARNING) -> None:
     host = channel.peer.rpartition(":")[0] or channel.peer
-    suppressed = _refusals.allow(host)
-    if suppressed is not None:
-        extra = {"peer": channel.peer, "reason": reason, "suppressed": suppressed}
-        log.log(level, "refused peer", extra=extra)
+    _refusals.warn(log, host, "refused peer", level, peer=channel.peer, reason=reason)
 
 
 # ------------------------------------------------------------------ client

@@ -224,18 +224,10 @@ class TrackerServer:
             await self._inbox.put(Request(peer, msg))
 
     def _refuse(self, peer: Peer, err: Error) -> None:
-        suppressed = self._log_budget.allow(peer)
-        if suppressed is not None:  # a peer that repeats its errors logs a few of them
-            log.warning(
-                "bad input",
-                extra={
-                    "peer": peer.channel.peer,
-                    "client": peer.name,
-                    "code": err.code.name,
-                    "error": err.message,
-                    "suppressed": suppressed,
-                },
-            )
+        self._log_budget.warn(
+            log, peer, "bad input",
+            peer=peer.channel.peer, client=peer.name, code=err.code.name, error=err.message,
+        )
         self.metrics.errors.labels(err.code.name).inc()
         with contextlib.suppress(ConnectionLost):
             peer.channel.send(err)
@@ -382,6 +374,10 @@ class TrackerServer:
             out.append((peer, Error(0, ErrorCode.BAD_REQUEST, "no pipeline graph yet")))
         elif isinstance(msg, Batch | FrontOp):
             out.append((peer, self._apply(engine, peer, msg, now)))
+        elif isinstance(msg, Subscribe | MinTimeAt) and (
+            refusal := peer.over_quota(msg, self.config.limits)
+        ):
+            out.append((peer, refusal))
         elif isinstance(msg, Subscribe):
             self._subscribe(engine, peer, msg, out)
         elif isinstance(msg, Unsubscribe):
@@ -399,10 +395,10 @@ class TrackerServer:
     def _apply(self, engine: Engine, peer: Peer, msg: StateRequest, now: int) -> Ok | Error:
         reply = engine.handle(msg, now)
         if isinstance(reply, Error):
-            suppressed = self._log_budget.allow(peer)
-            if suppressed is not None:
-                extra = {"code": reply.code.name, "error": reply.message, "client": peer.name}
-                log.warning("refused request", extra={**extra, "suppressed": suppressed})
+            self._log_budget.warn(
+                log, peer, "refused request",
+                code=reply.code.name, error=reply.message, client=peer.name,
+            )
             self.metrics.errors.labels(reply.code.name).inc()
         elif not reply.duplicate and self._wal is not None:
             self._wal.append(msg)
@@ -425,22 +421,13 @@ class TrackerServer:
             out.append((peer, error_of(getattr(msg, "req", 0), exc)))
 
     def _ask(self, engine: Engine, peer: Peer, msg: MinTimeAt, out: Outbox) -> None:
-        quota = self.config.limits.max_questions_per_peer
         if msg.segment is not None and msg.segment not in engine.graph:
             out.append((peer, Error(msg.req, ErrorCode.UNKNOWN_SEGMENT, clip(msg.segment))))
-        elif peer.questions >= quota:
-            out.append((peer, _over_quota(msg.req, quota, "MinTimeAt questions wait",
-                                          "max_questions_per_peer", "wait for their answers")))
         else:
             peer.questions += 1
             self._questions.ask(peer, msg)
 
     def _subscribe(self, engine: Engine, peer: Peer, msg: Subscribe, out: Outbox) -> None:
-        quota = self.config.limits.max_subscriptions_per_peer
-        if len(peer.subs) >= quota and msg.req not in peer.subs:
-            out.append((peer, _over_quota(msg.req, quota, "subscriptions are open",
-                                          "max_subscriptions_per_peer", "unsubscribe first")))
-            return
         try:
             current = engine.current(msg.segment)
         except ProtocolError as exc:
@@ -464,9 +451,9 @@ class TrackerServer:
             try:
                 peer.channel.send(msg)
             except ConnectionLost as exc:
-                if self._log_budget.allow(peer) is not None:
-                    extra = {"peer": peer.channel.peer, "reason": str(exc)}
-                    log.warning("dropped peer", extra=extra)
+                self._log_budget.warn(
+                    log, peer, "dropped peer", peer=peer.channel.peer, reason=str(exc)
+                )
 
     def status(self) -> dict[str, object]:
         engine = self.engine
@@ -485,7 +472,3 @@ class TrackerServer:
             body["now_ms"] = self.clock.now_ms()
         return body
 
-
-def _over_quota(req: int, quota: int, what: str, setting: str, advice: str) -> Error:
-    message = f"{quota} {what} on this connection, the limit (Limits.{setting}): {advice}"
-    return Error(req, ErrorCode.LIMIT, message)
