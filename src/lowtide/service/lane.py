@@ -63,10 +63,15 @@ class Lane:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        task = self._task
+        # Cancel until it ends: Python 3.11's wait_for drops a cancellation that meets
+        # its inner future's completion (fixed in 3.12), and the lane would run on.
+        while task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait([task], timeout=0.1)
+        if task is not None and not task.cancelled():
+            with contextlib.suppress(Exception):
+                task.result()
         if self._channel is not None:
             self._channel.close()
         for _msg, fut in self._pending.values():
