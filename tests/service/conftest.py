@@ -9,6 +9,8 @@ import pytest
 from lowtide.core.graph import SegmentGraph
 from lowtide.service import Agent, TrackerService
 
+SECRET = b"correct horse battery staple"
+
 
 @pytest.fixture
 def graph() -> SegmentGraph:
@@ -31,3 +33,13 @@ def agent(service: TrackerService, graph: SegmentGraph) -> Iterator[Agent]:
         yield a
     finally:
         a.close()
+
+
+@pytest.fixture
+def secured(graph: SegmentGraph) -> Iterator[TrackerService]:
+    """A server that requires :data:`SECRET`."""
+    svc = TrackerService.start(graph, secret=SECRET)
+    try:
+        yield svc
+    finally:
+        svc.stop()

@@ -37,9 +37,9 @@ class RawClient:
         self.send(msg)
         return self.recv()
 
-    def hello(self, graph: GraphSpec | None = None) -> Message:
+    def hello(self, graph: GraphSpec | None = None, timeout_s: float = 5.0) -> Message:
         self.send(Hello(WIRE_VERSION, Role.AGENT, b"n" * 32, "raw", graph))
-        return self.recv()
+        return self.recv(timeout_s)
 
     def send(self, msg: Message) -> None:
         self.send_raw(frame(encode(msg)))

@@ -34,11 +34,11 @@ from lowtide.wire.messages import (
     StatusRequest,
     Welcome,
 )
+from tests.service.conftest import SECRET
 from tests.service.raw import RawClient
 
 pytestmark = pytest.mark.socket
 
-SECRET = b"correct horse battery staple"
 
 
 def one(segment: int, time: int, value: int = 0x5, count: int = 1) -> AckBatch:
@@ -151,15 +151,6 @@ def test_replayed_request_numbers_are_not_applied_twice(raw: RawClient) -> None:
 
 
 # ---------------------------------------------------------------- security
-@pytest.fixture
-def secured(graph: SegmentGraph) -> Iterator[TrackerService]:
-    svc = TrackerService.start(graph, secret=SECRET)
-    try:
-        yield svc
-    finally:
-        svc.stop()
-
-
 def test_shared_secret_admits_the_right_agents(
     secured: TrackerService, graph: SegmentGraph
 ) -> None:
@@ -191,6 +182,7 @@ def test_non_loopback_bind_needs_a_secret(tmp_path: Path, monkeypatch: pytest.Mo
     with pytest.raises(ValueError, match="at least"):
         load_secret()
     (tmp_path / "s").write_text(" from-a-file-0123456789 \n")
+    (tmp_path / "s").chmod(0o600)
     assert load_secret(tmp_path / "s") == b"from-a-file-0123456789"
 
 

@@ -57,7 +57,7 @@ def acks(n: int) -> AckBatch:
 SAMPLES = [
     Hello(1, Role.AGENT, b"n" * 32, "agent-1", GRAPH),
     Hello(1, Role.STATUS, b"", "", None),
-    Challenge(b"c" * 32),
+    Challenge(b"c" * 32, b"p" * 32),
     Auth(b"p" * 32),
     Welcome(1, "srv", GRAPH, 10, 4, ("tcp://127.0.0.1:1", "tcp://127.0.0.1:2")),
     FrontOp(3, 9, True, 7, "src", 100),

@@ -12,6 +12,10 @@ to ``send_batch`` (so it includes the agent, loopback and the server's queue) to
 moment a subscriber in another process receives the min time that covers the round.
 It is measured twice: paced (one agent, small rounds, idle machine: what a window
 close costs) and under the full throughput load (what queueing adds).
+
+The central deployment runs again with a shared secret (unless ``--no-secret``):
+mutual authentication and an HMAC on every frame; the ``secret_*`` figures are what
+that costs.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import secrets
 import select
 import subprocess
 import sys
@@ -54,6 +59,7 @@ class BenchConfig:
     paced_rounds: int = 300
     paced_every_ms: float = 5.0
     repeat: int = 3
+    secret: bool = True  # also measure the central deployment with a shared secret
 
 
 @dataclass(frozen=True)
@@ -119,11 +125,17 @@ def make_rounds(front: int, rounds: int, slots: int, base: int) -> Work:
 
 
 def agent_process(
-    url: str, front: int, base: int, config: BenchConfig, go: Any, results: Any
+    url: str,
+    front: int,
+    base: int,
+    config: BenchConfig,
+    secret: bytes | None,
+    go: Any,
+    results: Any,
 ) -> None:
     """One agent: send every batch from ``threads`` threads; report send times."""
     work = make_rounds(front, config.rounds, config.slots, base)
-    agent = Agent.connect(url, GRAPH)
+    agent = Agent.connect(url, GRAPH, secret=secret)
     agent.status()  # connected before the clock starts
     last_send = [0] * config.rounds
     lock = threading.Lock()
@@ -180,21 +192,26 @@ def serve_subprocess(args: list[str], timeout_s: float = 60.0) -> Iterator[str]:
 
 
 @contextmanager
-def server(tmp: Path, shards: int) -> Iterator[str]:
-    """``lowtide serve`` (with ``--shards`` if > 0) on the bench graph, stopped by pid."""
+def server(tmp: Path, shards: int, secret: bytes | None = None) -> Iterator[str]:
+    """``lowtide serve`` (with ``--shards`` if > 0, with ``secret`` if given) on the
+    bench graph, stopped by pid."""
     graph_file = tmp / "graph.json"
     graph_file.write_text(json.dumps(graph_spec(GRAPH)))
-    with serve_subprocess(
-        ["--graph", str(graph_file), *(["--shards", str(shards)] if shards else [])]
-    ) as url:
+    args = ["--graph", str(graph_file), *(["--shards", str(shards)] if shards else [])]
+    if secret is not None:
+        secret_file = tmp / "secret"
+        secret_file.touch(0o600)
+        secret_file.write_bytes(secret)
+        args += ["--secret-file", str(secret_file)]
+    with serve_subprocess(args) as url:
         yield url
 
 
 class Watch:
     """A subscriber to the global min time that notes when each update arrived."""
 
-    def __init__(self, url: str) -> None:
-        self.agent = Agent.connect(url, GRAPH)
+    def __init__(self, url: str, secret: bytes | None = None) -> None:
+        self.agent = Agent.connect(url, GRAPH, secret=secret)
         self.seen: list[tuple[int, int]] = []
         self.agent.on_update(self._note, None)
 
@@ -253,13 +270,14 @@ def run_fronts(
     target: Any,
     args: tuple[Any, ...],
     timeout_s: float,
+    secret: bytes | None = None,
 ) -> Iterator[FrontsRun]:
     """One agent process per front, started together by one event: each runs
     ``target(url, front, base, *args, go, results)`` and puts an :class:`AgentReport`.
     Returns once the global min time reaches ``final_slot`` and the fronts are gone."""
     ctx = multiprocessing.get_context("spawn")
     go, results = ctx.Event(), ctx.Queue()
-    watch = Watch(url)
+    watch = Watch(url, secret)
     procs: list[Any] = []
     try:
         pids = server_pids(watch.agent)
@@ -288,13 +306,16 @@ def run_fronts(
         watch.agent.close()
 
 
-def throughput(url: str, label: str, config: BenchConfig, attempt: int) -> Run:
+def throughput(
+    url: str, label: str, config: BenchConfig, attempt: int, secret: bytes | None = None
+) -> Run:
     """One run; ``attempt`` k uses fresh fronts and the k-th stretch of slots, so runs
     can follow each other on one server."""
     base = START_SLOT + attempt * config.rounds * config.slots
     fronts = range(attempt * config.agents, (attempt + 1) * config.agents)
     final = base + config.rounds * config.slots
-    with run_fronts(url, fronts, base, final, agent_process, (config,), 600) as run:
+    args = (config, secret)
+    with run_fronts(url, fronts, base, final, agent_process, args, 600, secret) as run:
         reports, watch, cpu = run.reports, run.watch, run.cpu
     seconds = (max(r.end_ns for r in reports) - min(r.start_ns for r in reports)) / 1e9
     latencies = []
@@ -308,17 +329,17 @@ def throughput(url: str, label: str, config: BenchConfig, attempt: int) -> Run:
     return Run(label, entries, seconds, latencies, agent_cpu, cpu)
 
 
-def best_of(url: str, label: str, config: BenchConfig) -> Run:
+def best_of(url: str, label: str, config: BenchConfig, secret: bytes | None = None) -> Run:
     """The fastest of ``repeat`` runs: other load on the machine only ever slows a run
     down, so the best one is the closest to what the deployment itself can do."""
-    runs = [throughput(url, label, config, k) for k in range(config.repeat)]
+    runs = [throughput(url, label, config, k, secret) for k in range(config.repeat)]
     return max(runs, key=lambda r: r.rate)
 
 
-def paced_latency(url: str, config: BenchConfig) -> list[float]:
+def paced_latency(url: str, config: BenchConfig, secret: bytes | None = None) -> list[float]:
     """One agent, rounds of 10 slots every ``paced_every_ms``: window-close latency."""
     slots, front = 10, 99
-    watch = Watch(url)
+    watch = Watch(url, secret)
     out: list[float] = []
     try:
         agent = watch.agent
@@ -341,16 +362,58 @@ def paced_latency(url: str, config: BenchConfig) -> list[float]:
     return out
 
 
+@dataclass(frozen=True)
+class Secured:
+    """The central deployment again, with a shared secret."""
+
+    run: Run
+    paced: list[float]
+
+
 def run(config: BenchConfig) -> dict[str, Any]:
     runs: list[Run] = []
+    secured = None
     with tempfile.TemporaryDirectory(prefix="lowtide-bench-") as tmp:
         with server(Path(tmp), 0) as url:
             runs.append(best_of(url, "central", config))
             paced = paced_latency(url, config)
+        if config.secret:
+            secret = secrets.token_hex(32).encode()
+            with server(Path(tmp), 0, secret) as url:
+                secured = Secured(
+                    best_of(url, "central+secret", config, secret),
+                    paced_latency(url, config, secret),
+                )
         for n in config.shards:
             with server(Path(tmp), n) as url:
                 runs.append(best_of(url, f"{n} shard(s)", config))
-    return report(config, paced, runs)
+    return report(config, paced, runs) | (secret_report(runs[0], paced, secured))
+
+
+def secret_report(plain: Run, paced: list[float], secured: Secured | None) -> dict[str, Any]:
+    """The cost of a shared secret: the central figures with and without."""
+    if secured is None:
+        return {}
+    s = secured.run
+    print(
+        f"with a shared secret (central): {s.rate:,.0f} entries/s "
+        f"({s.rate / plain.rate:.2f} of {plain.rate:,.0f} without), "
+        f"loaded p99 {_pct(s.latencies_ms, 99):.2f} ms, server cpu s "
+        + ", ".join(f"{k} {v:.2f}" for k, v in s.server_cpu_s.items())
+    )
+    print(
+        f"paced window-close latency with a secret: p50 {_pct(secured.paced, 50):.2f} ms "
+        f"(without {_pct(paced, 50):.2f}), p99 {_pct(secured.paced, 99):.2f} ms "
+        f"(without {_pct(paced, 99):.2f})"
+    )
+    return {
+        "secret_entries_per_s": round(s.rate),
+        "secret_throughput_ratio": round(s.rate / plain.rate, 3),
+        "secret_notify_p50_ms": _pct(secured.paced, 50),
+        "secret_notify_p99_ms": _pct(secured.paced, 99),
+        "secret_loaded_notify_p99_ms": _pct(s.latencies_ms, 99),
+        "secret_server_cpu_s": s.server_cpu_s,
+    }
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -403,6 +466,7 @@ def main(args: argparse.Namespace) -> int:
         shards=tuple(int(n) for n in args.shards.split(",") if n),
         paced_rounds=args.paced_rounds,
         repeat=args.repeat,
+        secret=args.secret,
     )
     print(json.dumps(run(config)))
     return 0
@@ -417,6 +481,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shards", default=",".join(map(str, d.shards)), help="e.g. 1,2")
     p.add_argument("--paced-rounds", type=int, default=d.paced_rounds)
     p.add_argument("--repeat", type=int, default=d.repeat, help="runs per deployment, best kept")
+    p.add_argument(
+        "--no-secret",
+        dest="secret",
+        action="store_false",
+        help="skip the run of the central deployment with a shared secret",
+    )
     p.set_defaults(handler=main)
 
 

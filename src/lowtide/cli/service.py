@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from pathlib import Path
@@ -12,11 +11,9 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 
-from lowtide.service.auth import load_secret
-from lowtide.service.lane import LaneConfig
 from lowtide.service.progress import RowRates
 from lowtide.service.standalone import add_arguments as add_serve_arguments
-from lowtide.service.status import poll_status, render
+from lowtide.service.status import render, watch
 
 
 def register(subparsers: Any, bench_subparsers: Any) -> None:
@@ -32,7 +29,6 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    lane = LaneConfig(secret=load_secret(args.secret_file), connect_timeout_s=5.0)
     console = Console()
     rates = RowRates()  # rows/s from the received totals of successive polls
     if args.once or args.json:
@@ -42,7 +38,9 @@ def run_status(args: argparse.Namespace) -> int:
             got.append(status)
             return False  # one is enough
 
-        asyncio.run(poll_status(args.url, lane, keep, 0, 5.0))
+        failed = watch("lowtide status", args.url, args.secret_file, keep, 0)
+        if failed:
+            return failed
         if got[0] is None:
             print(f"lowtide status: no answer from {args.url}", file=sys.stderr)
             return 1
@@ -57,5 +55,4 @@ def run_status(args: argparse.Namespace) -> int:
             live.update(render(status, args.url, rates), refresh=True)
             return True
 
-        asyncio.run(poll_status(args.url, lane, show, args.interval, 5.0))
-    return 0
+        return watch("lowtide status", args.url, args.secret_file, show, args.interval)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from pathlib import Path
 from typing import Any
@@ -33,14 +32,11 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
 
 def run_status(args: argparse.Namespace) -> int:
     from lowtide.core.time import TimeGrid
-    from lowtide.service.auth import load_secret
-    from lowtide.service.lane import LaneConfig
     from lowtide.service.progress import RowRates
-    from lowtide.service.status import poll_status
+    from lowtide.service.status import watch
     from lowtide.spark.pipeline import status_of
 
     rates = RowRates()
-    lane = LaneConfig(secret=load_secret(args.secret_file), connect_timeout_s=5.0)
 
     def show(doc: dict[str, Any] | None) -> bool:
         if doc is None:
@@ -51,5 +47,4 @@ def run_status(args: argparse.Namespace) -> int:
         print()
         return not args.once
 
-    asyncio.run(poll_status(args.url, lane, show, args.interval, 5.0))
-    return 0
+    return watch("lowtide spark status", args.url, args.secret_file, show, args.interval)

@@ -32,6 +32,15 @@ class Channel(Protocol):
     async def drain(self) -> None:
         """Wait until the outgoing buffer is small again."""
 
+    def keepalive(self) -> None:
+        """Tell the peer we are here, without a message."""
+
+    def protect(self, send_key: bytes, recv_key: bytes) -> None:
+        """MAC every later frame (the handshake proved a shared secret)."""
+
+    def admitted(self, idle_timeout_s: float | None) -> None:
+        """The handshake is over: lift its limits, apply ``idle_timeout_s``."""
+
     def close(self) -> None: ...
 
 
@@ -89,6 +98,16 @@ class InprocChannel:
 
     async def drain(self) -> None:
         return None
+
+    # In one process, with no bytes on any wire, there is nothing to protect or limit.
+    def keepalive(self) -> None:
+        pass
+
+    def protect(self, send_key: bytes, recv_key: bytes) -> None:
+        pass
+
+    def admitted(self, idle_timeout_s: float | None) -> None:
+        pass
 
     def close(self) -> None:
         if not self._closed and self._other is not None:

@@ -37,6 +37,7 @@ class ServerConfig:
     dedup_retention_ms: int = 24 * 3_600_000
     max_keys: int = 1_000_000
     metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"  # unauthenticated: loopback unless asked
     name: str = "lowtide"
     shard: tuple[int, int] | None = None  # (index, count): this server is one shard
     shard_urls: tuple[str, ...] = ()  # this server coordinates these shards

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from lowtide.service import net
 from lowtide.service.channel import Address, Channel, dial_inproc
 from lowtide.service.errors import ConnectionLost, ServiceError
+from lowtide.service.logs import LogBudget
 from lowtide.wire.codec import WireError
 from lowtide.wire.messages import Error, Hello, Message, MinTimeAtReply, Ok, Status, Welcome
 
@@ -56,15 +57,21 @@ class Lane:
         self.connected = asyncio.Event()
         self.connects = 0
         self.last_error = ""  # why the last connection failed or ended, for timeouts
+        self._log_budget = LogBudget()  # a server's stray errors: a few lines, not a flood
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        task = self._task
+        # Cancel until it ends: Python 3.11's wait_for drops a cancellation that meets
+        # its inner future's completion (fixed in 3.12), and the lane would run on.
+        while task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait([task], timeout=0.1)
+        if task is not None and not task.cancelled():
+            with contextlib.suppress(Exception):
+                task.result()
         if self._channel is not None:
             self._channel.close()
         for _msg, fut in self._pending.values():
@@ -150,8 +157,21 @@ class Lane:
                 self._pending[req] = (self._standing[req], None)
             self._send(self._pending[req][0])
         self.connected.set()
+        keepalive = asyncio.get_running_loop().create_task(self._keep_alive(channel))
+        try:
+            while True:
+                self._receive(await channel.recv())
+        finally:
+            keepalive.cancel()
+
+    async def _keep_alive(self, channel: Channel) -> None:
+        """An idle connection (say, a subscriber's) must not look dead to the server."""
         while True:
-            self._receive(await channel.recv())
+            await asyncio.sleep(self._config.limits.keepalive_s)
+            try:
+                channel.keepalive()
+            except ConnectionLost:
+                return
 
     async def _dial(self) -> Channel:
         if Address.parse(self.url).scheme == "inproc":
@@ -165,9 +185,8 @@ class Lane:
         entry = self._pending.pop(msg.req, None)
         if entry is None:
             if isinstance(msg, Error):
-                log.warning(
-                    "server error",
-                    extra={"url": self.url, "code": msg.code.name, "error": msg.message},
+                self._log_budget.warn(
+                    log, None, "server error", url=self.url, code=msg.code.name, error=msg.message
                 )
             return
         if isinstance(msg, Error):

@@ -1,9 +1,13 @@
 """The one module that talks to the network: asyncio TCP streams, framing I/O, the
 handshake, and the small HTTP endpoint for Prometheus.
 
-Limits: a frame longer than ``max_frame`` ends the connection (its length cannot be
-trusted, so neither can anything after it); a peer that does not read its messages
-fast enough is dropped once ``max_buffer`` bytes wait for it.
+Limits (:class:`Limits`): until a peer is admitted its frames may be at most
+``max_handshake_frame`` long and the whole handshake must end within
+``handshake_timeout_s``; afterwards a frame longer than ``max_frame`` ends the
+connection (its length cannot be trusted, so neither can anything after it), and a
+server drops a peer that sends nothing, not even a keepalive, for ``idle_timeout_s``.
+A peer that does not read its messages fast enough is dropped once ``max_buffer``
+bytes wait for it. A server accepts at most ``max_connections`` at once.
 """
 
 from __future__ import annotations
@@ -17,46 +21,100 @@ from dataclasses import dataclass
 from lowtide.service import auth
 from lowtide.service.channel import Address, Channel
 from lowtide.service.errors import ConnectionLost, ServiceError, exception_of
+from lowtide.service.logs import LogBudget
 from lowtide.wire.codec import decode, encode
-from lowtide.wire.frames import DEFAULT_MAX_FRAME, HEADER, PREAMBLE, check_length
+from lowtide.wire.frames import (
+    DEFAULT_MAX_FRAME,
+    HEADER,
+    PREAMBLE,
+    FrameSeal,
+    check_length,
+)
 from lowtide.wire.messages import Auth, Challenge, Error, ErrorCode, Hello, Message, Welcome
 
 log = logging.getLogger("lowtide.service.net")
 
-HANDSHAKE_TIMEOUT_S = 10.0
+HTTP_TIMEOUT_S = 10.0
+#: How far a stream reads ahead of what is parsed; a frame may still be longer.
+READ_AHEAD = 256 << 10
 
 
 @dataclass(frozen=True)
 class Limits:
+    """What one peer can make a process hold; see the module docstring. The two
+    per-peer quotas bound a server's standing requests: pending ``MinTimeAt``
+    questions and live subscriptions per connection."""
+
     max_frame: int = DEFAULT_MAX_FRAME
     max_buffer: int = 64 << 20
+    max_handshake_frame: int = 1 << 20
+    handshake_timeout_s: float = 10.0
+    idle_timeout_s: float = 60.0
+    keepalive_s: float = 15.0  # clients send an empty frame this often
+    max_connections: int = 1024
+    max_questions_per_peer: int = 1024
+    max_subscriptions_per_peer: int = 1024
 
 
 class StreamChannel:
-    """Frames over an asyncio stream pair."""
+    """Frames over an asyncio stream pair; sealed (see :meth:`protect`) once the
+    handshake has proven a shared secret."""
 
     def __init__(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, limits: Limits
     ) -> None:
         self._reader, self._writer, self._limits = reader, writer, limits
+        self._max_frame = limits.max_handshake_frame
+        self._idle_timeout_s: float | None = None
+        self._seal: FrameSeal | None = None
+        self._unseal: FrameSeal | None = None
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
 
+    def protect(self, send_key: bytes, recv_key: bytes) -> None:
+        """From now on every frame carries a MAC, and one that fails ends the stream."""
+        self._seal, self._unseal = FrameSeal(send_key), FrameSeal(recv_key)
+
+    def admitted(self, idle_timeout_s: float | None) -> None:
+        """The handshake is over: full-size frames; ``idle_timeout_s`` for recv."""
+        self._max_frame = self._limits.max_frame
+        self._idle_timeout_s = idle_timeout_s
+
     async def recv(self) -> Message:
         """Next message. WireError for a malformed payload (the stream stays in step);
-        FrameTooLarge for an oversized one; ConnectionLost at the end."""
+        FrameTooLarge for an oversized one, FrameForged for one whose MAC fails;
+        ConnectionLost at the end or after ``idle_timeout_s`` of silence."""
+        while True:
+            payload: bytes | memoryview = await self._frame()
+            if self._unseal is not None:
+                payload = self._unseal.open(payload)
+            if payload:  # an empty one is a keepalive
+                return decode(payload)
+
+    async def _frame(self) -> bytes:
         try:
-            (length,) = HEADER.unpack(await self._reader.readexactly(HEADER.size))
-            check_length(length, self._limits.max_frame)
-            payload = await self._reader.readexactly(length)
+            async with asyncio.timeout(self._idle_timeout_s):
+                (length,) = HEADER.unpack(await self._reader.readexactly(HEADER.size))
+                check_length(length, self._max_frame)
+                return await self._reader.readexactly(length)
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
             raise ConnectionLost(f"{self.peer}: {exc}") from exc
-        return decode(payload)
+        except TimeoutError:
+            raise ConnectionLost(
+                f"{self.peer}: nothing received for {self._idle_timeout_s} s"
+            ) from None
 
     def send(self, msg: Message) -> None:
+        self._write(encode(msg))
+
+    def keepalive(self) -> None:
+        self._write(b"")
+
+    def _write(self, payload: bytes) -> None:
         if self._writer.is_closing():
             raise ConnectionLost(f"{self.peer} closed")
-        payload = encode(msg)
+        if self._seal is not None:
+            payload = self._seal.seal(payload)
         waiting = self._writer.transport.get_write_buffer_size()
         if waiting + len(payload) > self._limits.max_buffer:
             self.close()
@@ -75,6 +133,7 @@ class StreamChannel:
 
 # ------------------------------------------------------------------ server
 Admit = Callable[[Hello], Awaitable[Welcome]]
+_refusals = LogBudget()  # per remote host: a flood of bad handshakes logs a few lines
 
 
 async def serve_tcp(
@@ -84,38 +143,54 @@ async def serve_tcp(
     limits: Limits,
 ) -> tuple[asyncio.Server, int]:
     """Listen; each connection that sends the right preamble becomes a channel."""
+    open_now = 0
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal open_now
         channel = StreamChannel(reader, writer, limits)
-        try:
-            preamble = await asyncio.wait_for(
-                reader.readexactly(len(PREAMBLE)), HANDSHAKE_TIMEOUT_S
-            )
-        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError):
+        if open_now >= limits.max_connections:
+            _log_refusal(channel, f"over the limit of {limits.max_connections} connections")
             writer.close()
             return
-        if preamble != PREAMBLE:
-            log.warning("refused peer", extra={"peer": channel.peer, "reason": "bad preamble"})
-            writer.close()
-            return
+        open_now += 1
         try:
-            await on_channel(channel)
-        except asyncio.CancelledError:
-            pass  # the server is stopping; Python 3.11 would log a cancelled handler as an error
+            await _handle(reader, channel, on_channel, limits)
         finally:
+            open_now -= 1
             writer.close()
 
-    server = await asyncio.start_server(handle, host, port, limit=limits.max_frame + 64)
+    server = await asyncio.start_server(handle, host, port, limit=READ_AHEAD)
     bound = server.sockets[0].getsockname()[1]
     return server, int(bound)
 
 
-async def server_handshake(channel: Channel, secret: bytes | None, admit: Admit) -> Hello | None:
-    """Hello, then (with a secret) the HMAC challenge, then Welcome or Error.
+async def _handle(
+    reader: asyncio.StreamReader,
+    channel: StreamChannel,
+    on_channel: Callable[[StreamChannel], Awaitable[None]],
+    limits: Limits,
+) -> None:
+    try:
+        preamble = await asyncio.wait_for(
+            reader.readexactly(len(PREAMBLE)), limits.handshake_timeout_s
+        )
+    except (asyncio.IncompleteReadError, ConnectionError, TimeoutError):
+        return
+    if preamble != PREAMBLE:
+        _log_refusal(channel, "bad preamble")
+        return
+    with contextlib.suppress(asyncio.CancelledError):  # the server is stopping; Python
+        await on_channel(channel)  # 3.11 would log a cancelled handler as an error
+
+
+async def server_handshake(
+    channel: Channel, secret: bytes | None, admit: Admit, limits: Limits
+) -> Hello | None:
+    """Hello, then (with a secret) the mutual HMAC challenge, then Welcome or Error.
     Returns the Hello of an admitted peer; None (after telling it why) otherwise."""
     try:
-        return await asyncio.wait_for(
-            _server_handshake(channel, secret, admit), HANDSHAKE_TIMEOUT_S
+        hello = await asyncio.wait_for(
+            _server_handshake(channel, secret, admit), limits.handshake_timeout_s
         )
     except TimeoutError:
         _refuse(channel, ErrorCode.BAD_REQUEST, "handshake timed out")
@@ -124,7 +199,10 @@ async def server_handshake(channel: Channel, secret: bytes | None, admit: Admit)
     except ValueError as exc:  # WireError and friends: garbage instead of a handshake
         _refuse(channel, ErrorCode.BAD_FRAME, str(exc))
     except ConnectionLost:
-        log.info("peer left during handshake", extra={"peer": channel.peer})
+        _log_refusal(channel, "left during the handshake", logging.INFO)
+    else:
+        channel.admitted(limits.idle_timeout_s)
+        return hello
     return None
 
 
@@ -133,22 +211,31 @@ async def _server_handshake(channel: Channel, secret: bytes | None, admit: Admit
     if not isinstance(hello, Hello):
         raise ServiceError(ErrorCode.BAD_FRAME, f"expected Hello, got {type(hello).__name__}")
     if secret is not None:
+        if not auth.is_nonce(hello.nonce):
+            raise ServiceError(ErrorCode.AUTH_FAILED, f"need a {auth.NONCE_BYTES}-byte nonce")
         server_nonce = auth.nonce()
-        channel.send(Challenge(server_nonce))
+        channel.send(Challenge(server_nonce, auth.server_proof(secret, hello.nonce, server_nonce)))
         answer = await channel.recv()
         if not (
             isinstance(answer, Auth)
             and auth.verify(secret, server_nonce, hello.nonce, answer.proof)
         ):
             raise ServiceError(ErrorCode.AUTH_FAILED, "authentication failed")
+        keys = auth.frame_keys(secret, hello.nonce, server_nonce)
+        channel.protect(keys.server_to_client, keys.client_to_server)
     channel.send(await admit(hello))
     return hello
 
 
 def _refuse(channel: Channel, code: ErrorCode, message: str) -> None:
-    log.warning("refused peer", extra={"peer": channel.peer, "reason": message})
+    _log_refusal(channel, message)
     with contextlib.suppress(ConnectionLost):
         channel.send(Error(0, code, message))
+
+
+def _log_refusal(channel: Channel, reason: str, level: int = logging.WARNING) -> None:
+    host = channel.peer.rpartition(":")[0] or channel.peer
+    _refusals.warn(log, host, "refused peer", level, peer=channel.peer, reason=reason)
 
 
 # ------------------------------------------------------------------ client
@@ -156,7 +243,7 @@ async def connect_tcp(url: str, limits: Limits, timeout_s: float) -> StreamChann
     addr = Address.parse(url)
     try:
         reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(addr.host, addr.port, limit=limits.max_frame + 64), timeout_s
+            asyncio.open_connection(addr.host, addr.port, limit=READ_AHEAD), timeout_s
         )
     except (OSError, TimeoutError) as exc:
         raise ConnectionLost(f"cannot reach {url}: {exc}") from exc
@@ -165,17 +252,37 @@ async def connect_tcp(url: str, limits: Limits, timeout_s: float) -> StreamChann
 
 
 async def client_handshake(channel: Channel, hello: Hello, secret: bytes | None) -> Welcome:
+    """The client's side of :func:`server_handshake`. With a secret, the server must
+    prove it first: a server that cannot is refused before it is told anything."""
     channel.send(hello)
     reply = await channel.recv()
     if isinstance(reply, Challenge):
         if secret is None:
             raise ServiceError(ErrorCode.AUTH_FAILED, "the tracker requires a shared secret")
+        if not (
+            auth.is_nonce(reply.nonce)
+            and auth.verify_server(secret, hello.nonce, reply.nonce, reply.proof)
+        ):
+            raise ServiceError(
+                ErrorCode.AUTH_FAILED,
+                "the tracker could not prove the shared secret (another secret, or not "
+                "your tracker)",
+            )
         channel.send(Auth(auth.proof(secret, reply.nonce, hello.nonce)))
+        keys = auth.frame_keys(secret, hello.nonce, reply.nonce)
+        channel.protect(keys.client_to_server, keys.server_to_client)
         reply = await channel.recv()
+    elif secret is not None and isinstance(reply, Welcome):
+        raise ServiceError(
+            ErrorCode.AUTH_FAILED,
+            "the tracker did not ask for the shared secret, so it cannot prove it: "
+            "refusing it (give it the secret too)",
+        )
     if isinstance(reply, Error):
         raise exception_of(reply)
     if not isinstance(reply, Welcome):
         raise ServiceError(ErrorCode.BAD_FRAME, f"expected Welcome, got {type(reply).__name__}")
+    channel.admitted(None)
     return reply
 
 
@@ -187,7 +294,7 @@ async def serve_http(
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HANDSHAKE_TIMEOUT_S)
+            await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HTTP_TIMEOUT_S)
             body = render()
             head = (
                 "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"

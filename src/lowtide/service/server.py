@@ -17,7 +17,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from lowtide.core.errors import ProtocolError
+from lowtide.core.errors import GraphError, ProtocolError
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.sharding import ShardLayout
 from lowtide.core.time import Clock
@@ -31,12 +31,13 @@ from lowtide.service.errors import ConnectionLost, ServiceError, error_of
 from lowtide.service.history import MinTimeHistory, MinTimeQuestions
 from lowtide.service.inbox import Admit, Call, Gone, Item, Outbox, Peer, Request, Tick
 from lowtide.service.lane import LaneConfig
+from lowtide.service.logs import LogBudget, clip
 from lowtide.service.metrics import ServerMetrics
 from lowtide.service.persist import StateLog, store_graph, stored_graph
 from lowtide.service.shard import ShardEngine
 from lowtide.service.subscribers import Subscribers
 from lowtide.wire.codec import WireError
-from lowtide.wire.frames import FrameTooLarge
+from lowtide.wire.frames import FrameForged, FrameTooLarge
 from lowtide.wire.messages import (
     WIRE_VERSION,
     Batch,
@@ -87,6 +88,7 @@ class TrackerServer:
         self._questions: MinTimeQuestions[Peer] = MinTimeQuestions()
         self.inproc_url = ""
         self._failed: Error | None = None  # set once a step raised: fail-stop
+        self._log_budget = LogBudget()  # per peer
 
     @property
     def url(self) -> str:
@@ -119,7 +121,7 @@ class TrackerServer:
             self._servers.append(server)
         if cfg.metrics_port is not None:
             http, self.metrics_port = await net.serve_http(
-                cfg.host, cfg.metrics_port, self.metrics.render
+                cfg.metrics_host, cfg.metrics_port, self.metrics.render
             )
             self._servers.append(http)
         self._tasks = [loop.create_task(self._state_loop()), loop.create_task(self._ticker())]
@@ -187,11 +189,12 @@ class TrackerServer:
             self._conn_tasks.discard(task)
 
     async def _serve_peer(self, channel: Channel) -> None:
-        hello = await net.server_handshake(channel, self.config.secret, self._admit)
+        cfg = self.config
+        hello = await net.server_handshake(channel, cfg.secret, self._admit, cfg.limits)
         if hello is None:
             self.metrics.refused.inc()
             return
-        peer = Peer(channel, hello.name)
+        peer = Peer(channel, clip(hello.name, 128))
         self._peers.add(peer)
         self.metrics.connections.inc()
         try:
@@ -211,31 +214,34 @@ class TrackerServer:
                 self._refuse(peer, Error(0, ErrorCode.LIMIT, str(exc)))
                 peer.channel.close()
                 return
+            except FrameForged as exc:  # altered on the way, or not from this peer
+                self._refuse(peer, Error(0, ErrorCode.AUTH_FAILED, str(exc)))
+                peer.channel.close()
+                return
             except WireError as exc:
                 self._refuse(peer, Error(0, ErrorCode.BAD_FRAME, str(exc)))
                 continue
             await self._inbox.put(Request(peer, msg))
 
     def _refuse(self, peer: Peer, err: Error) -> None:
-        log.warning(
-            "bad input",
-            extra={
-                "peer": peer.channel.peer,
-                "client": peer.name,
-                "code": err.code.name,
-                "error": err.message,
-            },
+        self._log_budget.warn(
+            log, peer, "bad input",
+            peer=peer.channel.peer, client=peer.name, code=err.code.name, error=err.message,
         )
         self.metrics.errors.labels(err.code.name).inc()
         with contextlib.suppress(ConnectionLost):
             peer.channel.send(err)
 
     async def _admit(self, hello: Hello) -> Welcome:
+        try:
+            graph = None if hello.graph is None else graph_of(hello.graph)
+        except GraphError as exc:
+            raise ServiceError(ErrorCode.BAD_REQUEST, f"bad pipeline graph: {exc}") from None
         reply: asyncio.Future[Welcome] = asyncio.get_running_loop().create_future()
-        await self._inbox.put(Admit(hello, reply))
+        await self._inbox.put(Admit(hello, graph, reply))
         return await reply
 
-    def _welcome(self, hello: Hello) -> Welcome:
+    def _welcome(self, hello: Hello, graph: SegmentGraph | None) -> Welcome:
         """Runs in the state task: may adopt the client's graph."""
         if hello.version != WIRE_VERSION:
             raise ServiceError(
@@ -243,17 +249,19 @@ class TrackerServer:
                 f"wire version {hello.version}, server speaks {WIRE_VERSION}",
             )
         if self.engine is None:
-            if hello.graph is None:
+            if graph is None:
                 raise ServiceError(
                     ErrorCode.GRAPH_MISMATCH, "this tracker has no pipeline graph yet"
                 )
-            self._adopt(graph_of(hello.graph))
+            self._adopt(graph)
         assert self.engine is not None
-        mine = graph_spec(self.engine.graph)
-        if hello.graph is not None and hello.graph != mine:
+        if graph is not None and graph != self.engine.graph:
             raise ServiceError(
-                ErrorCode.GRAPH_MISMATCH, f"client graph {hello.graph} differs from {mine}"
+                ErrorCode.GRAPH_MISMATCH,
+                f"client graph {graph.fingerprint()} ({len(graph)} segments) differs from "
+                f"the tracker's {self.engine.graph.fingerprint()} ({len(self.engine.graph)})",
             )
+        mine = graph_spec(self.engine.graph)
         grid = self.config.grid
         shards = self.engine.shards
         return Welcome(
@@ -321,6 +329,7 @@ class TrackerServer:
             elif isinstance(item, Gone):
                 self._subscribers.drop(item.peer)
                 self._watchers.discard(item.peer)
+                self._log_budget.forget(item.peer)
             elif isinstance(item, Call):
                 item.fn()
             else:
@@ -334,15 +343,20 @@ class TrackerServer:
         self._send(out)
         step = engine.step(now)
         self._history.observe(now, step.updates)
-        self._send(self._questions.answer(now, self._history, self._peers.__contains__))
+        answers = self._questions.answer(now, self._history, self._peers.__contains__)
+        for peer, _reply in answers:
+            peer.questions -= 1
+        self._send(answers)
         self._publish(step)
         if ticked:
             self._tick(engine, now)
         return None
 
     def _admit_now(self, item: Admit) -> None:
+        if item.reply.done():  # its handshake timed out while it waited in the inbox
+            return
         try:
-            item.reply.set_result(self._welcome(item.hello))
+            item.reply.set_result(self._welcome(item.hello, item.graph))
         except ServiceError as exc:
             item.reply.set_exception(exc)
 
@@ -359,17 +373,18 @@ class TrackerServer:
         if engine is None:
             out.append((peer, Error(0, ErrorCode.BAD_REQUEST, "no pipeline graph yet")))
         elif isinstance(msg, Batch | FrontOp):
-            out.append((peer, self._apply(engine, msg, now)))
+            out.append((peer, self._apply(engine, peer, msg, now)))
+        elif isinstance(msg, Subscribe | MinTimeAt) and (
+            refusal := peer.over_quota(msg, self.config.limits)
+        ):
+            out.append((peer, refusal))
         elif isinstance(msg, Subscribe):
             self._subscribe(engine, peer, msg, out)
         elif isinstance(msg, Unsubscribe):
             self._subscribers.unsubscribe(peer, msg.req)
             out.append((peer, Ok(msg.req)))
         elif isinstance(msg, MinTimeAt):
-            if msg.segment is not None and msg.segment not in engine.graph.names:
-                out.append((peer, Error(msg.req, ErrorCode.UNKNOWN_SEGMENT, msg.segment)))
-            else:
-                self._questions.ask(peer, msg)
+            self._ask(engine, peer, msg, out)
         elif isinstance(msg, StatusRequest):
             out.append((peer, Status(msg.req, json.dumps(self.status()))))
         elif isinstance(msg, ShardReleaseFrame | WatchShard):
@@ -377,10 +392,13 @@ class TrackerServer:
         else:
             out.append((peer, Error(0, ErrorCode.BAD_REQUEST, f"unexpected {type(msg).__name__}")))
 
-    def _apply(self, engine: Engine, msg: StateRequest, now: int) -> Ok | Error:
+    def _apply(self, engine: Engine, peer: Peer, msg: StateRequest, now: int) -> Ok | Error:
         reply = engine.handle(msg, now)
         if isinstance(reply, Error):
-            log.warning("refused request", extra={"code": reply.code.name, "error": reply.message})
+            self._log_budget.warn(
+                log, peer, "refused request",
+                code=reply.code.name, error=reply.message, client=peer.name,
+            )
             self.metrics.errors.labels(reply.code.name).inc()
         elif not reply.duplicate and self._wal is not None:
             self._wal.append(msg)
@@ -401,6 +419,13 @@ class TrackerServer:
                     self._wal.append(msg)
         except ServiceError as exc:
             out.append((peer, error_of(getattr(msg, "req", 0), exc)))
+
+    def _ask(self, engine: Engine, peer: Peer, msg: MinTimeAt, out: Outbox) -> None:
+        if msg.segment is not None and msg.segment not in engine.graph:
+            out.append((peer, Error(msg.req, ErrorCode.UNKNOWN_SEGMENT, clip(msg.segment))))
+        else:
+            peer.questions += 1
+            self._questions.ask(peer, msg)
 
     def _subscribe(self, engine: Engine, peer: Peer, msg: Subscribe, out: Outbox) -> None:
         try:
@@ -426,7 +451,9 @@ class TrackerServer:
             try:
                 peer.channel.send(msg)
             except ConnectionLost as exc:
-                log.warning("dropped peer", extra={"peer": peer.channel.peer, "reason": str(exc)})
+                self._log_budget.warn(
+                    log, peer, "dropped peer", peer=peer.channel.peer, reason=str(exc)
+                )
 
     def status(self) -> dict[str, object]:
         engine = self.engine
@@ -444,3 +471,4 @@ class TrackerServer:
             body["delta_ms"] = self.config.grid.delta_ms
             body["now_ms"] = self.clock.now_ms()
         return body
+

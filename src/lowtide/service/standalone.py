@@ -21,6 +21,7 @@ from lowtide.service import logs
 from lowtide.service.auth import load_secret
 from lowtide.service.cluster import ShardProcesses
 from lowtide.service.config import ServerConfig
+from lowtide.service.net import Limits
 from lowtide.service.persist import StateDirError
 
 
@@ -35,6 +36,17 @@ def add_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--snapshot-every-s", type=float, default=30.0)
     serve.add_argument("--secret-file", type=Path, help="shared secret (else $LOWTIDE_SECRET)")
     serve.add_argument("--metrics-port", type=int, help="serve Prometheus metrics over HTTP")
+    serve.add_argument(
+        "--metrics-host", default="127.0.0.1", help="metrics bind address (default loopback)"
+    )
+    limits = Limits()
+    serve.add_argument("--max-connections", type=int, default=limits.max_connections)
+    serve.add_argument(
+        "--idle-timeout-s",
+        type=float,
+        default=limits.idle_timeout_s,
+        help="drop a peer silent this long (clients send keepalives)",
+    )
     serve.add_argument("--stuck-after-ms", type=int, default=5_000)
     serve.add_argument("--shards", type=int, default=0, help="run N shard processes")
     serve.add_argument("--shard", help=argparse.SUPPRESS)  # K/N: run as shard K of N
@@ -54,7 +66,8 @@ def shard_args(args: argparse.Namespace) -> list[str]:
     out = ["--host", args.host, "--delta-ms", str(args.delta_ms)]
     out += ["--window-slots", str(args.window_slots), "--stuck-after-ms", str(args.stuck_after_ms)]
     out += ["--snapshot-every-s", str(args.snapshot_every_s), "--log-format", args.log_format]
-    out += ["--log-level", args.log_level]
+    out += ["--log-level", args.log_level, "--max-connections", str(args.max_connections)]
+    out += ["--idle-timeout-s", str(args.idle_timeout_s)]
     if args.graph:
         out += ["--graph", str(args.graph)]
     if args.secret_file:
@@ -79,6 +92,8 @@ def server_config(args: argparse.Namespace, shard_urls: tuple[str, ...] = ()) ->
         snapshot_every_ms=int(args.snapshot_every_s * 1000),
         secret=load_secret(args.secret_file),
         metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
+        limits=Limits(max_connections=args.max_connections, idle_timeout_s=args.idle_timeout_s),
         stuck_after_ms=args.stuck_after_ms,
         shard=shard,
         shard_urls=shard_urls,
@@ -87,12 +102,12 @@ def server_config(args: argparse.Namespace, shard_urls: tuple[str, ...] = ()) ->
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    logs.setup(args.log_format, args.log_level)
     try:
         server_config(args)  # refuse bad options before starting any process
     except ValueError as exc:
         print(f"lowtide serve: {exc}", file=sys.stderr)
         return 2
+    logs.setup(args.log_format, args.log_level)
     try:
         asyncio.run(_serve(args))
     except StateDirError as exc:
@@ -119,7 +134,8 @@ async def _serve(args: argparse.Namespace) -> None:
     await server.start()
     print(f"lowtide serving {server.url}", flush=True)
     if server.metrics_port:
-        print(f"lowtide metrics http://{config.host}:{server.metrics_port}/metrics", flush=True)
+        host = config.metrics_host
+        print(f"lowtide metrics http://{host}:{server.metrics_port}/metrics", flush=True)
     await stop.wait()
     await server.stop()
     if shards is not None:

@@ -12,16 +12,19 @@ import asyncio
 import itertools
 import json
 import os
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from lowtide.core.errors import ProtocolError
 from lowtide.core.time import TimeGrid
-from lowtide.service.auth import nonce
-from lowtide.service.errors import exception_of
+from lowtide.service.auth import load_secret, nonce
+from lowtide.service.errors import ConnectionLost, ServiceError, exception_of
 from lowtide.service.lane import Lane, LaneConfig, Reply
 from lowtide.service.progress import RowRates, stalled_fronts
 from lowtide.wire.messages import WIRE_VERSION, Error, Hello, Role, Status, StatusRequest
@@ -58,6 +61,28 @@ async def poll_status(
             await asyncio.sleep(interval_s)
     finally:
         await lane.close()
+
+
+def watch(
+    prog: str,
+    url: str,
+    secret_file: Path | None,
+    on_status: Callable[[dict[str, Any] | None], bool],
+    interval_s: float,
+    timeout_s: float = 5.0,
+) -> int:
+    """:func:`poll_status` for a command: its exit code, and on failure one line on
+    stderr saying why (a refused secret, a bad URL), never a traceback."""
+    try:
+        lane = LaneConfig(secret=load_secret(secret_file), connect_timeout_s=timeout_s)
+        asyncio.run(poll_status(url, lane, on_status, interval_s, timeout_s))
+    except ValueError as exc:  # the secret file or the URL
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    except (ServiceError, ProtocolError, ConnectionLost) as exc:
+        print(f"{prog}: {url}: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def render(

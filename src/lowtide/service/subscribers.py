@@ -21,7 +21,9 @@ class Subscribers:
 
     def subscribe(self, peer: Peer, req: int, segment: str | None,
                   current: MinTimeUpdate) -> Notify:
-        """Register ``peer``'s request ``req``; returns the first update to send."""
+        """Register ``peer``'s request ``req`` (replacing one of the same number);
+        returns the first update to send."""
+        self.unsubscribe(peer, req)
         sub = next(self._ids)
         peer.subs[req] = sub
         self._owner[sub] = (peer, req)

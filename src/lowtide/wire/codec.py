@@ -271,6 +271,15 @@ def _dec_min_time_at(r: Reader) -> MinTimeAt:
     return MinTimeAt(req, r.opt_text(), at_ms)
 
 
+def _enc_challenge(w: Writer, m: Challenge) -> None:
+    w.blob(m.nonce)
+    w.blob(m.proof)
+
+
+def _dec_challenge(r: Reader) -> Challenge:
+    return Challenge(bytes(r.blob(256)), bytes(r.blob(256)))
+
+
 def _req_codec(cls: type[Any]) -> tuple[Callable[[Writer, Any], None], Callable[[Reader], Any]]:
     """Codec of a message whose only field is ``req``."""
     return (lambda w, m: w.pack("Q", m.req)), (lambda r: cls(r.one("Q")))
@@ -280,7 +289,7 @@ M = TypeVar("M")
 
 _CODECS: dict[type[Any], tuple[int, Callable[[Writer, Any], None], Callable[[Reader], Any]]] = {
     Hello: (1, _enc_hello, _dec_hello),
-    Challenge: (2, lambda w, m: w.blob(m.nonce), lambda r: Challenge(bytes(r.blob(256)))),
+    Challenge: (2, _enc_challenge, _dec_challenge),
     Auth: (3, lambda w, m: w.blob(m.proof), lambda r: Auth(bytes(r.blob(256)))),
     Welcome: (4, _enc_welcome, _dec_welcome),
     Batch: (10, _enc_batch, _dec_batch),

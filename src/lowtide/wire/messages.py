@@ -22,7 +22,8 @@ from lowtide.core.messages import (
 )
 
 #: Bumped on any incompatible change of the byte format; checked at handshake.
-#: 2: FrontOp carries its owner; error codes FRONT_OWNED, SESSION_FAILED.
+#: 2: FrontOp carries its owner; error codes FRONT_OWNED, SESSION_FAILED; Challenge
+#:    carries the server's proof of the secret (mutual authentication).
 WIRE_VERSION = 2
 
 #: A graph as plain data: ((name, (inbound names...)), ...) in topological order.
@@ -81,9 +82,11 @@ class Hello:
 
 @dataclass(frozen=True)
 class Challenge:
-    """Sent instead of :class:`Welcome` when the server requires a shared secret."""
+    """Sent instead of :class:`Welcome` when the server requires a shared secret;
+    ``proof`` proves the server knows it too (mutual authentication, wire version 2)."""
 
     nonce: bytes
+    proof: bytes
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,144 @@
+"""Hostile peers on real sockets: a fake tracker that knows no secret, and a proxy
+that alters one frame on its way to the tracker."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from lowtide.core.messages import MinTimeUpdate
+from lowtide.wire import PREAMBLE, FrameDecoder, decode, encode, frame
+from lowtide.wire.frames import HEADER
+from lowtide.wire.messages import Hello, Message, Notify, Ok, Subscribe
+
+
+@dataclass
+class _Listener:
+    sock: socket.socket = field(default_factory=lambda: socket.create_server(("127.0.0.1", 0)))
+    threads: list[threading.Thread] = field(default_factory=list)
+    closing: bool = False
+
+    @property
+    def url(self) -> str:
+        return f"tcp://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def start(self, serve: Callable[[socket.socket], None]) -> None:
+        def accept() -> None:
+            while not self.closing:
+                try:
+                    conn, _ = self.sock.accept()
+                except OSError:
+                    return
+                worker = threading.Thread(target=serve, args=(conn,), daemon=True)
+                worker.start()
+                self.threads.append(worker)
+
+        thread = threading.Thread(target=accept, daemon=True)
+        thread.start()
+        self.threads.append(thread)
+
+    def close(self) -> None:
+        self.closing = True
+        self.sock.close()
+
+
+def _read_exactly(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError("closed")
+        data += chunk
+    return data
+
+
+class FakeTracker(_Listener):
+    """Answers a Hello with ``script(hello)``, frames a server that does not know the
+    secret might send; then confirms every request and tells each subscriber that
+    the min time is ``lie``. Keeps what it received in ``received``."""
+
+    def __init__(self, script: Callable[[Hello], list[Message]], lie: int = 999_999) -> None:
+        super().__init__()
+        self.script, self.lie = script, lie
+        self.received: list[Message] = []
+        self.start(self._serve)
+
+    def _serve(self, conn: socket.socket) -> None:
+        decoder = FrameDecoder()
+        try:
+            _read_exactly(conn, len(PREAMBLE))
+            while data := conn.recv(65536):
+                for payload in decoder.feed(data):
+                    msg = decode(payload)
+                    self.received.append(msg)
+                    conn.sendall(b"".join(frame(encode(m)) for m in self._answer(msg)))
+        except (OSError, ValueError):
+            pass
+        finally:
+            conn.close()
+
+    def _answer(self, msg: Message) -> list[Message]:
+        if isinstance(msg, Hello):
+            return self.script(msg)
+        req = getattr(msg, "req", None)
+        if req is None:
+            return []
+        if isinstance(msg, Subscribe):
+            return [Ok(req), Notify(((req, MinTimeUpdate(msg.segment, self.lie)),))]
+        return [Ok(req)]
+
+
+class AlteringProxy(_Listener):
+    """Forwards to ``target``, but flips bit 0 of byte ``offset`` in the first
+    client frame whose type byte is ``kind`` (then forwards everything unchanged)."""
+
+    def __init__(self, target: str, kind: int, offset: int) -> None:
+        super().__init__()
+        host, port = target.removeprefix("tcp://").rsplit(":", 1)
+        self.target = (host, int(port))
+        self.kind, self.offset = kind, offset
+        self.altered = 0
+        self.start(self._serve)
+
+    def _serve(self, client: socket.socket) -> None:
+        try:
+            server = socket.create_connection(self.target)
+        except OSError:
+            client.close()
+            return
+        back = threading.Thread(target=self._pump, args=(server, client), daemon=True)
+        back.start()
+        try:
+            server.sendall(_read_exactly(client, len(PREAMBLE)))
+            while True:
+                head = _read_exactly(client, HEADER.size)
+                payload = bytearray(_read_exactly(client, HEADER.unpack(head)[0]))
+                if not self.altered and payload[:1] == bytes([self.kind]):
+                    payload[self.offset] ^= 1
+                    self.altered += 1
+                server.sendall(head + payload)
+        except OSError:
+            pass
+        finally:
+            _hang_up(client)
+            _hang_up(server)
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            _hang_up(dst)
+
+
+def _hang_up(sock: socket.socket) -> None:
+    """shutdown, not just close: another thread may be blocked reading it."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()

@@ -1,0 +1,69 @@
+"""Logs under hostile peers (issue 21, point 11): fields from peers are clipped and
+escaped, so a name cannot forge lines or flood the log, and one peer's repeated
+errors are rate limited."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+from lowtide.service import TrackerService
+from lowtide.service.logs import MAX_FIELD, JsonFormatter, LogBudget, TextFormatter
+from lowtide.wire.frames import HEADER
+from lowtide.wire.messages import WIRE_VERSION, Error, Hello, Role, Welcome
+from tests.service.raw import RawClient
+
+FORGED = "\n00:00:00 info    lowtide.service.server: all is well"
+EVIL_NAME = FORGED + "x" * 900_000
+
+
+@pytest.fixture(params=[TextFormatter, JsonFormatter])
+def captured(request: pytest.FixtureRequest) -> Iterator[io.StringIO]:
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(request.param())
+    root = logging.getLogger("lowtide")
+    saved = root.handlers[:], root.level, root.propagate
+    root.handlers[:], root.propagate = [handler], False
+    root.setLevel(logging.INFO)
+    try:
+        yield out
+    finally:
+        root.handlers[:], root.propagate = saved[0], saved[2]
+        root.setLevel(saved[1])
+
+
+@pytest.mark.socket
+def test_a_hostile_name_and_repeated_bad_frames(
+    service: TrackerService, captured: io.StringIO
+) -> None:
+    client = RawClient.open(service.url)
+    try:
+        client.send(Hello(WIRE_VERSION, Role.AGENT, b"n" * 32, EVIL_NAME, None))
+        assert isinstance(client.recv(), Welcome)
+        for _ in range(50):
+            client.send_raw(HEADER.pack(3) + b"\xff\x00\x01")
+        for _ in range(50):
+            assert isinstance(client.recv(), Error)  # every one answered...
+    finally:
+        client.close()
+    lines = captured.getvalue().splitlines()
+    bad = [line for line in lines if "bad input" in line]
+    assert 1 <= len(bad) <= 5  # ...but logged a few times only
+    assert not any(line.startswith("00:00:00") or "all is well" in line[:40] for line in lines)
+    assert all(len(line) < 8 * MAX_FIELD for line in lines)
+    if lines[0].startswith("{"):
+        assert all(json.loads(line) for line in lines)
+
+
+def test_the_budget_refills_and_counts_what_it_dropped() -> None:
+    now = [0.0]
+    budget = LogBudget(burst=2, period_s=10, clock=lambda: now[0])
+    assert [budget.allow("a") for _ in range(5)] == [0, 0, None, None, None]
+    assert budget.allow("b") == 0  # per peer
+    now[0] = 10.0
+    assert budget.allow("a") == 3  # the next line says how many were dropped
