@@ -15,14 +15,13 @@ import json
 import logging
 import os
 from collections.abc import Callable
-from typing import Any
 
-from lowtide.core.errors import GraphError, ProtocolError
+from lowtide.core.errors import ProtocolError
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.sharding import ShardLayout
 from lowtide.core.time import Clock
 from lowtide.service import net
-from lowtide.service.channel import Channel, register_inproc, unregister_inproc
+from lowtide.service.channel import register_inproc, unregister_inproc
 from lowtide.service.clock import SystemClock
 from lowtide.service.config import ServerConfig
 from lowtide.service.coordinator import CoordinatorEngine
@@ -33,11 +32,10 @@ from lowtide.service.inbox import Admit, Call, Gone, Item, Outbox, Peer, Request
 from lowtide.service.lane import LaneConfig
 from lowtide.service.logs import LogBudget, clip
 from lowtide.service.metrics import ServerMetrics
+from lowtide.service.peers import PeerConnections
 from lowtide.service.persist import StateLog, store_graph, stored_graph
 from lowtide.service.shard import ShardEngine
 from lowtide.service.subscribers import Subscribers
-from lowtide.wire.codec import WireError
-from lowtide.wire.frames import FrameForged, FrameTooLarge
 from lowtide.wire.messages import (
     WIRE_VERSION,
     Batch,
@@ -56,7 +54,6 @@ from lowtide.wire.messages import (
     Unsubscribe,
     WatchShard,
     Welcome,
-    graph_of,
     graph_spec,
 )
 
@@ -74,12 +71,10 @@ class TrackerServer:
         self.metrics = ServerMetrics()
         self._inbox: asyncio.Queue[Item] = asyncio.Queue(INBOX)
         self._subscribers = Subscribers()
-        self._peers: set[Peer] = set()
         self._watchers: set[Peer] = set()
         self._posted: set[asyncio.Task[None]] = set()
         self._wal: StateLog | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._conn_tasks: set[asyncio.Task[Any]] = set()
         self._servers: list[asyncio.Server] = []
         self.port = 0
         self.metrics_port = 0
@@ -89,6 +84,7 @@ class TrackerServer:
         self.inproc_url = ""
         self._failed: Error | None = None  # set once a step raised: fail-stop
         self._log_budget = LogBudget()  # per peer
+        self._conns = PeerConnections(config, self._inbox, self.metrics, self._log_budget)
 
     @property
     def url(self) -> str:
@@ -115,9 +111,10 @@ class TrackerServer:
         if graph is not None:
             self._adopt(graph)
         loop = asyncio.get_running_loop()
-        self.inproc_url = register_inproc(loop, self._accept_inproc)
+        self.inproc_url = register_inproc(loop, self._conns.accept_inproc)
         if cfg.listen:
-            server, self.port = await net.serve_tcp(cfg.host, cfg.port, self._serve, cfg.limits)
+            server, self.port = await net.serve_tcp(cfg.host, cfg.port, self._conns.serve,
+                                                   cfg.limits)
             self._servers.append(server)
         if cfg.metrics_port is not None:
             http, self.metrics_port = await net.serve_http(
@@ -131,9 +128,8 @@ class TrackerServer:
         unregister_inproc(self.inproc_url)
         for server in self._servers:
             server.close()
-        for peer in list(self._peers):
-            peer.channel.close()
-        tasks = [*self._tasks, *self._conn_tasks]
+        self._conns.close_all()
+        tasks = [*self._tasks, *self._conns.tasks]
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -172,74 +168,6 @@ class TrackerServer:
             current: dict[str | None, int] = {None: engine.current(None).time}
             current.update({n: engine.current(n).time for n in graph.names})
             self._history.seed(self.clock.now_ms(), current)
-
-    # ------------------------------------------------------------ connections
-    def _accept_inproc(self, channel: Channel) -> None:
-        asyncio.get_running_loop().create_task(self._serve(channel))
-
-    async def _serve(self, channel: Channel) -> None:
-        # Kept so stop() can end it; this also holds the strong reference that
-        # the loop (which keeps tasks weakly) does not.
-        task = asyncio.current_task()
-        assert task is not None
-        self._conn_tasks.add(task)
-        try:
-            await self._serve_peer(channel)
-        finally:
-            self._conn_tasks.discard(task)
-
-    async def _serve_peer(self, channel: Channel) -> None:
-        cfg = self.config
-        hello = await net.server_handshake(channel, cfg.secret, self._admit, cfg.limits)
-        if hello is None:
-            self.metrics.refused.inc()
-            return
-        peer = Peer(channel, clip(hello.name, 128))
-        self._peers.add(peer)
-        self.metrics.connections.inc()
-        try:
-            await self._read(peer)
-        finally:
-            self._peers.discard(peer)
-            self.metrics.connections.dec()
-            await self._inbox.put(Gone(peer))
-
-    async def _read(self, peer: Peer) -> None:
-        while True:
-            try:
-                msg = await peer.channel.recv()
-            except ConnectionLost:
-                return
-            except FrameTooLarge as exc:
-                self._refuse(peer, Error(0, ErrorCode.LIMIT, str(exc)))
-                peer.channel.close()
-                return
-            except FrameForged as exc:  # altered on the way, or not from this peer
-                self._refuse(peer, Error(0, ErrorCode.AUTH_FAILED, str(exc)))
-                peer.channel.close()
-                return
-            except WireError as exc:
-                self._refuse(peer, Error(0, ErrorCode.BAD_FRAME, str(exc)))
-                continue
-            await self._inbox.put(Request(peer, msg))
-
-    def _refuse(self, peer: Peer, err: Error) -> None:
-        self._log_budget.warn(
-            log, peer, "bad input",
-            peer=peer.channel.peer, client=peer.name, code=err.code.name, error=err.message,
-        )
-        self.metrics.errors.labels(err.code.name).inc()
-        with contextlib.suppress(ConnectionLost):
-            peer.channel.send(err)
-
-    async def _admit(self, hello: Hello) -> Welcome:
-        try:
-            graph = None if hello.graph is None else graph_of(hello.graph)
-        except GraphError as exc:
-            raise ServiceError(ErrorCode.BAD_REQUEST, f"bad pipeline graph: {exc}") from None
-        reply: asyncio.Future[Welcome] = asyncio.get_running_loop().create_future()
-        await self._inbox.put(Admit(hello, graph, reply))
-        return await reply
 
     def _welcome(self, hello: Hello, graph: SegmentGraph | None) -> Welcome:
         """Runs in the state task: may adopt the client's graph."""
@@ -299,8 +227,7 @@ class TrackerServer:
         self.metrics.errors.labels(ErrorCode.INTERNAL.name).inc()
         self._failed = Error(0, ErrorCode.INTERNAL, f"the tracker failed: {exc!r}")
         self._refuse_group(items)
-        for peer in list(self._peers):
-            peer.channel.close()
+        self._conns.close_all()
 
     def _refuse_group(self, items: list[Item]) -> None:
         """A failed server's answer to everything. (A request of the failing step that
@@ -343,7 +270,7 @@ class TrackerServer:
         self._send(out)
         step = engine.step(now)
         self._history.observe(now, step.updates)
-        answers = self._questions.answer(now, self._history, self._peers.__contains__)
+        answers = self._questions.answer(now, self._history, self._conns.peers.__contains__)
         for peer, _reply in answers:
             peer.questions -= 1
         self._send(answers)
@@ -461,7 +388,7 @@ class TrackerServer:
             "server": self.config.name,
             "url": self.url,
             "pid": os.getpid(),
-            "connections": len(self._peers),
+            "connections": len(self._conns.peers),
         }
         if engine is not None:
             body["acks_applied"] = engine.acks_applied

@@ -1,0 +1,104 @@
+"""The server's connection side: handshakes, reading a peer's frames into the state
+task's inbox, refusing bad input. It never touches the tracker's state: everything it
+learns goes through the inbox, in order."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from lowtide.core.errors import GraphError
+from lowtide.service import net
+from lowtide.service.channel import Channel
+from lowtide.service.config import ServerConfig
+from lowtide.service.errors import ConnectionLost, ServiceError
+from lowtide.service.inbox import Admit, Gone, Item, Peer, Request
+from lowtide.service.logs import LogBudget, clip
+from lowtide.service.metrics import ServerMetrics
+from lowtide.wire.codec import WireError
+from lowtide.wire.frames import FrameForged, FrameTooLarge
+from lowtide.wire.messages import Error, ErrorCode, Hello, Welcome, graph_of
+
+log = logging.getLogger("lowtide.service.server")
+
+
+class PeerConnections:
+    def __init__(self, config: ServerConfig, inbox: asyncio.Queue[Item],
+                 metrics: ServerMetrics, log_budget: LogBudget) -> None:
+        self.config, self._inbox, self.metrics = config, inbox, metrics
+        self._log_budget = log_budget
+        self.peers: set[Peer] = set()
+        self.tasks: set[asyncio.Task[Any]] = set()
+
+    def close_all(self) -> None:
+        for peer in list(self.peers):
+            peer.channel.close()
+
+    def accept_inproc(self, channel: Channel) -> None:
+        asyncio.get_running_loop().create_task(self.serve(channel))
+
+    async def serve(self, channel: Channel) -> None:
+        # Kept so stop() can end it; this also holds the strong reference that
+        # the loop (which keeps tasks weakly) does not.
+        task = asyncio.current_task()
+        assert task is not None
+        self.tasks.add(task)
+        try:
+            await self._serve_peer(channel)
+        finally:
+            self.tasks.discard(task)
+
+    async def _serve_peer(self, channel: Channel) -> None:
+        cfg = self.config
+        hello = await net.server_handshake(channel, cfg.secret, self._admit, cfg.limits)
+        if hello is None:
+            self.metrics.refused.inc()
+            return
+        peer = Peer(channel, clip(hello.name, 128))
+        self.peers.add(peer)
+        self.metrics.connections.inc()
+        try:
+            await self._read(peer)
+        finally:
+            self.peers.discard(peer)
+            self.metrics.connections.dec()
+            await self._inbox.put(Gone(peer))
+
+    async def _read(self, peer: Peer) -> None:
+        while True:
+            try:
+                msg = await peer.channel.recv()
+            except ConnectionLost:
+                return
+            except FrameTooLarge as exc:
+                self.refuse(peer, Error(0, ErrorCode.LIMIT, str(exc)))
+                peer.channel.close()
+                return
+            except FrameForged as exc:  # altered on the way, or not from this peer
+                self.refuse(peer, Error(0, ErrorCode.AUTH_FAILED, str(exc)))
+                peer.channel.close()
+                return
+            except WireError as exc:
+                self.refuse(peer, Error(0, ErrorCode.BAD_FRAME, str(exc)))
+                continue
+            await self._inbox.put(Request(peer, msg))
+
+    def refuse(self, peer: Peer, err: Error) -> None:
+        self._log_budget.warn(
+            log, peer, "bad input",
+            peer=peer.channel.peer, client=peer.name, code=err.code.name, error=err.message,
+        )
+        self.metrics.errors.labels(err.code.name).inc()
+        with contextlib.suppress(ConnectionLost):
+            peer.channel.send(err)
+
+    async def _admit(self, hello: Hello) -> Welcome:
+        try:
+            graph = None if hello.graph is None else graph_of(hello.graph)
+        except GraphError as exc:
+            raise ServiceError(ErrorCode.BAD_REQUEST, f"bad pipeline graph: {exc}") from None
+        reply: asyncio.Future[Welcome] = asyncio.get_running_loop().create_future()
+        await self._inbox.put(Admit(hello, graph, reply))
+        return await reply
