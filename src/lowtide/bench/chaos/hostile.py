@@ -1,5 +1,6 @@
-"""Hostile peers for ``lowtide bench chaos``: fuzzed frames, request floods, a session
-that takes over another's front, and a fake server that knows nothing of the secret.
+"""Hostile peers for ``lowtide bench chaos``: fuzzed frames, replayed frames, request
+floods, a session that takes over another's front, and a fake server that knows
+nothing of the secret.
 Every one of them talks to 127.0.0.1 only, for a bounded count and time."""
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class Attack:
 
     def start(self) -> None:
         for name, fn in (("fuzz", self._fuzz), ("flood", self._flood),
-                         ("hijack", self._hijack)):
+                         ("hijack", self._hijack), ("replay", self._replay)):
             self.sent[name] = 0
             t = threading.Thread(target=self._guard, args=(name, fn), daemon=True)
             t.start()
@@ -117,6 +118,47 @@ class Attack:
                 with contextlib.suppress(Exception):
                     op()
                 self.sent["hijack"] += 1
+
+
+    def _replay(self) -> None:
+        """Record what a real agent sends (through a relay), then send those bytes
+        again on fresh connections: its handshake and its frames, verbatim."""
+        host, port = self.url.removeprefix("tcp://").rsplit(":", 1)
+        recorded = bytearray()
+        relay = socket.create_server(("127.0.0.1", 0))
+        relay_port = relay.getsockname()[1]
+        threading.Thread(target=_relay_once, args=(relay, (host, int(port)), recorded),
+                         daemon=True).start()
+        with (Agent.connect(f"tcp://127.0.0.1:{relay_port}", GRAPH, secret=self.secret)
+              as agent, contextlib.suppress(Exception)):
+            agent.status(timeout_s=3)
+            agent.min_time_at("sink", 0, 3)
+        relay.close()
+        while not self._stop.is_set() and self.sent["replay"] < 200:
+            with contextlib.suppress(OSError), socket.create_connection(
+                    (host, int(port)), timeout=1) as sock:
+                sock.sendall(bytes(recorded))
+                sock.settimeout(0.05)
+                with contextlib.suppress(OSError):
+                    sock.recv(4096)
+            self.sent["replay"] += 1
+
+
+def _relay_once(listener: socket.socket, target: tuple[str, int], recorded: bytearray) -> None:
+    """Relay one connection both ways, keeping what the client sent."""
+    listener.settimeout(5)
+    with contextlib.suppress(OSError):
+        client, _ = listener.accept()
+        with client, socket.create_connection(target, timeout=5) as server:
+            def back() -> None:
+                with contextlib.suppress(OSError):
+                    while data := server.recv(65536):
+                        client.sendall(data)
+            threading.Thread(target=back, daemon=True).start()
+            client.settimeout(5)
+            while data := client.recv(65536):
+                recorded.extend(data)
+                server.sendall(data)
 
 
 def fooled_by_fake_server(secret: bytes | None) -> bool:

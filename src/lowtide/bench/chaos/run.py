@@ -34,7 +34,7 @@ class Scenario:
     shards: int = 0
     skew: tuple[tuple[int, int], ...] = ()  # (front, slots its clock is off)
     rogue: bool = False  # a front whose refused flush must hold the min times back
-    hostile: bool = False  # fuzz, floods and a front takeover during the run
+    hostile: bool = False  # fuzzed and replayed frames, floods, a front takeover
     probe: Callable[[bytes | None], bool] | None = None  # True: the probe was fooled
 
     @property
@@ -156,7 +156,7 @@ def run_scenario(tmp: Path, work: Workload, scenario: Scenario, secret_file: Pat
         if scenario.hostile:
             attack = hostile.Attack(run.tracker.url, work.secret)
             attack.start()
-            run.faults += 3
+            run.faults += 4  # fuzz, replay, flood, front takeover
         fronts = len(work.fronts) + scenario.rogue
         _wait(lambda: run.done_slots() >= fronts * work.slots // 3, 60, "a third of the work")
         for fault in scenario.faults:
@@ -166,6 +166,7 @@ def run_scenario(tmp: Path, work: Workload, scenario: Scenario, secret_file: Pat
     finally:
         if attack is not None:
             attack.stop()
+            run.say("hostile peers sent: " + ", ".join(f"{k} {v}" for k, v in attack.sent.items()))
         if watcher is not None:
             watcher.close(timeout_s=2.0)
         run.stop()
