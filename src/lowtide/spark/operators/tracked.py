@@ -41,6 +41,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from lowtide.core.messages import AckBatch
+from lowtide.spark.operators.frames import TRACKED_FRAME_KINDS, frame_acks
 from lowtide.spark.sinks import append_trace
 from lowtide.spark.sources.log_source import TaskBatch, submit_task_batch
 from lowtide.spark.tracking.column import (
@@ -71,13 +72,16 @@ class OpSpec:
     name: str
     schema: Any = None  # DDL string or StructType of the output data columns
 
+    def segments(self) -> list[str]:
+        return [self.name]
+
 
 @dataclass(frozen=True)
 class OpRuntime:
     """What a task needs; pickled into the mapInArrow closure."""
 
-    kind: str
-    fn: Callable[..., Any]
+    kind: str  # one of KINDS, or a tracked DataFrame step's ("where", "explode")
+    fn: Callable[..., Any] | None
     ref: TrackerRef
     in_segment: str  # the segment this operator receives from (its name)
     out_segment: str  # the segment its children are sent into
@@ -121,6 +125,8 @@ def apply_op(rt: OpRuntime, batch: Any, acc: AckAccumulator, in_idx: int, out_id
              ref_slot: int) -> Any:
     """Run the user function on one Arrow batch; record its acks in ``acc`` (slots
     unwrapped against ``ref_slot``)."""
+    if rt.kind in TRACKED_FRAME_KINDS:  # the JVM did the work; only the acks are left
+        return frame_acks(rt.kind, batch, acc, (in_idx, out_idx), ref_slot, rt.salt)
     data, packed = _split(batch)
     out, children = _run_fn(rt, data, len(packed))
     c_packed = track_children(acc, (in_idx, out_idx), packed, ref_slot, rt.salt, children)

@@ -28,13 +28,21 @@ from typing import Any
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.time import TimeGrid
 from lowtide.service.progress import RowRates
-from lowtide.spark.operators.tracked import OpRuntime, OpSpec, operator_id, task_function
+from lowtide.spark.operators.frames import (
+    KEEP_COL,
+    POS_COL,
+    FrameSpec,
+    check_added,
+    plan_frame,
+    spark_step,
+)
+from lowtide.spark.operators.tracked import OpRuntime, operator_id, task_function
 from lowtide.spark.operators.window_state import build_window
 from lowtide.spark.operators.windows import WindowSpec
 from lowtide.spark.pipeline.handle import TrackerHandle
 from lowtide.spark.pipeline.query import TrackedQuery
 from lowtide.spark.pipeline.status import PipelineStatus, status_of
-from lowtide.spark.pipeline.stream import SourceSpec, Stream, TransformSpec
+from lowtide.spark.pipeline.stream import SourceSpec, Step, Stream, TransformSpec
 from lowtide.spark.sinks import TrackedForeachBatch, TrackedSink
 from lowtide.spark.sources.generator import GeneratorSpec, GenSource
 from lowtide.spark.sources.log_source import LogSource
@@ -63,6 +71,39 @@ def _with_tracking(schema: Any) -> Any:
     if isinstance(schema, StructType):
         return StructType([*schema.fields, StructField(TRACK_COL, LongType(), False)])
     raise TypeError(f"schema must be a DDL string or StructType, got {type(schema)}")
+
+
+def _plan_step(df: Any, step: Step, ref: TrackerRef, out_segment: str, null_sink: bool,
+               trace_file: str | None) -> Any:
+    """The DataFrame plan of one step on top of ``df``; checks what can be checked
+    before the query starts (see :mod:`lowtide.spark.operators.frames`)."""
+    if isinstance(step, TransformSpec):
+        out = spark_step(step.name, lambda: step.fn(df))
+        check_added(df, out, step.name)
+        return out
+    if isinstance(step, WindowSpec):
+        return build_window(df, step, ref, out_segment, operator_id(step.name))
+    if isinstance(step, FrameSpec):
+        df = plan_frame(df, step)
+        if not step.tracked:
+            return df
+        kind, fn, schema = step.kind, None, _arrow_output(df.schema)
+    else:
+        kind, fn = step.kind, step.fn
+        schema = df.schema if step.kind == "filter" or step.schema is None else \
+            _with_tracking(step.schema)
+    rt = OpRuntime(kind, fn, ref, step.name, out_segment, operator_id(step.name), null_sink,
+                   trace_file)
+    return spark_step(step.name, lambda: df.mapInArrow(task_function(rt), schema))
+
+
+def _arrow_output(schema: Any) -> Any:
+    """The schema after a tracked DataFrame step's Arrow half: its helper column gone,
+    ``lt_track`` last."""
+    from pyspark.sql.types import StructType
+
+    helpers = (KEEP_COL, POS_COL, TRACK_COL)
+    return _with_tracking(StructType([f for f in schema.fields if f.name not in helpers]))
 
 
 @dataclass(frozen=True)
@@ -205,26 +246,14 @@ class Pipeline:
         else:
             opts["lowtide.segment"] = first_out
             df = self.spark.readStream.format("lowtide_gen").options(**opts).load()
-        # segment after op k is the next receiver's name
-        ops = [s for s in stream.steps if isinstance(s, OpSpec | WindowSpec)]
-        op_names = [o.name for o in ops]
-        after: dict[str, str] = {
-            n: (op_names[i + 1] if i + 1 < len(op_names) else sink_name)
-            for i, n in enumerate(op_names)
-        }
+        # the segment after a tracked step is named after the next receiver
+        tracked = [s for s in stream.steps if s.segments()]
+        after = {s.name: (tracked[i + 1].segments()[0] if i + 1 < len(tracked) else sink_name)
+                 for i, s in enumerate(tracked)}
         for step in stream.steps:
-            if isinstance(step, TransformSpec):
-                df = step.fn(df)
-                continue
-            if isinstance(step, WindowSpec):
-                df = build_window(df, step, ref, after[step.name], operator_id(step.name))
-                continue
             last = null_sink and step is stream.steps[-1]
-            rt = OpRuntime(step.kind, step.fn, ref, step.name, after[step.name],
-                           operator_id(step.name), last, trace_file if last else None)
-            schema = df.schema if step.kind == "filter" or step.schema is None else \
-                _with_tracking(step.schema)
-            df = df.mapInArrow(task_function(rt), schema)
+            df = _plan_step(df, step, ref, after.get(step.name, sink_name), last,
+                            trace_file if last else None)
         return Built(df, graph, ref)
 
     def _start(self, stream: Stream, sink: tuple[Any, ...], sink_name: str, checkpoint: str,
