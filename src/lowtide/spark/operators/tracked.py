@@ -176,21 +176,34 @@ def _numpy(values: Any, dtype: Any) -> np.ndarray:
     return np.asarray(values, dtype)
 
 
-def task_function(rt: OpRuntime) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """The function given to ``DataFrame.mapInArrow``. It holds back its latest
-    outputs (up to ``rt.hold_output_bytes``): once the input is exhausted every ack is
-    known, so the task's batch goes to the tracker while the held outputs are emitted,
-    and the task waits for the confirmation only at its end (rule 6)."""
+def task_function(*chain: OpRuntime) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The function given to ``DataFrame.mapInArrow``: the tracked steps of ``chain``
+    one after the other on each Arrow batch (steps with no shuffle or JVM work between
+    them share a task: the rows cross to Python once). Their acks go into ONE batch,
+    keyed by the first step's input segment: applied atomically, a step's children and
+    the next step's receipts of them cancel in the tracker at once (rule 2).
+
+    It holds back its latest outputs (up to ``hold_output_bytes``): once the input is
+    exhausted every ack is known, so the task's batch goes to the tracker while the
+    held outputs are emitted, and the task waits for the confirmation only at its end
+    (rule 6)."""
+    first, last = chain[0], chain[-1]
 
     def run(batches: Iterator[Any]) -> Iterator[Any]:
-        graph = rt.ref.graph
-        in_idx, out_idx = graph.index(rt.in_segment), graph.index(rt.out_segment)
+        graph = first.ref.graph
+        idx = [(graph.index(rt.in_segment), graph.index(rt.out_segment)) for rt in chain]
         acc = AckAccumulator()
-        ref_slot = reference_slot(rt.ref.grid)
+        ref_slot = reference_slot(first.ref.grid)
         sent: list[Waiter] = []
-        outputs = (apply_op(rt, batch, acc, in_idx, out_idx, ref_slot) for batch in batches)
-        yield from hold_back(outputs, rt.hold_output_bytes,
-                             lambda: sent.extend(submit_acks(rt, acc, out_idx)))
+
+        def apply_chain(batch: Any) -> Any:
+            for rt, (in_idx, out_idx) in zip(chain, idx, strict=True):
+                batch = apply_op(rt, batch, acc, in_idx, out_idx, ref_slot)
+            return batch
+
+        outputs = (apply_chain(batch) for batch in batches)
+        yield from hold_back(outputs, first.hold_output_bytes,
+                             lambda: sent.extend(submit_acks(first, last, acc, idx[-1][1])))
         for b in sent:
             b.wait()
 
@@ -217,18 +230,20 @@ def hold_back(outputs: Iterable[Any], cap_bytes: int,
     yield from held
 
 
-def submit_acks(rt: OpRuntime, acc: AckAccumulator, out_idx: int) -> list[Waiter]:
+def submit_acks(first: OpRuntime, last: OpRuntime, acc: AckAccumulator,
+                out_idx: int) -> list[Waiter]:
     """Submit the task's batch (children and receipts together, applied atomically, so
-    children never trail their parent: rule 2) and, before the null sink, the sink's
-    receipts after it."""
+    children never trail their parent: rule 2), keyed by the first step's input
+    segment, and, when the last step feeds the null sink, the sink's receipts after
+    it."""
     from pyspark import TaskContext
 
     tc = TaskContext.get()
     partition = tc.partitionId() if tc else 0
-    sent = submit_task_batch(rt.ref, rt.in_segment, partition, acc)
-    if not rt.null_sink:
+    sent = submit_task_batch(first.ref, first.in_segment, partition, acc)
+    if not last.null_sink:
         return [sent]
-    return [sent, ack_null_sink(rt, partition, sent.acks, out_idx)]
+    return [sent, ack_null_sink(last, partition, sent.acks, out_idx)]
 
 
 def ack_null_sink(rt: OpRuntime, partition: int, sent: AckBatch, sink: int) -> Waiter:

@@ -36,7 +36,7 @@ from lowtide.spark.operators.frames import (
     plan_frame,
     spark_step,
 )
-from lowtide.spark.operators.tracked import OpRuntime, operator_id, task_function
+from lowtide.spark.operators.tracked import OpRuntime, OpSpec, operator_id, task_function
 from lowtide.spark.operators.window_state import build_window
 from lowtide.spark.operators.windows import WindowSpec
 from lowtide.spark.pipeline.handle import TrackerHandle
@@ -73,10 +73,18 @@ def _with_tracking(schema: Any) -> Any:
     raise TypeError(f"schema must be a DDL string or StructType, got {type(schema)}")
 
 
-def _plan_step(df: Any, step: Step, ref: TrackerRef, out_segment: str, null_sink: bool,
-               trace_file: str | None) -> Any:
-    """The DataFrame plan of one step on top of ``df``; checks what can be checked
-    before the query starts (see :mod:`lowtide.spark.operators.frames`)."""
+def _arrow_half(step: Step) -> bool:
+    """Does ``step`` end in a tracked ``mapInArrow`` (to chain the next ones into)?"""
+    return isinstance(step, OpSpec) or (isinstance(step, FrameSpec) and step.tracked)
+
+
+def _plan_steps(df: Any, group: list[Step], ref: TrackerRef, after: dict[str, str],
+                sink_name: str, null_sink: bool, trace_file: str | None) -> Any:
+    """The DataFrame plan of one step, or of tracked Arrow steps chained into one
+    ``mapInArrow``, on top of ``df``; checks what can be checked before the query
+    starts (see :mod:`lowtide.spark.operators.frames`)."""
+    step = group[0]
+    out_segment = after.get(step.name, sink_name)
     if isinstance(step, TransformSpec):
         out = spark_step(step.name, lambda: step.fn(df))
         check_added(df, out, step.name)
@@ -87,19 +95,24 @@ def _plan_step(df: Any, step: Step, ref: TrackerRef, out_segment: str, null_sink
         df = plan_frame(df, step)
         if not step.tracked:
             return df
-        kind, fn, schema = step.kind, None, _arrow_output(df.schema)
-    else:
-        kind, fn = step.kind, step.fn
-        schema = df.schema if step.kind == "filter" or step.schema is None else \
-            _with_tracking(step.schema)
-    rt = OpRuntime(kind, fn, ref, step.name, out_segment, operator_id(step.name), null_sink,
-                   trace_file)
-    return spark_step(step.name, lambda: df.mapInArrow(task_function(rt), schema))
+    schema = _arrow_output(df.schema)
+    chain = []
+    for i, s in enumerate(group):
+        last = null_sink and i == len(group) - 1
+        if isinstance(s, OpSpec):
+            kind, fn = s.kind, s.fn
+            if s.kind != "filter" and s.schema is not None:
+                schema = _with_tracking(s.schema)
+        else:
+            kind, fn = step.kind, None
+        chain.append(OpRuntime(kind, fn, ref, s.name, after.get(s.name, sink_name),
+                               operator_id(s.name), last, trace_file if last else None))
+    return spark_step(step.name, lambda: df.mapInArrow(task_function(*chain), schema))
 
 
 def _arrow_output(schema: Any) -> Any:
-    """The schema after a tracked DataFrame step's Arrow half: its helper column gone,
-    ``lt_track`` last."""
+    """The schema of ``schema``'s rows after a tracked Arrow step that keeps their
+    columns: a DataFrame step's helper column gone, ``lt_track`` last."""
     from pyspark.sql.types import StructType
 
     helpers = (KEEP_COL, POS_COL, TRACK_COL)
@@ -250,10 +263,16 @@ class Pipeline:
         tracked = [s for s in stream.steps if s.segments()]
         after = {s.name: (tracked[i + 1].segments()[0] if i + 1 < len(tracked) else sink_name)
                  for i, s in enumerate(tracked)}
-        for step in stream.steps:
-            last = null_sink and step is stream.steps[-1]
-            df = _plan_step(df, step, ref, after.get(step.name, sink_name), last,
-                            trace_file if last else None)
+        steps = list(stream.steps)
+        while steps:
+            # tracked Arrow steps that follow each other directly share one task
+            n = 1
+            if _arrow_half(steps[0]):
+                while n < len(steps) and isinstance(steps[n], OpSpec):
+                    n += 1
+            group, steps = steps[:n], steps[n:]
+            last = null_sink and not steps
+            df = _plan_steps(df, group, ref, after, sink_name, last, trace_file if last else None)
         return Built(df, graph, ref)
 
     def _start(self, stream: Stream, sink: tuple[Any, ...], sink_name: str, checkpoint: str,
