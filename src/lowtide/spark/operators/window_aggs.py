@@ -124,6 +124,12 @@ def bind_aggs(name: str, aggs: tuple[Agg, ...], fields: dict[str, str]
     return tuple(typed), columns
 
 
+def helper_columns(columns: list[str]) -> list[str]:
+    """The columns :func:`input_columns` adds for ``columns``."""
+    return [f"{prefix}{j}" for j in range(len(columns)) for prefix in (VALUE_PREFIX,
+                                                                         VALID_PREFIX)]
+
+
 def input_columns(df: Any, columns: list[str], fields: dict[str, str]) -> Any:
     """``df`` with each aggregated column as ``lt_agg<j>`` (nulls replaced where pandas
     would change the type) and ``lt_valid<j>`` (is it not null)."""

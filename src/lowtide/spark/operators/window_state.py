@@ -18,6 +18,7 @@ from lowtide.core.acks import child_acks
 from lowtide.spark.operators.window_aggs import (
     TypedAgg,
     bind_aggs,
+    helper_columns,
     input_columns,
     merge,
     partial,
@@ -287,7 +288,11 @@ def build_window(df: Any, spec: WindowSpec, ref: TrackerRef, out_segment: str,
     rt = WindowRuntime(spec, ref, out_segment, op_id, tuple(fields[k] for k in spec.keys),
                        aggs, tuple(fields))
     proc = processor_class()(rt)
-    grouped = input_columns(df, columns, fields).groupBy(*[f"`{k}`" for k in spec.keys])
+    prepared = input_columns(df, columns, fields)
+    if spec.fn is None:  # the processor reads only these: fewer columns cross to pandas
+        prepared = prepared.select(*[f"`{c}`" for c in [*spec.keys, *helper_columns(columns)]],
+                                   TRACK_COL)
+    grouped = prepared.groupBy(*[f"`{k}`" for k in spec.keys])
     return grouped.transformWithStateInPandas(
         statefulProcessor=proc, outputStructType=rt.output_schema(), outputMode="Append",
         timeMode="ProcessingTime",
