@@ -9,7 +9,8 @@ import doctest
 import pytest
 
 import lowtide.bench.capacity
-from lowtide.bench.capacity import CapacityConfig, figures, main, register, run
+from lowtide.bench.capacity import CapacityConfig, main, register, run
+from lowtide.bench.capacity_report import figures
 
 TINY = CapacityConfig(
     multipliers=(1, 3),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lowtide.core.errors import NonMonotonicHeartbeat, ProtocolError, UnknownFront
+from lowtide.core.errors import FrontOwned, NonMonotonicHeartbeat, ProtocolError, UnknownFront
 from lowtide.core.fronts import FrontTable, check_time
 from lowtide.core.time import TIME_LIMIT
 
@@ -128,7 +128,7 @@ def test_export_restore_round_trip() -> None:
     fronts.register(3, 0, 30, floor=0)
     fronts.unregister(3)
     live, done = fronts.export()
-    assert live == ((1, 0, 10), (2, 1, 20))
+    assert live == ((1, 0, 10, 0), (2, 1, 20, 0))
     assert done == (30, 0)
     copy = FrontTable(n_segments=2)
     copy.register(9, 1, 1, floor=0)  # replaced by restore
@@ -138,3 +138,23 @@ def test_export_restore_round_trip() -> None:
     assert [copy.bound(s) for s in (0, 1)] == [fronts.bound(s) for s in (0, 1)]
     copy.unregister(1)
     assert copy.bound(0) == 30
+
+
+def test_only_the_owner_may_move_or_unregister_a_front() -> None:
+    fronts = FrontTable(n_segments=1)
+    fronts.register(1, 0, 10, floor=0, owner=7)
+    with pytest.raises(FrontOwned):
+        fronts.register(1, 0, 500, floor=0, owner=8)  # would pass the owner's items
+    with pytest.raises(FrontOwned):
+        fronts.unregister(1, owner=8)
+    fronts.heartbeat(1, 12)  # heartbeats are not ownership
+    assert fronts.bound(0) == 12
+    fronts.register(1, 0, 20, floor=0, owner=7)  # the owner (or its successor) may
+    assert fronts.bound(0) == 20
+    live, done = fronts.export()
+    copy = FrontTable(n_segments=1)
+    copy.restore(live, done)  # owners survive a snapshot
+    with pytest.raises(FrontOwned):
+        copy.unregister(1, owner=8)
+    copy.unregister(1, owner=7)
+    assert len(copy) == 0

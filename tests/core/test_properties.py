@@ -27,6 +27,8 @@ Invariants (named helpers on ``World``):
   every front heartbeated past T, every segment and the global min time reach T
   rounded down to its window.
 * MONOTONIC (``assert_monotonic``): announced min times never go back.
+* FENCED (``intrude``): a session that does not own a front tries to move it far ahead
+  or to unregister it; every tracker refuses (FrontOwned) and SAFETY goes on holding.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from lowtide.core.acks import child_acks, root_acks
-from lowtide.core.errors import ProtocolError
+from lowtide.core.errors import FrontOwned, ProtocolError
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.local import LocalTracker, LocalTrackerConfig
 from lowtide.core.messages import (
@@ -62,6 +64,7 @@ from lowtide.core.time import TIME_LIMIT, TimeGrid
 from lowtide.core.tracker import Tracker, TrackerConfig
 
 BITS = 1 << 24
+INTRUDER = 999  # the owner id of a session that owns no front (fronts belong to owner 0)
 
 
 def _show(acks: AckBatch, heartbeats: Sequence[Heartbeat]) -> str:
@@ -91,6 +94,19 @@ class Engine(Protocol):
     def settle(self) -> list[MinTimeUpdate]: ...
 
     def min_times(self) -> tuple[tuple[int, ...], int]: ...
+
+    def trackers(self) -> Sequence[Tracker | TrackerShard]: ...
+
+
+def intrude(
+    trackers: Sequence[Tracker | TrackerShard], front: int, segment: str, time: int
+) -> None:
+    """FENCED: another owner may neither move nor unregister a live front."""
+    for tracker in trackers:
+        with pytest.raises(FrontOwned):
+            tracker.register_front(RegisterFront(front, segment, time, owner=INTRUDER))
+        with pytest.raises(FrontOwned):
+            tracker.unregister_front(UnregisterFront(front, owner=INTRUDER))
 
 
 class DirectEngine:
@@ -141,6 +157,9 @@ class DirectEngine:
 
     def min_times(self) -> tuple[tuple[int, ...], int]:
         return self.tracker.min_times(), self.tracker.min_time()
+
+    def trackers(self) -> Sequence[Tracker]:
+        return [self.tracker]
 
     def _deliver(self, n: int) -> None:
         for _ in range(min(n, len(self.queue))):
@@ -269,6 +288,9 @@ class LocalEngine(_Nodes):
     def min_times(self) -> tuple[tuple[int, ...], int]:
         return self.tracker.min_times(), self.tracker.min_time()
 
+    def trackers(self) -> Sequence[Tracker]:
+        return [self.tracker]
+
 
 class ShardEngine(_Nodes):
     """(c) Routers -> per-(node, shard) FIFO channels -> shards -> per-shard report
@@ -388,6 +410,9 @@ class ShardEngine(_Nodes):
 
     def min_times(self) -> tuple[tuple[int, ...], int]:
         return self.aggregator.min_times(), self.aggregator.min_time()
+
+    def trackers(self) -> Sequence[TrackerShard]:
+        return self.shards
 
     def _step_shard(self, k: int) -> None:
         report = self.shards[k].step(self.now)
@@ -613,6 +638,13 @@ class World:
         self.log(f"unregister front {f.id} (node {f.node})")
         self.engine.unregister(f.id, f.node)
 
+    def intrude(self, a: int) -> None:
+        live = self.live_fronts()
+        if live:
+            f = live[a % len(live)]
+            self.log(f"an intruder tries to move and to unregister front {f.id}")
+            intrude(self.engine.trackers(), f.id, self.graph.names[f.segment], self.max_time + 9)
+
     def register_new(self, a: int, b: int) -> None:
         if len(self.fronts) >= 5 or b % 2:
             return
@@ -632,6 +664,8 @@ class World:
                 self.unregister(a)
             elif kind == "register":
                 self.register_new(a, b)
+            elif kind == "intrude":
+                self.intrude(a)
             else:  # a burst of 1..4 engine actions
                 for i in range(1 + (b >> 20) % 4):
                     self.observe(self.engine.act(_mix(a, i), _mix(b, i)))
@@ -729,7 +763,7 @@ OPS = (
     + ["heartbeat"] * 3
     + ["process"] * 5
     + ["progress"] * 12
-    + ["unregister", "register"]
+    + ["unregister", "register", "intrude"]
 )
 op_strategy = st.tuples(st.sampled_from(OPS), st.integers(0, BITS - 1), st.integers(0, BITS - 1))
 # the length is drawn first: lists average ~60 ops, and shrink fast

@@ -6,7 +6,7 @@ import socket
 from dataclasses import dataclass, field
 
 from lowtide.wire import PREAMBLE, FrameDecoder, decode, encode, frame
-from lowtide.wire.messages import WIRE_VERSION, GraphSpec, Hello, Message, Role
+from lowtide.wire.messages import WIRE_VERSION, GraphSpec, Hello, Message, Role, Welcome
 
 
 @dataclass
@@ -21,6 +21,21 @@ class RawClient:
         sock = socket.create_connection((host, int(port)), timeout=5)
         sock.sendall(preamble)
         return cls(sock)
+
+    @classmethod
+    def welcomed(cls, url: str) -> RawClient:
+        """Connected and through the handshake (no secret)."""
+        client = cls.open(url)
+        reply = client.hello()
+        if not isinstance(reply, Welcome):
+            client.close()
+            raise ConnectionError(f"not welcomed: {reply}")
+        return client
+
+    def ask(self, msg: Message) -> Message:
+        """Send one request, return the next message."""
+        self.send(msg)
+        return self.recv()
 
     def hello(self, graph: GraphSpec | None = None) -> Message:
         self.send(Hello(WIRE_VERSION, Role.AGENT, b"n" * 32, "raw", graph))

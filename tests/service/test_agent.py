@@ -14,7 +14,7 @@ import pytest
 from lowtide.core.errors import AckBehindHead, NonMonotonicHeartbeat, UnknownSegment
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import Ack, AckBatch, Heartbeat, MinTimeUpdate
-from lowtide.service import Agent, BatchKey, TrackerService
+from lowtide.service import Agent, BatchKey, SessionFailed, TrackerService
 from lowtide.service.errors import ServiceError
 
 pytestmark = pytest.mark.socket
@@ -129,14 +129,16 @@ def test_refused_batch_changes_nothing_and_others_are_served(
         agent.send_batch(BatchKey("q", 1, "src", 0), AckBatch.of([send(0, 3, 0x1)]))
     with pytest.raises(UnknownSegment):
         agent.send_batch(BatchKey("q", 1, "src", 1), AckBatch.of([send(7, 12, 0x1)]))
-    agent.heartbeat(1, 9)  # behind the front's own heartbeat: refused locally
-    with pytest.raises(NonMonotonicHeartbeat):
-        agent.flush()
     with Agent.connect(service.url, graph) as other, other.subscribe("sink") as sub:
         other.heartbeat(1, 20)
         assert sub.wait_for(20, 5).time == 20
-    # the refused key was not remembered: a corrected batch under it is applied
-    assert agent.send_batch(BatchKey("q", 1, "src", 0), AckBatch.of([send(0, 25, 0x1)]))
+        # the refused key was not remembered: a corrected batch under it is applied
+        assert other.send_batch(BatchKey("q", 1, "src", 0), AckBatch.of([send(0, 25, 0x1)]))
+    agent.heartbeat(1, 9)  # behind the front's heartbeat: the tracker refuses the flush
+    with pytest.raises(NonMonotonicHeartbeat):
+        agent.flush()
+    with pytest.raises(SessionFailed, match="refused a background flush"):
+        agent.heartbeat(1, 30)  # ... and the agent with it, from then on
 
 
 def test_unknown_segment_subscription_is_refused(agent: Agent) -> None:

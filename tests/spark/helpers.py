@@ -43,7 +43,9 @@ class CoreAgent:
         self.batches: list[tuple[Any, AckBatch, tuple[Heartbeat, ...]]] = []
         self.lock = threading.Lock()
 
-    def register_front(self, front: int, segment: str, time: int) -> None:
+    def register_front(
+        self, front: int, segment: str, time: int, timeout_s: float = 30.0, *, owner: str = ""
+    ) -> None:
         with self.lock:
             self.tracker.register_front(RegisterFront(front, segment, time))
 

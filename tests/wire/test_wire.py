@@ -18,7 +18,7 @@ from lowtide.core.messages import (
     ShardReport,
 )
 from lowtide.wire import FrameDecoder, FrameTooLarge, WireError, decode, encode, frame
-from lowtide.wire.log import decode_snapshot, encode_snapshot, read_records, record
+from lowtide.wire.log import decode_snapshot, encode_snapshot, read_records, record, torn_at
 from lowtide.wire.messages import (
     Auth,
     Batch,
@@ -147,3 +147,17 @@ def test_snapshot_round_trip() -> None:
     data[-1] ^= 1
     with pytest.raises(WireError):
         decode_snapshot(bytes(data))
+
+
+def test_a_torn_tail_is_told_from_damage() -> None:
+    log = record(Commit(1)) + record(Commit(2)) + record(Commit(3))
+    first = len(record(Commit(1)))
+    assert torn_at(log[:-4], 2 * first)  # the last write cut short
+    assert torn_at(log[: 2 * first] + b"\0" * 30, 2 * first)  # extended, never written
+    flipped = bytearray(log)
+    flipped[first + 9] ^= 1  # inside the second record: the third still reads
+    stop = [end for _m, end in read_records(bytes(flipped))][-1]
+    assert stop == first and not torn_at(bytes(flipped), stop)
+    flipped = bytearray(log)
+    flipped[-1] ^= 1  # the last record complete but wrong: damage, not a tear
+    assert not torn_at(bytes(flipped), 2 * first)

@@ -43,7 +43,7 @@ class SubBench:
 SUB_BENCHES: tuple[SubBench, ...] = (
     SubBench("sim", "lowtide.bench.sim"),
     SubBench("rr", "lowtide.bench.rr_report"),
-    SubBench("capacity", "lowtide.bench.capacity"),
+    SubBench("capacity", "lowtide.bench.capacity_report"),
     SubBench("sweep", "lowtide.bench.sweep"),
 )
 

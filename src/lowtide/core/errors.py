@@ -23,6 +23,10 @@ class NonMonotonicHeartbeat(ProtocolError):
     """A front promised time t and later announced an earlier time."""
 
 
+class FrontOwned(ProtocolError):
+    """A register or unregister of a live front by someone other than its owner."""
+
+
 class AckBehindHead(ProtocolError):
     """An ack for a window the tracker already announced complete."""
 

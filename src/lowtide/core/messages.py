@@ -42,11 +42,13 @@ class Heartbeat:
 
 @dataclass(frozen=True)
 class RegisterFront:
-    """A front starts feeding source segment ``segment`` with items of slot >= time."""
+    """A front starts feeding source segment ``segment`` with items of slot >= time.
+    ``owner``: an opaque id; only the same owner may move or unregister the front."""
 
     front: int
     segment: str
     time: int
+    owner: int = 0
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,7 @@ class UnregisterFront:
     """The front is done: it no longer holds its segment's bound back."""
 
     front: int
+    owner: int = 0
 
 
 @dataclass(frozen=True)

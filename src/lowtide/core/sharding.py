@@ -147,7 +147,7 @@ class TrackerShard:
                 f"front {msg.front} registers at {msg.time}, below min time {floor} "
                 f"that shard {self.index} reported"
             )
-        self.tracker.register_front(RegisterFront(msg.front, msg.segment, time))
+        self.tracker.register_front(RegisterFront(msg.front, msg.segment, time, msg.owner))
 
     def unregister_front(self, msg: UnregisterFront) -> None:
         self.tracker.unregister_front(msg)

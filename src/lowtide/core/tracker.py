@@ -74,7 +74,7 @@ class TrackerSnapshot:
     window_slots: int
     bases: I64
     cells: tuple[I64, U64, I64, I32]
-    fronts: tuple[tuple[int, int, int], ...]
+    fronts: tuple[tuple[int, int, int, int], ...]  # (front, segment, time, owner)
     done_bounds: tuple[int, ...]
     min_times: tuple[int, ...]
     global_min: int
@@ -136,10 +136,12 @@ class Tracker:
         segment = self.graph.index(msg.segment)
         if not self.graph.is_source(segment):
             raise ProtocolError(f"front {msg.front}: {msg.segment!r} has inbound segments")
-        self._fronts.register(msg.front, segment, msg.time, floor=self._floor(segment))
+        self._fronts.register(
+            msg.front, segment, msg.time, floor=self._floor(segment), owner=msg.owner
+        )
 
     def unregister_front(self, msg: UnregisterFront) -> None:
-        self._fronts.unregister(msg.front)
+        self._fronts.unregister(msg.front, msg.owner)
 
     def heartbeat(self, msg: Heartbeat) -> None:
         self._fronts.heartbeat(msg.front, msg.time)

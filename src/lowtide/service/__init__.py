@@ -10,7 +10,7 @@ from lowtide.service.caller import CallerAgent
 from lowtide.service.clock import wall_ms
 from lowtide.service.config import ServerConfig
 from lowtide.service.embedded import TrackerService
-from lowtide.service.errors import ConnectionLost, ServiceError
+from lowtide.service.errors import ConnectionLost, ServiceError, SessionFailed
 from lowtide.service.server import TrackerServer
 from lowtide.service.subscribe import AsyncSubscription, Subscription
 
@@ -24,6 +24,7 @@ __all__ = [
     "PendingBatch",
     "ServerConfig",
     "ServiceError",
+    "SessionFailed",
     "Subscription",
     "TrackerServer",
     "TrackerService",

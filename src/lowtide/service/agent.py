@@ -147,15 +147,21 @@ class Agent:
     def _call(self, coro: Awaitable[T], timeout_s: float) -> T:
         return self._result(self._spawn(coro, timeout_s))
 
-    def register_front(self, front: int, segment: str, time: int, timeout_s: float = 30.0) -> None:
-        """The front feeds source segment ``segment`` with items of slot >= time."""
+    def register_front(
+        self, front: int, segment: str, time: int, timeout_s: float = 30.0, *, owner: str = ""
+    ) -> None:
+        """The front feeds source segment ``segment`` with items of slot >= time. It
+        belongs to this agent: no other session may move or unregister it (FrontOwned),
+        unless it names the same ``owner`` (with the same secret): a restarted process
+        that takes over its fronts."""
         self._ensure()
         self.graph.index(segment)
-        self._call(self._link.front_op(True, front, segment, time), timeout_s)
+        self._call(self._link.front_op(True, front, segment, time, owner), timeout_s)
 
-    def unregister_front(self, front: int, timeout_s: float = 30.0) -> None:
+    def unregister_front(self, front: int, timeout_s: float = 30.0, *, owner: str = "") -> None:
+        """The front is done; ``owner``: the name it was registered with, if any."""
         self._ensure()
-        self._call(self._link.front_op(False, front, "", 0), timeout_s)
+        self._call(self._link.front_op(False, front, "", 0, owner), timeout_s)
 
     def send_batch(
         self,
@@ -210,13 +216,17 @@ class Agent:
 
     # ------------------------------------------------------------ fire and forget
     def add_acks(self, acks: AckBatch) -> None:
-        """Buffer acks in the local tracker; sent within ``max_age_ms``."""
+        """Buffer acks in the local tracker; sent within ``max_age_ms``. Raises
+        :class:`SessionFailed` once the tracker refused an earlier flush."""
         self._ensure()
+        self._link.check_failed()
         self._loop.call_soon_threadsafe(self._link.add_acks, acks)
 
     def heartbeat(self, front: int, time: int) -> None:
-        """Buffer a heartbeat; it travels after every ack buffered before it (rule 3)."""
+        """Buffer a heartbeat; it travels after every ack buffered before it (rule 3).
+        Raises :class:`SessionFailed` once the tracker refused an earlier flush."""
         self._ensure()
+        self._link.check_failed()
         self._loop.call_soon_threadsafe(self._link.add_heartbeat, Heartbeat(front, time))
 
     # ------------------------------------------------------------ subscriptions

@@ -15,6 +15,8 @@ import logging
 import sys
 from pathlib import Path
 
+from lowtide.service.persist import StateDirRefused
+
 log = logging.getLogger("lowtide.service.cluster")
 
 START_TIMEOUT_S = 30.0
@@ -53,7 +55,9 @@ class ShardProcesses:
         if not text.startswith("lowtide serving "):
             if proc.returncode is None:
                 proc.kill()
-            await proc.wait()
+            if await proc.wait() == StateDirRefused.exit_code:
+                raise StateDirRefused(f"shard {k} refuses to start from its state dir (it said "
+                                      "why above); retrying cannot help")
             raise RuntimeError(f"shard {k} did not start: {text!r}")
         self._procs[k] = proc
         self.urls[k] = text.split()[-1]
@@ -76,6 +80,8 @@ class ShardProcesses:
             try:
                 await self._spawn(k, port)
                 return
+            except StateDirRefused:
+                raise
             except (RuntimeError, TimeoutError) as exc:  # port or state dir still held
                 log.warning(
                     "shard restart failed", extra={"shard": k, "try": attempt, "error": str(exc)}

@@ -9,6 +9,7 @@ through the same path after a crash.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,15 +25,24 @@ from lowtide.core.messages import (
     ShardReport,
     UnregisterFront,
 )
-from lowtide.core.time import TimeGrid
+from lowtide.core.sharding import TrackerShard
+from lowtide.core.time import TIME_LIMIT, TimeGrid
 from lowtide.core.tracker import Tracker, TrackerConfig, TrackerSnapshot
 from lowtide.service.dedup import Dedup
-from lowtide.service.errors import ServiceError, error_of
-from lowtide.wire.messages import Batch, Error, ErrorCode, FrontOp, Ok, ShardReleaseFrame
+from lowtide.service.errors import ServiceError, Unproven, error_of
+from lowtide.wire.messages import (
+    Batch,
+    Error,
+    ErrorCode,
+    FrontOp,
+    Ok,
+    Refused,
+    ShardReleaseFrame,
+)
 
 #: Requests that change tracker state, hence are logged and deduplicated.
 StateRequest = Batch | FrontOp
-Logged = Batch | FrontOp | ShardReleaseFrame
+Logged = Batch | FrontOp | ShardReleaseFrame | Refused
 
 
 @dataclass(frozen=True)
@@ -80,25 +90,66 @@ class Engine(ABC):
         # acks_applied (a restarted server counts from zero, plus the log it replays).
         self.received = np.zeros(len(config.graph.names), np.int64)
         self.sent = np.zeros(len(config.graph.names), np.int64)
+        #: min times stay below this (a shard that refused a flush it cannot prove)
+        self.hold = TIME_LIMIT
+        #: told of every refusal, to log it (the write-ahead log sets it after replay)
+        self.on_refused: Callable[[Refused], None] | None = None
+        self._expired_ms = -1
 
     def handle(self, msg: StateRequest, now_ms: int) -> Ok | Error:
-        """Apply a request at most once; the reply says what happened."""
+        """Apply a request at most once; the reply says what happened. A refusal is
+        final: a resend gets the same error, never a duplicate's Ok (rule 10)."""
         key = msg.key if isinstance(msg, Batch) else ""
+        self._expire(now_ms)
         if self.dedup.seen(msg.session, msg.req, key):
-            earlier = self.dedup.error_of(msg.session, msg.req)
+            reply = self.dedup.outcome(msg.session, msg.req)
             self.dedup.record(msg.session, msg.req, "", now_ms)
-            return earlier or Ok(msg.req, duplicate=True)
+            return reply
         try:
+            failed = self.dedup.failure(msg.session)
+            if failed is not None:
+                raise ServiceError(ErrorCode.SESSION_FAILED, failed)
             self._apply(msg)
         except (ProtocolError, ServiceError) as exc:
-            err = error_of(msg.req, exc)
-            self.dedup.record_error(msg.session, msg.req, err, now_ms)
-            return err
+            return self._refuse(msg, exc, now_ms)
         self.dedup.record(msg.session, msg.req, key, now_ms)
         if isinstance(msg, Batch):
             self.acks_applied += len(msg.acks)
             self._count_rows(msg.acks)
         return Ok(msg.req)
+
+    def _refuse(self, msg: StateRequest, exc: Exception, now_ms: int) -> Error:
+        """Remember the refusal (and log it): a background flush that is refused fails
+        its session, because its acks are now unknown here while its items may be in
+        flight, and a later heartbeat of the session would let min times pass them."""
+        err = error_of(msg.req, exc)
+        fails = isinstance(msg, Batch) and not msg.key and err.code != ErrorCode.SESSION_FAILED
+        hold = exc.hold if isinstance(exc, Unproven) else TIME_LIMIT
+        refused = Refused(msg.session, msg.req, err.code, err.message, fails, hold)
+        self.remember(refused, now_ms)
+        if self.on_refused is not None:
+            self.on_refused(refused)
+        return err
+
+    def _expire(self, now_ms: int) -> None:
+        """Forget old dedup keys and sessions, with the requests rather than on the
+        clock's ticks: a replay of the log then forgets exactly when the server did
+        (a key forgotten before its resend was applied again, and must be again)."""
+        if now_ms > self._expired_ms:
+            self._expired_ms = now_ms
+            self.dedup.expire(now_ms)
+
+    def remember(self, refused: Refused, now_ms: int) -> None:
+        self._expire(now_ms)
+        err = Error(refused.req, refused.code, refused.message)
+        self.dedup.record_error(refused.session, refused.req, err, now_ms)
+        if refused.fails_session:
+            self.dedup.fail(
+                refused.session,
+                f"session {refused.session} failed at request {refused.req}, a background "
+                f"flush refused with {err.code.name}: {err.message}",
+            )
+        self.hold = min(self.hold, refused.hold)
 
     def _count_rows(self, acks: AckBatch) -> None:
         """Counts are +1 per send, -1 per receive: positive entries are rows sent into
@@ -115,6 +166,13 @@ class Engine(ABC):
         self.sent += sent.astype(np.int64)
         self.received += received.astype(np.int64)
 
+    def identity(self) -> dict[str, Any]:
+        """What a state dir must have been written for, besides the graph: the time
+        grid (slots and windows mean nothing under another) and, on a shard, which
+        windows it owns."""
+        grid = self.config.grid
+        return {"delta_ms": grid.delta_ms, "window_slots": grid.window_slots}
+
     def status_document(self) -> dict[str, Any]:
         """:meth:`status` with each segment's ``received`` and ``sent`` rows (a
         coordinator's status already holds its shards' sums)."""
@@ -124,8 +182,9 @@ class Engine(ABC):
             seg.setdefault("sent", int(sent))
         return body
 
-    def tick(self, now_ms: int) -> None:
-        self.dedup.expire(now_ms)
+    def tick(self, now_ms: int) -> None:  # noqa: B027 (optional hook)
+        """Periodic work between requests (the coordinator's); none in the state, so
+        that a replay of the log, which has no ticks, repeats the state exactly."""
 
     @abstractmethod
     def _apply(self, msg: StateRequest) -> None: ...
@@ -161,11 +220,21 @@ class Engine(ABC):
         """Release what the engine holds beyond its state (the coordinator's lanes)."""
 
     def apply_logged(self, msg: Logged, now_ms: int) -> None:
-        """Replay one logged request; it was valid when logged, so it is valid now."""
+        """Replay one logged request; it was valid when logged, so it is valid now (and
+        a refused one stays refused)."""
         if isinstance(msg, ShardReleaseFrame):
             self.release(msg)
+        elif isinstance(msg, Refused):
+            self.remember(msg, now_ms)
         else:
             self.handle(msg, now_ms)
+
+
+def apply_front_op(tracker: Tracker | TrackerShard, msg: FrontOp) -> None:
+    if msg.register:
+        tracker.register_front(RegisterFront(msg.front, msg.segment, msg.time, msg.owner))
+    else:
+        tracker.unregister_front(UnregisterFront(msg.front, msg.owner))
 
 
 def tracker_status(tracker: Tracker, graph: SegmentGraph) -> dict[str, Any]:
@@ -224,7 +293,7 @@ def import_tracker(
         meta["window_slots"],
         arrays["bases"],
         cells,
-        tuple((int(f), int(s), int(t)) for f, s, t in meta["fronts"]),
+        tuple((int(f), int(s), int(t), int(o)) for f, s, t, o in meta["fronts"]),
         tuple(meta["done_bounds"]),
         tuple(meta["min_times"]),
         meta["global_min"],
@@ -240,10 +309,7 @@ class CentralEngine(Engine):
 
     def _apply(self, msg: StateRequest) -> None:
         if isinstance(msg, FrontOp):
-            if msg.register:
-                self.tracker.register_front(RegisterFront(msg.front, msg.segment, msg.time))
-            else:
-                self.tracker.unregister_front(UnregisterFront(msg.front))
+            apply_front_op(self.tracker, msg)
             return
         if msg.node_time is not None:
             raise ServiceError(

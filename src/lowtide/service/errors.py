@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from lowtide.core.errors import (
     AckBehindHead,
+    FrontOwned,
     NonMonotonicHeartbeat,
     ProtocolError,
     TableOverflow,
@@ -18,6 +19,7 @@ from lowtide.wire.messages import Error, ErrorCode
 _CORE: tuple[tuple[type[ProtocolError], ErrorCode], ...] = (
     (UnknownSegment, ErrorCode.UNKNOWN_SEGMENT),
     (UnknownFront, ErrorCode.UNKNOWN_FRONT),
+    (FrontOwned, ErrorCode.FRONT_OWNED),
     (NonMonotonicHeartbeat, ErrorCode.NON_MONOTONIC_HEARTBEAT),
     (AckBehindHead, ErrorCode.ACK_BEHIND_HEAD),
     (TableOverflow, ErrorCode.TABLE_OVERFLOW),
@@ -32,6 +34,25 @@ class ServiceError(RuntimeError):
     def __init__(self, code: ErrorCode, message: str) -> None:
         super().__init__(f"{code.name}: {message}")
         self.code = code
+        self.reason = message
+
+
+class Unproven(ServiceError):
+    """A shard refuses a flush whose node time it cannot verify (rule 8); its items
+    may be in flight anyway, so its min times stay below ``hold`` from now on."""
+
+    def __init__(self, message: str, hold: int) -> None:
+        super().__init__(ErrorCode.BAD_REQUEST, message)
+        self.hold = hold
+
+
+class SessionFailed(ServiceError):
+    """An agent whose background flush the tracker refused: the acks it carried are
+    unknown to the tracker, so the agent refuses every later call (and the tracker
+    every later request of its session)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorCode.SESSION_FAILED, message)
 
 
 class ConnectionLost(ConnectionError):
@@ -46,7 +67,7 @@ def error_of(req: int, exc: Exception) -> Error:
     if isinstance(exc, WireError):
         return Error(req, ErrorCode.BAD_FRAME, str(exc))
     if isinstance(exc, ServiceError):
-        return Error(req, exc.code, str(exc))
+        return Error(req, exc.code, exc.reason)
     return Error(req, ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}")
 
 

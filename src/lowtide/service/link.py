@@ -6,6 +6,7 @@ work to it from any thread."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import json
 import logging
@@ -20,7 +21,7 @@ from lowtide.core.time import TimeGrid
 from lowtide.service.auth import nonce
 from lowtide.service.batches import BatchKey, stream_time
 from lowtide.service.clock import SystemClock
-from lowtide.service.errors import ServiceError, exception_of
+from lowtide.service.errors import ServiceError, SessionFailed, exception_of
 from lowtide.service.lane import Lane, Reply
 from lowtide.service.subscribe import Forward
 from lowtide.wire.messages import (
@@ -86,6 +87,8 @@ class Link:
         self._subs: dict[int, Forward] = {}
         self._inflight: set[asyncio.Future[Reply]] = set()
         self._errors: list[Exception] = []
+        #: set once the tracker refused a background flush: every later call raises it
+        self.failed: SessionFailed | None = None
         self._timer: asyncio.TimerHandle | None = None
 
     def start(self) -> None:
@@ -185,7 +188,7 @@ class Link:
         self._poll()
 
     def _send_flush(self, flush: Flush | None) -> None:
-        if flush is None:
+        if flush is None or self.failed is not None:
             return
         if self.router is None:
             batch = self._batch("", flush.acks, flush.heartbeats)
@@ -220,9 +223,19 @@ class Link:
         reply = None if exc is not None else fut.result()
         if isinstance(reply, Error):
             exc = exception_of(reply)
+            if self.failed is None:
+                self.failed = SessionFailed(
+                    f"the tracker refused a background flush of this agent ({exc}); its "
+                    "acks are unknown to the tracker, which refuses this session from now "
+                    "on: restart the process, and the work whose acks it sent"
+                )
         if isinstance(exc, Exception):
             log.warning("flush refused", extra={"error": str(exc)})
             self._errors.append(exc)
+
+    def check_failed(self) -> None:
+        if self.failed is not None:
+            raise self.failed
 
     async def flush_all(self) -> None:
         await self._ready()
@@ -232,14 +245,29 @@ class Link:
         errors, self._errors = self._errors, []
         if errors:
             raise errors[0]
+        self.check_failed()
 
     # ------------------------------------------------------------ requests
-    async def front_op(self, register: bool, front: int, segment: str, time: int) -> None:
+    def owner_id(self, front: int, owner: str) -> int:
+        """Who a front belongs to: this session, or (``owner`` named) whoever knows the
+        name and the secret, so that a restarted process is the front's successor."""
+        if not owner:
+            return self.session
+        key = (self.agent.config.secret or b"")[:64]
+        text = f"{owner}\0{front}".encode()
+        return int.from_bytes(hashlib.blake2b(text, key=key, digest_size=8).digest(), "little")
+
+    async def front_op(
+        self, register: bool, front: int, segment: str, time: int, owner: str
+    ) -> None:
         await self._ready()
+        self.check_failed()
         self._send_flush(self.local.flush())
+        owner_id = self.owner_id(front, owner)
         futs = [
             self._submit(
-                lane, FrontOp(next(self._reqs), self.session, register, front, segment, time)
+                lane,
+                FrontOp(next(self._reqs), self.session, register, front, segment, time, owner_id),
             )
             for lane in self._state_lanes()
         ]
@@ -248,6 +276,7 @@ class Link:
 
     async def keyed(self, key: BatchKey, acks: AckBatch, hbs: tuple[Heartbeat, ...]) -> bool:
         await self._ready()
+        self.check_failed()
         self._send_flush(self.local.flush())
         merged = merge_acks(acks, self._local_config.grid.window_slots)
         text = key.text()

@@ -7,6 +7,12 @@ flushes it applied that the coordinator has not yet seen applied by *every* shar
 ("retained"): a coordinator that (re)connects gets them all in its first report, so
 its in-transit cap never misses a flush, whoever restarted.
 
+A flush that carries acks must prove its node time: one without, or whose min time
+lies above its own acks, is refused (:class:`Unproven`), and since its items may be
+in flight all the same (another shard may have applied the rest of that flush), the
+shard's reported min times stay below the refused acks from then on (fail closed:
+only a restart from a state dir without that refusal, or a fresh one, lifts it).
+
 Nodes are agent sessions and keyed-batch streams (see
 :func:`lowtide.service.agent.stream_time`); their vector entries are kept for good, so
 that a node's absence from a vector always means "nothing applied here yet".
@@ -14,6 +20,7 @@ that a node's absence from a vector always means "nothing applied here yet".
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -22,10 +29,8 @@ from lowtide.core.messages import (
     AckBatch,
     MinTimeUpdate,
     NodeTime,
-    RegisterFront,
     ShardFlush,
     ShardReport,
-    UnregisterFront,
 )
 from lowtide.core.sharding import ShardLayout, TrackerShard
 from lowtide.core.time import TIME_LIMIT
@@ -34,12 +39,13 @@ from lowtide.service.engine import (
     EngineConfig,
     StateRequest,
     StepResult,
+    apply_front_op,
     export_tracker,
     import_tracker,
     tracker_status,
 )
-from lowtide.service.errors import ServiceError
-from lowtide.wire.messages import ErrorCode, FrontOp, ShardReleaseFrame
+from lowtide.service.errors import ServiceError, Unproven
+from lowtide.wire.messages import Batch, ErrorCode, FrontOp, ShardReleaseFrame
 
 
 class ShardEngine(Engine):
@@ -51,11 +57,9 @@ class ShardEngine(Engine):
 
     def _apply(self, msg: StateRequest) -> None:
         if isinstance(msg, FrontOp):
-            if msg.register:
-                self.shard.register_front(RegisterFront(msg.front, msg.segment, msg.time))
-            else:
-                self.shard.unregister_front(UnregisterFront(msg.front))
+            apply_front_op(self.shard, msg)
             return
+        self._prove(msg)
         nt = msg.node_time
         if nt is not None and nt.counter <= self.shard.node_times().get(nt.node, 0):
             # The core would skip it as a resend, but resends never get this far (the
@@ -68,8 +72,34 @@ class ShardEngine(Engine):
         if nt is not None:
             self._retained[(nt.node, nt.counter)] = nt.min_time
 
+    def identity(self) -> dict[str, Any]:
+        return {**super().identity(), "shard": [self.index, self.shard.layout.n_shards]}
+
+    def _prove(self, msg: Batch) -> None:
+        """Rule 8: acks travel with a node time whose min time is at or below them."""
+        if len(msg.acks) == 0:
+            return
+        low = int(msg.acks.time.min())
+        hold = low - low % self.config.grid.window_slots
+        nt = msg.node_time
+        if nt is None:
+            raise Unproven(f"acks without a node time (rule 8); min times stay below {hold}",
+                           hold)
+        if nt.min_time > low:
+            raise Unproven(
+                f"node {nt.node} flush {nt.counter} claims min time {nt.min_time} above its "
+                f"acks at {low} (rule 8); min times stay below {hold}",
+                hold,
+            )
+
+    def _held(self, report: ShardReport) -> ShardReport:
+        if self.hold >= TIME_LIMIT:
+            return report
+        return replace(report, min_times=tuple(min(t, self.hold) for t in report.min_times))
+
     def step(self, now_ms: int) -> StepResult:
-        return StepResult(report=self.shard.step(now_ms))
+        report = self.shard.step(now_ms)
+        return StepResult(report=None if report is None else self._held(report))
 
     def release(self, msg: ShardReleaseFrame) -> None:
         self.shard.release(msg.release)
@@ -78,11 +108,13 @@ class ShardEngine(Engine):
             del self._retained[key]
 
     def watch(self) -> ShardReport:
-        return ShardReport(
-            self.index,
-            self.shard.tracker.min_times(),
-            tuple(sorted(self.shard.node_times().items())),
-            tuple((n, c, t) for (n, c), t in sorted(self._retained.items())),
+        return self._held(
+            ShardReport(
+                self.index,
+                self.shard.tracker.min_times(),
+                tuple(sorted(self.shard.node_times().items())),
+                tuple((n, c, t) for (n, c), t in sorted(self._retained.items())),
+            )
         )
 
     def current(self, segment: str | None) -> MinTimeUpdate:
@@ -100,6 +132,7 @@ class ShardEngine(Engine):
         extra = {
             "node_times": sorted(self.shard.node_times().items()),
             "retained": [[n, c, t] for (n, c), t in sorted(self._retained.items())],
+            "hold": self.hold,
         }
         return {"tracker": meta, "dedup": self.dedup.export(), **extra}, arrays
 
@@ -107,6 +140,7 @@ class ShardEngine(Engine):
         self.shard.tracker.restore(import_tracker(meta["tracker"], arrays))
         self.dedup.load(meta["dedup"])
         self._retained = {(int(n), int(c)): int(t) for n, c, t in meta["retained"]}
+        self.hold = int(meta["hold"])
         # The core has no setter for node times: an empty flush per node sets them.
         # It is also reported, harmlessly: complete flushes drop out of the cap at once.
         for node, counter in meta["node_times"]:

@@ -21,7 +21,7 @@ from lowtide.service import logs
 from lowtide.service.auth import load_secret
 from lowtide.service.cluster import ShardProcesses
 from lowtide.service.config import ServerConfig
-from lowtide.service.persist import StateDirInUse
+from lowtide.service.persist import StateDirError
 
 
 def add_arguments(serve: argparse.ArgumentParser) -> None:
@@ -95,9 +95,9 @@ def run_serve(args: argparse.Namespace) -> int:
         return 2
     try:
         asyncio.run(_serve(args))
-    except StateDirInUse as exc:
+    except StateDirError as exc:
         print(f"lowtide serve: {exc}", file=sys.stderr)
-        return 1
+        return exc.exit_code
     return 0
 
 

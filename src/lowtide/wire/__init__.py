@@ -1,14 +1,34 @@
-"""The byte format: messages, frames, log records and snapshots. Pure: no sockets."""
+"""The byte format: messages, frames, log records and snapshots. Pure: no sockets.
+
+The messages a peer exchanges are public too, for tools that speak the protocol
+below the agent (raw clients, fuzzers, test doubles)."""
 
 from lowtide.wire.codec import WireError, decode, encode, expect
 from lowtide.wire.frames import PREAMBLE, FrameDecoder, FrameTooLarge, frame
-from lowtide.wire.messages import WIRE_VERSION, graph_spec
+from lowtide.wire.messages import (
+    WIRE_VERSION,
+    Hello,
+    Message,
+    Notify,
+    Ok,
+    Role,
+    Subscribe,
+    Welcome,
+    graph_spec,
+)
 
 __all__ = [
     "PREAMBLE",
     "WIRE_VERSION",
     "FrameDecoder",
     "FrameTooLarge",
+    "Hello",
+    "Message",
+    "Notify",
+    "Ok",
+    "Role",
+    "Subscribe",
+    "Welcome",
     "WireError",
     "decode",
     "encode",

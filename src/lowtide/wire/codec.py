@@ -44,6 +44,7 @@ from lowtide.wire.messages import (
     MinTimeAtReply,
     Notify,
     Ok,
+    Refused,
     Role,
     ShardReleaseFrame,
     ShardReportFrame,
@@ -173,13 +174,13 @@ def _dec_batch(r: Reader) -> Batch:
 
 
 def _enc_front(w: Writer, m: FrontOp) -> None:
-    w.pack("QQBqq", m.req, m.session, m.register, m.front, m.time)
+    w.pack("QQBqqQ", m.req, m.session, m.register, m.front, m.time, m.owner)
     w.text(m.segment)
 
 
 def _dec_front(r: Reader) -> FrontOp:
-    req, session, register, front, time = r.unpack("QQBqq")
-    return FrontOp(req, session, bool(register), front, r.text(), time)
+    req, session, register, front, time, owner = r.unpack("QQBqqQ")
+    return FrontOp(req, session, bool(register), front, r.text(), time, owner)
 
 
 def _enc_notify(w: Writer, m: Notify) -> None:
@@ -204,10 +205,24 @@ def _enc_error(w: Writer, m: Error) -> None:
 
 def _dec_error(r: Reader) -> Error:
     req, code = r.unpack("QH")
+    return Error(req, _error_code(code), r.text())
+
+
+def _error_code(code: int) -> ErrorCode:
     try:
-        return Error(req, ErrorCode(code), r.text())
+        return ErrorCode(code)
     except ValueError as exc:
         raise WireError(f"unknown error code {code}") from exc
+
+
+def _enc_refused(w: Writer, m: Refused) -> None:
+    w.pack("QQHBq", m.session, m.req, m.code, m.fails_session, m.hold)
+    w.text(m.message)
+
+
+def _dec_refused(r: Reader) -> Refused:
+    session, req, code, fails, hold = r.unpack("QQHBq")
+    return Refused(session, req, _error_code(code), r.text(), bool(fails), hold)
 
 
 def _enc_report(w: Writer, m: ShardReportFrame) -> None:
@@ -285,6 +300,7 @@ _CODECS: dict[type[Any], tuple[int, Callable[[Writer, Any], None], Callable[[Rea
     ShardReportFrame: (31, _enc_report, _dec_report),
     ShardReleaseFrame: (32, _enc_release, _dec_release),
     Commit: (40, lambda w, m: w.pack("q", m.now_ms), lambda r: Commit(r.one("q"))),
+    Refused: (41, _enc_refused, _dec_refused),
 }
 _DECODERS = {code: dec for code, _enc, dec in _CODECS.values()}
 

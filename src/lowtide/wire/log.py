@@ -1,8 +1,11 @@
 """On-disk formats: write-ahead log records and tracker snapshots.
 
-A log record is ``length, crc32, payload`` with the payload an encoded message; a
-torn or corrupt tail (a crash mid-write) ends the readable log, and nothing after it
-was ever confirmed to a client. A snapshot is a JSON header plus packed arrays.
+A log record is ``length, crc32, payload`` with the payload an encoded message.
+:func:`read_records` yields the intact records from the start; where it stops, either
+the log ends, or a crash tore the last write (:func:`torn_at`: the record there runs
+past the end), or something damaged it (any other case, and always when an intact
+Commit marker follows: a tear never leaves whole records behind it). A snapshot is a
+JSON header plus packed arrays.
 
 >>> from lowtide.wire.messages import Commit
 >>> data = record(Commit(5)) + record(Commit(6))[:-1]
@@ -21,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from lowtide.wire.codec import WireError, decode, encode
-from lowtide.wire.messages import Message
+from lowtide.wire.messages import Commit, Message
 
 _RECORD = struct.Struct("<II")
 _SNAP_MAGIC = b"LTSNAP01"
@@ -49,6 +52,34 @@ def read_records(data: bytes) -> Iterator[tuple[Message, int]]:
         pos = end
 
 
+def torn_at(data: bytes, pos: int) -> bool:
+    """Whether reading stopped at ``pos`` because the last write was cut short: the
+    record there is incomplete (or the rest is zeros, as a file extended but never
+    written reads after a power loss), and no intact Commit marker lies beyond it."""
+    rest = data[pos:]
+    if rest.count(0) != len(rest) and len(rest) >= _RECORD.size:
+        (length,) = struct.unpack_from("<I", rest)
+        if _RECORD.size + length <= len(rest):
+            return False  # complete, yet unreadable: damaged, not torn
+    return next_commit(data, pos + 1) is None
+
+
+def next_commit(data: bytes, start: int) -> int | None:
+    """The offset of the first intact Commit record at or after ``start``, if any: a
+    search for its fixed header, each hit checked by its CRC."""
+    probe = encode(Commit(0))
+    head = struct.pack("<I", len(probe))
+    pos = data.find(head, start)
+    while pos >= 0:
+        payload = data[pos + _RECORD.size : pos + _RECORD.size + len(probe)]
+        if payload[:1] == probe[:1] and len(payload) == len(probe):
+            (crc,) = struct.unpack_from("<I", data, pos + 4)
+            if zlib.crc32(payload) == crc:
+                return pos
+        pos = data.find(head, pos + 1)
+    return None
+
+
 def encode_snapshot(meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray[Any, Any]]) -> bytes:
     """``meta``: JSON-able; ``arrays``: named 1-D numeric arrays."""
     layout = {k: [a.dtype.str, len(a)] for k, a in arrays.items()}
@@ -61,6 +92,13 @@ def encode_snapshot(meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray[Any
 def decode_snapshot(data: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray[Any, Any]]]:
     if not data.startswith(_SNAP_MAGIC):
         raise WireError("not a lowtide snapshot")
+    try:
+        return _decode_snapshot(data)
+    except (struct.error, ValueError, KeyError, TypeError) as exc:
+        raise WireError(f"damaged snapshot: {exc}") from None
+
+
+def _decode_snapshot(data: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray[Any, Any]]]:
     (n,) = struct.unpack_from("<Q", data, len(_SNAP_MAGIC))
     start = len(_SNAP_MAGIC) + 8
     head_end = start + n

@@ -22,7 +22,8 @@ from lowtide.core.messages import (
 )
 
 #: Bumped on any incompatible change of the byte format; checked at handshake.
-WIRE_VERSION = 1
+#: 2: FrontOp carries its owner; error codes FRONT_OWNED, SESSION_FAILED.
+WIRE_VERSION = 2
 
 #: A graph as plain data: ((name, (inbound names...)), ...) in topological order.
 GraphSpec = tuple[tuple[str, tuple[str, ...]], ...]
@@ -60,7 +61,9 @@ class ErrorCode(IntEnum):
     NON_MONOTONIC_HEARTBEAT = 13
     ACK_BEHIND_HEAD = 14
     TABLE_OVERFLOW = 15
+    FRONT_OWNED = 16
     INTERNAL = 20
+    SESSION_FAILED = 21
 
 
 # ----------------------------------------------------------------- handshake
@@ -121,7 +124,8 @@ class Batch:
 
 @dataclass(frozen=True)
 class FrontOp:
-    """Register (``time`` >= 0) or unregister (``register`` False) a front."""
+    """Register (``time`` >= 0) or unregister (``register`` False) a front.
+    ``owner``: who may unregister or move it (see :mod:`lowtide.core.fronts`)."""
 
     req: int
     session: int
@@ -129,6 +133,7 @@ class FrontOp:
     front: int
     segment: str
     time: int
+    owner: int = 0
 
 
 @dataclass(frozen=True)
@@ -233,6 +238,21 @@ class Commit:
     now_ms: int
 
 
+@dataclass(frozen=True)
+class Refused:
+    """Log record: request ``req`` of ``session`` was refused with ``code`` and
+    ``message``. Replay keeps it refused (a resend is answered with the same error,
+    never as a duplicate); ``fails_session``: it was a background flush, so the session
+    stays failed; ``hold``: min times stay below it (TIME_LIMIT: no hold)."""
+
+    session: int
+    req: int
+    code: ErrorCode
+    message: str
+    fails_session: bool
+    hold: int
+
+
 Message = (
     Hello
     | Challenge
@@ -253,4 +273,5 @@ Message = (
     | ShardReportFrame
     | ShardReleaseFrame
     | Commit
+    | Refused
 )

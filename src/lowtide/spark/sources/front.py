@@ -36,6 +36,10 @@ from lowtide.service.clock import SystemClock
 from lowtide.spark.sources.ingest import IngestWriter
 from lowtide.spark.tracking.transport import AgentLike, TrackerRef, connect
 
+#: The owner name fronts register with: a restarted producer of a front is its
+#: successor (see ``Agent.register_front``).
+OWNER = "lowtide-front"
+
 
 class Front:
     """One front: labels, acks and logs events; heartbeats while idle.
@@ -73,7 +77,7 @@ class Front:
         self._lock = threading.Lock()
         self._last_slot = max(self._writer.last_time, self._now_slot())
         self._closed = False
-        self._agent.register_front(front, segment, self._last_slot)
+        self._agent.register_front(front, segment, self._last_slot, owner=OWNER)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if heartbeat_ms:
@@ -161,7 +165,7 @@ class Front:
         if unregister:
             unreg = getattr(self._agent, "unregister_front", None)
             if unreg is not None:
-                unreg(self.front)
+                unreg(self.front, owner=OWNER)
         return self._last_slot
 
     def __enter__(self) -> Front:

@@ -77,9 +77,10 @@ def ensure_front(agent: AgentLike, front: int, segment: str, time: int) -> None:
 
     A restarted query says hello again from its checkpoint's offsets; the tracker may
     have seen later heartbeats of the same front (from a batch that ran but was not
-    committed), which is fine: the front stays where it is."""
+    committed), which is fine: the front stays where it is. The owner name makes any
+    driver of this pipeline (with its secret) the front's successor (a restart)."""
     try:
-        agent.register_front(front, segment, time)
+        agent.register_front(front, segment, time, owner=f"lowtide-spark-source:{segment}")
     except NonMonotonicHeartbeat:
         return
 

@@ -33,7 +33,9 @@ class Pending(Protocol):
 class AgentLike(Protocol):
     """What the Spark layer needs from ``lowtide.service.Agent``."""
 
-    def register_front(self, front: int, segment: str, time: int) -> None: ...
+    def register_front(
+        self, front: int, segment: str, time: int, timeout_s: float = 30.0, *, owner: str = ""
+    ) -> None: ...
 
     def send_batch(
         self,

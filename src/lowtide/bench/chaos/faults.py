@@ -1,0 +1,96 @@
+"""Faults injected into a running scenario: kills, damaged log files, a full disk.
+
+Each fault takes the :class:`~lowtide.bench.chaos.run.Run` and counts itself there. A
+tracker that refuses to start on what it found (a damaged log it must not guess
+around) is counted as a refused start, and the operator's documented way out is taken:
+restore the state dir from the copy taken before the damage.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from lowtide.bench.chaos.run import Run
+
+Fault = Callable[["Run"], None]
+
+
+def kill_tracker(run: Run) -> None:
+    run.faults += 1
+    run.tracker.kill9()
+    time.sleep(0.3)  # clients notice, retry, and resend once it is back
+    run.restart_tracker()
+
+
+def kill_consumer(run: Run) -> None:
+    run.faults += 1
+    run.kill_consumer()
+    run.start_consumer()
+
+
+def kill_shard(run: Run) -> None:
+    pids = run.shard_pids()
+    if not pids:
+        run.say("no shard pid known: nothing killed")
+        return
+    os.kill(pids[0], signal.SIGKILL)
+    run.faults += 1  # the coordinator restarts it on the same port and state
+
+
+def flip_mid_log_byte(run: Run) -> None:
+    """A bit rot in the middle of the first log file (not a torn tail)."""
+    run.tracker.kill9()
+    backup = run.tmp / "state-backup"
+    shutil.copytree(run.tracker.state_dir, backup)
+    files = [p for p in run.tracker.wal_files() if p.stat().st_size > 64]
+    if not files:
+        run.say("no log file to damage")
+    else:
+        path = files[0]
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0x40
+        path.write_bytes(bytes(data))
+    _restart_or_restore(run, backup)
+
+
+def torn_tail(run: Run) -> None:
+    """The tracker died while writing a record: a partial record ends the last log
+    file (recovery may drop exactly that, and the clients resend it)."""
+    run.tracker.kill9()
+    files = run.tracker.wal_files()
+    if files:
+        with files[-1].open("ab") as f:
+            f.write(files[-1].read_bytes()[:11] or b"\x00" * 11)
+    run.faults += 1
+    if not run.tracker.start():
+        run.refused_starts += 1
+        run.say("refused to start after a torn tail (it should recover)")
+
+
+def full_disk(run: Run) -> None:
+    """Writes fail (EFBIG under a 4 KiB file size limit) for a second; then the space
+    is back and the tracker is restarted on its state dir."""
+    run.tracker.kill9()
+    run.faults += 1
+    if run.tracker.start(file_limit_bytes=4096):
+        time.sleep(1.0)
+        run.tracker.kill9()
+    else:
+        run.refused_starts += 1
+    run.restart_tracker()
+
+
+def _restart_or_restore(run: Run, backup: os.PathLike[str]) -> None:
+    run.faults += 1
+    if run.tracker.start():
+        return
+    run.refused_starts += 1
+    shutil.rmtree(run.tracker.state_dir)
+    shutil.copytree(backup, run.tracker.state_dir)
+    run.restart_tracker()

@@ -1,0 +1,204 @@
+"""One chaos scenario: a tracker process, good clients with a known ground truth, the
+faults, and the verdict (premature notifications, lost ones, notification delays)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from lowtide.bench.chaos import hostile
+from lowtide.bench.chaos.faults import Fault
+from lowtide.bench.chaos.tracker import TrackerProcess
+from lowtide.bench.chaos.workload import (
+    GRAPH,
+    Truth,
+    Workload,
+    consumer_process,
+    front_process,
+    rogue_front_process,
+)
+from lowtide.core.messages import MinTimeUpdate
+from lowtide.service import Agent
+
+ROGUE_FRONT = 7
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    faults: tuple[Fault, ...] = ()  # one after another, from a third of the way in
+    shards: int = 0
+    skew: tuple[tuple[int, int], ...] = ()  # (front, slots its clock is off)
+    rogue: bool = False  # a front whose refused flush must hold the min times back
+    hostile: bool = False  # fuzz, floods and a front takeover during the run
+    probe: Callable[[bytes | None], bool] | None = None  # True: the probe was fooled
+
+    @property
+    def expect_complete(self) -> bool:
+        """A refused flush is never applied: that front's items stay unbalanced."""
+        return not self.rogue and self.probe is None
+
+
+@dataclass
+class Result:
+    name: str
+    faults: int = 0
+    refused_starts: int = 0
+    premature: list[str] = field(default_factory=list)
+    lost: int = 0
+    delays_ms: list[float] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+class Run:
+    """What faults act on: the tracker process, the consumer process, the counters."""
+
+    def __init__(self, tmp: Path, work: Workload, scenario: Scenario, secret_file: Path) -> None:
+        self.tmp, self.work, self.scenario = tmp, work, scenario
+        self.tracker = TrackerProcess(tmp, shards=scenario.shards, secret_file=secret_file)
+        self.journal = tmp / "journal"
+        self.journal.mkdir()
+        self.ctx = multiprocessing.get_context("spawn")
+        self.go = self.ctx.Event()
+        self.procs: list[Any] = []
+        self.consumer: Any = None
+        self.seen: list[tuple[str | None, int, int]] = []
+        self.faults = 0
+        self.refused_starts = 0
+        self.notes: list[str] = []
+        self.skew = dict(scenario.skew)
+
+    def say(self, note: str) -> None:
+        self.notes.append(note)
+
+    def restart_tracker(self) -> None:
+        if not self.tracker.start():
+            self.refused_starts += 1
+            self.say(f"the tracker would not restart: see {self.tracker.log_path}")
+
+    def start_consumer(self) -> None:
+        fronts = (*self.work.fronts, *((ROGUE_FRONT,) if self.scenario.rogue else ()))
+        work = replace(self.work, fronts=fronts)
+        self.consumer = self.ctx.Process(
+            target=consumer_process, args=(self.tracker.url, work, self.skew, str(self.journal)))
+        self.consumer.start()
+
+    def kill_consumer(self) -> None:
+        self.consumer.kill()
+        self.consumer.join(10)
+
+    def shard_pids(self) -> list[int]:
+        with Agent.connect(self.tracker.url, GRAPH, secret=self.work.secret) as agent:
+            shards = agent.status(timeout_s=5).get("shards", [])
+        return [int(s["status"]["pid"]) for s in shards if s.get("status")]
+
+    def note_update(self, update: MinTimeUpdate) -> None:
+        self.seen.append((update.segment, update.time, time.monotonic_ns()))
+
+    def start_fronts(self) -> None:
+        """Fronts register one at a time, least skewed first, then all start together:
+        a front registered ahead of the others would move the min time past the slots
+        the others start at."""
+        starts = [(self.skew.get(f, 0), front_process,
+                   (self.tracker.url, self.work, f, self.skew.get(f, 0),
+                    str(self.journal / f"front-{f}.log"), self.go))
+                  for f in self.work.fronts]
+        if self.scenario.rogue:
+            starts.append((0, rogue_front_process,
+                           (self.tracker.url, self.work, ROGUE_FRONT,
+                            str(self.journal / f"front-{ROGUE_FRONT}.log"), self.go)))
+        for _skew, target, args in sorted(starts, key=lambda s: s[0]):
+            self.procs.append(self.ctx.Process(target=target, args=args))
+            self.procs[-1].start()
+            _wait(lambda: self._registered() == len(self.procs), 60, "fronts to register",
+                  self.procs, self.journal)
+        self.go.set()
+
+    def _registered(self) -> int:
+        return sum(1 for p in self.journal.glob("front-*.log")
+                   if "registered" in p.read_text())
+
+    def done_slots(self) -> int:
+        path = self.journal / "consumer.log"
+        return path.read_text().count(" sink ") if path.exists() else 0
+
+    def stop(self) -> None:
+        for p in [*self.procs, *([self.consumer] if self.consumer else [])]:
+            if p.is_alive():
+                p.kill()
+            p.join(10)
+        self.tracker.kill9()
+
+
+def run_scenario(tmp: Path, work: Workload, scenario: Scenario, secret_file: Path) -> Result:
+    started = time.monotonic()
+    if scenario.probe is not None:
+        fooled = scenario.probe(work.secret)
+        premature = ["an agent believed a server without the secret"] if fooled else []
+        return Result(scenario.name, faults=1, premature=premature,
+                      seconds=time.monotonic() - started)
+    run = Run(tmp, work, scenario, secret_file)
+    watcher = attack = None
+    try:
+        if not run.tracker.start():
+            raise RuntimeError(f"the tracker did not start: see {run.tracker.log_path}")
+        watcher = Agent.connect(run.tracker.url, GRAPH, secret=work.secret)
+        for segment in ("src", "sink"):
+            watcher.on_update(run.note_update, segment)
+        run.start_fronts()
+        run.start_consumer()
+        run.faults += scenario.rogue + bool(scenario.skew)
+        if scenario.hostile:
+            attack = hostile.Attack(run.tracker.url, work.secret)
+            attack.start()
+            run.faults += 3
+        fronts = len(work.fronts) + scenario.rogue
+        _wait(lambda: run.done_slots() >= fronts * work.slots // 3, 60, "a third of the work")
+        for fault in scenario.faults:
+            fault(run)
+            time.sleep(0.3)
+        lost = _finish(run, watcher, scenario)
+    finally:
+        if attack is not None:
+            attack.stop()
+        if watcher is not None:
+            watcher.close(timeout_s=2.0)
+        run.stop()
+    truth = Truth.read(run.journal)
+    return Result(scenario.name, run.faults, run.refused_starts, truth.premature(run.seen),
+                  lost, truth.notify_delays_ms(run.seen), run.notes, time.monotonic() - started)
+
+
+def _finish(run: Run, watcher: Agent, scenario: Scenario) -> int:
+    """Wait for the consumer, then for the sink's min time to reach the end: 1 if it
+    never does (a lost notification), 0 if it does or is not expected to."""
+    run.consumer.join(120)
+    if not scenario.expect_complete:
+        time.sleep(1.0)  # time for a premature notification to show
+        return 0
+    final = run.work.final_time(run.skew)
+    try:
+        _wait(lambda: any(s == "sink" and t >= final for s, t, _ in run.seen), 30, "the end")
+    except TimeoutError:
+        last = max((t for s, t, _ in run.seen if s == "sink"), default=None)
+        run.say(f"sink stopped at {last}, expected {final}")
+        return 1
+    return 0
+
+
+def _wait(ready: Callable[[], bool], timeout_s: float, what: str,
+          procs: Sequence[Any] = (), journal: Path | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {timeout_s:.0f} s for {what}")
+        if any(p.exitcode not in (None, 0) for p in procs):
+            why = [line for p in (journal.glob("*.log") if journal else ())
+                   for line in p.read_text().splitlines() if line.startswith("failed ")]
+            raise RuntimeError(f"a client process failed while waiting for {what}: {why}")
+        time.sleep(0.02)

@@ -1,0 +1,61 @@
+"""``lowtide bench chaos``: its ground truth flags exactly the premature notifications,
+and a short run of its scenarios finds none premature and none lost."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lowtide.bench import chaos
+from lowtide.bench.chaos.workload import Truth, Workload
+
+
+def write_journal(tmp: Path, lines: list[str]) -> Truth:
+    (tmp / "consumer.log").write_text("\n".join(lines) + "\n")
+    return Truth.read(tmp)
+
+
+def test_a_notification_past_an_item_still_in_flight_is_premature(tmp_path: Path) -> None:
+    truth = write_journal(tmp_path, [
+        "recv src 0 1000 100", "recv sink 0 1000 150",
+        "recv src 1 1000 300", "recv sink 1 1000 320",
+    ])
+    # sink passed 1001 at 200, before front 1's item of slot 1000 left src (300)
+    assert truth.premature([("sink", 1001, 200)]) == [
+        "sink passed 1001 while front 1's slot 1000 was in flight in src"]
+    # after everything was handed over for receipt: not premature
+    assert truth.premature([("sink", 1001, 400), ("src", 1001, 300)]) == []
+    # src's min time does not speak for sink's items
+    assert truth.premature([("src", 1001, 310)]) == []
+    assert truth.premature([(None, 1001, 310)]) != []
+
+
+def test_a_retried_receipt_counts_from_its_first_attempt(tmp_path: Path) -> None:
+    """The first journal line of an item is the lower bound of when its receipt was
+    applied: a retry's later line must not make a timely notification premature."""
+    truth = write_journal(tmp_path, [
+        "recv src 0 1000 100", "recv sink 0 1000 150", "recv src 0 1000 900",
+        "recv sink 0 1000 950",
+    ])
+    assert truth.premature([("sink", 1001, 200)]) == []
+    # delays count from the latest attempt: the slot was done then
+    assert truth.notify_delays_ms([("sink", 1001, 951_000_000 + 950)]) == pytest.approx([951.0])
+
+
+@pytest.mark.socket
+def test_a_short_run_finds_nothing_premature_and_nothing_lost(capsys) -> None:  # type: ignore[no-untyped-def]
+    names = ["quiet", "kill -9 tracker", "kill -9 consumer", "torn log tail", "full disk",
+             "skewed clocks"]
+    work = Workload(slots=12, secret=b"chaos-secret-0123456789abcdef")
+    results = chaos.run(work, names)
+    figures = chaos.summary(results)
+    assert [r.name for r in results] == names
+    assert figures["premature"] == 0 and figures["lost"] == 0, [
+        (r.name, r.premature, r.notes) for r in results]
+    assert figures["faults"] >= 6
+    assert figures["notify_p99_ms_quiet"] is not None
+    chaos.print_table(results)
+    json.dumps(figures)  # the JSON line the bench prints
+    assert "kill -9 tracker" in capsys.readouterr().out

@@ -1,0 +1,143 @@
+"""Refused means never applied, and a refusal never lets a min time pass anything
+(issue 21, points 1, 4 and 7), over real sockets and, where it matters, real restarts.
+"""
+
+from __future__ import annotations
+
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+from lowtide.core.errors import FrontOwned, TableOverflow
+from lowtide.core.graph import SegmentGraph
+from lowtide.core.messages import Ack, AckBatch, Heartbeat
+from lowtide.service import Agent, SessionFailed, TrackerService
+from lowtide.wire.messages import Batch, Error, ErrorCode, FrontOp, Ok
+from tests.service.raw import RawClient
+
+pytestmark = pytest.mark.socket
+
+FAR = 1 << 21  # slots ahead of the head: more than the table may grow (TableOverflow)
+
+
+def sink_min(url: str, graph: SegmentGraph) -> int:
+    with Agent.connect(url, graph) as probe:
+        return int(probe.status()["segments"][2]["min_time"])
+
+
+# ------------------------------------------------------------ point 1: failed sessions
+def test_refused_background_flush_fails_the_session_on_the_server(
+    service: TrackerService, graph: SegmentGraph
+) -> None:
+    """A client that goes on after its flush was refused (a client cannot be trusted
+    to stop): its later heartbeats are refused, so the sink's min time stays below
+    the item whose send-ack was in the refused flush."""
+    with closing(RawClient.welcomed(service.url)) as raw:
+        assert raw.ask(FrontOp(1, 7, True, 1, "src", 0)) == Ok(1)
+        lost = AckBatch.of([Ack(0, 5, 0xA, 1), Ack(0, FAR, 0xB, 1)])  # item at 5 in flight
+        refused = raw.ask(Batch(2, 7, "", lost))
+        assert isinstance(refused, Error) and refused.code == ErrorCode.TABLE_OVERFLOW
+        later = raw.ask(Batch(3, 7, "", AckBatch.empty(), (Heartbeat(1, 50),)))
+        assert isinstance(later, Error) and later.code == ErrorCode.SESSION_FAILED
+        assert "request 2" in later.message and "TABLE_OVERFLOW" in later.message
+        moved = raw.ask(FrontOp(4, 7, True, 1, "src", 60))
+        assert isinstance(moved, Error) and moved.code == ErrorCode.SESSION_FAILED
+    assert sink_min(service.url, graph) == 0
+
+
+def test_failed_session_stays_failed_after_a_restart(tmp_path: Path, graph: SegmentGraph) -> None:
+    svc = TrackerService.start(graph, state_dir=tmp_path / "state")
+    try:
+        client = RawClient.welcomed(svc.url)
+        client.ask(FrontOp(1, 7, True, 1, "src", 0))
+        client.ask(Batch(2, 7, "", AckBatch.of([Ack(0, 5, 0xA, 1), Ack(0, FAR, 0xB, 1)])))
+        client.close()
+    finally:
+        svc.stop()
+    svc = TrackerService.start(graph, state_dir=tmp_path / "state")
+    try:
+        client = RawClient.welcomed(svc.url)
+        later = client.ask(Batch(3, 7, "", AckBatch.empty(), (Heartbeat(1, 50),)))
+        assert isinstance(later, Error) and later.code == ErrorCode.SESSION_FAILED
+        client.close()
+        assert sink_min(svc.url, graph) == 0
+    finally:
+        svc.stop()
+
+
+def test_the_agent_raises_on_its_next_call(service: TrackerService, graph: SegmentGraph) -> None:
+    with Agent.connect(service.url, graph) as agent:
+        agent.register_front(1, "src", 0)
+        agent.add_acks(AckBatch.of([Ack(0, 5, 0xA, 1), Ack(0, FAR, 0xB, 1)]))
+        agent.heartbeat(1, 50)
+        with pytest.raises(TableOverflow):
+            agent.flush()
+        for call in (lambda: agent.heartbeat(1, 60), agent.flush,
+                     lambda: agent.register_front(2, "src", 0)):
+            with pytest.raises(SessionFailed) as info:
+                call()
+            assert "\n" not in str(info.value) and "refused a background flush" in str(info.value)
+    assert sink_min(service.url, graph) == 0
+
+
+# ------------------------------------------------------------ point 7: refusals are final
+def test_a_resent_refused_batch_stays_refused_across_a_restart(
+    tmp_path: Path, graph: SegmentGraph
+) -> None:
+    state = tmp_path / "state"
+    behind = Batch(2, 9, '["q",1,"src",0]', AckBatch.of([Ack(0, 3, 0x1, 1)]))
+    svc = TrackerService.start(graph, state_dir=state)
+    try:
+        client = RawClient.welcomed(svc.url)
+        client.ask(FrontOp(1, 9, True, 1, "src", 10))
+        first = client.ask(behind)
+        assert isinstance(first, Error) and first.code == ErrorCode.ACK_BEHIND_HEAD
+        assert client.ask(behind) == first
+        assert client.ask(Batch(3, 9, "", AckBatch.empty(), (Heartbeat(1, 11),))) == Ok(3)
+        client.close()
+    finally:
+        svc.stop()
+    svc = TrackerService.start(graph, state_dir=state)
+    try:
+        client = RawClient.welcomed(svc.url)
+        assert client.ask(behind) == first  # not Ok(duplicate=True): it was never applied
+        client.close()
+    finally:
+        svc.stop()
+
+
+# ------------------------------------------------------------ point 4: fronts have owners
+def test_another_session_may_not_move_or_unregister_a_front(
+    service: TrackerService, graph: SegmentGraph
+) -> None:
+    with Agent.connect(service.url, graph) as owner, Agent.connect(service.url, graph) as other:
+        owner.register_front(1, "src", 5)
+        owner.add_acks(AckBatch.of([Ack(0, 6, 0xA, 1)]))  # in flight, not yet received
+        owner.flush()
+        with pytest.raises(FrontOwned):
+            other.unregister_front(1)
+        with pytest.raises(FrontOwned):
+            other.register_front(1, "src", 100)
+        other.heartbeat(1, 7)  # heartbeats stay open to all (rule 3): not a takeover
+        other.flush()
+        assert service_fronts(other) == {"1": ["src", 7]}
+        assert sink_min(service.url, graph) <= 6
+        owner.unregister_front(1)
+
+
+def test_a_successor_with_the_same_owner_name_takes_over(
+    service: TrackerService, graph: SegmentGraph
+) -> None:
+    with Agent.connect(service.url, graph) as first:
+        first.register_front(1, "src", 5, owner="ingest")
+    with Agent.connect(service.url, graph) as successor:  # a restarted process
+        successor.register_front(1, "src", 9, owner="ingest")
+        assert service_fronts(successor) == {"1": ["src", 9]}
+        successor.unregister_front(1, owner="ingest")
+        assert service_fronts(successor) == {}
+
+
+def service_fronts(agent: Agent) -> dict[str, list[object]]:
+    fronts: dict[str, list[object]] = agent.status()["fronts"]
+    return fronts
