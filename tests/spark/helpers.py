@@ -3,10 +3,12 @@ end-to-end checks."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -170,3 +172,15 @@ def keys_of(table: pa.Table, cols: list[str]) -> list[tuple[int, ...]]:
 
 def as_int(col: Any) -> np.ndarray:
     return np.asarray(pc.cast(col, pa.int64()).to_numpy())
+
+
+def t0_of_checkpoint(ckpt: Path, query: Any, timeout_s: float = 60.0) -> int:
+    """The generator's t0, from the first offset Spark logged."""
+    deadline = time.monotonic() + timeout_s
+    first = ckpt / "offsets" / "0"
+    while not first.exists():
+        assert query.query.exception() is None, query.query.exception()
+        assert time.monotonic() < deadline, "no batch logged"
+        time.sleep(0.1)
+    time.sleep(0.1)
+    return int(json.loads(first.read_text().strip().splitlines()[-1])["t0"])

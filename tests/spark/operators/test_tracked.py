@@ -336,3 +336,22 @@ def test_a_task_submits_its_acks_before_its_held_outputs_and_waits_at_its_end(
     for _out in task_function(unconfirmed)(iter(batches)):
         events.append("out")
     assert events == ["submit m"] + ["out"] * len(batches)
+
+
+def test_chained_steps_share_one_task_and_one_batch(memory_agent: CoreAgent) -> None:
+    """map -> flat_map -> filter chained in one task (no shuffle between them): one
+    keyed batch, by the first step's input segment; the middle segments' sends and
+    receipts cancel inside it, and the rows are those of the three tasks in a row."""
+    batches, hb = _source_batches(memory_agent)
+    expected = batches
+    for op in OPS:
+        expected = [apply_op(op, b, AckAccumulator(), GRAPH.index(op.in_segment),
+                             GRAPH.index(op.out_segment), REF_SLOT) for b in expected]
+    before = len(memory_agent.batches)
+    out = list(task_function(*OPS)(iter(batches)))
+    assert [b.to_pydict() for b in out] == [b.to_pydict() for b in expected]
+    (key, acks, _), = memory_agent.batches[before:]
+    assert key.segment == "m"
+    middle = np.isin(acks.segment, [GRAPH.index("f"), GRAPH.index("k")])
+    assert (acks.count[middle] == 0).all() and (acks.xor[middle] == 0).all()
+    assert memory_agent.step()["k"] == hb  # nothing in flight before the sink

@@ -61,3 +61,70 @@ def test_graph_has_a_state_segment() -> None:
     with pytest.raises(ValueError):
         pipe2 = Pipeline(spark=None, grid=TimeGrid(10))
         pipe2.generate(fronts=1).window("15 ms", key="x")
+
+
+def test_keys_and_aggregates_are_checked_when_described() -> None:
+    from lowtide.spark.operators.windows import parse_keys
+
+    assert parse_keys("user") == ("user",)
+    assert parse_keys(["user", "region"]) == ("user", "region")
+    for bad in ([], ["a", "a"], [1], None):
+        with pytest.raises(ValueError, match="window key"):
+            parse_keys(bad)
+    assert parse_aggs({"p": ("x", "percentile", 0.9), "a": ("x", "avg")}) == (
+        Agg("p", "percentile", "x", 0.9), Agg("a", "mean", "x"))
+    for bad_spec in [("x", "percentile"), ("x", "percentile", 1.5), ("x", "sum", 2)]:
+        with pytest.raises(ValueError):
+            parse_aggs({"p": bad_spec})
+    pipe = Pipeline(spark=None, grid=TimeGrid(10))
+    win = pipe.generate(fronts=1).window("1 second", key=["front", "seq"])
+    with pytest.raises(ValueError, match="taken by a key"):
+        win.agg(seq="count")
+
+
+def test_typed_partials_merge_to_the_whole() -> None:
+    """Aggregating two halves and merging equals aggregating all rows, in exact types:
+    longs above 2**53 with nulls, decimals, strings, timestamps."""
+    from decimal import Decimal
+
+    import pandas as pd
+
+    from lowtide.spark.operators.window_aggs import bind_aggs, merge, partial, results
+
+    fields = {"big": "bigint", "price": "decimal(12,2)", "name": "string", "ts": "timestamp"}
+    aggs, columns = bind_aggs("w", parse_aggs({
+        "n": "count", "s": ("big", "sum"), "hi": ("big", "max"), "c": ("big", "count"),
+        "p": ("price", "sum"), "avg": ("price", "mean"), "lo": ("name", "min"),
+        "d": ("name", "count_distinct"), "first": ("ts", "first"), "last": ("big", "last"),
+        "med": ("big", "percentile", 0.5)}), fields)
+    assert [a.out_type() for a in aggs] == ["bigint", "bigint", "bigint", "bigint",
+                                            "decimal(22,2)", "decimal(16,6)", "string",
+                                            "bigint", "timestamp", "bigint", "bigint"]
+    big = [2**60 + 1, 0, 2**60 + 3, 2**60 + 2]
+    valid = [True, False, True, True]
+    frame = pd.DataFrame({
+        "lt_agg0": big, "lt_valid0": valid,
+        "lt_agg1": [Decimal("1.10"), Decimal("2.25"), None, Decimal("0.01")],
+        "lt_valid1": [True, True, False, True],
+        "lt_agg2": ["b", "a", "b", "c"], "lt_valid2": [True] * 4,
+        "lt_agg3": pd.to_datetime([3, 1, 2, 4], unit="s"), "lt_valid3": [True] * 4})
+    assert columns == ["big", "price", "name", "ts"]
+    times = np.array([30, 10, 20, 40], np.int64)
+    ids = np.array([1, 2, 3, 4], np.uint64)
+    whole = results(aggs, partial(aggs, frame, times, ids))
+    halves = merge(aggs, partial(aggs, frame[:2], times[:2], ids[:2]),
+                   partial(aggs, frame[2:], times[2:], ids[2:]))
+    assert results(aggs, halves) == whole
+    assert whole == [4, 3 * 2**60 + 6, 2**60 + 3, 3, Decimal("3.36"), Decimal("1.120000"),
+                     "a", 3, pd.Timestamp(1, unit="s").value, 2**60 + 2, 2**60 + 2]
+
+
+def test_window_errors_name_the_column_and_type() -> None:
+    from lowtide.spark.operators.window_aggs import bind_aggs
+
+    with pytest.raises(ValueError, match="window 'w': aggregate 'x' reads no column 'y'"):
+        bind_aggs("w", parse_aggs({"x": ("y", "sum")}), {"a": "int"})
+    with pytest.raises(ValueError, match=r"sum of column 'a' \(string\) is not supported"):
+        bind_aggs("w", parse_aggs({"x": ("a", "sum")}), {"a": "string"})
+    with pytest.raises(ValueError, match="min of column 'a'"):
+        bind_aggs("w", parse_aggs({"x": ("a", "min")}), {"a": "map<string,int>"})

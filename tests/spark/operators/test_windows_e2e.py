@@ -6,9 +6,7 @@ the checkpoint."""
 from __future__ import annotations
 
 import glob
-import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +21,7 @@ import lowtide
 from lowtide.core.time import TimeGrid
 from lowtide.spark.operators.window_state import window_starts
 from lowtide.spark.sources.generator import GeneratorSpec, label_ms, rows_before
-from tests.spark.helpers import fail_once
+from tests.spark.helpers import fail_once, t0_of_checkpoint
 
 pytestmark = pytest.mark.spark
 
@@ -82,18 +80,6 @@ def batch_windows(rows: pd.DataFrame, size: int, slide: int) -> pd.DataFrame:
                 fronts=("front", "nunique")).reset_index()
     out["span"] = out["hi"] - out["lo"]
     return out
-
-
-def t0_of_checkpoint(ckpt: Path, query: Any, timeout_s: float = 60.0) -> int:
-    """The generator's t0, from the first offset Spark logged."""
-    deadline = time.monotonic() + timeout_s
-    first = ckpt / "offsets" / "0"
-    while not first.exists():
-        assert query.query.exception() is None, query.query.exception()
-        assert time.monotonic() < deadline, "no batch logged"
-        time.sleep(0.1)
-    time.sleep(0.1)
-    return int(json.loads(first.read_text().strip().splitlines()[-1])["t0"])
 
 
 def read_results(out: Path) -> pd.DataFrame:

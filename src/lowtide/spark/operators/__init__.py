@@ -1,14 +1,19 @@
-"""Tracked steps: map, flat_map and filter over Arrow batches (:mod:`.tracked`), and
-exact keyed windows (:mod:`.windows` describes them, :mod:`.window_state` runs them)."""
+"""Tracked steps: map, flat_map and filter over Arrow batches (:mod:`.tracked`),
+DataFrame-native steps evaluated by the JVM (:mod:`.frames`), and exact keyed windows
+(:mod:`.windows` describes them, :mod:`.window_state` runs them, :mod:`.window_aggs`
+computes their typed aggregates)."""
 
+from lowtide.spark.operators.frames import FrameSpec, StepError
 from lowtide.spark.operators.tracked import OpRuntime, OpSpec, apply_op, operator_id, task_function
 from lowtide.spark.operators.window_state import build_window
 from lowtide.spark.operators.windows import ROCKSDB, WindowedStream, WindowSpec, duration_ms
 
 __all__ = [
     "ROCKSDB",
+    "FrameSpec",
     "OpRuntime",
     "OpSpec",
+    "StepError",
     "WindowSpec",
     "WindowedStream",
     "apply_op",

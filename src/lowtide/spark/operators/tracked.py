@@ -41,6 +41,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from lowtide.core.messages import AckBatch
+from lowtide.spark.operators.frames import TRACKED_FRAME_KINDS, frame_acks
 from lowtide.spark.sinks import append_trace
 from lowtide.spark.sources.log_source import TaskBatch, submit_task_batch
 from lowtide.spark.tracking.column import (
@@ -71,13 +72,16 @@ class OpSpec:
     name: str
     schema: Any = None  # DDL string or StructType of the output data columns
 
+    def segments(self) -> list[str]:
+        return [self.name]
+
 
 @dataclass(frozen=True)
 class OpRuntime:
     """What a task needs; pickled into the mapInArrow closure."""
 
-    kind: str
-    fn: Callable[..., Any]
+    kind: str  # one of KINDS, or a tracked DataFrame step's ("where", "explode")
+    fn: Callable[..., Any] | None
     ref: TrackerRef
     in_segment: str  # the segment this operator receives from (its name)
     out_segment: str  # the segment its children are sent into
@@ -121,6 +125,8 @@ def apply_op(rt: OpRuntime, batch: Any, acc: AckAccumulator, in_idx: int, out_id
              ref_slot: int) -> Any:
     """Run the user function on one Arrow batch; record its acks in ``acc`` (slots
     unwrapped against ``ref_slot``)."""
+    if rt.kind in TRACKED_FRAME_KINDS:  # the JVM did the work; only the acks are left
+        return frame_acks(rt.kind, batch, acc, (in_idx, out_idx), ref_slot, rt.salt)
     data, packed = _split(batch)
     out, children = _run_fn(rt, data, len(packed))
     c_packed = track_children(acc, (in_idx, out_idx), packed, ref_slot, rt.salt, children)
@@ -170,21 +176,34 @@ def _numpy(values: Any, dtype: Any) -> np.ndarray:
     return np.asarray(values, dtype)
 
 
-def task_function(rt: OpRuntime) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """The function given to ``DataFrame.mapInArrow``. It holds back its latest
-    outputs (up to ``rt.hold_output_bytes``): once the input is exhausted every ack is
-    known, so the task's batch goes to the tracker while the held outputs are emitted,
-    and the task waits for the confirmation only at its end (rule 6)."""
+def task_function(*chain: OpRuntime) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The function given to ``DataFrame.mapInArrow``: the tracked steps of ``chain``
+    one after the other on each Arrow batch (steps with no shuffle or JVM work between
+    them share a task: the rows cross to Python once). Their acks go into ONE batch,
+    keyed by the first step's input segment: applied atomically, a step's children and
+    the next step's receipts of them cancel in the tracker at once (rule 2).
+
+    It holds back its latest outputs (up to ``hold_output_bytes``): once the input is
+    exhausted every ack is known, so the task's batch goes to the tracker while the
+    held outputs are emitted, and the task waits for the confirmation only at its end
+    (rule 6)."""
+    first, last = chain[0], chain[-1]
 
     def run(batches: Iterator[Any]) -> Iterator[Any]:
-        graph = rt.ref.graph
-        in_idx, out_idx = graph.index(rt.in_segment), graph.index(rt.out_segment)
+        graph = first.ref.graph
+        idx = [(graph.index(rt.in_segment), graph.index(rt.out_segment)) for rt in chain]
         acc = AckAccumulator()
-        ref_slot = reference_slot(rt.ref.grid)
+        ref_slot = reference_slot(first.ref.grid)
         sent: list[Waiter] = []
-        outputs = (apply_op(rt, batch, acc, in_idx, out_idx, ref_slot) for batch in batches)
-        yield from hold_back(outputs, rt.hold_output_bytes,
-                             lambda: sent.extend(submit_acks(rt, acc, out_idx)))
+
+        def apply_chain(batch: Any) -> Any:
+            for rt, (in_idx, out_idx) in zip(chain, idx, strict=True):
+                batch = apply_op(rt, batch, acc, in_idx, out_idx, ref_slot)
+            return batch
+
+        outputs = (apply_chain(batch) for batch in batches)
+        yield from hold_back(outputs, first.hold_output_bytes,
+                             lambda: sent.extend(submit_acks(first, last, acc, idx[-1][1])))
         for b in sent:
             b.wait()
 
@@ -211,18 +230,20 @@ def hold_back(outputs: Iterable[Any], cap_bytes: int,
     yield from held
 
 
-def submit_acks(rt: OpRuntime, acc: AckAccumulator, out_idx: int) -> list[Waiter]:
+def submit_acks(first: OpRuntime, last: OpRuntime, acc: AckAccumulator,
+                out_idx: int) -> list[Waiter]:
     """Submit the task's batch (children and receipts together, applied atomically, so
-    children never trail their parent: rule 2) and, before the null sink, the sink's
-    receipts after it."""
+    children never trail their parent: rule 2), keyed by the first step's input
+    segment, and, when the last step feeds the null sink, the sink's receipts after
+    it."""
     from pyspark import TaskContext
 
     tc = TaskContext.get()
     partition = tc.partitionId() if tc else 0
-    sent = submit_task_batch(rt.ref, rt.in_segment, partition, acc)
-    if not rt.null_sink:
+    sent = submit_task_batch(first.ref, first.in_segment, partition, acc)
+    if not last.null_sink:
         return [sent]
-    return [sent, ack_null_sink(rt, partition, sent.acks, out_idx)]
+    return [sent, ack_null_sink(last, partition, sent.acks, out_idx)]
 
 
 def ack_null_sink(rt: OpRuntime, partition: int, sent: AckBatch, sink: int) -> Waiter:

@@ -4,8 +4,10 @@ plan of a window step. The description and its rules are in :mod:`.windows`."""
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import io
+import pickle
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -13,7 +15,17 @@ from typing import Any
 import numpy as np
 
 from lowtide.core.acks import child_acks
-from lowtide.spark.operators.windows import ROCKSDB, Agg, WindowSpec, state_segment
+from lowtide.spark.operators.window_aggs import (
+    TypedAgg,
+    bind_aggs,
+    helper_columns,
+    input_columns,
+    merge,
+    partial,
+    result_series,
+    results,
+)
+from lowtide.spark.operators.windows import ROCKSDB, WindowSpec, state_segment
 from lowtide.spark.tracking.column import (
     ID_MASK,
     TRACK_COL,
@@ -57,8 +69,9 @@ class WindowRuntime:
     ref: TrackerRef
     out_segment: str
     op_id: int
-    key_type: str  # DDL type of the key column
-    data_schema: str  # DDL of the input data columns (for apply)
+    key_types: tuple[str, ...]  # DDL types of the key columns
+    aggs: tuple[TypedAgg, ...]  # bound to the input's types (agg)
+    data_cols: tuple[str, ...]  # the user's columns (apply: what fn sees)
 
     @property
     def in_segment(self) -> str:
@@ -74,21 +87,17 @@ class WindowRuntime:
 
     def output_schema(self) -> str:
         s = self.spec
-        cols = [f"`{s.key}` {self.key_type}", "window_start timestamp", "window_end timestamp"]
-        cols += [f"`{a.out}` {'long' if a.fn == 'count' else 'double'}" for a in s.aggs]
+        cols = [f"`{k}` {t}" for k, t in zip(s.keys, self.key_types, strict=True)]
+        cols += ["window_start timestamp", "window_end timestamp"]
+        cols += [f"`{a.agg.out}` {a.out_type()}" for a in self.aggs]
         if s.fn_schema:
             cols.append(s.fn_schema)
         return ", ".join([*cols, f"{TRACK_COL} long"])
 
-    def state_schema(self) -> str:
-        cols = ["hold long", "parts int", "n long"]
-        cols += [f"a{i} double" for i in range(len(self.spec.aggs))]
-        cols += [f"c{i} long" for i in range(len(self.spec.aggs))]
-        return ", ".join(cols)
 
-
-def _init_value(a: Agg) -> float:
-    return {"sum": 0.0, "mean": 0.0, "count": 0.0, "min": np.inf, "max": -np.inf}[a.fn]
+# per (key, window): its hold, the parts of its rows kept for apply, the aggregates'
+# partial states (pickled: see window_aggs)
+STATE_SCHEMA = "hold long, parts int, aggs binary"
 
 
 def processor_class() -> type:
@@ -103,7 +112,7 @@ def processor_class() -> type:
 
             self.handle = handle
             self.live = TaskContext.get() is not None
-            self.state = handle.getMapState("win", "start long", self.rt.state_schema())
+            self.state = handle.getMapState("win", "start long", STATE_SCHEMA)
             self.rows = (handle.getMapState("rows", "start long, part int", "data binary")
                          if self.rt.spec.fn is not None else None)
             graph = self.rt.ref.graph
@@ -134,27 +143,28 @@ def processor_class() -> type:
                 # the batch's timestamp: the same reference in every attempt
                 now_ms = int(timerValues.getCurrentProcessingTimeInMs())
                 times = slots_of(packed, self.rt.ref.grid.slot_of(now_ms))
-                self.acc.add(self.in_idx, times, ack_ids(packed), -1)
-                self._absorb(key[0], df, times)
-            yield from self._emit(key[0], timerValues)
+                ids = ack_ids(packed)
+                self.acc.add(self.in_idx, times, ids, -1)
+                self._absorb(key, df, times, ids)
+            yield from self._emit(key, timerValues)
 
         def handleExpiredTimer(self, key: Any, timerValues: Any,
                                expiredTimerInfo: Any) -> Iterator[Any]:
-            yield from self._emit(key[0], timerValues)
+            yield from self._emit(key, timerValues)
 
-        def _absorb(self, kv: Any, df: Any, times: np.ndarray) -> None:
+        def _absorb(self, kv: Any, df: Any, times: np.ndarray, ids: np.ndarray) -> None:
             rt = self.rt
             starts = window_starts(times, rt.size, rt.slide)
-            data_cols = [c for c in df.columns if c not in TRACKING_COLS]
             for j in range(starts.shape[1]):
                 col = starts[:, j]
                 for start in np.unique(col).tolist():
-                    sel = df[col == start]
-                    self._add_window(kv, int(start), sel, data_cols)
+                    mine = col == start
+                    self._add_window(kv, int(start), df[mine], times[mine], ids[mine])
 
-        def _add_window(self, kv: Any, start: int, sel: Any, data_cols: list[str]) -> None:
+        def _add_window(self, kv: Any, start: int, sel: Any, times: np.ndarray,
+                        ids: np.ndarray) -> None:
+            """Open the (key, window)'s hold if it is new; fold the rows in."""
             rt = self.rt
-            aggs = rt.spec.aggs
             k = (start,)
             if self.state.containsKey(k):
                 v = list(self.state.getValue(k))
@@ -163,29 +173,16 @@ def processor_class() -> type:
                 end = start + rt.size
                 self.acc.add(self.state_idx, np.array([end - 1], np.int64),
                              np.array([hold], np.uint64), +1)
-                v = [int(as_i64(np.array([hold], np.uint64))[0]), 0, 0]
-                v += [_init_value(a) for a in aggs] + [0] * len(aggs)
-            n_aggs = len(aggs)
-            v[2] += len(sel)
-            for i, a in enumerate(aggs):
-                if a.fn == "count" and a.column is None:
-                    continue
-                vals = sel[a.column].to_numpy(np.float64)
-                vals = vals[~np.isnan(vals)]
-                if not len(vals):
-                    continue
-                v[3 + n_aggs + i] += len(vals)
-                if a.fn in ("sum", "mean"):
-                    v[3 + i] += float(vals.sum())
-                elif a.fn == "min":
-                    v[3 + i] = min(v[3 + i], float(vals.min()))
-                elif a.fn == "max":
-                    v[3 + i] = max(v[3 + i], float(vals.max()))
+                v = [int(as_i64(np.array([hold], np.uint64))[0]), 0, None]
+            if rt.aggs:
+                part = partial(rt.aggs, sel, times, ids)
+                old = None if v[2] is None else pickle.loads(bytes(v[2]))
+                v[2] = pickle.dumps(part if old is None else merge(rt.aggs, old, part))
             if self.rows is not None:
                 import pyarrow as pa
 
                 buf = io.BytesIO()
-                table = pa.Table.from_pandas(sel[data_cols], preserve_index=False)
+                table = pa.Table.from_pandas(sel[list(rt.data_cols)], preserve_index=False)
                 with pa.ipc.new_stream(buf, table.schema) as w:
                     w.write_table(table)
                 self.rows.updateValue((start, int(v[1])), (buf.getvalue(),))
@@ -221,11 +218,14 @@ def processor_class() -> type:
                 t = np.full(m, end - 1, np.int64)
                 self.acc.add(self.out_idx, t, child, +1)
                 self.acc.add(self.state_idx, np.array([end - 1], np.int64), hold, -1)
-                res.insert(0, rt.spec.key, [kv] * m)
-                res.insert(1, "window_start", pd.to_datetime([start * delta] * m, unit="ms",
-                                                             utc=True))
-                res.insert(2, "window_end", pd.to_datetime([end * delta] * m, unit="ms",
-                                                           utc=True))
+                bounds = {"window_start": start * delta, "window_end": end * delta}
+                for i, (name, value) in enumerate([*zip(rt.spec.keys, kv, strict=True),
+                                                   *bounds.items()]):
+                    series = pd.Series([value] * m, dtype=object)
+                    if name in bounds or isinstance(value, datetime.datetime | np.datetime64):
+                        series = pd.to_datetime(series, unit="ms" if name in bounds else None,
+                                                utc=name in bounds)
+                    res.insert(i, name, series)
                 res[TRACK_COL] = pack(t, child, rt.ref.grid.slot_of(now))
                 out.append(res)
                 self.state.removeKey((start,))
@@ -235,24 +235,13 @@ def processor_class() -> type:
             yield pd.concat(out, ignore_index=True)
 
         def _results(self, v: Any, start: int) -> Any:
+            """The window's result rows (without keys and bounds)."""
             import pandas as pd
 
             rt = self.rt
-            aggs = rt.spec.aggs
-            n_aggs = len(aggs)
-            row: dict[str, Any] = {}
-            for i, a in enumerate(aggs):
-                cnt = v[3 + n_aggs + i]
-                if a.fn == "count":
-                    row[a.out] = int(v[2] if a.column is None else cnt)
-                elif cnt == 0:
-                    row[a.out] = None
-                elif a.fn == "mean":
-                    row[a.out] = v[3 + i] / cnt
-                else:
-                    row[a.out] = float(v[3 + i])
             if rt.spec.fn is None:
-                return pd.DataFrame([row])
+                values = results(rt.aggs, pickle.loads(bytes(v[2])))
+                return pd.DataFrame(result_series(rt.aggs, values, 1))
             import pyarrow as pa
 
             assert self.rows is not None
@@ -263,8 +252,6 @@ def processor_class() -> type:
             pdf = pa.concat_tables(tables).to_pandas() if tables else pd.DataFrame()
             res = rt.spec.fn(pdf)
             res = res if isinstance(res, pd.DataFrame) else pd.DataFrame([res])
-            for k, val in row.items():
-                res[k] = val
             return res.reset_index(drop=True)
 
         def close(self) -> None:
@@ -283,22 +270,30 @@ def processor_class() -> type:
 
 def build_window(df: Any, spec: WindowSpec, ref: TrackerRef, out_segment: str,
                  op_id: int) -> Any:
-    """The DataFrame plan of a window step: groupBy(key).transformWithStateInPandas."""
+    """The DataFrame plan of a window step: groupBy(keys).transformWithStateInPandas.
+    Unknown columns and unsupported types raise here, before the query starts."""
     spark = df.sparkSession
     if spark.conf.get("spark.sql.streaming.stateStore.providerClass", "") != ROCKSDB:
         spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
-    fields = {f.name: f for f in df.schema.fields}
-    if spec.key not in fields:
-        raise ValueError(f"window key {spec.key!r} is not a column of {list(fields)}")
-    for a in spec.aggs:
-        if a.column is not None and a.column not in fields:
-            raise ValueError(f"aggregate {a.out}: no column {a.column!r}")
-    data = [f for f in df.schema.fields if f.name not in TRACKING_COLS]
-    data_schema = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in data)
-    rt = WindowRuntime(spec, ref, out_segment, op_id,
-                       fields[spec.key].dataType.simpleString(), data_schema)
+    fields = {f.name: f.dataType.simpleString() for f in df.schema.fields
+              if f.name not in TRACKING_COLS}
+    for k in spec.keys:
+        if k not in fields:
+            raise ValueError(f"window {spec.name!r}: no key column {k!r} "
+                             f"(columns: {', '.join(fields)})")
+        if fields[k].startswith("map<"):
+            raise ValueError(f"window {spec.name!r}: key column {k!r} ({fields[k]}) is a "
+                             "map, which Spark cannot group by")
+    aggs, columns = bind_aggs(spec.name, spec.aggs, fields)
+    rt = WindowRuntime(spec, ref, out_segment, op_id, tuple(fields[k] for k in spec.keys),
+                       aggs, tuple(fields))
     proc = processor_class()(rt)
-    return df.groupBy(spec.key).transformWithStateInPandas(
+    prepared = input_columns(df, columns, fields)
+    if spec.fn is None:  # the processor reads only these: fewer columns cross to pandas
+        prepared = prepared.select(*[f"`{c}`" for c in [*spec.keys, *helper_columns(columns)]],
+                                   TRACK_COL)
+    grouped = prepared.groupBy(*[f"`{k}`" for k in spec.keys])
+    return grouped.transformWithStateInPandas(
         statefulProcessor=proc, outputStructType=rt.output_schema(), outputMode="Append",
         timeMode="ProcessingTime",
     )

@@ -4,12 +4,13 @@ when they are complete.
 ::
 
     counts = (stream
-              .window("2 seconds", key="user")            # slide="1 second": sliding
-              .agg(n="count", total=("amount", "sum"), top=("amount", "max")))
+              .window("2 seconds", key=["user", "region"])  # slide="1 second": sliding
+              .agg(n="count", total=("amount", "sum"), top=("amount", "max"),
+                   p90=("amount", "percentile", 0.9)))
     # or .apply(fn, "p50 double")  with fn(pandas.DataFrame of the window's rows) -> dict
 
-reads like ``df.groupBy("user", F.window("ts", "2 seconds")).agg(...)``: the result
-rows carry the key, ``window_start`` and ``window_end`` (timestamps, from the slots via
+reads like ``df.groupBy("user", "region", F.window("ts", "2 seconds")).agg(...)``: the
+result rows carry the keys, ``window_start`` and ``window_end`` (timestamps, from the slots via
 the grid's ``delta_ms``) and the aggregates.
 
 The operator is a tracked stateful operator (``transformWithStateInPandas`` with
@@ -48,7 +49,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-AGG_FUNCTIONS = ("count", "sum", "min", "max", "mean")
+AGG_FUNCTIONS = ("count", "sum", "min", "max", "mean", "first", "last", "count_distinct",
+                 "percentile")
+_ALIASES = {"avg": "mean", "countDistinct": "count_distinct", "percentile_approx": "percentile"}
 STATE_SUFFIX = ".state"
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
@@ -78,22 +81,42 @@ def state_segment(name: str) -> str:
 @dataclass(frozen=True)
 class Agg:
     out: str
-    fn: str  # count | sum | min | max | mean
+    fn: str  # one of AGG_FUNCTIONS
     column: str | None
+    param: float | None = None  # percentile: the fraction
+
+
+def _agg(name: str, spec: Any) -> Agg:
+    if spec == "count" or spec == ("*", "count"):
+        return Agg(name, "count", None)
+    usage = (f"aggregate {name}={spec!r}: use 'count', (column, one of {AGG_FUNCTIONS}) or "
+             "(column, 'percentile', 0.5)")
+    if not (isinstance(spec, tuple) and len(spec) in (2, 3) and isinstance(spec[0], str)):
+        raise ValueError(usage)
+    fn = _ALIASES.get(spec[1], spec[1])
+    if fn not in AGG_FUNCTIONS or (len(spec) == 3) != (fn == "percentile"):
+        raise ValueError(usage)
+    if fn != "percentile":
+        return Agg(name, fn, spec[0])
+    p = spec[2]
+    if not isinstance(p, int | float) or not 0.0 <= p <= 1.0:
+        raise ValueError(f"aggregate {name}: the percentile is a fraction in [0, 1], not {p!r}")
+    return Agg(name, fn, spec[0], float(p))
 
 
 def parse_aggs(aggs: dict[str, Any]) -> tuple[Agg, ...]:
-    out = []
-    for name, spec in aggs.items():
-        if spec == "count" or spec == ("*", "count"):
-            out.append(Agg(name, "count", None))
-            continue
-        if not (isinstance(spec, tuple) and len(spec) == 2 and spec[1] in AGG_FUNCTIONS):
-            raise ValueError(
-                f"aggregate {name}={spec!r}: use 'count' or (column, one of {AGG_FUNCTIONS})"
-            )
-        out.append(Agg(name, spec[1], spec[0]))
-    return tuple(out)
+    return tuple(_agg(name, spec) for name, spec in aggs.items())
+
+
+def parse_keys(key: Any) -> tuple[str, ...]:
+    """``"user"`` or ``["user", "region"]``: the window's key columns."""
+    keys = (key,) if isinstance(key, str) else tuple(key) if isinstance(key, list | tuple) \
+        else ()
+    if not keys or not all(isinstance(k, str) and k for k in keys):
+        raise ValueError(f"window key {key!r}: give a column name or a list of them")
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"window key {key!r}: a column twice")
+    return keys
 
 
 @dataclass(frozen=True)
@@ -101,7 +124,7 @@ class WindowSpec:
     """A window step of a :class:`lowtide.spark.pipeline.builder.Stream`."""
 
     name: str
-    key: str
+    keys: tuple[str, ...]
     size_ms: int
     slide_ms: int
     aggs: tuple[Agg, ...] = ()
@@ -119,16 +142,24 @@ class WindowedStream:
 
     stream: Any
     name: str
-    key: str
+    keys: tuple[str, ...]
     size_ms: int
     slide_ms: int
     poll_ms: int = 100
 
     def agg(self, **aggs: Any) -> Any:
-        """``name="count"`` or ``name=(column, "sum"|"min"|"max"|"mean"|"count")``."""
+        """``name="count"``, ``name=(column, fn)`` with fn one of ``count``, ``sum``,
+        ``min``, ``max``, ``mean`` (``avg``), ``first``, ``last``, ``count_distinct``,
+        or ``name=(column, "percentile", 0.5)``; typed as Spark types them (see
+        :mod:`.window_aggs`)."""
         if not aggs:
             raise ValueError("agg() needs at least one aggregate")
-        spec = WindowSpec(self.name, self.key, self.size_ms, self.slide_ms, parse_aggs(aggs),
+        parsed = parse_aggs(aggs)
+        clash = set(self.keys) & set(aggs) | {"window_start", "window_end"} & set(aggs)
+        if clash:
+            raise ValueError(f"window {self.name!r}: aggregate name {sorted(clash)[0]!r} is "
+                             "taken by a key or the window's bounds")
+        spec = WindowSpec(self.name, self.keys, self.size_ms, self.slide_ms, parsed,
                           poll_ms=self.poll_ms)
         return self.stream._then(spec)
 
@@ -139,12 +170,12 @@ class WindowedStream:
         """``fn(rows: pandas.DataFrame) -> dict`` (one result row) or a DataFrame (one
         result row per row), columns as in the DDL ``schema``; called once per window
         with all its rows (without the tracking columns), when it is complete."""
-        spec = WindowSpec(self.name, self.key, self.size_ms, self.slide_ms, (), fn, schema,
+        spec = WindowSpec(self.name, self.keys, self.size_ms, self.slide_ms, (), fn, schema,
                           self.poll_ms)
         return self.stream._then(spec)
 
 
-def make_windowed(stream: Any, size: str | int, key: str, slide: str | int | None,
+def make_windowed(stream: Any, size: str | int, key: Any, slide: str | int | None,
                   name: str, poll_ms: int, delta_ms: int) -> WindowedStream:
     size_ms = duration_ms(size)
     slide_ms = duration_ms(slide) if slide is not None else size_ms
@@ -152,4 +183,4 @@ def make_windowed(stream: Any, size: str | int, key: str, slide: str | int | Non
         raise ValueError(f"window size and slide must be multiples of delta_ms={delta_ms}")
     if slide_ms <= 0 or size_ms % slide_ms:
         raise ValueError("the window size must be a positive multiple of the slide")
-    return WindowedStream(stream, name, key, size_ms, slide_ms, poll_ms)
+    return WindowedStream(stream, name, parse_keys(key), size_ms, slide_ms, poll_ms)

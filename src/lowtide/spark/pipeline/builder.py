@@ -28,13 +28,21 @@ from typing import Any
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.time import TimeGrid
 from lowtide.service.progress import RowRates
+from lowtide.spark.operators.frames import (
+    KEEP_COL,
+    POS_COL,
+    FrameSpec,
+    check_added,
+    plan_frame,
+    spark_step,
+)
 from lowtide.spark.operators.tracked import OpRuntime, OpSpec, operator_id, task_function
 from lowtide.spark.operators.window_state import build_window
 from lowtide.spark.operators.windows import WindowSpec
 from lowtide.spark.pipeline.handle import TrackerHandle
 from lowtide.spark.pipeline.query import TrackedQuery
 from lowtide.spark.pipeline.status import PipelineStatus, status_of
-from lowtide.spark.pipeline.stream import SourceSpec, Stream, TransformSpec
+from lowtide.spark.pipeline.stream import SourceSpec, Step, Stream, TransformSpec
 from lowtide.spark.sinks import TrackedForeachBatch, TrackedSink
 from lowtide.spark.sources.generator import GeneratorSpec, GenSource
 from lowtide.spark.sources.log_source import LogSource
@@ -63,6 +71,52 @@ def _with_tracking(schema: Any) -> Any:
     if isinstance(schema, StructType):
         return StructType([*schema.fields, StructField(TRACK_COL, LongType(), False)])
     raise TypeError(f"schema must be a DDL string or StructType, got {type(schema)}")
+
+
+def _arrow_half(step: Step) -> bool:
+    """Does ``step`` end in a tracked ``mapInArrow`` (to chain the next ones into)?"""
+    return isinstance(step, OpSpec) or (isinstance(step, FrameSpec) and step.tracked)
+
+
+def _plan_steps(df: Any, group: list[Step], ref: TrackerRef, after: dict[str, str],
+                sink_name: str, null_sink: bool, trace_file: str | None) -> Any:
+    """The DataFrame plan of one step, or of tracked Arrow steps chained into one
+    ``mapInArrow``, on top of ``df``; checks what can be checked before the query
+    starts (see :mod:`lowtide.spark.operators.frames`)."""
+    step = group[0]
+    out_segment = after.get(step.name, sink_name)
+    if isinstance(step, TransformSpec):
+        out = spark_step(step.name, lambda: step.fn(df))
+        check_added(df, out, step.name)
+        return out
+    if isinstance(step, WindowSpec):
+        return build_window(df, step, ref, out_segment, operator_id(step.name))
+    if isinstance(step, FrameSpec):
+        df = plan_frame(df, step)
+        if not step.tracked:
+            return df
+    schema = _arrow_output(df.schema)
+    chain = []
+    for i, s in enumerate(group):
+        last = null_sink and i == len(group) - 1
+        if isinstance(s, OpSpec):
+            kind, fn = s.kind, s.fn
+            if s.kind != "filter" and s.schema is not None:
+                schema = _with_tracking(s.schema)
+        else:
+            kind, fn = step.kind, None
+        chain.append(OpRuntime(kind, fn, ref, s.name, after.get(s.name, sink_name),
+                               operator_id(s.name), last, trace_file if last else None))
+    return spark_step(step.name, lambda: df.mapInArrow(task_function(*chain), schema))
+
+
+def _arrow_output(schema: Any) -> Any:
+    """The schema of ``schema``'s rows after a tracked Arrow step that keeps their
+    columns: a DataFrame step's helper column gone, ``lt_track`` last."""
+    from pyspark.sql.types import StructType
+
+    helpers = (KEEP_COL, POS_COL, TRACK_COL)
+    return _with_tracking(StructType([f for f in schema.fields if f.name not in helpers]))
 
 
 @dataclass(frozen=True)
@@ -205,26 +259,20 @@ class Pipeline:
         else:
             opts["lowtide.segment"] = first_out
             df = self.spark.readStream.format("lowtide_gen").options(**opts).load()
-        # segment after op k is the next receiver's name
-        ops = [s for s in stream.steps if isinstance(s, OpSpec | WindowSpec)]
-        op_names = [o.name for o in ops]
-        after: dict[str, str] = {
-            n: (op_names[i + 1] if i + 1 < len(op_names) else sink_name)
-            for i, n in enumerate(op_names)
-        }
-        for step in stream.steps:
-            if isinstance(step, TransformSpec):
-                df = step.fn(df)
-                continue
-            if isinstance(step, WindowSpec):
-                df = build_window(df, step, ref, after[step.name], operator_id(step.name))
-                continue
-            last = null_sink and step is stream.steps[-1]
-            rt = OpRuntime(step.kind, step.fn, ref, step.name, after[step.name],
-                           operator_id(step.name), last, trace_file if last else None)
-            schema = df.schema if step.kind == "filter" or step.schema is None else \
-                _with_tracking(step.schema)
-            df = df.mapInArrow(task_function(rt), schema)
+        # the segment after a tracked step is named after the next receiver
+        tracked = [s for s in stream.steps if s.segments()]
+        after = {s.name: (tracked[i + 1].segments()[0] if i + 1 < len(tracked) else sink_name)
+                 for i, s in enumerate(tracked)}
+        steps = list(stream.steps)
+        while steps:
+            # tracked Arrow steps that follow each other directly share one task
+            n = 1
+            if _arrow_half(steps[0]):
+                while n < len(steps) and isinstance(steps[n], OpSpec):
+                    n += 1
+            group, steps = steps[:n], steps[n:]
+            last = null_sink and not steps
+            df = _plan_steps(df, group, ref, after, sink_name, last, trace_file if last else None)
         return Built(df, graph, ref)
 
     def _start(self, stream: Stream, sink: tuple[Any, ...], sink_name: str, checkpoint: str,

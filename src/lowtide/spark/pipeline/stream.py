@@ -1,5 +1,9 @@
 """The lazy description of a tracked stream: its steps, and the segment graph they make.
 
+The steps form a chain (``Stream.steps``); each step names the segments it receives
+from (``segments()``: none for an untracked step), so the graph is derived from the
+steps alone, and a step list can become a DAG by giving steps several inputs.
+
 Segment k holds the rows sent by tracked operator k-1 (or the source) and not yet
 received by tracked operator k (or the sink); it is named after its receiver.
 Untracked Spark operators (``.transform(fn)``, ``.repartition(n)``) may stand between
@@ -15,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from lowtide.core.graph import SegmentGraph
+from lowtide.spark.operators.frames import FrameSpec
 from lowtide.spark.operators.tracked import OpSpec
 from lowtide.spark.operators.windows import WindowSpec, make_windowed
 from lowtide.spark.sinks import console_writer
@@ -35,10 +40,16 @@ class SourceSpec:
 
 @dataclass(frozen=True)
 class TransformSpec:
+    """An untracked ``DataFrame -> DataFrame`` step (it must keep rows 1:1)."""
+
     fn: Callable[[Any], Any]
+    name: str
+
+    def segments(self) -> list[str]:
+        return []
 
 
-Step = OpSpec | WindowSpec | TransformSpec
+Step = OpSpec | WindowSpec | TransformSpec | FrameSpec
 
 
 @dataclass(frozen=True)
@@ -52,8 +63,7 @@ class Stream:
         return replace(self, steps=(*self.steps, step))
 
     def _default_name(self, kind: str) -> str:
-        k = sum(isinstance(s, OpSpec | WindowSpec) for s in self.steps) + 1
-        return f"{kind}{k}"
+        return f"{kind}{len(self.steps) + 1}"
 
     # tracked operators
     def map(
@@ -70,7 +80,8 @@ class Stream:
         """Tracked filter: ``fn(batch) -> boolean mask``."""
         return self._then(OpSpec("filter", fn, name or self._default_name("filter"), None))
 
-    def window(self, size: str | int, *, key: str, slide: str | int | None = None,
+    def window(self, size: str | int, *, key: str | list[str] | tuple[str, ...],
+               slide: str | int | None = None,
                name: str | None = None, poll_ms: int = 100) -> Any:
         """Exact keyed windows over global time (tumbling, or sliding with ``slide``);
         finish with ``.agg(n="count", total=("amount", "sum"))`` or ``.apply(fn,
@@ -78,19 +89,50 @@ class Stream:
         return make_windowed(self, size, key, slide, name or self._default_name("window"),
                              poll_ms, self.pipeline.grid.delta_ms)
 
+    # DataFrame-native steps, evaluated by Spark's JVM (see operators.frames)
+    def where(self, condition: Any, *, name: str | None = None) -> Stream:
+        """Tracked filter on a Spark ``Column`` or a SQL string (null is false)."""
+        return self._then(FrameSpec("where", name or self._default_name("where"),
+                                    (condition,)))
+
+    def select(self, *cols: Any, name: str | None = None) -> Stream:
+        """Like ``DataFrame.select`` (rows 1:1; ``lt_track`` is kept for you)."""
+        return self._then(FrameSpec("select", name or self._default_name("select"), cols))
+
+    def with_column(self, col_name: str, col: Any, *, name: str | None = None) -> Stream:
+        """Like ``DataFrame.withColumn`` (rows 1:1)."""
+        return self._then(FrameSpec("with_column", name or self._default_name("with_column"),
+                                    (col_name, col)))
+
+    def explode(self, column: Any, alias: str | None = None, *,
+                name: str | None = None) -> Stream:
+        """Tracked: one row per element of the array ``column`` (a name or a Column),
+        in column ``alias`` (default: the column's name, replaced); rows with an empty
+        or null array are dropped, like ``F.explode``."""
+        if alias is None:
+            if not isinstance(column, str):
+                raise ValueError("explode(Column) needs an alias: explode(col, 'name')")
+            alias = column
+        return self._then(FrameSpec("explode", name or self._default_name("explode"),
+                                    (column, alias)))
+
     # untracked, row-preserving
-    def transform(self, fn: Callable[[Any], Any]) -> Stream:
+    def transform(self, fn: Callable[[Any], Any], *, name: str | None = None) -> Stream:
         """Apply an untracked DataFrame -> DataFrame function. It must keep rows 1:1
         (and the tracking columns as they are), or the tracker reports the
         difference as missing or extra items."""
-        return self._then(TransformSpec(fn))
+        return self._then(TransformSpec(fn, name or self._default_name("transform")))
 
     def ends_in_operator(self) -> bool:
-        """Is the last step a tracked operator (whose rows reach the sink unchanged)?"""
-        return bool(self.steps) and isinstance(self.steps[-1], OpSpec)
+        """Is the last step a tracked Arrow step (whose rows reach the sink unchanged)?"""
+        if not self.steps:
+            return False
+        last = self.steps[-1]
+        return isinstance(last, OpSpec) or (isinstance(last, FrameSpec) and last.tracked)
 
     def repartition(self, n: int) -> Stream:
-        return self.transform(lambda df: df.repartition(n))
+        return self.transform(lambda df: df.repartition(n),
+                              name=self._default_name("repartition"))
 
     # sinks (each starts the query)
     def foreach_batch(
@@ -154,11 +196,8 @@ class Stream:
     def segment_names(self, sink: str = "sink") -> list[str]:
         src = self.pipeline._source
         names = [src.name] if src is not None and src.name else []
-        for s in self.steps:
-            if isinstance(s, OpSpec):
-                names.append(s.name)
-            elif isinstance(s, WindowSpec):  # inbound, then state (holds, rule 7)
-                names += s.segments()
+        for s in self.steps:  # a window: inbound, then state (holds, rule 7)
+            names += s.segments()
         return [*names, sink]
 
     def graph(self, sink: str = "sink") -> SegmentGraph:

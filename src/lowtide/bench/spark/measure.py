@@ -1,0 +1,216 @@
+"""What the Spark benchmarks share: their configuration, the SparkSession, the
+generator spec, and measuring rows per second and per CPU second over whole batches."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from lowtide.spark.sources import GeneratorSpec
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    fronts: int = 2
+    rows_per_batch: int = 100_000
+    payload_bytes: int = 16
+    stages: int = 3
+    partitions: int = 2
+    seconds: float = 10.0
+    warmup_batches: int = 3
+    rounds: int = 5
+    master: str = "local[2]"
+    #: measured against "untracked" in every round; see VARIANTS
+    variants: tuple[str, ...] = ("tracked",)
+    freeze_gc: bool = True  # Pipeline(freeze_gc=...)
+
+
+def user_map(batch: Any) -> Any:
+    """The benchmark's user function: a cheap vectorised column update."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    i = batch.schema.get_field_index("event_ms")
+    return batch.set_column(i, pa.field("event_ms", pa.int64()), pc.add(batch.column(i), 1))
+
+
+def session(cfg: BenchConfig) -> Any:
+    py = sys.executable
+    os.environ.setdefault("PYSPARK_PYTHON", py)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", py)
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master(cfg.master)
+        .appName("lowtide-bench-spark")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", str(cfg.partitions))
+        .config("spark.driver.extraJavaOptions", "-Xss32m")
+        # RR-100's plans (100 Python stages) overflow the default 1 GiB heap
+        .config("spark.driver.memory", "4g")
+        .config("spark.sql.execution.arrow.maxRecordsPerBatch", "20000")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def _spec(cfg: BenchConfig) -> GeneratorSpec:
+    per_front = max(1, cfg.rows_per_batch // cfg.fronts)
+    # A full batch spans 50 ms of label time (5 slots): far more than the pipeline can
+    # do in real time, so every batch is full, and every batch moves the heartbeats
+    # (and the sink's min time) forward.
+    return GeneratorSpec(fronts=cfg.fronts, rate=per_front * cfg.fronts * 20.0,
+                         payload_bytes=cfg.payload_bytes, max_rows_per_batch=per_front)
+
+
+def cpu_seconds() -> float:
+    """CPU time (user + system) of this process and all its descendants (the JVM, the
+    Python workers): a cost measure that other load on the machine does not inflate."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parent: dict[int, int] = {}
+    used: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(entry)] = int(fields[1])
+        used[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    me = os.getpid()
+
+    def mine(pid: int) -> bool:
+        while pid > 1:
+            if pid == me:
+                return True
+            pid = parent.get(pid, 1)
+        return False
+
+    return sum(t for pid, t in used.items() if mine(pid))
+
+
+CPU: dict[str, float] = {}
+
+
+def _next_batch(query: Any, after: int, deadline: float) -> int:
+    """Wait until a batch with id > ``after`` has completed; its id."""
+    while True:
+        p = query.lastProgress
+        done = -1 if p is None else int(p["batchId"])
+        if done > after:
+            return done
+        if query.exception() is not None:
+            raise RuntimeError(f"benchmark query failed: {query.exception()}")
+        if time.monotonic() > deadline:
+            raise RuntimeError("benchmark query made no progress in 300 s")
+        time.sleep(0.01)
+
+
+class Measured(NamedTuple):
+    """Whole batches after warm-up: the ids ``first < id <= last``."""
+
+    rows: int
+    secs: float  # batch time
+    batches: int
+    first: int
+    last: int
+
+    def counts(self, batch: int) -> bool:
+        return self.first < batch <= self.last
+
+
+def _measure(query: Any, cfg: BenchConfig) -> Measured:
+    """Rows, seconds of batch time and batches over whole batches after warm-up. The CPU
+    window runs from one batch's end to a later batch's end (triggers run back to
+    back), so the CPU seconds in ``CPU["last"]`` are those of exactly the ``CPU["rows"]``
+    rows counted: no partial batch at either end."""
+    deadline = time.monotonic() + 300
+    warm = _next_batch(query, cfg.warmup_batches - 2, deadline)
+    first = _next_batch(query, warm, deadline)
+    cpu0 = cpu_seconds()
+    time.sleep(cfg.seconds)
+    last = _next_batch(query, int(query.lastProgress["batchId"]), deadline)
+    CPU["last"] = cpu_seconds() - cpu0
+    progress = [p for p in query.recentProgress if first < p["batchId"] <= last]
+    rows = sum(int(p["numInputRows"]) for p in progress)
+    CPU["rows"] = float(rows)
+    ms = sum(int(p["durationMs"].get("triggerExecution", 0)) for p in progress)
+    return Measured(rows, ms / 1000.0, len(progress), first, last)
+
+
+class FullCollections:
+    """The durations of this process's full (generation 2) garbage collections: the
+    embedded tracker's thread stops during them, with the rest of the driver."""
+
+    def __init__(self) -> None:
+        self.ms: list[float] = []
+        self._start = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.ms.append((time.perf_counter() - self._start) * 1e3)
+
+
+FULL_GCS = FullCollections()
+
+
+@dataclass
+class _Tally:
+    """One variant's counted runs."""
+
+    rows: int = 0
+    secs: float = 0.0
+    batches: int = 0
+    cpu_rows: float = 0.0
+    cpu_s: float = 0.0
+    ratios: list[float] = field(default_factory=list)  # wall, per round, vs untracked
+    cpu_ratios: list[float] = field(default_factory=list)
+    delays: list[float] = field(default_factory=list)  # batches counted for throughput
+    slowest: tuple[float, str] = (0.0, "")  # the largest counted delay: which run and batch
+    #: the other batches with rows: each query's warm-up, and those run while it stops
+    uncounted: list[tuple[float, str]] = field(default_factory=list)
+    full_gcs_ms: list[float] = field(default_factory=list)  # the driver's, during counted runs
+
+    def add_delays(self, m: Measured, delays: dict[int, float], run: str) -> None:
+        for batch, ms in delays.items():
+            where = f"{run}, batch {batch}"
+            if m.counts(batch):
+                self.delays.append(ms)
+                self.slowest = max(self.slowest, (ms, where))
+            else:
+                phase = "warm-up" if batch <= m.first else "stopping"
+                self.uncounted.append((ms, f"{where}, {phase}"))
+
+    def rate(self) -> float:
+        return self.rows / max(self.secs, 1e-9)
+
+    def cpu_rate(self) -> float:
+        return self.cpu_rows / max(self.cpu_s, 1e-9)
+
+
+def _summary(t: _Tally, base: _Tally) -> dict[str, Any]:
+    return {
+        # median of the per-round ratios: robust to load that drifts between rounds
+        "throughput_ratio": round(float(np.median(t.ratios)), 4) if t.ratios else float("nan"),
+        "pooled_ratio": round(t.rate() / base.rate(), 4) if base.rows else float("nan"),
+        "round_ratios": [round(r, 3) for r in t.ratios],
+        "cpu_ratio": round(t.cpu_rate() / base.cpu_rate(), 4) if base.cpu_s else float("nan"),
+        "round_cpu_ratios": [round(r, 3) for r in t.cpu_ratios],
+        "rows_per_s": round(t.rate(), 1),
+        "rows_per_cpu_s": round(t.cpu_rate(), 1),
+    }
+
+

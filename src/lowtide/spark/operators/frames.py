@@ -1,0 +1,200 @@
+"""DataFrame-native steps: ``select``, ``with_column``, ``where`` and ``explode``,
+evaluated by Spark's JVM (SQL functions, ``from_json``, UDFs) and tracked by lowtide.
+
+How each is acked (rules 1, 2, 5, 6), without a Python pass where none is needed:
+
+* ``select`` and ``with_column`` keep rows 1:1, so they need no acks at all: a row
+  keeps its identity, and ``lt_track`` rides along (``select`` appends it). They are
+  untracked steps whose 1:1-ness is checked when the plan is built: only ``Project``
+  nodes may be added (a generator inside a ``select`` is refused: use ``explode``).
+* ``where(condition)`` drops rows. The JVM evaluates the condition into a boolean
+  column (null counts as false, like SQL's WHERE); a tracked ``mapInArrow`` step in
+  the same task (no shuffle in between) drops the rows and acks exactly as the Arrow
+  ``filter`` does: every input row received, each kept row sent as a child with a
+  deterministic id, one keyed batch per task, submitted once the task's input is
+  exhausted and confirmed before it ends. Its Python side is one vectorised pass
+  (Arrow filter + the shared ack arithmetic), no user code.
+* ``explode(column)`` makes rows. The JVM runs ``posexplode_outer``: each array
+  element is a row with its position, a parent with no element one row with a null
+  position. The tracked step after it receives each parent once (its row of position
+  0 or null) and sends each element as the child ``child_ids(parent id, salt,
+  position)``: the same ids in every attempt, whatever the batch boundaries.
+
+Every step is checked when the plan is built, before the query starts: Spark's
+analysis errors (unknown columns, wrong types) and non-deterministic expressions
+(``rand()``, UDFs marked non-deterministic) become one-line ``ValueError``s naming
+the step; a step that loses ``lt_track`` is refused the same way.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from lowtide.spark.tracking.column import (
+    TRACK_COL,
+    AckAccumulator,
+    TimeGroups,
+    as_u64,
+    child_ids,
+    track_children,
+    with_ids,
+)
+
+FRAME_KINDS = ("select", "with_column", "where", "explode")
+TRACKED_FRAME_KINDS = ("where", "explode")
+KEEP_COL = "_lt_keep"  # where: the condition, evaluated by the JVM
+POS_COL = "_lt_pos"  # explode: the element's position (null: a parent with none)
+
+
+@dataclass(frozen=True)
+class FrameSpec:
+    """A DataFrame-native step: ``args`` are what the user gave (Columns, SQL strings)."""
+
+    kind: str
+    name: str
+    args: tuple[Any, ...]
+
+    @property
+    def tracked(self) -> bool:
+        return self.kind in TRACKED_FRAME_KINDS
+
+    def segments(self) -> list[str]:
+        """Its inbound segment if it is tracked (rows it drops or makes), else none."""
+        return [self.name] if self.tracked else []
+
+
+class StepError(ValueError):
+    """A step that cannot be tracked, found when the plan is built."""
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    line = text[0] if text else type(err).__name__
+    return re.sub(r"\s*SQLSTATE: \w+;?$", "", line)
+
+
+def spark_step(name: str, build: Any) -> Any:
+    """``build()``, with Spark's analysis errors made one line naming the step."""
+    from pyspark.errors import PySparkException
+
+    try:
+        return build()
+    except PySparkException as err:
+        raise StepError(f"step {name!r}: {_first_line(err)}") from None
+
+
+def plan_frame(df: Any, spec: FrameSpec) -> Any:
+    """The JVM part of a DataFrame-native step (for ``where`` and ``explode``, the
+    tracked Arrow step that follows is :func:`frame_acks`)."""
+    from pyspark.sql import Column
+    from pyspark.sql import functions as F
+
+    kind, args = spec.kind, spec.args
+    if kind == "select":
+        out = spark_step(spec.name, lambda: df.select(*args))
+        if TRACK_COL not in out.columns:
+            out = spark_step(spec.name, lambda: df.select(*args, TRACK_COL))
+        check_added(df, out, spec.name, ("Project",))
+        return out
+    if kind == "with_column":
+        col_name, col = args
+        if col_name == TRACK_COL:
+            raise StepError(f"step {spec.name!r}: {TRACK_COL!r} is lowtide's tracking column")
+        out = spark_step(spec.name, lambda: df.withColumn(col_name, col))
+        check_added(df, out, spec.name, ("Project",))
+        return out
+    if kind == "where":
+        cond = args[0] if isinstance(args[0], Column) else F.expr(args[0])
+        out = spark_step(spec.name, lambda: df.withColumn(
+            KEEP_COL, F.coalesce(cond.cast("boolean"), F.lit(False))))
+        check_added(df, out, spec.name, ("Project",))
+        return out
+    if kind == "explode":
+        col, alias = args
+        source = F.col(col) if isinstance(col, str) else col
+        keep = [c for c in df.columns if c != alias]
+        out = spark_step(spec.name, lambda: df.select(
+            *keep, F.posexplode_outer(source).alias(POS_COL, alias)))
+        check_added(df, out, spec.name, ("Project", "Generate"))
+        return out
+    raise ValueError(f"unknown DataFrame step {kind!r}")
+
+
+# ------------------------------------------------------------------ plan checks
+
+def _node_count(df: Any) -> int:
+    """Nodes in ``df``'s analyzed plan (each is one numbered line of its tree)."""
+    tree = df._jdf.queryExecution().analyzed().numberedTreeString()
+    return sum(1 for line in tree.splitlines() if line[:1].isdigit())
+
+
+def check_added(before: Any, after: Any, step: str,
+                allowed: tuple[str, ...] | None = None) -> None:
+    """What ``step`` added on top of ``before``'s plan: only deterministic expressions,
+    ``lt_track`` kept, and only ``allowed`` nodes (None: any; an untracked
+    ``transform`` is trusted to keep rows 1:1, the tracker reports it otherwise)."""
+    if TRACK_COL not in after.columns:
+        raise StepError(f"step {step!r} drops the tracking column {TRACK_COL!r}: keep it "
+                        "(untracked steps must keep rows 1:1 and lt_track as it is)")
+    added = _node_count(after) - _node_count(before)
+    node = after._jdf.queryExecution().analyzed()
+    for _ in range(max(added, 0)):
+        kind = node.nodeName()
+        if allowed is not None and kind not in allowed:
+            hint = " (use .explode())" if kind == "Generate" else \
+                " (use .where())" if kind == "Filter" else ""
+            raise StepError(f"step {step!r} adds a {kind} to the plan: it must keep rows "
+                            f"1:1{hint}")
+        _check_deterministic(node, step)
+        if node.children().size() == 0:
+            break
+        node = node.children().apply(0)
+
+
+def _check_deterministic(node: Any, step: str) -> None:
+    exprs = node.expressions()
+    for i in range(exprs.size()):
+        e = exprs.apply(i)
+        if not e.deterministic():
+            name = e.name() if e.nodeName() == "Alias" else e.sql()
+            raise StepError(f"step {step!r}: column {name!r} is not deterministic "
+                            f"({e.sql()}); Spark re-runs tasks, and a re-run must "
+                            "produce the same rows")
+
+
+# ------------------------------------------------------------------ acks (executors)
+
+
+def frame_acks(kind: str, batch: Any, acc: AckAccumulator, segments: tuple[int, int],
+               ref_slot: int, salt: int) -> Any:
+    """The tracked Arrow half of ``where`` / ``explode`` on one batch: record its acks
+    in ``acc`` and return the output rows (tracking column included)."""
+    import pyarrow as pa
+
+    names = batch.schema.names
+    packed = np.asarray(batch.column(names.index(TRACK_COL)).to_numpy(zero_copy_only=False),
+                        np.int64)
+    if kind == "where":
+        mask = np.asarray(batch.column(names.index(KEEP_COL)).to_numpy(zero_copy_only=False),
+                          bool)
+        c_packed = track_children(acc, segments, packed, ref_slot, salt, mask)
+        out = batch.filter(pa.array(mask, pa.bool_())) if len(mask) else batch
+        out = out.drop_columns([KEEP_COL, TRACK_COL])
+        return out.append_column(TRACK_COL, pa.array(c_packed, pa.int64()))
+    pos_arr = batch.column(names.index(POS_COL))
+    valid = np.asarray(pos_arr.is_valid().to_numpy(zero_copy_only=False), bool)
+    pos = np.asarray(pos_arr.fill_null(0).to_numpy(zero_copy_only=False), np.int64)
+    parent = ~valid | (pos == 0)  # one row per parent: its first element, or none
+    acc.add_packed(segments[0], packed[parent], ref_slot, -1)
+    kept = packed[valid]
+    ids = child_ids(as_u64(kept).astype(np.uint32), salt, pos[valid])
+    c_packed = with_ids(kept, ids.astype(np.uint64))
+    acc.add_grouped(segments[1], TimeGroups.of_packed(c_packed, ref_slot),
+                    ids.astype(np.uint64), +1)
+    out = batch.filter(pa.array(valid, pa.bool_())) if len(valid) else batch
+    out = out.drop_columns([POS_COL, TRACK_COL])
+    return out.append_column(TRACK_COL, pa.array(c_packed, pa.int64()))
