@@ -129,7 +129,8 @@ def test_several_keys_typed_aggregates_equal_spark(spark, tmp_path: Path) -> Non
     for row in got:
         want = expected[sort_key(row)]
         for col, value in row.items():
-            if col == "avg_big":  # Spark sums doubles; lowtide the exact longs
+            if col == "avg_big" and None not in (value, want[col]):
+                # Spark sums doubles; lowtide the exact longs
                 assert math.isclose(value, want[col], rel_tol=1e-12), col
             else:
                 assert value == want[col], (col, value, want[col], row)
