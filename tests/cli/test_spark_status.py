@@ -33,6 +33,15 @@ def test_status_of_lag_and_rates() -> None:
     assert "parse" in text and "STUCK" in text
 
 
+def test_status_shows_each_segments_inbound() -> None:
+    graph = SegmentGraph.of(("pa", ()), ("pb", ()), ("sink", ("pa", "pb")))
+    doc = {"global_min": 0, "now_ms": 1_000,
+           "segments": [{"segment": n, "min_time": 0} for n in graph.names]}
+    st = status_of(doc, GRID, graph=graph)
+    assert [s.inbound for s in st.segments] == [(), (), ("pa", "pb")]
+    assert st.render(GRID.delta_ms).splitlines()[-1].endswith("  pa, pb")
+
+
 def test_import_lowtide_does_not_import_pyspark() -> None:
     import subprocess
 

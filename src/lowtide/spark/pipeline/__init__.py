@@ -1,7 +1,9 @@
-"""The pipeline description and its queries: :class:`Pipeline`, :class:`Stream`,
-:class:`TrackedQuery`, and the progress they report."""
+"""The pipeline description and its queries: :class:`Pipeline`, :class:`Stream`, its
+segment graph (:class:`SegmentPlan`), :class:`TrackedQuery`, and the progress they
+report."""
 
 from lowtide.spark.pipeline.builder import Built, Pipeline, register_sources
+from lowtide.spark.pipeline.dag import PipelineShapeError, SegmentPlan, derive
 from lowtide.spark.pipeline.handle import TrackerHandle
 from lowtide.spark.pipeline.query import TrackedQuery, await_jobs_gone, stop_between_batches
 from lowtide.spark.pipeline.status import PipelineStatus, SegmentProgress, status_of
@@ -10,12 +12,15 @@ from lowtide.spark.pipeline.stream import Stream
 __all__ = [
     "Built",
     "Pipeline",
+    "PipelineShapeError",
     "PipelineStatus",
+    "SegmentPlan",
     "SegmentProgress",
     "Stream",
     "TrackedQuery",
     "TrackerHandle",
     "await_jobs_gone",
+    "derive",
     "register_sources",
     "status_of",
     "stop_between_batches",

@@ -39,6 +39,7 @@ from lowtide.spark.operators.frames import (
 from lowtide.spark.operators.tracked import OpRuntime, OpSpec, operator_id, task_function
 from lowtide.spark.operators.window_state import build_window
 from lowtide.spark.operators.windows import WindowSpec
+from lowtide.spark.pipeline.dag import PipelineShapeError, source_key
 from lowtide.spark.pipeline.handle import TrackerHandle
 from lowtide.spark.pipeline.query import TrackedQuery
 from lowtide.spark.pipeline.status import PipelineStatus, status_of
@@ -119,6 +120,33 @@ def _arrow_output(schema: Any) -> Any:
     return _with_tracking(StructType([f for f in schema.fields if f.name not in helpers]))
 
 
+def union_by_name(dfs: list[Any]) -> Any:
+    """``unionByName`` of ``dfs``, or a one-line error naming the columns that differ
+    (by name and type; Spark's own error is a page of plan)."""
+    first = {f.name: f.dataType.simpleString() for f in dfs[0].schema.fields}
+    for i, df in enumerate(dfs[1:], start=2):
+        other = {f.name: f.dataType.simpleString() for f in df.schema.fields}
+        if other != first:
+            diff = sorted(f"{n} {first.get(n, '-')} vs {other.get(n, '-')}"
+                          for n in first.keys() | other.keys() if first.get(n) != other.get(n))
+            raise PipelineShapeError(f"union: input 1 and input {i} differ in columns: "
+                                     f"{'; '.join(diff)}")
+    out = dfs[0]
+    for df in dfs[1:]:
+        out = out.unionByName(df)
+    return out
+
+
+@dataclass(frozen=True)
+class _Targets:
+    """Where a plan's senders send: ``after`` maps each tracked step and source to
+    its receiver's segment; ``sink`` is the sink segment."""
+
+    ref: TrackerRef
+    after: dict[str, str]
+    sink: str
+
+
 @dataclass(frozen=True)
 class Built:
     """A built pipeline: the streaming DataFrame (up to the sink), its graph and
@@ -165,7 +193,7 @@ class Pipeline:
         self._stuck_after_ms = stuck_after_ms
         self._freeze_gc = freeze_gc
         self._confirm = confirm
-        self._source: SourceSpec | None = None
+        self._sources: list[SourceSpec] = []
         self._graph: SegmentGraph | None = None
         self._handle: TrackerHandle | None = None
         self._queries: list[TrackedQuery] = []
@@ -191,10 +219,8 @@ class Pipeline:
         return self._set_source(SourceSpec("gen", None, {"spec": spec.to_json()}, spec))
 
     def _set_source(self, src: SourceSpec) -> Stream:
-        if self._source is not None:
-            raise ValueError("a Pipeline has one source (build another Pipeline for more)")
-        self._source = src
-        return Stream(self)
+        self._sources.append(src)
+        return Stream(self, source=src)
 
     # tracker
     def describe(self, stream: Stream, sink: str = "sink") -> SegmentGraph:
@@ -226,11 +252,14 @@ class Pipeline:
         """A :class:`lowtide.Front` producer feeding this pipeline's ingest log."""
         from lowtide.spark.sources.front import Front
 
-        src = self._source
-        if src is None or src.kind != "log":
-            raise ValueError("fronts feed pipelines that read_log()")
-        return Front(log_dir or src.options["path"], front, self.tracker_ref,
-                     segment=src.name or "ingest", **kwargs)
+        logs = [s for s in self._sources if s.kind == "log"]
+        if log_dir is not None:
+            logs = [s for s in logs if s.options["path"] == os.fspath(log_dir)] or logs
+        if len(logs) != 1:
+            raise ValueError("fronts feed a read_log() source: this pipeline has "
+                             f"{len(logs)} (pass the log_dir of one)")
+        return Front(log_dir or logs[0].options["path"], front, self.tracker_ref,
+                     segment=source_key(logs[0]), **kwargs)
 
     # running
     def build(self, stream: Stream, sink_name: str = "sink", null_sink: bool = False,
@@ -240,29 +269,30 @@ class Pipeline:
         ``null_sink``: the rows go to Spark's ``noop`` sink and the last step, which
         must be a tracked operator, acks them as received there (``trace_file``: see
         :meth:`Stream.to_null`; a path every executor can append to)."""
-        src = self._source
-        assert src is not None
         if null_sink and not stream.ends_in_operator():
             raise ValueError("the null sink acks from the last step: a tracked operator")
-        graph = stream.graph(sink_name)
-        handle = self.start_tracker(graph)
-        ref = handle.ref
+        plan = stream.plan(sink_name)
+        fan_out = plan.fan_out()
+        if fan_out:
+            sender, segments = next(iter(fan_out.items()))
+            raise PipelineShapeError(f"{sender!r} feeds {', '.join(segments)}: fan-out is "
+                                     "not built in Spark yet")
+        handle = self.start_tracker(plan.graph)
         register_sources(self.spark)
-        names = stream.segment_names(sink_name)
-        first_out = names[1] if src.kind == "log" else names[0]
-        opts = dict(src.options)
-        opts["lowtide.tracker"] = ref.to_option()
-        if src.kind == "log":
-            opts["lowtide.segment"] = src.name or "ingest"
-            opts["lowtide.out"] = first_out
-            df = self.spark.readStream.format("lowtide_log").options(**opts).load()
+        # each sender sends into one segment (no fan-out above): named after its receiver
+        after = {sender: segments[0] for sender, segments in plan.sends_into.items()}
+        df = self._plan_stream(stream, _Targets(handle.ref, after, sink_name), null_sink,
+                               trace_file)
+        return Built(df, plan.graph, handle.ref)
+
+    def _plan_stream(self, stream: Stream, to: _Targets, null_sink: bool,
+                     trace_file: str | None) -> Any:
+        """The DataFrame of ``stream``: its source or the union of its inputs, then its
+        steps; ``null_sink``: its last step acks the rows as received by the sink."""
+        if stream.source is not None:
+            df = self._read(stream.source, to)
         else:
-            opts["lowtide.segment"] = first_out
-            df = self.spark.readStream.format("lowtide_gen").options(**opts).load()
-        # the segment after a tracked step is named after the next receiver
-        tracked = [s for s in stream.steps if s.segments()]
-        after = {s.name: (tracked[i + 1].segments()[0] if i + 1 < len(tracked) else sink_name)
-                 for i, s in enumerate(tracked)}
+            df = union_by_name([self._plan_stream(s, to, False, None) for s in stream.inputs])
         steps = list(stream.steps)
         while steps:
             # tracked Arrow steps that follow each other directly share one task
@@ -272,8 +302,21 @@ class Pipeline:
                     n += 1
             group, steps = steps[:n], steps[n:]
             last = null_sink and not steps
-            df = _plan_steps(df, group, ref, after, sink_name, last, trace_file if last else None)
-        return Built(df, graph, ref)
+            df = _plan_steps(df, group, to.ref, to.after, to.sink, last,
+                             trace_file if last else None)
+        return df
+
+    def _read(self, src: SourceSpec, to: _Targets) -> Any:
+        """The streaming DataFrame of ``src``, sending into its receiver's segment."""
+        opts = dict(src.options)
+        opts["lowtide.tracker"] = to.ref.to_option()
+        out = to.after[source_key(src)]
+        if src.kind == "log":
+            opts["lowtide.segment"] = source_key(src)
+            opts["lowtide.out"] = out
+            return self.spark.readStream.format("lowtide_log").options(**opts).load()
+        opts["lowtide.segment"] = out
+        return self.spark.readStream.format("lowtide_gen").options(**opts).load()
 
     def _start(self, stream: Stream, sink: tuple[Any, ...], sink_name: str, checkpoint: str,
                trigger: str | None, query_name: str | None) -> TrackedQuery:
@@ -301,7 +344,7 @@ class Pipeline:
         return tq
 
     def status(self) -> PipelineStatus:
-        return status_of(self.tracker.status(), self.grid, self._rates)
+        return status_of(self.tracker.status(), self.grid, self._rates, graph=self._graph)
 
     def close(self) -> None:
         """Stop this pipeline's queries and its embedded tracker."""

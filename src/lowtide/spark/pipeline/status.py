@@ -1,5 +1,6 @@
-"""A pipeline's progress as the tracker reports it: per segment min time, lag, rows/s,
-fronts' heartbeat lag, stalled fronts and stuck windows."""
+"""A pipeline's progress as the tracker reports it: per segment min time, lag, rows/s
+and inbound segments (the graph, for unions and fan-out), fronts' heartbeat lag,
+stalled fronts and stuck windows."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from lowtide.core.graph import SegmentGraph
 from lowtide.core.time import TimeGrid
 from lowtide.service.clock import wall_ms
 from lowtide.service.progress import RowRates, stalled_fronts
@@ -20,6 +22,8 @@ class SegmentProgress:
     rows_per_s: float | None
     in_flight: int | None = None
     bound: int | None = None
+    #: the segments whose receivers send into this one (none: fronts feed it)
+    inbound: tuple[str, ...] = ()
 
 
 @dataclass
@@ -32,12 +36,14 @@ class PipelineStatus:
     stuck: list[str] = field(default_factory=list)
 
     def render(self, delta_ms: int) -> str:
-        lines = [f"{'segment':<16} {'min time':>14} {'lag ms':>9} {'rows/s':>10} {'in flight':>9}"]
+        lines = [f"{'segment':<16} {'min time':>14} {'lag ms':>9} {'rows/s':>10} {'in flight':>9}"
+                 "  from"]
         for s in self.segments:
             lag = "-" if s.lag_ms is None else str(s.lag_ms)
             rps = "-" if s.rows_per_s is None else f"{s.rows_per_s:.0f}"
             fl = "-" if s.in_flight is None else str(s.in_flight)
-            lines.append(f"{s.segment:<16} {s.min_time:>14} {lag:>9} {rps:>10} {fl:>9}")
+            ups = ", ".join(s.inbound) or "-"
+            lines.append(f"{s.segment:<16} {s.min_time:>14} {lag:>9} {rps:>10} {fl:>9}  {ups}")
         for f, (seg, t) in sorted(self.fronts.items(), key=lambda kv: int(kv[0])):
             flag = "  STALLED" if int(f) in self.stalled_fronts else ""
             lag = self.wall_ms - t * delta_ms
@@ -48,9 +54,10 @@ class PipelineStatus:
 
 
 def status_of(doc: dict[str, Any], grid: TimeGrid, rates: RowRates | None = None,
-              stall_after_ms: int = 2_000) -> PipelineStatus:
+              stall_after_ms: int = 2_000, graph: SegmentGraph | None = None) -> PipelineStatus:
     """A :class:`PipelineStatus` from the tracker's status document. Rows/s per segment
-    come from the tracker's cumulative ``received`` count of each segment."""
+    come from the tracker's cumulative ``received`` count of each segment; inbound
+    segments from ``graph`` (the document has indices only)."""
     now = int(doc.get("now_ms") or wall_ms())
     segs = []
     for s in doc.get("segments", []):
@@ -59,8 +66,11 @@ def status_of(doc: dict[str, Any], grid: TimeGrid, rates: RowRates | None = None
         total = s.get("received")
         if rates is not None and total is not None:
             rps = rates.observe(s["segment"], time.monotonic(), int(total))
+        ups: tuple[str, ...] = ()
+        if graph is not None and s["segment"] in graph:
+            ups = tuple(graph.names[j] for j in graph.inbound[graph.index(s["segment"])])
         segs.append(SegmentProgress(s["segment"], s["min_time"], lag, rps,
-                                    s.get("in_flight"), s.get("bound")))
+                                    s.get("in_flight"), s.get("bound"), ups))
     fronts = doc.get("fronts", {})
     stalled = stalled_fronts(fronts, now, grid, stall_after_ms)
     return PipelineStatus(now, doc.get("global_min", 0), segs, fronts, sorted(stalled),

@@ -1,11 +1,13 @@
 """The lazy description of a tracked stream: its steps, and the segment graph they make.
 
-The steps form a chain (``Stream.steps``); each step names the segments it receives
-from (``segments()``: none for an untracked step), so the graph is derived from the
-steps alone, and a step list can become a DAG by giving steps several inputs.
+A stream is a source (or a union of streams) followed by a chain of steps
+(``Stream.steps``); each step names the segments it receives from (``segments()``:
+none for an untracked step). Streams share their prefixes, so the description is a
+DAG: several sources, unions (``a.union(b)``), fan-out (two streams built on one);
+:mod:`lowtide.spark.pipeline.dag` derives the segment graph from it.
 
-Segment k holds the rows sent by tracked operator k-1 (or the source) and not yet
-received by tracked operator k (or the sink); it is named after its receiver.
+A segment holds the rows sent by its senders (tracked steps or sources) and not yet
+received by its receiver (a tracked step or the sink); it is named after its receiver.
 Untracked Spark operators (``.transform(fn)``, ``.repartition(n)``) may stand between
 tracked ones only if they keep rows 1:1: a row they drop shows up as a stuck window
 with missing items in the segment it was sent into, a row they duplicate as extra
@@ -22,6 +24,7 @@ from lowtide.core.graph import SegmentGraph
 from lowtide.spark.operators.frames import FrameSpec
 from lowtide.spark.operators.tracked import OpSpec
 from lowtide.spark.operators.windows import WindowSpec, make_windowed
+from lowtide.spark.pipeline.dag import PipelineShapeError, SegmentPlan, derive
 from lowtide.spark.sinks import console_writer
 from lowtide.spark.sources.generator import GeneratorSpec
 
@@ -58,12 +61,29 @@ class Stream:
 
     pipeline: Pipeline
     steps: tuple[Step, ...] = ()
+    #: where the rows come from: a source, or the union of ``inputs``
+    source: SourceSpec | None = None
+    inputs: tuple[Stream, ...] = ()
 
     def _then(self, step: Step) -> Stream:
         return replace(self, steps=(*self.steps, step))
 
+    def _depth(self) -> int:
+        """Steps on the longest path from a source to the end of this stream."""
+        return len(self.steps) + max((s._depth() for s in self.inputs), default=0)
+
     def _default_name(self, kind: str) -> str:
-        return f"{kind}{len(self.steps) + 1}"
+        return f"{kind}{self._depth() + 1}"
+
+    def union(self, *others: Stream) -> Stream:
+        """The rows of this stream and of ``others`` (same columns, by name, like
+        ``DataFrame.unionByName``): the next tracked receiver's segment has all of
+        their last senders as senders."""
+        if not others:
+            raise PipelineShapeError("union() needs at least one other stream")
+        if any(o.pipeline is not self.pipeline for o in others):
+            raise PipelineShapeError("union() of streams of different Pipelines")
+        return Stream(self.pipeline, inputs=(self, *others))
 
     # tracked operators
     def map(
@@ -193,13 +213,17 @@ class Stream:
         )
 
     # introspection
+    def plan(self, sink: str = "sink") -> SegmentPlan:
+        """The segment plan of this stream written to ``sink``."""
+        return derive([(self, sink)])
+
     def segment_names(self, sink: str = "sink") -> list[str]:
-        src = self.pipeline._source
-        names = [src.name] if src is not None and src.name else []
-        for s in self.steps:  # a window: inbound, then state (holds, rule 7)
-            names += s.segments()
-        return [*names, sink]
+        return list(self.graph(sink).names)
 
     def graph(self, sink: str = "sink") -> SegmentGraph:
-        names = self.segment_names(sink)
-        return SegmentGraph.of(*[(n, (names[i - 1],) if i else ()) for i, n in enumerate(names)])
+        return self.plan(sink).graph
+
+    def explain(self, sink: str = "sink") -> None:
+        """Print the segment graph, one line per segment (``name <- inbound``),
+        upstream first (the text: ``plan(sink).explain()``)."""
+        print(self.plan(sink).explain())
