@@ -39,7 +39,7 @@ from lowtide.spark.operators.frames import (
 from lowtide.spark.operators.tracked import OpRuntime, OpSpec, operator_id, task_function
 from lowtide.spark.operators.window_state import build_window
 from lowtide.spark.operators.windows import WindowSpec
-from lowtide.spark.pipeline.dag import PipelineShapeError, source_key
+from lowtide.spark.pipeline.dag import PipelineShapeError, SegmentPlan, derive, source_key
 from lowtide.spark.pipeline.handle import TrackerHandle
 from lowtide.spark.pipeline.query import TrackedQuery
 from lowtide.spark.pipeline.status import PipelineStatus, status_of
@@ -118,6 +118,16 @@ def _arrow_output(schema: Any) -> Any:
 
     helpers = (KEEP_COL, POS_COL, TRACK_COL)
     return _with_tracking(StructType([f for f in schema.fields if f.name not in helpers]))
+
+
+def covers(whole: SegmentGraph, part: SegmentGraph) -> bool:
+    """Is every segment of ``part`` in ``whole`` with the same inbound segments? (A
+    query on a part then sends and receives exactly what the whole expects there.)"""
+
+    def ups(g: SegmentGraph, name: str) -> set[str]:
+        return {g.names[j] for j in g.inbound[g.index(name)]}
+
+    return all(n in whole and ups(whole, n) == ups(part, n) for n in part.names)
 
 
 def union_by_name(dfs: list[Any]) -> Any:
@@ -226,11 +236,19 @@ class Pipeline:
     def describe(self, stream: Stream, sink: str = "sink") -> SegmentGraph:
         return stream.graph(sink)
 
+    def plan(self, *sinks: tuple[Stream, str]) -> SegmentPlan:
+        """The segment plan of several sinks, ``(stream, sink name)`` each: start the
+        tracker with its graph, then start one query per sink (each query's graph is
+        part of it)."""
+        return derive(list(sinks))
+
     def start_tracker(self, graph: SegmentGraph) -> TrackerHandle:
-        """Start (embedded) or reach (remote) the tracker for ``graph``; idempotent."""
+        """Start (embedded) or reach (remote) the tracker for ``graph``; idempotent, and
+        a later query may use a part of the graph the tracker was started with."""
         if self._handle is not None:
-            if self._handle.graph != graph:
-                raise ValueError("this pipeline's tracker already tracks another graph")
+            if not covers(self._handle.graph, graph):
+                raise ValueError("this pipeline's tracker already tracks another graph: "
+                                 "start it with every sink's graph (Pipeline.plan)")
             return self._handle
         self._graph = graph
         self._handle = TrackerHandle(graph, self.grid, self._tracker_url, self._secret,
@@ -339,7 +357,7 @@ class Pipeline:
             opts["lowtide.tracker"] = ref.to_option()
             opts["lowtide.segment"] = sink_name
             query = writer.format("lowtide_sink").options(**opts).start()
-        tq = TrackedQuery(self, query, graph)
+        tq = TrackedQuery(self, query, graph, sink_name)
         self._queries.append(tq)
         return tq
 

@@ -60,11 +60,12 @@ def _active_tasks(tracker: Any, job_group: str) -> int:
 class TrackedQuery:
     """A running tracked query: Spark's ``StreamingQuery`` plus the tracker's view."""
 
-    def __init__(self, pipeline: Pipeline, query: Any, graph: SegmentGraph) -> None:
+    def __init__(self, pipeline: Pipeline, query: Any, graph: SegmentGraph,
+                 sink: str | None = None) -> None:
         self.pipeline = pipeline
         self.query = query
         self.graph = graph
-        self.sink = graph.names[-1]
+        self.sink = sink or graph.names[-1]
 
     @property
     def id(self) -> str:
