@@ -39,6 +39,9 @@ def add_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument(
         "--metrics-host", default="127.0.0.1", help="metrics bind address (default loopback)"
     )
+    serve.add_argument(
+        "--pipeline", default="default", help="the pipeline label of the metrics"
+    )
     limits = Limits()
     serve.add_argument("--max-connections", type=int, default=limits.max_connections)
     serve.add_argument(
@@ -93,6 +96,7 @@ def server_config(args: argparse.Namespace, shard_urls: tuple[str, ...] = ()) ->
         secret=load_secret(args.secret_file),
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
+        pipeline=args.pipeline,
         limits=Limits(max_connections=args.max_connections, idle_timeout_s=args.idle_timeout_s),
         stuck_after_ms=args.stuck_after_ms,
         shard=shard,
