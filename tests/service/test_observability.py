@@ -87,7 +87,7 @@ def test_render_shows_shards_and_stuck_windows() -> None:
     from rich.console import Console
 
     console = Console(record=True, width=120)
-    console.print(render(status, "tcp://x:1"))
+    console.print(render(status))
     text = console.export_text()
     assert "DOWN" in text and "missing" in text and "70" in text  # lag = 100 - 3 * 10
 

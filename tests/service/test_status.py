@@ -28,7 +28,7 @@ GRID = TimeGrid(delta_ms=10)
 
 def text_of(status: dict[str, Any], rates: RowRates | None = None) -> str:
     console = Console(record=True, width=200)
-    console.print(render(status, "tcp://x:1", rates))
+    console.print(render(status, rates))
     return console.export_text()
 
 

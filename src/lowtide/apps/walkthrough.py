@@ -96,7 +96,9 @@ def main(args: argparse.Namespace) -> int:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--seconds", type=int, default=4, help="simulated seconds (default 4)")
+    # 5 s: the item lost at 2 s is reported once its window has been open past its
+    # bound for 2 x the lag (at 4.1 s); 4 s ended just before, with "stuck": []
+    p.add_argument("--seconds", type=int, default=5, help="simulated seconds (default 5)")
     p.add_argument("--lag-ms", type=int, default=1_000, help="delay of the lagging front")
     p.add_argument(
         "--lose-at-ms", type=int, default=2_000, help="lose one item sent at this time (-1: none)"

@@ -28,7 +28,7 @@ from lowtide.service.persist import StateDirError
 def add_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
     serve.add_argument("--port", type=int, default=7433, help="0 picks a free port")
-    serve.add_argument("--graph", type=Path, help='JSON [["seg", ["inbound", ...]], ...]')
+    serve.add_argument("--graph", type=Path, help=GRAPH_FORMAT)
     serve.add_argument("--delta-ms", type=int, default=10)
     serve.add_argument("--window-slots", type=int, default=1)
     serve.add_argument("--state-dir", type=Path, help="write-ahead log and snapshots")
@@ -59,9 +59,18 @@ def add_arguments(serve: argparse.ArgumentParser) -> None:
     serve.set_defaults(handler=run_serve)
 
 
+GRAPH_FORMAT = 'JSON [["segment", ["inbound", ...]], ...]'
+
+
 def read_graph(path: Path) -> SegmentGraph:
-    spec = json.loads(path.read_text())
-    return SegmentGraph.of(*((name, tuple(ups)) for name, ups in spec))
+    """The ``--graph`` file; any fault is a ValueError whose message says the fix."""
+    try:
+        spec = json.loads(path.read_text())
+        return SegmentGraph.of(*((name, tuple(ups)) for name, ups in spec))
+    except OSError as exc:
+        raise ValueError(f"cannot read --graph {path}: {exc.strerror}") from exc
+    except (ValueError, TypeError) as exc:  # not JSON, not pairs, or not a valid graph
+        raise ValueError(f"--graph {path} is not a graph ({exc}); write {GRAPH_FORMAT}") from exc
 
 
 def shard_args(args: argparse.Namespace) -> list[str]:
@@ -117,6 +126,13 @@ def run_serve(args: argparse.Namespace) -> int:
     except StateDirError as exc:
         print(f"lowtide serve: {exc}", file=sys.stderr)
         return exc.exit_code
+    except OSError as exc:  # the address: taken, not this host's, or privileged
+        print(
+            f"lowtide serve: cannot listen on {args.host}:{args.port}: {exc.strerror}; "
+            "pick another --host/--port (--port 0 picks a free one)",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
