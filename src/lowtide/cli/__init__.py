@@ -11,6 +11,8 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
+from lowtide import __version__
+
 # (module, the extra that provides its dependencies); each has register(subparsers, bench).
 AREAS: tuple[tuple[str, str], ...] = (
     ("lowtide.cli.service", "lowtide[service]"),
@@ -34,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lowtide", description="Exact progress tracking for PySpark streaming pipelines."
     )
+    parser.add_argument("--version", action="version", version=f"lowtide {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     bench = sub.add_parser("bench", help="benchmarks: human table, then one JSON line")
     bench_sub = bench.add_subparsers(dest="bench", metavar="BENCH")
