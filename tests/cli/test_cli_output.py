@@ -4,9 +4,11 @@ says, one line per error with what to do, never a traceback."""
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 LOWTIDE = [sys.executable, "-m", "lowtide.cli"]
@@ -82,3 +84,22 @@ def test_serve_on_a_taken_port_is_one_line() -> None:
         port = str(taken.getsockname()[1])
         done = lowtide("serve", "--port", port, "--log-level", "warning")
     one_line_error(done, "cannot listen", "--port 0")
+
+
+def test_serve_labels_its_metrics_and_stops_cleanly_on_sigterm() -> None:
+    proc = subprocess.Popen(
+        [*LOWTIDE, "serve", "--port", "0", "--metrics-port", "0", "--pipeline", "orders"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith("lowtide serving tcp://127.0.0.1:")
+        metrics_url = proc.stdout.readline().split()[-1]
+        body = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait(10)
+    assert 'lowtide_connections{pipeline="orders"} 0.0' in body
+    assert proc.returncode == 0 and "Traceback" not in err

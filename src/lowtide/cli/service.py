@@ -13,7 +13,7 @@ from rich.live import Live
 
 from lowtide.service.progress import RowRates
 from lowtide.service.standalone import add_arguments as add_serve_arguments
-from lowtide.service.status import NoAnswer, render, watch
+from lowtide.service.status import NoAnswer, answer_wait_s, render, watch
 
 PROG = "lowtide status"
 
@@ -35,9 +35,7 @@ def run_status(args: argparse.Namespace) -> int:
         return _status_once(args)
     console = Console()
     rates = RowRates()  # rows/s from the received totals of successive polls
-    # the wait for an answer is the refresh period too: a server that is down shows
-    # "connecting to URL (refused), retrying" at once, not a blank screen
-    wait_s = min(5.0, max(args.interval, 0.5))
+    wait_s = answer_wait_s(args.interval)  # "connecting to URL (refused)", not a blank
     if not console.is_terminal:  # piped: one rendering after another, no live screen
 
         def print_each(status: dict[str, Any] | NoAnswer) -> bool:

@@ -33,7 +33,7 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
 def run_status(args: argparse.Namespace) -> int:
     from lowtide.core.time import TimeGrid
     from lowtide.service.progress import RowRates
-    from lowtide.service.status import NoAnswer, watch
+    from lowtide.service.status import NoAnswer, answer_wait_s, watch
     from lowtide.spark.pipeline import status_of
 
     rates = RowRates()
@@ -49,5 +49,6 @@ def run_status(args: argparse.Namespace) -> int:
         print()
         return not args.once
 
-    failed = watch("lowtide spark status", args.url, args.secret_file, show, args.interval)
+    wait_s = 5.0 if args.once else answer_wait_s(args.interval)
+    failed = watch("lowtide spark status", args.url, args.secret_file, show, args.interval, wait_s)
     return failed or (1 if args.once and unanswered else 0)

@@ -60,6 +60,12 @@ def why_no_answer(lane: Lane) -> str:
     return str(cause) or type(cause).__name__
 
 
+def answer_wait_s(interval_s: float) -> float:
+    """How long a live view waits for an answer before it says why there is none:
+    its refresh period, within [0.5, 5] s, so a server that is down shows at once."""
+    return min(5.0, max(interval_s, 0.5))
+
+
 async def poll_status(
     url: str,
     lane_config: LaneConfig,
