@@ -103,3 +103,16 @@ def test_serve_labels_its_metrics_and_stops_cleanly_on_sigterm() -> None:
         proc.wait(10)
     assert 'lowtide_connections{pipeline="orders"} 0.0' in body
     assert proc.returncode == 0 and "Traceback" not in err
+
+
+def test_usage_errors_are_one_line_pointing_at_help() -> None:
+    one_line_error(lowtide("serve", "--port", "99999"), "0-65535", "lowtide serve --help")
+    one_line_error(lowtide("nosuch"), "invalid choice", "lowtide --help")
+    one_line_error(lowtide("status", "--url", "tcp://127.0.0.1:99999", "--once"), "0-65535")
+
+
+def test_serve_on_a_state_dir_that_is_a_file_is_one_line(tmp_path: Path) -> None:
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    done = lowtide("serve", "--port", "0", "--state-dir", str(a_file), "--log-level", "warning")
+    one_line_error(done, str(a_file), "--state-dir")

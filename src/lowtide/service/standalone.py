@@ -19,6 +19,7 @@ from lowtide.core.graph import SegmentGraph
 from lowtide.core.time import TimeGrid
 from lowtide.service import logs
 from lowtide.service.auth import load_secret
+from lowtide.service.channel import MAX_PORT
 from lowtide.service.cluster import ShardProcesses
 from lowtide.service.config import ServerConfig
 from lowtide.service.net import Limits
@@ -27,7 +28,7 @@ from lowtide.service.persist import StateDirError
 
 def add_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
-    serve.add_argument("--port", type=int, default=7433, help="0 picks a free port")
+    serve.add_argument("--port", type=port_number, default=7433, help="0 picks a free port")
     serve.add_argument("--graph", type=Path, help=GRAPH_FORMAT)
     serve.add_argument("--delta-ms", type=int, default=10)
     serve.add_argument("--window-slots", type=int, default=1)
@@ -35,7 +36,9 @@ def add_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--fsync", action="store_true", help="fsync the log before confirming")
     serve.add_argument("--snapshot-every-s", type=float, default=30.0)
     serve.add_argument("--secret-file", type=Path, help="shared secret (else $LOWTIDE_SECRET)")
-    serve.add_argument("--metrics-port", type=int, help="serve Prometheus metrics over HTTP")
+    serve.add_argument(
+        "--metrics-port", type=port_number, help="serve Prometheus metrics over HTTP"
+    )
     serve.add_argument(
         "--metrics-host", default="127.0.0.1", help="metrics bind address (default loopback)"
     )
@@ -57,6 +60,13 @@ def add_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--log-format", choices=("json", "text"), default="json")
     serve.add_argument("--log-level", default="info")
     serve.set_defaults(handler=run_serve)
+
+
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port, 0 for a free one."""
+    if not text.isdigit() or int(text) > MAX_PORT:
+        raise argparse.ArgumentTypeError(f"a port is 0-{MAX_PORT} (0 picks a free one)")
+    return int(text)
 
 
 GRAPH_FORMAT = 'JSON [["segment", ["inbound", ...]], ...]'
@@ -126,14 +136,19 @@ def run_serve(args: argparse.Namespace) -> int:
     except StateDirError as exc:
         print(f"lowtide serve: {exc}", file=sys.stderr)
         return exc.exit_code
-    except OSError as exc:  # the address: taken, not this host's, or privileged
-        print(
-            f"lowtide serve: cannot listen on {args.host}:{args.port}: {exc.strerror}; "
-            "pick another --host/--port (--port 0 picks a free one)",
-            file=sys.stderr,
-        )
+    except OSError as exc:
+        print(f"lowtide serve: {why_not_serving(args, exc)}", file=sys.stderr)
         return 1
     return 0
+
+
+def why_not_serving(args: argparse.Namespace, exc: OSError) -> str:
+    if exc.filename is not None:  # in the state dir (the secret file was read before)
+        return f"{exc.filename}: {exc.strerror}; pick another --state-dir or fix its permissions"
+    return (  # the address: taken, not this host's, or privileged
+        f"cannot listen on {args.host}:{args.port}: {exc.strerror}; "
+        "pick another --host/--port (--port 0 picks a free one)"
+    )
 
 
 async def _serve(args: argparse.Namespace) -> None:
