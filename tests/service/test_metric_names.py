@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+import lowtide
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import AckBatch
 from lowtide.service import Agent, BatchKey, TrackerService
@@ -75,6 +76,8 @@ def test_metric_names_follow_prometheus_conventions(graph: SegmentGraph) -> None
                 assert sample.labels.get("segment"), sample
     segments = {s.labels["segment"] for f in families for s in f.samples if "segment" in s.labels}
     assert segments == {"src", "mid", "sink", "_global"}
+    (info,) = (f for f in families if f.name == "lowtide_build_info")
+    assert [(s.labels["version"], s.value) for s in info.samples] == [(lowtide.__version__, 1)]
 
 
 def dashboard_queries() -> list[str]:

@@ -18,6 +18,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
+from lowtide import __version__
 from lowtide.core.messages import MinTimeUpdate
 from lowtide.core.time import TimeGrid
 
@@ -63,6 +64,10 @@ class ServerMetrics:
         self.notifications = self._counter(
             "lowtide_min_time_updates", "min time updates announced", one
         ).labels(pipeline)
+        self._gauge(  # the "info" convention: a dashboard shows which version runs
+            "lowtide_build_info", "lowtide's version (the value is always 1)",
+            [*one, "version"],
+        ).labels(pipeline, __version__).set(1)
         self._totals: dict[tuple[str, ...], int] = {}
 
     def _gauge(self, name: str, help_text: str, labels: list[str]) -> Gauge:
