@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 __all__ = ["Front", "Pipeline"]
+__version__ = "0.2.0.dev0"  # the one place: pyproject.toml reads it; see CHANGELOG.md
 
 
 def lazy_exports(package: str, table: dict[str, str]) -> Callable[[str], Any]:

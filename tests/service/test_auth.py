@@ -59,7 +59,7 @@ def test_an_altered_frame_is_refused_and_never_applied(
             agent.register_front(1, "src", 6, timeout_s=10)  # altered to 7: refused, resent
             assert proxy.altered == 1
             assert agent.status()["fronts"] == {"1": ["src", 6]}
-        assert secured.server.metrics.errors.labels("AUTH_FAILED")._value.get() == 1
+        assert secured.server.metrics.errors.labels("default", "AUTH_FAILED")._value.get() == 1
     finally:
         proxy.close()
 

@@ -41,15 +41,16 @@ def test_metrics_endpoint(graph: SegmentGraph) -> None:
             body = ""
             for _ in range(100):  # gauges refresh on the server's tick
                 body = urllib.request.urlopen(url, timeout=5).read().decode()
-                if 'lowtide_open_windows{segment="src"} 2.0' in body:
+                if 'lowtide_open_windows{pipeline="default",segment="src"} 2.0' in body:
                     break
                 time.sleep(0.05)
-        assert "lowtide_acks_total 2.0" in body
-        assert "lowtide_dedup_hits_total 1.0" in body
-        assert 'lowtide_min_time_slots{segment="src"} 5.0' in body
-        assert 'lowtide_open_windows{segment="src"} 2.0' in body
-        assert 'lowtide_lag_ms{segment="_global"}' in body
-        assert "lowtide_stuck_windows 0.0" in body
+        assert 'lowtide_acks_total{pipeline="default"} 2.0' in body
+        assert 'lowtide_dedup_hits_total{pipeline="default"} 1.0' in body
+        # slot 5 of 10 ms starts 50 ms after the epoch
+        assert 'lowtide_min_time_timestamp_seconds{pipeline="default",segment="src"} 0.05' in body
+        assert 'lowtide_open_windows{pipeline="default",segment="src"} 2.0' in body
+        assert 'lowtide_lag_seconds{pipeline="default",segment="_global"}' in body
+        assert 'lowtide_stuck_windows{pipeline="default",segment="_global"} 0.0' in body
     finally:
         svc.stop()
 
@@ -86,7 +87,7 @@ def test_render_shows_shards_and_stuck_windows() -> None:
     from rich.console import Console
 
     console = Console(record=True, width=120)
-    console.print(render(status, "tcp://x:1"))
+    console.print(render(status))
     text = console.export_text()
     assert "DOWN" in text and "missing" in text and "70" in text  # lag = 100 - 3 * 10
 

@@ -28,7 +28,7 @@ GRID = TimeGrid(delta_ms=10)
 
 def text_of(status: dict[str, Any], rates: RowRates | None = None) -> str:
     console = Console(record=True, width=200)
-    console.print(render(status, "tcp://x:1", rates))
+    console.print(render(status, rates))
     return console.export_text()
 
 
@@ -86,8 +86,8 @@ def test_metrics_count_rows_per_segment() -> None:
     status = {"segments": [seg], "global_min": 1, "stuck": []}
     metrics.observe(status, 100, GRID)
     body = metrics.render().decode()
-    assert 'lowtide_rows_total{direction="received",segment="src"} 3.0' in body
-    assert 'lowtide_rows_total{direction="sent",segment="src"} 5.0' in body
+    assert 'lowtide_rows_total{direction="received",pipeline="default",segment="src"} 3.0' in body
+    assert 'lowtide_rows_total{direction="sent",pipeline="default",segment="src"} 5.0' in body
 
 
 def test_metrics_count_on_after_a_shard_restarts_from_zero() -> None:
@@ -97,7 +97,7 @@ def test_metrics_count_on_after_a_shard_restarts_from_zero() -> None:
         seg = {"segment": "src", "min_time": 1, "open_windows": 0, "received": received}
         metrics.observe({"segments": [seg], "global_min": 1, "stuck": []}, 100, GRID)
     body = metrics.render().decode()
-    assert 'lowtide_rows_total{direction="received",segment="src"} 130.0' in body
+    assert 'lowtide_rows_total{direction="received",pipeline="default",segment="src"} 130.0' in body
 
 
 @pytest.mark.socket

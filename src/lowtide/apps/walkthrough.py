@@ -24,11 +24,13 @@ GRID = TimeGrid(delta_ms=10, window_slots=10)  # 100 ms tracking windows
 
 
 LAGGING_FRONT = 3
+NORMAL_DELAY_MS = 20  # from a front's label to the parse operator, but for the lagging one
 
 
 def run(seconds: int, lag_ms: int, lose_at_ms: int | None) -> dict[str, object]:
-    # Stuck means open for longer than any normal lag: above the lagging front's delay.
-    tracker = TrackerConfig(GRAPH, GRID, stuck_after_ms=2 * lag_ms).build()
+    # Stuck means open for longer than any normal lag: twice the lagging front's delay,
+    # and at least twice the other fronts' (a window is open that long in normal flow)
+    tracker = TrackerConfig(GRAPH, GRID, stuck_after_ms=2 * max(lag_ms, NORMAL_DELAY_MS)).build()
     local = LocalTrackerConfig(GRID, max_age_ms=5).build(node=0)
     for f in range(4):
         tracker.register_front(RegisterFront(f, "ingest", 0))
@@ -69,7 +71,7 @@ def emit(local: LocalTracker, now_ms: int, lag_ms: int) -> list[tuple[int, I64, 
         acks, times = root_acks(f, seq), np.full(5, slot, np.int64)
         local.add_acks(AckBatch.from_columns(0, times, acks, 1), now_ms)
         local.add_heartbeat(Heartbeat(f, slot + 1), now_ms)
-        out.append((now_ms + (lag_ms if f == LAGGING_FRONT else 20), times, acks))
+        out.append((now_ms + (lag_ms if f == LAGGING_FRONT else NORMAL_DELAY_MS), times, acks))
     return out
 
 
@@ -89,14 +91,24 @@ def relay(local: LocalTracker, now_ms: int, times: I64, acks: U64, lose: bool) -
     local.add_acks(AckBatch.from_columns(2, t, c, -1), now_ms)  # commit
 
 
+def seconds_to_report(lose_at_ms: int, lag_ms: int) -> int:
+    """Simulated seconds that show the loss reported: its window stops at its bound
+    about when the item is lost, and is stuck 2 x the lag later; then a second more."""
+    return max(5, (max(lose_at_ms, 0) + 2 * max(lag_ms, NORMAL_DELAY_MS)) // 1000 + 2)
+
+
 def main(args: argparse.Namespace) -> int:
-    figures = run(args.seconds, args.lag_ms, None if args.lose_at_ms < 0 else args.lose_at_ms)
+    seconds = args.seconds or seconds_to_report(args.lose_at_ms, args.lag_ms)
+    figures = run(seconds, args.lag_ms, None if args.lose_at_ms < 0 else args.lose_at_ms)
     print(json.dumps(figures))
     return 0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--seconds", type=int, default=4, help="simulated seconds (default 4)")
+    p.add_argument(
+        "--seconds", type=int, default=0,
+        help="simulated seconds (default: long enough to report the lost item, 5 or more)",
+    )
     p.add_argument("--lag-ms", type=int, default=1_000, help="delay of the lagging front")
     p.add_argument(
         "--lose-at-ms", type=int, default=2_000, help="lose one item sent at this time (-1: none)"

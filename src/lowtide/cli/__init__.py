@@ -10,6 +10,9 @@ import argparse
 import importlib
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+from lowtide import __version__
 
 # (module, the extra that provides its dependencies); each has register(subparsers, bench).
 AREAS: tuple[tuple[str, str], ...] = (
@@ -30,10 +33,19 @@ AREAS: tuple[tuple[str, str], ...] = (
 Handler = Callable[[argparse.Namespace], int]
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A usage error is one line that says where the fix is, not the whole usage
+    (sub-commands' parsers are of this class too)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message}; see {self.prog} --help\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="lowtide", description="Exact progress tracking for PySpark streaming pipelines."
     )
+    parser.add_argument("--version", action="version", version=f"lowtide {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     bench = sub.add_parser("bench", help="benchmarks: human table, then one JSON line")
     bench_sub = bench.add_subparsers(dest="bench", metavar="BENCH")

@@ -13,7 +13,9 @@ from rich.live import Live
 
 from lowtide.service.progress import RowRates
 from lowtide.service.standalone import add_arguments as add_serve_arguments
-from lowtide.service.status import render, watch
+from lowtide.service.status import NoAnswer, answer_wait_s, render, watch
+
+PROG = "lowtide status"
 
 
 def register(subparsers: Any, bench_subparsers: Any) -> None:
@@ -29,30 +31,47 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
 
 
 def run_status(args: argparse.Namespace) -> int:
+    if args.once or args.json:
+        return _status_once(args)
     console = Console()
     rates = RowRates()  # rows/s from the received totals of successive polls
-    if args.once or args.json:
-        got: list[dict[str, Any] | None] = []
+    wait_s = answer_wait_s(args.interval)  # "connecting to URL (refused)", not a blank
+    if not console.is_terminal:  # piped: one rendering after another, no live screen
 
-        def keep(status: dict[str, Any] | None) -> bool:
-            got.append(status)
-            return False  # one is enough
-
-        failed = watch("lowtide status", args.url, args.secret_file, keep, 0)
-        if failed:
-            return failed
-        if got[0] is None:
-            print(f"lowtide status: no answer from {args.url}", file=sys.stderr)
-            return 1
-        if args.json:
-            print(json.dumps(got[0], indent=2))
-        else:
-            console.print(render(got[0], args.url))
-        return 0
-    with Live(render(None, args.url), console=console, auto_refresh=False) as live:
-
-        def show(status: dict[str, Any] | None) -> bool:
-            live.update(render(status, args.url, rates), refresh=True)
+        def print_each(status: dict[str, Any] | NoAnswer) -> bool:
+            console.print(render(status, rates))
             return True
 
-        return watch("lowtide status", args.url, args.secret_file, show, args.interval)
+        return watch(PROG, args.url, args.secret_file, print_each, args.interval, wait_s)
+    first = render(NoAnswer(args.url, "no connection yet"))
+    with Live(first, console=console, auto_refresh=False) as live:
+
+        def show(status: dict[str, Any] | NoAnswer) -> bool:
+            live.update(render(status, rates), refresh=True)
+            return True
+
+        return watch(PROG, args.url, args.secret_file, show, args.interval, wait_s)
+
+
+def _status_once(args: argparse.Namespace) -> int:
+    got: list[dict[str, Any] | NoAnswer] = []
+
+    def keep(status: dict[str, Any] | NoAnswer) -> bool:
+        got.append(status)
+        return False  # one is enough
+
+    failed = watch(PROG, args.url, args.secret_file, keep, 0)
+    if failed:
+        return failed
+    if isinstance(got[0], NoAnswer):
+        print(
+            f"{PROG}: no answer from {args.url} ({got[0].reason}); "
+            "start `lowtide serve` there or pass --url",
+            file=sys.stderr,
+        )
+        return 1
+    if args.json:
+        print(json.dumps(got[0], indent=2))
+    else:
+        Console().print(render(got[0]))
+    return 0

@@ -33,18 +33,22 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
 def run_status(args: argparse.Namespace) -> int:
     from lowtide.core.time import TimeGrid
     from lowtide.service.progress import RowRates
-    from lowtide.service.status import watch
+    from lowtide.service.status import NoAnswer, answer_wait_s, watch
     from lowtide.spark.pipeline import status_of
 
     rates = RowRates()
+    unanswered: list[NoAnswer] = []
 
-    def show(doc: dict[str, Any] | None) -> bool:
-        if doc is None:
-            print(f"{args.url}: no answer (retrying)", file=sys.stderr)
+    def show(doc: dict[str, Any] | NoAnswer) -> bool:
+        if isinstance(doc, NoAnswer):
+            print(doc.line(), file=sys.stderr)
+            unanswered.append(doc)
             return not args.once
         grid = TimeGrid(int(doc.get("delta_ms", 10)))
         print(status_of(doc, grid, rates).render(grid.delta_ms), flush=True)
         print()
         return not args.once
 
-    return watch("lowtide spark status", args.url, args.secret_file, show, args.interval)
+    wait_s = 5.0 if args.once else answer_wait_s(args.interval)
+    failed = watch("lowtide spark status", args.url, args.secret_file, show, args.interval, wait_s)
+    return failed or (1 if args.once and unanswered else 0)

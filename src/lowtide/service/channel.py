@@ -44,6 +44,9 @@ class Channel(Protocol):
     def close(self) -> None: ...
 
 
+MAX_PORT = 65_535
+
+
 @dataclass(frozen=True)
 class Address:
     scheme: str  # "tcp" or "inproc"
@@ -58,8 +61,10 @@ class Address:
         if scheme == "inproc":
             return cls(scheme, rest, 0)
         host, _, port = rest.rpartition(":")
-        if not host or not port.isdigit():
-            raise ValueError(f"tracker URL must be tcp://HOST:PORT, got {url!r}")
+        if not host or not port.isdigit() or int(port) > MAX_PORT:
+            raise ValueError(
+                f"tracker URL must be tcp://HOST:PORT (port 0-{MAX_PORT}), got {url!r}"
+            )
         return cls(scheme, host.strip("[]"), int(port))
 
     def url(self) -> str:

@@ -39,6 +39,7 @@ class ServerConfig:
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"  # unauthenticated: loopback unless asked
     name: str = "lowtide"
+    pipeline: str = "default"  # the metrics' pipeline label
     shard: tuple[int, int] | None = None  # (index, count): this server is one shard
     shard_urls: tuple[str, ...] = ()  # this server coordinates these shards
 

@@ -160,6 +160,7 @@ class CoordinatorEngine(Engine):
                     "bound": min((p["bound"] for p in parts), default=mins[s]),
                     "open_windows": sum(p["open_windows"] for p in parts),
                     "in_flight": sum(p["in_flight"] for p in parts),
+                    "stuck_windows": sum(p.get("stuck_windows", 0) for p in parts),
                     "received": sum(p.get("received", 0) for p in parts),
                     "sent": sum(p.get("sent", 0) for p in parts),
                 }

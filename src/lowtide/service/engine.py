@@ -240,6 +240,7 @@ def apply_front_op(tracker: Tracker | TrackerShard, msg: FrontOp) -> None:
 def tracker_status(tracker: Tracker, graph: SegmentGraph) -> dict[str, Any]:
     """Per segment min time, bound and open windows; fronts; stuck windows."""
     segments = []
+    stuck = tracker.stuck()
     for name in graph.names:
         windows, _x, counts = tracker.open_windows(name)
         segments.append(
@@ -249,13 +250,14 @@ def tracker_status(tracker: Tracker, graph: SegmentGraph) -> dict[str, Any]:
                 "bound": tracker.bound(name),
                 "open_windows": len(windows),
                 "in_flight": int(counts.sum()),
+                "stuck_windows": sum(1 for w in stuck if w.segment == name),
             }
         )
     return {
         "global_min": tracker.min_time(None),
         "segments": segments,
         "fronts": {str(f): list(v) for f, v in sorted(tracker.fronts().items())},
-        "stuck": [s.describe() for s in tracker.stuck()],
+        "stuck": [s.describe() for s in stuck],
     }
 
 

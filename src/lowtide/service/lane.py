@@ -57,6 +57,7 @@ class Lane:
         self.connected = asyncio.Event()
         self.connects = 0
         self.last_error = ""  # why the last connection failed or ended, for timeouts
+        self.last_failure: BaseException | None = None  # the same, for callers to classify
         self._log_budget = LogBudget()  # a server's stray errors: a few lines, not a flood
 
     def start(self) -> None:
@@ -124,10 +125,10 @@ class Lane:
                 await self._session()
                 pause = self._config.backoff_s[0]
             except (ConnectionLost, WireError, OSError) as exc:
-                self.last_error = repr(exc)
+                self.last_error, self.last_failure = repr(exc), exc
                 log.debug("lane down", extra={"url": self.url, "reason": str(exc)})
             except ServiceError as exc:  # refused at handshake: tell the waiters
-                self.last_error = repr(exc)
+                self.last_error, self.last_failure = repr(exc), exc
                 log.warning("lane refused", extra={"url": self.url, "reason": str(exc)})
                 self._fail_all(exc)
                 self._on_refused(exc)

@@ -1,6 +1,12 @@
 """Prometheus metrics of one server, in a registry of its own (several servers may
 share a process, e.g. in tests or an embedded driver).
 
+Names follow Prometheus' conventions: base units (``_seconds``, a min time as a
+``_timestamp_seconds``), ``_total`` counters, a help text each, and a ``pipeline``
+label on every series (one server tracks one pipeline; a dashboard over several
+servers tells them apart by it) plus ``segment`` where a value is per segment. The
+global min time is the segment ``_global``.
+
 Gauges are refreshed by the state task on each tick, so a scrape never touches the
 tracker state itself.
 """
@@ -12,59 +18,94 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
+from lowtide import __version__
 from lowtide.core.messages import MinTimeUpdate
 from lowtide.core.time import TimeGrid
 
 GLOBAL = "_global"
+MS_PER_S = 1000.0
 
 
 class ServerMetrics:
-    def __init__(self) -> None:
+    def __init__(self, pipeline: str = "default") -> None:
         self.registry = CollectorRegistry()
-        r, labels = self.registry, ["segment"]
-        self.min_time = Gauge("lowtide_min_time_slots", "announced min time", labels, registry=r)
-        self.lag = Gauge("lowtide_lag_ms", "wall clock minus min time", labels, registry=r)
-        self.open_windows = Gauge(
-            "lowtide_open_windows", "windows not yet complete", labels, registry=r
+        self.pipeline = pipeline
+        seg = ["pipeline", "segment"]
+        self.min_time = self._gauge(
+            "lowtide_min_time_timestamp_seconds",
+            "start of the announced min time (Unix time): nothing older is in flight",
+            seg,
         )
-        self.stuck = Gauge("lowtide_stuck_windows", "windows stuck past their bound", registry=r)
-        self.acks = Counter("lowtide_acks", "ack entries applied", registry=r)
-        self.dedup_hits = Counter(
-            "lowtide_dedup_hits", "requests applied before, not again", registry=r
+        self.lag = self._gauge(
+            "lowtide_lag_seconds", "wall clock minus the start of the min time", seg
         )
-        self.errors = Counter("lowtide_errors", "refused requests", ["code"], registry=r)
-        self.refused = Counter("lowtide_refused_peers", "peers refused at handshake", registry=r)
-        self.connections = Gauge("lowtide_connections", "open connections", registry=r)
-        self.notifications = Counter("lowtide_min_time_updates", "min time updates", registry=r)
-        self.rows = Counter(
-            "lowtide_rows", "rows acked per segment", ["segment", "direction"], registry=r
+        self.open_windows = self._gauge(
+            "lowtide_open_windows", "tracking windows not yet complete", seg
         )
+        self.stuck = self._gauge(
+            "lowtide_stuck_windows", "windows incomplete past their bound (items lost)", seg
+        )
+        self.rows = self._counter(
+            "lowtide_rows", "rows acked: received out of / sent into a segment",
+            [*seg, "direction"],
+        )
+        one = ["pipeline"]
+        self.acks = self._counter("lowtide_acks", "ack entries applied", one).labels(pipeline)
+        self.dedup_hits = self._counter(
+            "lowtide_dedup_hits", "keyed batches applied before, not again", one
+        ).labels(pipeline)
+        self.errors = self._counter("lowtide_errors", "refused requests", [*one, "code"])
+        self.refused = self._counter(
+            "lowtide_refused_peers", "peers refused at the handshake", one
+        ).labels(pipeline)
+        self.connections = self._gauge(
+            "lowtide_connections", "open client connections", one
+        ).labels(pipeline)
+        self.notifications = self._counter(
+            "lowtide_min_time_updates", "min time updates announced", one
+        ).labels(pipeline)
+        self._gauge(  # the "info" convention: a dashboard shows which version runs
+            "lowtide_build_info", "lowtide's version (the value is always 1)",
+            [*one, "version"],
+        ).labels(pipeline, __version__).set(1)
         self._totals: dict[tuple[str, ...], int] = {}
+
+    def _gauge(self, name: str, help_text: str, labels: list[str]) -> Gauge:
+        return Gauge(name, help_text, labels, registry=self.registry)
+
+    def _counter(self, name: str, help_text: str, labels: list[str]) -> Counter:
+        return Counter(name, help_text, labels, registry=self.registry)
+
+    def error(self, code: str) -> None:
+        self.errors.labels(self.pipeline, code).inc()
 
     def updates(self, updates: Iterable[MinTimeUpdate], now_ms: int, grid: TimeGrid) -> None:
         for u in updates:
-            segment = GLOBAL if u.segment is None else u.segment
-            self.min_time.labels(segment).set(u.time)
-            self.lag.labels(segment).set(now_ms - grid.slot_start_ms(u.time))
+            self._min_time(GLOBAL if u.segment is None else u.segment, u.time, now_ms, grid)
             self.notifications.inc()
+
+    def _min_time(self, segment: str, slot: int, now_ms: int, grid: TimeGrid) -> None:
+        start_ms = grid.slot_start_ms(slot)
+        self.min_time.labels(self.pipeline, segment).set(start_ms / MS_PER_S)
+        self.lag.labels(self.pipeline, segment).set((now_ms - start_ms) / MS_PER_S)
 
     def observe(self, status: dict[str, Any], now_ms: int, grid: TimeGrid) -> None:
         """Refresh from a server status (a coordinator's sums up its shards')."""
+        p = self.pipeline
         for seg in status["segments"]:
             name = seg["segment"]
-            self.open_windows.labels(name).set(seg["open_windows"])
-            self.min_time.labels(name).set(seg["min_time"])
-            self.lag.labels(name).set(now_ms - grid.slot_start_ms(seg["min_time"]))
+            self.open_windows.labels(p, name).set(seg["open_windows"])
+            self.stuck.labels(p, name).set(seg.get("stuck_windows", 0))
+            self._min_time(name, seg["min_time"], now_ms, grid)
             for direction in ("received", "sent"):
                 total = int(seg.get(direction, 0))
-                self._catch_up(self.rows.labels(name, direction), (name, direction), total)
-        self.min_time.labels(GLOBAL).set(status["global_min"])
-        self.lag.labels(GLOBAL).set(now_ms - grid.slot_start_ms(status["global_min"]))
-        self.stuck.set(len(status["stuck"]))
+                self._catch_up(self.rows.labels(p, name, direction), (name, direction), total)
+        self._min_time(GLOBAL, status["global_min"], now_ms, grid)
+        self.stuck.labels(p, GLOBAL).set(len(status["stuck"]))
         self._catch_up(self.acks, ("acks",), int(status.get("acks_applied", 0)))
         self._catch_up(self.dedup_hits, ("dedup_hits",), int(status.get("dedup_hits", 0)))
 
-    def _catch_up(self, counter: Counter, key: tuple[str, ...], total: int) -> None:
+    def _catch_up(self, counter: Any, key: tuple[str, ...], total: int) -> None:
         """Counters follow the engine's own totals: one source, whatever the role. A
         total that falls (a shard restarted from zero) is a new base, not a stall."""
         if total < self._totals.get(key, 0):

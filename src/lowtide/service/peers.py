@@ -90,7 +90,7 @@ class PeerConnections:
             log, peer, "bad input",
             peer=peer.channel.peer, client=peer.name, code=err.code.name, error=err.message,
         )
-        self.metrics.errors.labels(err.code.name).inc()
+        self.metrics.error(err.code.name)
         with contextlib.suppress(ConnectionLost):
             peer.channel.send(err)
 

@@ -68,7 +68,7 @@ class TrackerServer:
         self.config = config
         self.clock = clock or SystemClock()
         self.engine: Engine | None = None
-        self.metrics = ServerMetrics()
+        self.metrics = ServerMetrics(config.pipeline)
         self._inbox: asyncio.Queue[Item] = asyncio.Queue(INBOX)
         self._subscribers = Subscribers()
         self._watchers: set[Peer] = set()
@@ -224,7 +224,7 @@ class TrackerServer:
         dead state task would leave them all hanging)."""
         log.critical("tracker state step failed: refusing everything from now on",
                      exc_info=exc)
-        self.metrics.errors.labels(ErrorCode.INTERNAL.name).inc()
+        self.metrics.error(ErrorCode.INTERNAL.name)
         self._failed = Error(0, ErrorCode.INTERNAL, f"the tracker failed: {exc!r}")
         self._refuse_group(items)
         self._conns.close_all()
@@ -326,7 +326,7 @@ class TrackerServer:
                 log, peer, "refused request",
                 code=reply.code.name, error=reply.message, client=peer.name,
             )
-            self.metrics.errors.labels(reply.code.name).inc()
+            self.metrics.error(reply.code.name)
         elif not reply.duplicate and self._wal is not None:
             self._wal.append(msg)
         return reply

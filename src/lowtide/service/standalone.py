@@ -19,6 +19,7 @@ from lowtide.core.graph import SegmentGraph
 from lowtide.core.time import TimeGrid
 from lowtide.service import logs
 from lowtide.service.auth import load_secret
+from lowtide.service.channel import MAX_PORT
 from lowtide.service.cluster import ShardProcesses
 from lowtide.service.config import ServerConfig
 from lowtide.service.net import Limits
@@ -27,17 +28,22 @@ from lowtide.service.persist import StateDirError
 
 def add_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
-    serve.add_argument("--port", type=int, default=7433, help="0 picks a free port")
-    serve.add_argument("--graph", type=Path, help='JSON [["seg", ["inbound", ...]], ...]')
+    serve.add_argument("--port", type=port_number, default=7433, help="0 picks a free port")
+    serve.add_argument("--graph", type=Path, help=GRAPH_FORMAT)
     serve.add_argument("--delta-ms", type=int, default=10)
     serve.add_argument("--window-slots", type=int, default=1)
     serve.add_argument("--state-dir", type=Path, help="write-ahead log and snapshots")
     serve.add_argument("--fsync", action="store_true", help="fsync the log before confirming")
     serve.add_argument("--snapshot-every-s", type=float, default=30.0)
     serve.add_argument("--secret-file", type=Path, help="shared secret (else $LOWTIDE_SECRET)")
-    serve.add_argument("--metrics-port", type=int, help="serve Prometheus metrics over HTTP")
+    serve.add_argument(
+        "--metrics-port", type=port_number, help="serve Prometheus metrics over HTTP"
+    )
     serve.add_argument(
         "--metrics-host", default="127.0.0.1", help="metrics bind address (default loopback)"
+    )
+    serve.add_argument(
+        "--pipeline", default="default", help="the pipeline label of the metrics"
     )
     limits = Limits()
     serve.add_argument("--max-connections", type=int, default=limits.max_connections)
@@ -56,9 +62,25 @@ def add_arguments(serve: argparse.ArgumentParser) -> None:
     serve.set_defaults(handler=run_serve)
 
 
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port, 0 for a free one."""
+    if not text.isdigit() or int(text) > MAX_PORT:
+        raise argparse.ArgumentTypeError(f"a port is 0-{MAX_PORT} (0 picks a free one)")
+    return int(text)
+
+
+GRAPH_FORMAT = 'JSON [["segment", ["inbound", ...]], ...]'
+
+
 def read_graph(path: Path) -> SegmentGraph:
-    spec = json.loads(path.read_text())
-    return SegmentGraph.of(*((name, tuple(ups)) for name, ups in spec))
+    """The ``--graph`` file; any fault is a ValueError whose message says the fix."""
+    try:
+        spec = json.loads(path.read_text())
+        return SegmentGraph.of(*((name, tuple(ups)) for name, ups in spec))
+    except OSError as exc:
+        raise ValueError(f"cannot read --graph {path}: {exc.strerror}") from exc
+    except (ValueError, TypeError) as exc:  # not JSON, not pairs, or not a valid graph
+        raise ValueError(f"--graph {path} is not a graph ({exc}); write {GRAPH_FORMAT}") from exc
 
 
 def shard_args(args: argparse.Namespace) -> list[str]:
@@ -93,6 +115,7 @@ def server_config(args: argparse.Namespace, shard_urls: tuple[str, ...] = ()) ->
         secret=load_secret(args.secret_file),
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
+        pipeline=args.pipeline,
         limits=Limits(max_connections=args.max_connections, idle_timeout_s=args.idle_timeout_s),
         stuck_after_ms=args.stuck_after_ms,
         shard=shard,
@@ -113,7 +136,19 @@ def run_serve(args: argparse.Namespace) -> int:
     except StateDirError as exc:
         print(f"lowtide serve: {exc}", file=sys.stderr)
         return exc.exit_code
+    except OSError as exc:
+        print(f"lowtide serve: {why_not_serving(args, exc)}", file=sys.stderr)
+        return 1
     return 0
+
+
+def why_not_serving(args: argparse.Namespace, exc: OSError) -> str:
+    if exc.filename is not None:  # in the state dir (the secret file was read before)
+        return f"{exc.filename}: {exc.strerror}; pick another --state-dir or fix its permissions"
+    return (  # the address: taken, not this host's, or privileged
+        f"cannot listen on {args.host}:{args.port}: {exc.strerror}; "
+        "pick another --host/--port (--port 0 picks a free one)"
+    )
 
 
 async def _serve(args: argparse.Namespace) -> None:

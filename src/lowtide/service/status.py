@@ -12,8 +12,10 @@ import asyncio
 import itertools
 import json
 import os
+import socket
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,42 +26,87 @@ from rich.text import Text
 from lowtide.core.errors import ProtocolError
 from lowtide.core.time import TimeGrid
 from lowtide.service.auth import load_secret, nonce
+from lowtide.service.channel import Address
 from lowtide.service.errors import ConnectionLost, ServiceError, exception_of
 from lowtide.service.lane import Lane, LaneConfig, Reply
 from lowtide.service.progress import RowRates, stalled_fronts
 from lowtide.wire.messages import WIRE_VERSION, Error, Hello, Role, Status, StatusRequest
 
 
+@dataclass(frozen=True)
+class NoAnswer:
+    """What a status poll shows while the server does not answer, and why."""
+
+    url: str
+    reason: str  # "refused", "timed out", "unknown host", "connected, no reply yet", ...
+
+    def line(self) -> str:
+        return f"connecting to {self.url} ({self.reason}), retrying"
+
+
+def why_no_answer(lane: Lane) -> str:
+    if lane.connected.is_set():
+        return "connected, no reply yet"
+    failure = lane.last_failure
+    cause = failure.__cause__ if failure is not None and failure.__cause__ else failure
+    if cause is None:
+        return "no connection yet"
+    if isinstance(cause, ConnectionRefusedError):
+        return "refused"
+    if isinstance(cause, TimeoutError):
+        return "timed out"
+    if isinstance(cause, socket.gaierror):
+        return "unknown host"
+    return str(cause) or type(cause).__name__
+
+
+def answer_wait_s(interval_s: float) -> float:
+    """How long a live view waits for an answer before it says why there is none:
+    its refresh period, within [0.5, 5] s, so a server that is down shows at once."""
+    return min(5.0, max(interval_s, 0.5))
+
+
 async def poll_status(
     url: str,
     lane_config: LaneConfig,
-    on_status: Callable[[dict[str, Any] | None], bool],
+    on_status: Callable[[dict[str, Any] | NoAnswer], bool],
     interval_s: float,
     timeout_s: float,
 ) -> None:
-    """Fetch the status every ``interval_s``; ``on_status`` gets it (None while the
-    server does not answer) and returns whether to go on."""
+    """Fetch the status every ``interval_s``; ``on_status`` gets it (a
+    :class:`NoAnswer` each ``timeout_s`` the server does not answer) and returns
+    whether to go on. An unanswered request stays pending, so a slow server's late
+    answer still counts."""
 
     def hello() -> Hello:
         return Hello(WIRE_VERSION, Role.STATUS, nonce(), f"status-{os.getpid()}", None)
 
     lane = Lane(url, hello, lane_config, lambda _w: None, lambda _m: None)
     lane.start()
+    pending: asyncio.Future[Reply] | None = None
     try:
         for req in itertools.count(1):
-            fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-            lane.submit(req, StatusRequest(req), fut)
+            if pending is None:
+                pending = asyncio.get_running_loop().create_future()
+                lane.submit(req, StatusRequest(req), pending)
             try:
-                reply = await asyncio.wait_for(fut, timeout_s)
+                reply: Reply | None = await asyncio.wait_for(asyncio.shield(pending), timeout_s)
+                pending = None
             except TimeoutError:
                 reply = None
             if isinstance(reply, Error):
                 raise exception_of(reply)
-            body = json.loads(reply.json) if isinstance(reply, Status) else None
+            if isinstance(reply, Status):
+                body: dict[str, Any] | NoAnswer = json.loads(reply.json)
+            else:
+                body = NoAnswer(url, why_no_answer(lane))
             if not on_status(body):
                 return
-            await asyncio.sleep(interval_s)
+            if reply is not None:
+                await asyncio.sleep(interval_s)
     finally:
+        if pending is not None:  # nobody will read its failure when the lane closes
+            pending.cancel()
         await lane.close()
 
 
@@ -67,13 +114,14 @@ def watch(
     prog: str,
     url: str,
     secret_file: Path | None,
-    on_status: Callable[[dict[str, Any] | None], bool],
+    on_status: Callable[[dict[str, Any] | NoAnswer], bool],
     interval_s: float,
     timeout_s: float = 5.0,
 ) -> int:
     """:func:`poll_status` for a command: its exit code, and on failure one line on
     stderr saying why (a refused secret, a bad URL), never a traceback."""
     try:
+        Address.parse(url)  # a bad URL is the user's to fix, not a lane's to retry
         lane = LaneConfig(secret=load_secret(secret_file), connect_timeout_s=timeout_s)
         asyncio.run(poll_status(url, lane, on_status, interval_s, timeout_s))
     except ValueError as exc:  # the secret file or the URL
@@ -86,12 +134,12 @@ def watch(
 
 
 def render(
-    status: dict[str, Any] | None, url: str, rates: RowRates | None = None
+    status: dict[str, Any] | NoAnswer, rates: RowRates | None = None
 ) -> RenderableType:
     """The status as tables; ``rates`` (kept across polls) gives rows/s per segment
     from the ``received`` totals."""
-    if status is None:
-        return Text(f"{url}: no answer (retrying)", style="bold red")
+    if isinstance(status, NoAnswer):
+        return Text(status.line(), style="bold red")
     parts: list[RenderableType] = [_segments(status, rates or RowRates())]
     if status.get("fronts"):
         parts.append(_fronts(status))
