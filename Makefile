@@ -7,14 +7,14 @@ STAMP := $(VENV)/.installed
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 
-.PHONY: setup demo test lint java clean
+.PHONY: setup demo test lint java jars browser clean
 
-setup: $(STAMP) java
+setup: $(STAMP) java jars browser
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev,service,spark,bench]'
+	$(BIN)/python -m pip install -q -e '.[dev,service,spark,bench,delta,kafka,flights]'
 	touch $(STAMP)
 
 # Spark needs a JVM: use the one found, else install Debian's headless JRE.
@@ -22,6 +22,32 @@ java:
 	@command -v java >/dev/null 2>&1 || { \
 	  echo "no java found: installing openjdk-17-jre-headless"; \
 	  apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless; }
+
+# JVM parts from Maven Central, pinned in jars/*/pom.xml (see docs/spark.md): Spark's Kafka
+# connector and Delta Lake for spark.jars (minus what pyspark already ships), and a Kafka
+# broker in its own folder. Fetched once here; nothing downloads at run time.
+SPARK_JARS_PROVIDED := org.scala-lang,org.apache.hadoop,com.fasterxml.jackson.core,com.fasterxml.jackson.datatype,org.apache.logging.log4j,org.apache.parquet,org.slf4j,org.xerial.snappy,com.github.luben,at.yawk.lz4,org.roaringbitmap,io.airlift,commons-pool,javax.annotation,com.google.code.findbugs,org.locationtech.jts
+MVN_COPY := mvn -q -B dependency:copy-dependencies -DoutputDirectory=lib -DincludeScope=runtime
+
+jars: jars/spark/lib/.fetched jars/kafka/lib/.fetched
+
+jars/spark/lib/.fetched: jars/spark/pom.xml
+	@command -v mvn >/dev/null 2>&1 || { echo "mvn not found: apt-get install maven"; exit 1; }
+	rm -rf jars/spark/lib
+	$(MVN_COPY) -f jars/spark/pom.xml -DexcludeGroupIds=$(SPARK_JARS_PROVIDED) -DexcludeArtifactIds=spark-tags_2.13
+	touch $@
+
+jars/kafka/lib/.fetched: jars/kafka/pom.xml
+	@command -v mvn >/dev/null 2>&1 || { echo "mvn not found: apt-get install maven"; exit 1; }
+	rm -rf jars/kafka/lib
+	$(MVN_COPY) -f jars/kafka/pom.xml
+	touch $@
+
+# The web view's test drives a real headless browser: Debian's chromium.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "no chromium found: installing Debian's chromium"; \
+	  apt-get update -qq && apt-get install -y -qq chromium; }
 
 demo: setup
 	$(BIN)/lowtide demo
@@ -34,4 +60,4 @@ test: setup lint
 	$(BIN)/python -m pytest -q
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info jars/*/lib
