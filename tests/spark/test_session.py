@@ -1,0 +1,47 @@
+"""SessionConfig settings and the local jars lookup (no Spark started)."""
+
+from pathlib import Path
+
+import pytest
+
+from lowtide.spark.session import (
+    DELTA_PACKAGE,
+    KAFKA_PACKAGE,
+    JarsMissing,
+    SessionConfig,
+    session_jars,
+)
+
+
+def _jars(folder: Path, *names: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (folder / name).write_bytes(b"")
+    return folder
+
+
+def test_no_parts_need_no_jars(tmp_path: Path) -> None:
+    assert session_jars(kafka=False, delta=False, folder=tmp_path / "none") == []
+
+
+def test_kafka_jars_are_found_without_delta(tmp_path: Path) -> None:
+    folder = _jars(tmp_path, "spark-sql-kafka-0-10_2.13-4.2.0.jar", "kafka-clients-3.9.2.jar",
+                   "delta-spark_4.2_2.13-4.4.0.jar")
+    names = [Path(j).name for j in session_jars(kafka=True, delta=False, folder=folder)]
+    assert names == ["kafka-clients-3.9.2.jar", "spark-sql-kafka-0-10_2.13-4.2.0.jar"]
+
+
+@pytest.mark.parametrize(("kafka", "package"), [(True, KAFKA_PACKAGE), (False, DELTA_PACKAGE)])
+def test_a_missing_part_names_the_fix(tmp_path: Path, kafka: bool, package: str) -> None:
+    with pytest.raises(JarsMissing, match="make setup") as err:
+        session_jars(kafka=kafka, delta=not kafka, folder=tmp_path)
+    assert package in str(err.value) and "--packages" in str(err.value)
+
+
+def test_delta_settings_and_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = _jars(tmp_path, "delta-spark_4.2_2.13-4.4.0.jar", "delta-storage-4.4.0.jar")
+    monkeypatch.setenv("LOWTIDE_JARS", str(folder))
+    conf = SessionConfig(delta=True, conf=(("spark.sql.shuffle.partitions", "8"),)).settings()
+    assert conf["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension"
+    assert conf["spark.jars"].count(".jar") == 2
+    assert conf["spark.sql.shuffle.partitions"] == "8"
