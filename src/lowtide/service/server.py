@@ -118,7 +118,7 @@ class TrackerServer:
             self._servers.append(server)
         if cfg.metrics_port is not None:
             http, self.metrics_port = await net.serve_http(
-                cfg.metrics_host, cfg.metrics_port, self.metrics.render
+                cfg.metrics_host, cfg.metrics_port, self.metrics.http
             )
             self._servers.append(http)
         self._tasks = [loop.create_task(self._state_loop()), loop.create_task(self._ticker())]
