@@ -40,7 +40,7 @@ PAGE_HTML = """<!doctype html>
     <h2>Stuck windows</h2>
     <p id="stuck-none">none</p>
     <table><thead><tr><th>segment</th><th>slots</th><th>missing</th><th>extra</th>
-      <th>stuck for</th><th>what</th></tr></thead><tbody id="stuck"></tbody></table>
+      <th>stuck for</th><th class="what">what</th></tr></thead><tbody id="stuck"></tbody></table>
   </section>
   <section>
     <h2>Fronts</h2>
@@ -70,7 +70,7 @@ main { padding: 0 20px 20px; }
 table { border-collapse: collapse; background: #fff; }
 th, td { padding: 3px 10px; border-bottom: 1px solid #e1e4ea; text-align: right; }
 th:first-child, td:first-child { text-align: left; }
-td.what { text-align: left; }
+th.what, td.what { text-align: left; }
 tr.stuck td, tr.stalled td { color: #b3261e; font-weight: bold; }
 #graph { background: #fff; border: 1px solid #e1e4ea; }
 .node rect { stroke: #1d2330; stroke-width: 1; }
@@ -92,7 +92,7 @@ APP_JS = r"""
 "use strict";
 const SVG = "http://www.w3.org/2000/svg";
 const POLL_MS = 1000;
-const NODE_W = 200, NODE_H = 70, COL_GAP = 70, ROW_GAP = 24, PAD = 16;
+const NODE_W = 240, NODE_H = 70, COL_GAP = 70, ROW_GAP = 24, PAD = 16;
 
 function svg(tag, attrs, text) {
   const e = document.createElementNS(SVG, tag);
@@ -123,6 +123,18 @@ function count(n) {
   return n === null || n === undefined ? "\u2014" : n.toLocaleString("en");
 }
 
+function plural(n, word) {
+  return `${count(n)} ${word}${n === 1 ? "" : "s"}`;
+}
+
+function trouble(seg, stuck) {
+  if (seg.stuck_windows === 0) return "";
+  let missing = 0, extra = 0;
+  for (const w of stuck) if (w.segment === seg.name) { missing += w.missing; extra += w.extra; }
+  const what = `${missing} missing` + (extra ? `, ${extra} extra` : "");
+  return ` \u00b7 ${seg.stuck_windows} stuck: ${what}`;
+}
+
 function state(seg) {
   if (seg.stuck_windows > 0) return "stuck";
   return seg.lag_ms === null ? "idle" : "ok";
@@ -147,7 +159,9 @@ function drawGraph(view) {
   const marker = svg("marker", {id: "arrow", viewBox: "0 0 10 10", refX: 10, refY: 5,
                                markerWidth: 8, markerHeight: 8, orient: "auto"});
   marker.append(svg("path", {d: "M0,0 L10,5 L0,10 z"}));
-  g.append(svg("defs")).append(marker);
+  const defs = svg("defs");
+  defs.append(marker);
+  g.append(defs);
   for (const seg of view.segments) {
     for (const up of seg.inbound) {
       const a = at[up], b = at[seg.name], mid = (a.x + NODE_W + b.x) / 2;
@@ -164,8 +178,8 @@ function drawGraph(view) {
     node.append(svg("text", {x: 10, y: 19, class: "name"}, seg.name));
     node.append(svg("text", {x: 10, y: 37}, "lag " + lag(seg.lag_ms) + " \u00b7 " +
                                             rate(seg.rows_per_s) + " rows/s"));
-    const extra = seg.stuck_windows > 0 ? seg.stuck_windows + " STUCK" : "";
-    node.append(svg("text", {x: 10, y: 55}, seg.open_windows + " open windows " + extra));
+    node.append(svg("text", {x: 10, y: 55},
+                    plural(seg.open_windows, "open window") + trouble(seg, view.stuck)));
     g.append(node);
   }
 }
@@ -217,15 +231,24 @@ function setState(text, down) {
 
 async function poll() {
   try {
+    await refresh();
+  } finally {  // a view that fails to draw must not stop the polling
+    setTimeout(poll, POLL_MS);
+  }
+}
+
+async function refresh() {
+  let view;
+  try {
     const reply = await fetch("/api/view", {cache: "no-store", credentials: "same-origin"});
     if (!reply.ok) throw new Error("HTTP " + reply.status);
-    const view = await reply.json();
-    render(view);
-    setState("live \u00b7 updated " + clock(view.now_ms).slice(11), false);
+    view = await reply.json();
   } catch (err) {
     setState(`no answer from the tracker (${err.message}), retrying`, true);
+    return;
   }
-  setTimeout(poll, POLL_MS);
+  render(view);
+  setState("live \u00b7 updated " + clock(view.now_ms).slice(11), false);
 }
 
 poll();
