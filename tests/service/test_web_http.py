@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -67,6 +68,23 @@ def test_the_embedded_view_is_opt_in_and_read_only(graph: SegmentGraph) -> None:
             assert request(url, "/api/view", method).status == 405
         assert request(url, "/missing").status == 404
         assert request(url, "/api/view", Host="rebound.example:80").status == 403
+    finally:
+        svc.stop()
+
+
+def test_the_view_follows_the_tracker(graph: SegmentGraph) -> None:
+    svc = TrackerService.start(graph, web_port=0, metrics_every_ms=0)
+    try:
+        url = svc.web_url
+        assert url is not None
+        assert json.loads(body(url, "/api/view"))["fronts"] == []
+        with svc.agent() as agent:
+            agent.register_front(7, "src", 42)
+            deadline = time.monotonic() + 30
+            while not (view := json.loads(body(url, "/api/view")))["fronts"]:
+                assert time.monotonic() < deadline, "the view never showed the front"
+                time.sleep(0.05)
+        assert view["fronts"][0]["front"] == 7 and view["fronts"][0]["heartbeat"] == 42
     finally:
         svc.stop()
 
