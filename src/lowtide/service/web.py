@@ -16,10 +16,9 @@ to 127.0.0.1 cannot read the view through the visitor's browser.
 from __future__ import annotations
 
 import hmac
-import ipaddress
 from urllib.parse import parse_qs, urlsplit
 
-from lowtide.service.auth import web_token
+from lowtide.service.auth import is_loopback, web_token
 from lowtide.service.net import HttpReply, HttpRequest
 from lowtide.service.webpage import APP_CSS, APP_JS, PAGE_HTML
 from lowtide.service.webview import WebView
@@ -53,12 +52,7 @@ def is_loopback_host(host_header: str) -> bool:
     """Whether a Host header (``name``, ``name:port``, ``[v6]:port``) is loopback."""
     host = host_header.rsplit(":", 1)[0] if host_header.count(":") == 1 else host_header
     host = host.partition("]")[0].lstrip("[") if host.startswith("[") else host
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return is_loopback(host.lower())
 
 
 def cookie_value(header: str, name: str) -> str | None:
