@@ -15,6 +15,7 @@ MODULES = [
     "lowtide.service.auth",
     "lowtide.service.dedup",
     "lowtide.service.progress",
+    "lowtide.service.webview",
     "lowtide.bench.stats",
 ]
 

@@ -76,6 +76,16 @@ def frame_keys(secret: bytes, client_nonce: bytes, server_nonce: bytes) -> Frame
     )
 
 
+def web_token(secret: bytes) -> str:
+    """The web view's login token: derived from the secret under a label of its own,
+    so it opens the (read-only) page and nothing else, and does not reveal the secret.
+
+    >>> web_token(b"k" * 32) == web_token(b"k" * 32) != web_token(b"j" * 32)
+    True
+    """
+    return hmac.new(secret, b"lowtide web view", hashlib.sha256).hexdigest()
+
+
 def is_nonce(value: bytes) -> bool:
     return len(value) == NONCE_BYTES
 

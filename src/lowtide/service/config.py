@@ -38,6 +38,8 @@ class ServerConfig:
     max_keys: int = 1_000_000
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"  # unauthenticated: loopback unless asked
+    web_port: int | None = None  # the web view (service.web): None off, 0 a free port
+    web_host: str = "127.0.0.1"  # another address requires the secret
     name: str = "lowtide"
     pipeline: str = "default"  # the metrics' pipeline label
     shard: tuple[int, int] | None = None  # (index, count): this server is one shard
@@ -48,6 +50,11 @@ class ServerConfig:
             raise ValueError(
                 f"binding {self.host} (not loopback) requires a shared secret "
                 "(--secret-file or LOWTIDE_SECRET)"
+            )
+        if self.web_port is not None and not is_loopback(self.web_host) and self.secret is None:
+            raise ValueError(
+                f"serving the web view on {self.web_host} (not loopback) requires a shared "
+                "secret (--secret-file or LOWTIDE_SECRET), or keep --web-host 127.0.0.1"
             )
 
     def engine_config(self, graph: SegmentGraph) -> EngineConfig:

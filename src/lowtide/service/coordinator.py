@@ -173,6 +173,10 @@ class CoordinatorEngine(Engine):
             "segments": segments,
             "fronts": known[0]["fronts"] if known else {},
             "stuck": sorted({w for k in known for w in k["stuck"]}),
+            "stuck_detail": sorted(
+                (d for k in known for d in k.get("stuck_detail", [])),
+                key=lambda d: (d["window_start"], d["segment"]),
+            ),
             "shards": [
                 {"url": url, "connected": lane.connected.is_set(), "status": st}
                 for url, lane, st in zip(self.shards, self._lanes, self._shard_status, strict=True)

@@ -87,6 +87,12 @@ class TrackerService:
         return self.server.url
 
     @property
+    def web_url(self) -> str | None:
+        """The web view (``web_port=0`` or a port: opt-in; None when off): open it in a
+        browser. With a secret it is the login link, so treat it as one."""
+        return self.server.web_url
+
+    @property
     def inproc_url(self) -> str:
         return self.server.inproc_url
 

@@ -258,6 +258,21 @@ def tracker_status(tracker: Tracker, graph: SegmentGraph) -> dict[str, Any]:
         "segments": segments,
         "fronts": {str(f): list(v) for f, v in sorted(tracker.fronts().items())},
         "stuck": [s.describe() for s in stuck],
+        "stuck_detail": [stuck_detail(s) for s in stuck],
+    }
+
+
+def stuck_detail(window: StuckWindow) -> dict[str, Any]:
+    """A stuck window as data (the web view shows its counts): ``missing`` items were
+    sent and never received, ``extra`` ones received more often than sent."""
+    return {
+        "segment": window.segment,
+        "window_start": window.window_start,
+        "window_end": window.window_end,
+        "missing": window.missing,
+        "extra": window.extra,
+        "since_ms": window.since_ms,
+        "text": window.describe(),
     }
 
 

@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from lowtide import __version__
 from lowtide.core.messages import MinTimeUpdate
 from lowtide.core.time import TimeGrid
+from lowtide.service.net import HttpReply, HttpRequest
 
 GLOBAL = "_global"
 MS_PER_S = 1000.0
@@ -116,3 +117,7 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def http(self, _request: HttpRequest) -> HttpReply:
+        """Any request gets the metrics as Prometheus text."""
+        return HttpReply(200, self.render(), "text/plain; version=0.0.4")

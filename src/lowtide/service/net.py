@@ -1,5 +1,6 @@
 """The one module that talks to the network: asyncio TCP streams, framing I/O, the
-handshake, and the small HTTP endpoint for Prometheus.
+handshake, and a small HTTP responder (Prometheus metrics, the web view); what it
+answers comes from handlers that only turn a request into bytes.
 
 Limits (:class:`Limits`): until a peer is admitted its frames may be at most
 ``max_handshake_frame`` long and the whole handshake must end within
@@ -286,21 +287,76 @@ async def client_handshake(channel: Channel, hello: Hello, secret: bytes | None)
     return reply
 
 
-# ------------------------------------------------------------------ metrics
+# ------------------------------------------------------------------ HTTP
+@dataclass(frozen=True)
+class HttpRequest:
+    """A parsed request head: the method, the target (path and query, as sent) and the
+    headers, names in lower case."""
+
+    method: str
+    target: str
+    headers: dict[str, str]
+
+
+@dataclass(frozen=True)
+class HttpReply:
+    status: int
+    body: bytes
+    content_type: str = "text/plain; charset=utf-8"
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+HttpHandler = Callable[[HttpRequest], HttpReply]
+_REASONS = {200: "OK", 303: "See Other", 400: "Bad Request", 401: "Unauthorized",
+            403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed"}
+#: Request heads past this are refused; nothing lowtide serves needs more.
+MAX_HTTP_HEAD = 16 << 10
+MAX_HTTP_CONNECTIONS = 64
+
+
+def parse_http_head(head: bytes) -> HttpRequest | None:
+    """The request line and headers of ``head`` (up to the blank line), or None if it
+    is not HTTP/1.x."""
+    lines = head.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        return None
+    headers = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if sep:
+            headers[name.strip().lower()] = value.strip()
+    return HttpRequest(parts[0], parts[1], headers)
+
+
+def http_bytes(reply: HttpReply) -> bytes:
+    head = [f"HTTP/1.1 {reply.status} {_REASONS.get(reply.status, 'Error')}",
+            f"Content-Type: {reply.content_type}", f"Content-Length: {len(reply.body)}",
+            "Connection: close"]
+    head += [f"{name}: {value}" for name, value in reply.headers]
+    return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + reply.body
+
+
 async def serve_http(
-    host: str, port: int, render: Callable[[], bytes]
+    host: str, port: int, handler: HttpHandler, max_connections: int = MAX_HTTP_CONNECTIONS
 ) -> tuple[asyncio.Server, int]:
-    """A minimal HTTP/1.0 responder: any GET returns ``render()`` as Prometheus text."""
+    """A minimal HTTP/1.1 responder: one request per connection, its head at most
+    :data:`MAX_HTTP_HEAD` bytes and read within ``HTTP_TIMEOUT_S``; ``handler`` makes
+    the reply (it runs on this loop, so it must not block). Connections beyond
+    ``max_connections`` are closed at once."""
+    open_now = 0
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal open_now
+        if open_now >= max_connections:
+            writer.close()
+            return
+        open_now += 1
         try:
-            await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HTTP_TIMEOUT_S)
-            body = render()
-            head = (
-                "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n"
-            )
-            writer.write(head.encode() + body)
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HTTP_TIMEOUT_S)
+            request = parse_http_head(head)
+            reply = HttpReply(400, b"not an HTTP/1.x request\n")
+            writer.write(http_bytes(reply if request is None else handler(request)))
             await writer.drain()
         except (
             asyncio.IncompleteReadError,
@@ -310,7 +366,8 @@ async def serve_http(
         ):
             pass
         finally:
+            open_now -= 1
             writer.close()
 
-    server = await asyncio.start_server(handle, host, port, limit=16 << 10)
+    server = await asyncio.start_server(handle, host, port, limit=MAX_HTTP_HEAD)
     return server, int(server.sockets[0].getsockname()[1])

@@ -36,6 +36,8 @@ from lowtide.service.peers import PeerConnections
 from lowtide.service.persist import StateLog, store_graph, stored_graph
 from lowtide.service.shard import ShardEngine
 from lowtide.service.subscribers import Subscribers
+from lowtide.service.web import WebApp
+from lowtide.service.webview import WebView
 from lowtide.wire.messages import (
     WIRE_VERSION,
     Batch,
@@ -78,6 +80,8 @@ class TrackerServer:
         self._servers: list[asyncio.Server] = []
         self.port = 0
         self.metrics_port = 0
+        self.web: WebApp | None = None  # the web view, if config.web_port is set
+        self.web_port = 0
         self._next_metrics_ms = 0
         self._history = MinTimeHistory()
         self._questions: MinTimeQuestions[Peer] = MinTimeQuestions()
@@ -89,6 +93,15 @@ class TrackerServer:
     @property
     def url(self) -> str:
         return f"tcp://{self.config.host}:{self.port}" if self.config.listen else self.inproc_url
+
+    @property
+    def web_url(self) -> str | None:
+        """The web view's address; with a secret, its login link (``?token=``)."""
+        if self.web is None:
+            return None
+        host = self.config.web_host
+        url = f"http://{f'[{host}]' if ':' in host else host}:{self.web_port}/"
+        return url if self.web.token is None else f"{url}?token={self.web.token}"
 
     # ---------------------------------------------------------------- life
     async def start(self) -> None:
@@ -118,9 +131,15 @@ class TrackerServer:
             self._servers.append(server)
         if cfg.metrics_port is not None:
             http, self.metrics_port = await net.serve_http(
-                cfg.metrics_host, cfg.metrics_port, self.metrics.render
+                cfg.metrics_host, cfg.metrics_port, self.metrics.http
             )
             self._servers.append(http)
+        if cfg.web_port is not None:
+            self.web = WebApp(WebView(cfg.pipeline), cfg.secret)
+            self._refresh_web(self.status())
+            web, self.web_port = await net.serve_http(cfg.web_host, cfg.web_port,
+                                                      self.web.respond)
+            self._servers.append(web)
         self._tasks = [loop.create_task(self._state_loop()), loop.create_task(self._ticker())]
         log.info("serving", extra={"url": self.url, "state_dir": str(cfg.state_dir or "")})
 
@@ -291,9 +310,15 @@ class TrackerServer:
         engine.tick(now)
         if now >= self._next_metrics_ms:  # a full status walks every open window: not each tick
             self._next_metrics_ms = now + self.config.metrics_every_ms
-            self.metrics.observe(self.status(), now, self.config.grid)
+            status = self.status()
+            self.metrics.observe(status, now, self.config.grid)
+            self._refresh_web(status)
         if self._wal is not None and self._wal.snapshot_due(now):
             self._wal.snapshot(engine, now)
+
+    def _refresh_web(self, status: dict[str, object]) -> None:
+        if self.web is not None:
+            self.web.view.observe(status, self.engine.graph if self.engine else None)
 
     def _dispatch(self, peer: Peer, msg: Message, now: int, out: Outbox) -> None:
         engine = self.engine

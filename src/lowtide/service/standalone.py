@@ -43,7 +43,15 @@ def add_arguments(serve: argparse.ArgumentParser) -> None:
         "--metrics-host", default="127.0.0.1", help="metrics bind address (default loopback)"
     )
     serve.add_argument(
-        "--pipeline", default="default", help="the pipeline label of the metrics"
+        "--web-port", type=port_number,
+        help="serve the web view (a live page of the segment graph) over HTTP; 0 picks a port",
+    )
+    serve.add_argument(
+        "--web-host", default="127.0.0.1",
+        help="web view bind address (default loopback; another needs the secret)",
+    )
+    serve.add_argument(
+        "--pipeline", default="default", help="the pipeline label of the metrics and web view"
     )
     limits = Limits()
     serve.add_argument("--max-connections", type=int, default=limits.max_connections)
@@ -115,6 +123,8 @@ def server_config(args: argparse.Namespace, shard_urls: tuple[str, ...] = ()) ->
         secret=load_secret(args.secret_file),
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
+        web_port=args.web_port,  # not passed on to shards: the coordinator's view covers all
+        web_host=args.web_host,
         pipeline=args.pipeline,
         limits=Limits(max_connections=args.max_connections, idle_timeout_s=args.idle_timeout_s),
         stuck_after_ms=args.stuck_after_ms,
@@ -171,6 +181,8 @@ async def _serve(args: argparse.Namespace) -> None:
     if server.metrics_port:
         host = config.metrics_host
         print(f"lowtide metrics http://{host}:{server.metrics_port}/metrics", flush=True)
+    if server.web_url:  # with a secret a login link, as Jupyter prints one
+        print(f"lowtide web {server.web_url}", flush=True)
     await stop.wait()
     await server.stop()
     if shards is not None:
