@@ -7,6 +7,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from lowtide.core.graph import SegmentGraph
+from lowtide.spark.pipeline.monitoring import ProgressMetrics
 from lowtide.spark.pipeline.status import PipelineStatus
 
 if TYPE_CHECKING:
@@ -56,9 +57,10 @@ def _active_tasks(tracker: Any, job_group: str) -> int:
     return sum(st.numActiveTasks for st in stages if st is not None)
 
 
-
 class TrackedQuery:
-    """A running tracked query: Spark's ``StreamingQuery`` plus the tracker's view."""
+    """A running tracked query: Spark's ``StreamingQuery`` plus the tracker's view.
+    While it runs, its figures are published for its observed metrics
+    (:mod:`lowtide.spark.pipeline.monitoring`)."""
 
     def __init__(self, pipeline: Pipeline, query: Any, graph: SegmentGraph,
                  sink: str | None = None) -> None:
@@ -66,6 +68,8 @@ class TrackedQuery:
         self.query = query
         self.graph = graph
         self.sink = sink or graph.names[-1]
+        self.metrics = ProgressMetrics.of(pipeline.name, graph, self.sink)
+        self._publisher = self.metrics.build(pipeline).start()
 
     @property
     def id(self) -> str:
@@ -100,3 +104,4 @@ class TrackedQuery:
 
     def stop(self, *, graceful_s: float = 10.0) -> None:
         stop_between_batches(self.query, graceful_s)
+        self._publisher.stop()
