@@ -18,16 +18,27 @@ log = logging.getLogger("lowtide.spark.pipeline")
 
 def stop_between_batches(query: Any, graceful_s: float = 10.0) -> None:
     """Stop a streaming query between batches if one ends within ``graceful_s``:
-    PySpark 4.3's stop during a Python task can kill the stream thread with a
+    PySpark's stop during a Python task can kill the stream thread with a
     StackOverflowError (a regex over the interrupted task's long error message), and
-    it aborts the batch's writes noisily."""
+    it aborts the batch's writes noisily (Spark's ERROR lines, the Python daemon's
+    BrokenPipe traceback). Triggers that run back to back are never idle: the moment
+    one reports its progress, the next is still asking its sources for offsets and
+    planning, before any task runs, so the query stops then."""
     deadline = time.monotonic() + graceful_s
+    done = _last_batch(query)
     while query.isActive and query.status.get("isTriggerActive", False):
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline or _last_batch(query) != done:
             break
-        time.sleep(0.005)
+        time.sleep(0.002)
     query.stop()
     await_jobs_gone(str(query.runId))
+
+
+def _last_batch(query: Any) -> int:
+    """The id of the query's last finished batch (-1: none yet), without turning the
+    whole progress report into Python objects."""
+    progress = query._jsq.lastProgress()
+    return -1 if progress is None else int(progress.batchId())
 
 
 def await_jobs_gone(job_group: str, timeout_s: float = 30.0) -> bool:
