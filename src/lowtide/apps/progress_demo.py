@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import time
@@ -32,14 +31,10 @@ def _secret(path: Path | None) -> str | None:
 
 
 def main(args: argparse.Namespace) -> int:
-    py = sys.executable
-    os.environ.setdefault("PYSPARK_PYTHON", py)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", py)
     import pyarrow as pa
     import pyarrow.compute as pc
-    from pyspark.sql import SparkSession
 
-    from lowtide.spark import GeneratorSpec, Pipeline
+    from lowtide.spark import GeneratorSpec, Pipeline, SessionConfig
 
     last = args.fronts - 1
     spec = GeneratorSpec(
@@ -47,13 +42,7 @@ def main(args: argparse.Namespace) -> int:
         lag_ms={last: args.lag_ms} if args.lag_ms else {},
         stall={last: (args.stall_after_ms, None)} if args.stall_after_ms is not None else {},
     )
-    spark = (
-        SparkSession.builder.master(args.master).appName("lowtide-demo")
-        .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.extraJavaOptions", "-Xss32m").getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = SessionConfig(master=args.master, app_name="lowtide-spark-demo", ui=False).build()
     pipe = Pipeline(spark, "demo", tracker=args.tracker, secret=_secret(args.secret_file))
 
     def parse(b: pa.RecordBatch) -> pa.RecordBatch:
@@ -76,7 +65,7 @@ def main(args: argparse.Namespace) -> int:
                 if query.query.exception() is not None:
                     print(f"query failed: {query.query.exception()}", file=sys.stderr)
                     return 1
-                print(pipe.status().render(pipe.grid.delta_ms), flush=True)
+                print(query.status().render(pipe.grid.delta_ms), flush=True)
                 print()
         finally:
             if query is not None:

@@ -62,10 +62,32 @@ def await_jobs_gone(job_group: str, timeout_s: float = 30.0) -> bool:
     return True
 
 
-def _active_tasks(tracker: Any, job_group: str) -> int:
+def _stages(tracker: Any, job_group: str) -> list[Any]:
+    """The stages Spark knows of the jobs of ``job_group`` (a query run's id)."""
     jobs = [tracker.getJobInfo(j) for j in tracker.getJobIdsForGroup(job_group)]
     stages = [tracker.getStageInfo(s) for j in jobs if j is not None for s in j.stageIds]
-    return sum(st.numActiveTasks for st in stages if st is not None)
+    return [st for st in stages if st is not None]
+
+
+def _active_tasks(tracker: Any, job_group: str) -> int:
+    return sum(st.numActiveTasks for st in _stages(tracker, job_group))
+
+
+def startup_phase(query: Any) -> str | None:
+    """What a streaming query's first micro-batch is doing, for a user who would see
+    nothing for tens of seconds otherwise (Python workers and state stores start):
+    ``"batch 0 planning (Getting offsets from ...)"`` or ``"batch 0 running: 3/6
+    tasks done"``. None once a batch has finished (or the query stopped)."""
+    from pyspark import SparkContext
+
+    sc = SparkContext._active_spark_context
+    if sc is None or not query.isActive or _last_batch(query) >= 0:
+        return None
+    stages = _stages(sc.statusTracker(), str(query.runId))
+    if not stages:
+        return f"batch 0 planning ({query.status.get('message', '')})"
+    done = sum(st.numCompletedTasks for st in stages)
+    return f"batch 0 running: {done}/{sum(st.numTasks for st in stages)} tasks done"
 
 
 class TrackedQuery:
@@ -87,7 +109,11 @@ class TrackedQuery:
         return str(self.query.id)
 
     def status(self) -> PipelineStatus:
-        return self.pipeline.status()
+        """The pipeline's progress, with this query's start-up phase until its first
+        batch is done."""
+        status = self.pipeline.status()
+        status.starting = startup_phase(self.query)
+        return status
 
     def min_time(self, segment: str | None = None) -> int:
         doc = self.pipeline.tracker.status()
