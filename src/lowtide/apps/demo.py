@@ -60,10 +60,11 @@ def demo_spec(fronts: int, rate: float, lag_ms: int, t0_ms: int) -> Any:
                          lag_ms={fronts - 1: lag_ms} if lag_ms else {}, t0_ms=t0_ms)
 
 
-def make_session(master: str, app: str) -> Any:
+def make_session(master: str, app: str, prewarm_workers: int = 0) -> Any:
     from lowtide.spark import SessionConfig
 
-    return SessionConfig(master=master, app_name=app, ui=False).build()
+    return SessionConfig(master=master, app_name=app, ui=False,
+                         prewarm_workers=prewarm_workers).build()
 
 
 def prepare(spark: Any) -> None:
@@ -324,11 +325,9 @@ def render(pipe: Any, lt_out: str, wm_query: Any, delay_ms: int) -> Any:
 
 
 def main(args: argparse.Namespace) -> int:
-    from lowtide.spark.session import prewarm
-
     started_ms = wall_ms()
-    spark = make_session(args.master, "lowtide-demo")
-    prewarm(spark)  # Python workers start while the queries are planned
+    # Python workers start while the queries are planned
+    spark = make_session(args.master, "lowtide-demo", prewarm_workers=2)
     try:
         doc = run(spark, args, started_ms)
     finally:

@@ -18,7 +18,7 @@ def add_arguments(demo: argparse.ArgumentParser) -> None:
     demo.add_argument("--rate", type=float, default=2_000.0, help="rows/s over all fronts")
     demo.add_argument("--lag-ms", type=int, default=0, help="the last front lags this much")
     demo.add_argument("--stall-after-ms", type=int, help="the last front stalls after this")
-    demo.add_argument("--seconds", type=float, default=30.0)
+    demo.add_argument("--seconds", type=float, default=30.0, help="run time once warm")
     demo.add_argument("--master", default="local[2]")
     demo.set_defaults(handler=main)
 
@@ -59,13 +59,16 @@ def main(args: argparse.Namespace) -> int:
         try:
             query = stream.to_null(checkpoint=tmp, trigger="200 milliseconds")
             print(f"tracker {pipe.tracker.url}; segments {list(query.graph.names)}")
-            end = time.monotonic() + args.seconds
-            while time.monotonic() < end:
+            end = None  # --seconds count once the first batch is done (it starts workers)
+            while end is None or time.monotonic() < end:
                 time.sleep(1.0)
                 if query.query.exception() is not None:
                     print(f"query failed: {query.query.exception()}", file=sys.stderr)
                     return 1
-                print(query.status().render(pipe.grid.delta_ms), flush=True)
+                status = query.status()
+                if end is None and status.starting is None:
+                    end = time.monotonic() + args.seconds
+                print(status.render(pipe.grid.delta_ms), flush=True)
                 print()
         finally:
             if query is not None:

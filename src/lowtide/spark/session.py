@@ -115,6 +115,8 @@ class SessionConfig:
     log_level: str = "ERROR"
     quiet: bool = True
     ui: bool = True
+    #: Python workers to start in the background once the session is up (:func:`prewarm`)
+    prewarm_workers: int = 0
     conf: tuple[tuple[str, str], ...] = ()
 
     def settings(self) -> dict[str, str]:
@@ -161,6 +163,8 @@ class SessionConfig:
             builder = builder.config(key, value)
         spark = builder.getOrCreate()
         spark.sparkContext.setLogLevel(self.log_level)
+        if self.prewarm_workers:
+            prewarm(spark, self.prewarm_workers)
         return spark
 
 
