@@ -96,12 +96,14 @@ def keep(b: Any) -> Any:
     return pc.greater(b["amount"], 3.0)
 
 
-def start_lowtide(spark: Any, spec: Any, out: str, ckpt: str) -> tuple[Any, Any]:
+def start_lowtide(spark: Any, spec: Any, out: str, ckpt: str,
+                  tracker: str | None = None) -> tuple[Any, Any]:
+    """The tracked pipeline; ``tracker``: a ``lowtide serve`` URL (default: embedded)."""
     from lowtide.core.time import TimeGrid
     from lowtide.spark.pipeline import Pipeline
 
     # stuck: open longer than any first micro-batch (its rows are in flight until it ends)
-    pipe = Pipeline(spark, "demo", grid=TimeGrid(10), stuck_after_ms=120_000)
+    pipe = Pipeline(spark, "demo", grid=TimeGrid(10), stuck_after_ms=120_000, tracker=tracker)
     stream = (pipe.generate(spec)
               .map(parse, "user string, amount double", name="parse")
               .filter(keep, name="filter")

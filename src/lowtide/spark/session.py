@@ -106,7 +106,8 @@ def session_jars(*, kafka: bool, delta: bool, folder: Path | None = None) -> lis
 class SessionConfig:
     """How lowtide's commands and tests start Spark; ``conf`` overrides any default."""
 
-    master: str = "local[2]"
+    #: None: the master spark-submit was given
+    master: str | None = "local[2]"
     app_name: str = "lowtide"
     shuffle_partitions: int = 2
     driver_memory: str | None = None
@@ -158,7 +159,9 @@ class SessionConfig:
             logging.getLogger("py4j").setLevel(logging.ERROR)
         from pyspark.sql import SparkSession
 
-        builder = SparkSession.builder.master(self.master).appName(self.app_name)
+        builder = SparkSession.builder.appName(self.app_name)
+        if self.master is not None:
+            builder = builder.master(self.master)
         for key, value in self.settings().items():
             builder = builder.config(key, value)
         spark = builder.getOrCreate()
