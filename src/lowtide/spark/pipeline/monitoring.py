@@ -18,6 +18,7 @@ asks the tracker from the driver, works everywhere.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 from dataclasses import dataclass
@@ -120,11 +121,9 @@ class ProgressPublisher:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            try:
+            # a tracker or JVM going away means the query stops next: keep quiet till then
+            with contextlib.suppress(Exception):
                 self.publish()
-            except Exception:  # the tracker or the JVM is going away: the query stops next
-                if self._stop.wait(self.metrics.interval_s):
-                    return
             self._stop.wait(self.metrics.interval_s)
 
     def stop(self) -> None:

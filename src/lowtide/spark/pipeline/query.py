@@ -37,7 +37,11 @@ def stop_between_batches(query: Any, graceful_s: float = 10.0) -> None:
 def _last_batch(query: Any) -> int:
     """The id of the query's last finished batch (-1: none yet), without turning the
     whole progress report into Python objects."""
-    progress = query._jsq.lastProgress()
+    jsq = getattr(query, "_jsq", None)  # classic PySpark; Spark Connect has the dict only
+    if jsq is None:
+        last = query.lastProgress
+        return -1 if last is None else int(last["batchId"])
+    progress = jsq.lastProgress()
     return -1 if progress is None else int(progress.batchId())
 
 
