@@ -57,10 +57,11 @@ logger.writer.level = off
 
 
 def quiet_log4j2_file() -> Path:
-    """:data:`QUIET_LOG4J2` in a file (written once per content) for the JVMs to read."""
+    """:data:`QUIET_LOG4J2` in a file (one per user and content) for the JVMs to read;
+    rewritten if what is there differs (a shared temporary directory)."""
     digest = hashlib.sha256(QUIET_LOG4J2.encode()).hexdigest()[:12]
-    path = Path(tempfile.gettempdir()) / f"lowtide-log4j2-{digest}.properties"
-    if not path.exists():
+    path = Path(tempfile.gettempdir()) / f"lowtide-{os.getuid()}-log4j2-{digest}.properties"
+    if not path.is_file() or path.read_text() != QUIET_LOG4J2:
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(QUIET_LOG4J2)
         tmp.replace(path)
