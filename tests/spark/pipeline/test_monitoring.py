@@ -108,3 +108,14 @@ def wait_for_stuck_in_progress(query, timeout_s: float = 60.0) -> dict[str, int]
             return figures
         time.sleep(0.3)
     raise AssertionError(f"no progress showed the stuck window: {query.lastProgress}")
+
+
+def test_figures_nobody_published_are_null(spark) -> None:
+    """Before the first publication (or on an executor of a cluster, another JVM), a
+    figure is null: the batch goes on."""
+    from pyspark.sql import Observation
+
+    metrics = ProgressMetrics("nobody.sink", "sink", ("parse", "sink"))
+    seen = Observation("lowtide")
+    assert metrics.observe(spark.range(3), seen).count() == 3
+    assert seen.get == dict.fromkeys(metrics.figures())

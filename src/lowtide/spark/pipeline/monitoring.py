@@ -67,16 +67,19 @@ class ProgressMetrics:
     def property_of(self, figure: str) -> str:
         return f"lowtide.{self.key}.{figure}"
 
-    def observe(self, df: Any) -> Any:
-        """``df`` with lowtide's figures as its observed metrics ``"lowtide"``."""
+    def observe(self, df: Any, name: Any = METRICS_NAME) -> Any:
+        """``df`` with lowtide's figures as its observed metrics ``name`` (a string,
+        or a ``pyspark.sql.Observation`` for a batch DataFrame)."""
         from pyspark.sql import functions as F
 
         def read(figure: str) -> Any:
             prop = F.java_method(F.lit("java.lang.System"), F.lit("getProperty"),
                                  F.lit(self.property_of(figure)))
-            return F.max(prop.cast("long")).alias(figure)
+            # a property not (yet) published reads as the string "null": ANSI's cast
+            # would fail the query; try_cast makes it a null figure
+            return F.max(prop.try_cast("long")).alias(figure)
 
-        return df.observe(METRICS_NAME, *(read(f) for f in self.figures()))
+        return df.observe(name, *(read(f) for f in self.figures()))
 
     def values(self, status: PipelineStatus) -> dict[str, int]:
         """The figures of a tracker status (a figure it lacks is left out)."""
