@@ -119,3 +119,23 @@ def test_figures_nobody_published_are_null(spark) -> None:
     seen = Observation("lowtide")
     assert metrics.observe(spark.range(3), seen).count() == 3
     assert seen.get == dict.fromkeys(metrics.figures())
+
+
+def test_sampled_figures_are_read_on_sampled_rows_only(spark) -> None:
+    """With ``sample_bits``, only rows whose ack id has that many low zero bits read
+    the figures (each read is a reflective call per figure)."""
+    from pyspark.sql import Observation
+
+    metrics = ProgressMetrics("sampled.sink", "sink", ("sink",), sample_bits=8)
+    system = spark.sparkContext._jvm.java.lang.System
+    for figure in metrics.figures():
+        system.setProperty(metrics.property_of(figure), "7")
+    try:
+        for tracks, want in (([1, 2, 255], None), ([1, 512], 7)):
+            seen = Observation("lowtide")
+            df = spark.createDataFrame([(t,) for t in tracks], "lt_track long")
+            assert metrics.observe(df, seen).count() == len(tracks)
+            assert seen.get == dict.fromkeys(metrics.figures(), want)
+    finally:
+        for figure in metrics.figures():
+            system.clearProperty(metrics.property_of(figure))

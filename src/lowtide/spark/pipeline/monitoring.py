@@ -28,6 +28,7 @@ from pyspark.sql.streaming.listener import StreamingQueryListener
 
 from lowtide.core.graph import SegmentGraph
 from lowtide.spark.pipeline.status import PipelineStatus, status_of
+from lowtide.spark.tracking.column import TRACK_COL
 
 __all__ = [
     "METRICS_NAME",
@@ -53,6 +54,10 @@ class ProgressMetrics:
     sink: str
     segments: tuple[str, ...]
     interval_s: float = 0.25
+    #: read the figures on 1 row in 2**sample_bits (by the low bits of its ack id in
+    #: ``lt_track``): each read is a reflective JVM call per figure, tens of
+    #: microseconds per row for all of them (BENCHMARKS.md); 0: every row
+    sample_bits: int = 0
 
     @classmethod
     def of(cls, pipeline_name: str, graph: SegmentGraph, sink: str) -> ProgressMetrics:
@@ -72,12 +77,19 @@ class ProgressMetrics:
         or a ``pyspark.sql.Observation`` for a batch DataFrame)."""
         from pyspark.sql import functions as F
 
+        sampled = None
+        if self.sample_bits and TRACK_COL in df.columns:
+            # CASE WHEN evaluates its value only where the condition holds
+            mask = (1 << self.sample_bits) - 1
+            sampled = F.col(TRACK_COL).bitwiseAND(mask) == 0
+
         def read(figure: str) -> Any:
             prop = F.java_method(F.lit("java.lang.System"), F.lit("getProperty"),
                                  F.lit(self.property_of(figure)))
             # a property not (yet) published reads as the string "null": ANSI's cast
             # would fail the query; try_cast makes it a null figure
-            return F.max(prop.try_cast("long")).alias(figure)
+            value = prop.try_cast("long")
+            return F.max(value if sampled is None else F.when(sampled, value)).alias(figure)
 
         return df.observe(name, *(read(f) for f in self.figures()))
 
