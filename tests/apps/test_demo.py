@@ -42,6 +42,8 @@ def test_demo_json_line(spark, capsys, tmp_path: Path) -> None:
     assert set(wm) >= {"windows", "late_dropped", "delay_p50_ms", "delay_p99_ms"}
     assert lt["late_dropped"] == 0 and lt["differ_from_batch"] == 0
     assert lt["windows"] > 0 and wm["windows"] > 0
+    # from run()'s start to lowtide's first result file: after the first batch's work
+    assert 0 < doc["first_window_s"] < 12 + 300
     # whether the 200 ms watermark drops rows of the front lagging 7 s depends on the
     # micro-batch interval on this machine; its count is checked in test_sweep
 

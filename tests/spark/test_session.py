@@ -45,3 +45,15 @@ def test_delta_settings_and_overrides(tmp_path: Path, monkeypatch: pytest.Monkey
     assert conf["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension"
     assert conf["spark.jars"].count(".jar") == 2
     assert conf["spark.sql.shuffle.partitions"] == "8"
+
+
+def test_quiet_sessions_read_the_log_file_from_their_first_line() -> None:
+    from lowtide.spark.session import QUIET_LOG4J2, quiet_log4j2_file
+
+    conf = SessionConfig().settings()
+    option = f"-Dlog4j2.configurationFile=file:{quiet_log4j2_file()}"
+    assert option in conf["spark.driver.extraJavaOptions"].split()
+    assert option in conf["spark.executor.extraJavaOptions"].split()
+    assert quiet_log4j2_file().read_text() == QUIET_LOG4J2
+    loud = SessionConfig(quiet=False, master=None).settings()
+    assert "log4j2" not in loud["spark.driver.extraJavaOptions"]

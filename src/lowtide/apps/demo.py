@@ -14,7 +14,8 @@ of those events; then one JSON line.
 
 Delay = the result file's modification time minus the window's end (event time is
 the wall clock at the front). Only windows ending after both queries are warm (their
-second micro-batch done) count for delays.
+second micro-batch done) count for delays. ``first_window_s``: from the command's
+start to lowtide's first result file (session start, first micro-batches).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import glob
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from lowtide.apps.startup import raise_if_failed, wait_warm
 from lowtide.service import wall_ms
 
 WINDOW = "2 seconds"
@@ -59,22 +60,11 @@ def demo_spec(fronts: int, rate: float, lag_ms: int, t0_ms: int) -> Any:
                          lag_ms={fronts - 1: lag_ms} if lag_ms else {}, t0_ms=t0_ms)
 
 
-def make_session(master: str, app: str) -> Any:
-    py = sys.executable
-    os.environ.setdefault("PYSPARK_PYTHON", py)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", py)
-    from pyspark.sql import SparkSession
+def make_session(master: str, app: str, prewarm_workers: int = 0) -> Any:
+    from lowtide.spark import SessionConfig
 
-    from lowtide.spark.operators import ROCKSDB
-
-    spark = (SparkSession.builder.master(master).appName(app)
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "2")
-             .config("spark.sql.session.timeZone", "UTC")
-             .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
-             .config("spark.driver.extraJavaOptions", "-Xss32m").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+    return SessionConfig(master=master, app_name=app, ui=False,
+                         prewarm_workers=prewarm_workers).build()
 
 
 def prepare(spark: Any) -> None:
@@ -83,24 +73,6 @@ def prepare(spark: Any) -> None:
 
     register_sources(spark)
     spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "100000")
-
-
-def raise_if_failed(queries: list[Any]) -> None:
-    for q in queries:
-        if q.exception() is not None:
-            raise RuntimeError(f"query {q.name} failed: {q.exception()}")
-
-
-def wait_warm(queries: list[Any], timeout_s: float = 300.0) -> int:
-    """Wait until every query has done two micro-batches (Python workers started);
-    returns the wall time then."""
-    deadline = time.monotonic() + timeout_s
-    while any(len(q.recentProgress) < 2 for q in queries):
-        raise_if_failed(queries)
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"queries did not start within {timeout_s:.0f} s")
-        time.sleep(0.5)
-    return wall_ms()
 
 
 # ------------------------------------------------------------------ the pipelines
@@ -124,11 +96,14 @@ def keep(b: Any) -> Any:
     return pc.greater(b["amount"], 3.0)
 
 
-def start_lowtide(spark: Any, spec: Any, out: str, ckpt: str) -> tuple[Any, Any]:
+def start_lowtide(spark: Any, spec: Any, out: str, ckpt: str,
+                  tracker: str | None = None) -> tuple[Any, Any]:
+    """The tracked pipeline; ``tracker``: a ``lowtide serve`` URL (default: embedded)."""
     from lowtide.core.time import TimeGrid
     from lowtide.spark.pipeline import Pipeline
 
-    pipe = Pipeline(spark, "demo", grid=TimeGrid(10))
+    # stuck: open longer than any first micro-batch (its rows are in flight until it ends)
+    pipe = Pipeline(spark, "demo", grid=TimeGrid(10), stuck_after_ms=120_000, tracker=tracker)
     stream = (pipe.generate(spec)
               .map(parse, "user string, amount double", name="parse")
               .filter(keep, name="filter")
@@ -352,9 +327,11 @@ def render(pipe: Any, lt_out: str, wm_query: Any, delay_ms: int) -> Any:
 
 
 def main(args: argparse.Namespace) -> int:
-    spark = make_session(args.master, "lowtide-demo")
+    started_ms = wall_ms()
+    # Python workers start while the queries are planned
+    spark = make_session(args.master, "lowtide-demo", prewarm_workers=2)
     try:
-        doc = run(spark, args)
+        doc = run(spark, args, started_ms)
     finally:
         spark.stop()
     return 0 if doc["matches_batch"] else 1
@@ -379,8 +356,10 @@ def watch(args: argparse.Namespace, pipe: Any, lt: Any, wm: Any, lt_out: str) ->
     print()
 
 
-def run(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
-    """Run the demo on ``spark`` (left running); prints, and returns the JSON doc."""
+def run(spark: Any, args: argparse.Namespace, started_ms: int | None = None) -> dict[str, Any]:
+    """Run the demo on ``spark`` (left running); prints, and returns the JSON doc.
+    ``started_ms``: when the command started (default: now)."""
+    started_ms = started_ms or wall_ms()
     from lowtide.spark.pipeline import stop_between_batches
 
     spec = demo_spec(args.fronts, args.rate, args.lag_ms, wall_ms())
@@ -394,7 +373,7 @@ def run(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
         wm = start_watermark(spark, spec, d["wm_out"], d["wm_ckpt"], args.watermark_ms)
         say(f"tracker {pipe.tracker.url}; segments {list(lt.graph.names)}; outputs in {tmp}")
         say("warming up (the first micro-batches start Python workers) ...")
-        warm_ms = wait_warm([lt.query, wm])
+        warm_ms = wait_warm([lt.query, wm], say=say)
         watch(args, pipe, lt, wm, d["lt_out"])
         lt_horizon_ms = pipe.grid.slot_start_ms(lt.min_time())
         dropped_wm = dropped_by_watermark(wm)
@@ -421,8 +400,9 @@ def run(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
     if not args.json:
         print_table(args, lt_side, wm_side, lt_cmp, wm_cmp, dropped_wm)
         print(f"lowtide matches the batch recomputation: {matches}")
+    first_s = round(float(lt_got["done_ms"].min() - started_ms) / 1000, 1) if len(lt_got) else None
     doc = {"bench": "demo", "lowtide": lt_side, "watermark": wm_side, "matches_batch": matches,
-           "same_events": same, "t0_ms": spec.t0_ms}
+           "same_events": same, "t0_ms": spec.t0_ms, "first_window_s": first_s}
     print(json.dumps(doc), flush=True)
     return doc
 

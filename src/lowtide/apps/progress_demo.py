@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import time
@@ -19,7 +18,7 @@ def add_arguments(demo: argparse.ArgumentParser) -> None:
     demo.add_argument("--rate", type=float, default=2_000.0, help="rows/s over all fronts")
     demo.add_argument("--lag-ms", type=int, default=0, help="the last front lags this much")
     demo.add_argument("--stall-after-ms", type=int, help="the last front stalls after this")
-    demo.add_argument("--seconds", type=float, default=30.0)
+    demo.add_argument("--seconds", type=float, default=30.0, help="run time once warm")
     demo.add_argument("--master", default="local[2]")
     demo.set_defaults(handler=main)
 
@@ -32,14 +31,10 @@ def _secret(path: Path | None) -> str | None:
 
 
 def main(args: argparse.Namespace) -> int:
-    py = sys.executable
-    os.environ.setdefault("PYSPARK_PYTHON", py)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", py)
     import pyarrow as pa
     import pyarrow.compute as pc
-    from pyspark.sql import SparkSession
 
-    from lowtide.spark import GeneratorSpec, Pipeline
+    from lowtide.spark import GeneratorSpec, Pipeline, SessionConfig
 
     last = args.fronts - 1
     spec = GeneratorSpec(
@@ -47,13 +42,7 @@ def main(args: argparse.Namespace) -> int:
         lag_ms={last: args.lag_ms} if args.lag_ms else {},
         stall={last: (args.stall_after_ms, None)} if args.stall_after_ms is not None else {},
     )
-    spark = (
-        SparkSession.builder.master(args.master).appName("lowtide-demo")
-        .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.extraJavaOptions", "-Xss32m").getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = SessionConfig(master=args.master, app_name="lowtide-spark-demo", ui=False).build()
     pipe = Pipeline(spark, "demo", tracker=args.tracker, secret=_secret(args.secret_file))
 
     def parse(b: pa.RecordBatch) -> pa.RecordBatch:
@@ -70,13 +59,16 @@ def main(args: argparse.Namespace) -> int:
         try:
             query = stream.to_null(checkpoint=tmp, trigger="200 milliseconds")
             print(f"tracker {pipe.tracker.url}; segments {list(query.graph.names)}")
-            end = time.monotonic() + args.seconds
-            while time.monotonic() < end:
+            end = None  # --seconds count once the first batch is done (it starts workers)
+            while end is None or time.monotonic() < end:
                 time.sleep(1.0)
                 if query.query.exception() is not None:
                     print(f"query failed: {query.query.exception()}", file=sys.stderr)
                     return 1
-                print(pipe.status().render(pipe.grid.delta_ms), flush=True)
+                status = query.status()
+                if end is None and status.starting is None:
+                    end = time.monotonic() + args.seconds
+                print(status.render(pipe.grid.delta_ms), flush=True)
                 print()
         finally:
             if query is not None:

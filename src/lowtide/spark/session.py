@@ -6,17 +6,28 @@ and ``kafka=True`` / ``delta=True`` load Spark's Kafka connector and Delta Lake 
 the local jars folder through ``spark.jars``. Nothing is downloaded at run time: a
 missing jar is a one-line error naming ``make setup``. On a real cluster, users pass
 ``--packages`` instead (docs/spark.md).
+
+Quiet means from the first line: the JVM reads its log configuration when it starts,
+so ``setLogLevel`` after ``getOrCreate`` comes too late for the start-up warnings.
+``quiet=True`` writes :data:`QUIET_LOG4J2` to a file and passes it to the driver's
+and executors' JVMs with ``-Dlog4j2.configurationFile``, quiets py4j's Python logger
+and Python warnings in the workers.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
 import sys
+import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["JarsMissing", "SessionConfig", "jars_dir", "session_jars"]
+__all__ = ["QUIET_LOG4J2", "JarsMissing", "SessionConfig", "jars_dir", "prewarm",
+           "quiet_log4j2_file", "session_jars"]
 
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 JARS_ENV = "LOWTIDE_JARS"
@@ -26,6 +37,35 @@ DELTA_PACKAGE = "io.delta:delta-spark_4.2_2.13:4.4.0"
 _KAFKA_JARS = ("spark-sql-kafka-0-10_", "spark-token-provider-kafka-0-10_", "kafka-clients-",
                "commons-pool2-")
 _DELTA_JARS = ("delta-spark_", "delta-storage-", "delta-kernel-", "unitycatalog-")
+
+
+# Errors only, one line each. A query stopped between batches is not an error of the
+# run, but Spark still logs the cancelled tasks of the trigger it interrupts (the
+# writer's "Aborting commit", the Python runner's interrupted read): those loggers
+# are off. Real failures still reach the caller as the query's exception.
+QUIET_LOG4J2 = """\
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n%throwable{short}
+logger.writer.name = org.apache.spark.sql.execution.datasources.v2.DataWritingSparkTask
+logger.writer.level = off
+"""
+
+
+def quiet_log4j2_file() -> Path:
+    """:data:`QUIET_LOG4J2` in a file (one per user and content) for the JVMs to read;
+    rewritten if what is there differs (a shared temporary directory)."""
+    digest = hashlib.sha256(QUIET_LOG4J2.encode()).hexdigest()[:12]
+    path = Path(tempfile.gettempdir()) / f"lowtide-{os.getuid()}-log4j2-{digest}.properties"
+    if not path.is_file() or path.read_text() != QUIET_LOG4J2:
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(QUIET_LOG4J2)
+        tmp.replace(path)
+    return path
 
 
 class JarsMissing(RuntimeError):
@@ -67,25 +107,39 @@ def session_jars(*, kafka: bool, delta: bool, folder: Path | None = None) -> lis
 class SessionConfig:
     """How lowtide's commands and tests start Spark; ``conf`` overrides any default."""
 
-    master: str = "local[2]"
+    #: None: the master spark-submit was given
+    master: str | None = "local[2]"
     app_name: str = "lowtide"
     shuffle_partitions: int = 2
     driver_memory: str | None = None
     kafka: bool = False
     delta: bool = False
     log_level: str = "ERROR"
+    quiet: bool = True
+    ui: bool = True
+    #: Python workers to start in the background once the session is up (:func:`prewarm`)
+    prewarm_workers: int = 0
     conf: tuple[tuple[str, str], ...] = ()
 
     def settings(self) -> dict[str, str]:
         """Every Spark setting this config makes, for the builder or spark-submit."""
+        # deep Python plans (many tracked stages) overflow the default JVM stack
+        java = "-Xss32m"
         out = {
+            "spark.ui.enabled": str(self.ui).lower(),
             "spark.ui.showConsoleProgress": "false",
             "spark.sql.shuffle.partitions": str(self.shuffle_partitions),
             "spark.sql.session.timeZone": "UTC",
             "spark.sql.streaming.stateStore.providerClass": ROCKSDB,
-            # deep Python plans (many tracked stages) overflow the default JVM stack
-            "spark.driver.extraJavaOptions": "-Xss32m",
+            # changelog checkpoints: a batch commits its state changes, not RocksDB files
+            "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+            "spark.python.worker.reuse": "true",
         }
+        if self.quiet:
+            java += f" -Dlog4j2.configurationFile=file:{quiet_log4j2_file()}"
+            out["spark.executor.extraJavaOptions"] = java
+            out["spark.executorEnv.PYTHONWARNINGS"] = "ignore"
+        out["spark.driver.extraJavaOptions"] = java
         if self.driver_memory:
             out["spark.driver.memory"] = self.driver_memory
         jars = session_jars(kafka=self.kafka, delta=self.delta)
@@ -102,11 +156,44 @@ class SessionConfig:
         """Start the session (or return the running one) with these settings."""
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+        if self.quiet:
+            logging.getLogger("py4j").setLevel(logging.ERROR)
         from pyspark.sql import SparkSession
 
-        builder = SparkSession.builder.master(self.master).appName(self.app_name)
+        builder = SparkSession.builder.appName(self.app_name)
+        if self.master is not None:
+            builder = builder.master(self.master)
         for key, value in self.settings().items():
             builder = builder.config(key, value)
         spark = builder.getOrCreate()
         spark.sparkContext.setLogLevel(self.log_level)
+        if self.prewarm_workers:
+            prewarm(spark, self.prewarm_workers)
         return spark
+
+
+def _import_modules(batches: Any) -> Any:
+    """A worker's share of :func:`prewarm`: import what lowtide's tasks import."""
+    import lowtide.spark.operators.window_state
+    import lowtide.spark.sinks
+    import lowtide.spark.sources  # noqa: F401
+
+    yield from batches
+
+
+def prewarm(spark: Any, workers: int = 2) -> threading.Thread:
+    """Start ``workers`` Python workers and import lowtide's task modules in them, in
+    a background thread, while the caller plans its query: Spark keeps idle workers
+    (``spark.python.worker.reuse``) and hands them to the query's first tasks, which
+    then skip the start-up. Join the thread to wait for it."""
+
+    def run() -> None:
+        try:
+            df = spark.range(0, workers, 1, workers)
+            df.mapInArrow(_import_modules, df.schema).count()
+        except Exception:  # pre-warming is an optimisation: the query starts anyway
+            logging.getLogger(__name__).debug("prewarm failed", exc_info=True)
+
+    thread = threading.Thread(target=run, name="lowtide-prewarm", daemon=True)
+    thread.start()
+    return thread

@@ -4,7 +4,6 @@ generator spec, and measuring rows per second and per CPU second over whole batc
 from __future__ import annotations
 
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -40,25 +39,14 @@ def user_map(batch: Any) -> Any:
 
 
 def session(cfg: BenchConfig) -> Any:
-    py = sys.executable
-    os.environ.setdefault("PYSPARK_PYTHON", py)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", py)
-    from pyspark.sql import SparkSession
+    from lowtide.spark import SessionConfig
 
-    spark = (
-        SparkSession.builder.master(cfg.master)
-        .appName("lowtide-bench-spark")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", str(cfg.partitions))
-        .config("spark.driver.extraJavaOptions", "-Xss32m")
+    return SessionConfig(
+        master=cfg.master, app_name="lowtide-bench-spark", shuffle_partitions=cfg.partitions,
         # RR-100's plans (100 Python stages) overflow the default 1 GiB heap
-        .config("spark.driver.memory", "4g")
-        .config("spark.sql.execution.arrow.maxRecordsPerBatch", "20000")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+        driver_memory="4g", ui=False,
+        conf=(("spark.sql.execution.arrow.maxRecordsPerBatch", "20000"),),
+    ).build()
 
 
 def _spec(cfg: BenchConfig) -> GeneratorSpec:

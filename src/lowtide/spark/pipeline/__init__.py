@@ -5,15 +5,23 @@ report."""
 from lowtide.spark.pipeline.builder import Built, Pipeline, register_sources
 from lowtide.spark.pipeline.dag import PipelineShapeError, SegmentPlan, derive
 from lowtide.spark.pipeline.handle import TrackerHandle
-from lowtide.spark.pipeline.query import TrackedQuery, await_jobs_gone, stop_between_batches
+from lowtide.spark.pipeline.monitoring import CompletenessListener, ProgressMetrics
+from lowtide.spark.pipeline.query import (
+    TrackedQuery,
+    await_jobs_gone,
+    startup_phase,
+    stop_between_batches,
+)
 from lowtide.spark.pipeline.status import PipelineStatus, SegmentProgress, status_of
 from lowtide.spark.pipeline.stream import Stream
 
 __all__ = [
     "Built",
+    "CompletenessListener",
     "Pipeline",
     "PipelineShapeError",
     "PipelineStatus",
+    "ProgressMetrics",
     "SegmentPlan",
     "SegmentProgress",
     "Stream",
@@ -22,6 +30,7 @@ __all__ = [
     "await_jobs_gone",
     "derive",
     "register_sources",
+    "startup_phase",
     "status_of",
     "stop_between_batches",
 ]

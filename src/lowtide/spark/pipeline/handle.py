@@ -23,7 +23,10 @@ class TrackerHandle:
         stuck_after_ms: int,
         freeze_gc: bool = True,
         confirm: bool = True,
+        pipeline: str = "default",
     ) -> None:
+        """``pipeline``: the embedded tracker's metrics label (a remote tracker has its
+        own, ``lowtide serve --pipeline``)."""
         self.graph, self.grid, self.secret = graph, grid, secret
         self.service: Any = None
         if url is None:
@@ -34,6 +37,7 @@ class TrackerHandle:
                 "state_dir": state_dir,
                 "secret": secret.encode() if secret is not None else None,
                 "freeze_gc": freeze_gc,
+                "pipeline": pipeline,
             }
             if stuck_after_ms is not None:
                 kwargs["stuck_after_ms"] = stuck_after_ms

@@ -34,9 +34,12 @@ class PipelineStatus:
     fronts: dict[str, Any] = field(default_factory=dict)
     stalled_fronts: list[int] = field(default_factory=list)
     stuck: list[str] = field(default_factory=list)
+    #: a query's first batch still running: "batch 0 planning" / "batch 0 running ..."
+    starting: str | None = None
 
     def render(self, delta_ms: int) -> str:
-        lines = [f"{'segment':<16} {'min time':>14} {'lag ms':>9} {'rows/s':>10} {'in flight':>9}"
+        lines = [f"starting: {self.starting}"] if self.starting else []
+        lines += [f"{'segment':<16} {'min time':>14} {'lag ms':>9} {'rows/s':>10} {'in flight':>9}"
                  "  from"]
         for s in self.segments:
             lag = "-" if s.lag_ms is None else str(s.lag_ms)
@@ -50,7 +53,6 @@ class PipelineStatus:
             lines.append(f"front {f:<10} {seg:<8} heartbeat lag {lag} ms{flag}")
         lines.extend(f"STUCK: {s}" for s in self.stuck)
         return "\n".join(lines)
-
 
 
 def status_of(doc: dict[str, Any], grid: TimeGrid, rates: RowRates | None = None,

@@ -1,0 +1,51 @@
+"""A normal run of lowtide's Spark commands prints no stack trace, no Spark ERROR
+line and no Python BrokenPipe traceback (issue 23 point 5): Spark is quiet from its
+first line (SessionConfig's log4j2 file) and queries stop between batches."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.spark
+
+LOWTIDE = [sys.executable, "-m", "lowtide.cli"]
+NOISE = ("Traceback", " ERROR ", "BrokenPipe", "Exception in thread")
+
+
+def run_clean(*argv: str) -> str:
+    """Run a command; assert it succeeded without noise; its stdout."""
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    done = subprocess.run([*LOWTIDE, *argv], capture_output=True, text=True, timeout=600,
+                          env=env)
+    both = done.stdout + done.stderr
+    assert done.returncode == 0, both[-3000:]
+    noisy = [line for line in both.splitlines() if any(n in line for n in NOISE)]
+    assert noisy == [], "\n".join(noisy[:20])
+    return done.stdout
+
+
+def test_demo_is_clean_and_reports_first_window() -> None:
+    out = run_clean("demo", "--seconds", "4", "--json")
+    doc = json.loads(out.strip().splitlines()[-1])
+    assert doc["matches_batch"] is True and doc["first_window_s"] > 0
+
+
+def test_spark_demo_is_clean() -> None:
+    out = run_clean("spark", "demo", "--seconds", "4", "--fronts", "2", "--rate", "200")
+    assert "segment" in out
+
+
+def test_bench_spark_is_clean() -> None:
+    out = run_clean("bench", "spark", "--seconds", "1", "--rounds", "2", "--stages", "1",
+                    "--rows-per-batch", "5000", "--warmup-batches", "2")
+    assert json.loads(out.strip().splitlines()[-1])["bench"] == "spark"
+
+
+def test_walkthrough_is_clean() -> None:
+    out = run_clean("walkthrough")
+    assert json.loads(out.strip().splitlines()[-1])["stuck"]

@@ -1,0 +1,141 @@
+"""Progress in Spark's own tools: a tracked query's ``lastProgress`` carries lowtide's
+figures as observed metrics, and a ``CompletenessListener`` receives window-complete
+events and, for a row an untracked step loses, a segment-stuck event."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from lowtide.core.time import TimeGrid
+from lowtide.service import wall_ms
+from lowtide.spark.pipeline import Pipeline, TrackedQuery
+from lowtide.spark.pipeline.monitoring import (
+    METRICS_NAME,
+    CompletenessListener,
+    ProgressMetrics,
+    SegmentStuck,
+    WindowComplete,
+)
+from lowtide.spark.sources.generator import GeneratorSpec
+
+pytestmark = pytest.mark.spark
+
+RATE_PER_FRONT = 100.0
+LOST_SEQ = 300  # front 0's row 300: 3 s after t0, so windows complete before it
+WINDOW_MS = 1_000
+
+
+def same(b: pa.RecordBatch) -> pa.RecordBatch:
+    return pa.record_batch({"front": b["front"], "seq": b["seq"]})
+
+
+class Recorder(CompletenessListener):
+    def __init__(self, query: TrackedQuery, since_ms: int) -> None:
+        super().__init__(query, window_ms=WINDOW_MS, since_ms=since_ms)
+        self.windows: list[WindowComplete] = []
+        self.stuck: list[SegmentStuck] = []
+        self.got_stuck = threading.Event()
+
+    def onWindowComplete(self, event: WindowComplete) -> None:
+        self.windows.append(event)
+
+    def onSegmentStuck(self, event: SegmentStuck) -> None:
+        self.stuck.append(event)
+        self.got_stuck.set()
+
+
+def test_progress_and_listener_events(spark, tmp_path: Path) -> None:
+    t0 = wall_ms()
+    pipe = Pipeline(spark, "monitored", grid=TimeGrid(10), stuck_after_ms=1_000)
+    spec = GeneratorSpec(fronts=2, rate=2 * RATE_PER_FRONT, payload_bytes=4, t0_ms=t0)
+    stream = (pipe.generate(spec).map(same, "front int, seq long", name="parse")
+              .transform(lambda df: df.where(f"NOT (front = 0 AND seq = {LOST_SEQ})"))
+              .map(same, "front int, seq long", name="keep"))
+    built = pipe.build(stream, "sink", null_sink=True)
+    metrics = ProgressMetrics.of(pipe.name, built.graph, "sink")
+    spark_query = (metrics.observe(built.df).writeStream.format("noop")
+                   .option("checkpointLocation", str(tmp_path / "ckpt"))
+                   .trigger(processingTime="300 milliseconds").start())
+    query = TrackedQuery(pipe, spark_query, built.graph, "sink")
+    listener = Recorder(query, since_ms=t0)
+    spark.streams.addListener(listener)
+    try:
+        assert listener.got_stuck.wait(180), f"no stuck event; windows {listener.windows}"
+        figures = wait_for_stuck_in_progress(spark_query)
+    finally:
+        spark.streams.removeListener(listener)
+        query.stop()
+        pipe.close()
+
+    # the observed metrics: the tracker's figures while the batch ran
+    assert set(figures) == set(metrics.figures())
+    assert 0 < figures["sink_min_time"] <= figures["min_time.parse"]
+    assert figures["min_time.keep"] <= figures["min_time.parse"]
+    assert figures["sink_lag_ms"] > 0
+    # the lost row holds 'keep' (and the sink) back at its window
+    lost_slot = pipe.grid.slot_of(t0 + int(LOST_SEQ * 1000 / RATE_PER_FRONT))
+    assert figures["min_time.keep"] <= lost_slot
+
+    # exactly one stuck window, in 'keep', the lost row's, one row missing
+    assert len(listener.stuck) == 1
+    stuck = listener.stuck[0]
+    assert stuck.segment == "keep" and stuck.what == "1 item(s) missing"
+    assert stuck.start_slot <= lost_slot < stuck.end_slot
+    assert stuck.query_id == query.id
+
+    # windows completed once each, in order, from t0's window up to the lost row's
+    starts = [w.start_ms for w in listener.windows]
+    assert starts, "no window-complete event"
+    assert starts[0] == t0 // WINDOW_MS * WINDOW_MS
+    assert starts == list(range(starts[0], starts[0] + WINDOW_MS * len(starts), WINDOW_MS))
+    assert all(w.segment == "sink" and w.end_ms - w.start_ms == WINDOW_MS
+               for w in listener.windows)
+    assert listener.windows[-1].end_ms <= pipe.grid.slot_start_ms(lost_slot + 1)
+
+
+def wait_for_stuck_in_progress(query, timeout_s: float = 60.0) -> dict[str, int]:
+    """The first progress whose observed metrics show the stuck window."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        row = ((query.lastProgress or {}).get("observedMetrics") or {}).get(METRICS_NAME)
+        figures = row.asDict() if row is not None else {}
+        if figures.get("stuck_windows"):
+            return figures
+        time.sleep(0.3)
+    raise AssertionError(f"no progress showed the stuck window: {query.lastProgress}")
+
+
+def test_figures_nobody_published_are_null(spark) -> None:
+    """Before the first publication (or on an executor of a cluster, another JVM), a
+    figure is null: the batch goes on."""
+    from pyspark.sql import Observation
+
+    metrics = ProgressMetrics("nobody.sink", "sink", ("parse", "sink"))
+    seen = Observation("lowtide")
+    assert metrics.observe(spark.range(3), seen).count() == 3
+    assert seen.get == dict.fromkeys(metrics.figures())
+
+
+def test_sampled_figures_are_read_on_sampled_rows_only(spark) -> None:
+    """With ``sample_bits``, only rows whose ack id has that many low zero bits read
+    the figures (each read is a reflective call per figure)."""
+    from pyspark.sql import Observation
+
+    metrics = ProgressMetrics("sampled.sink", "sink", ("sink",), sample_bits=8)
+    system = spark.sparkContext._jvm.java.lang.System
+    for figure in metrics.figures():
+        system.setProperty(metrics.property_of(figure), "7")
+    try:
+        for tracks, want in (([1, 2, 255], None), ([1, 512], 7)):
+            seen = Observation("lowtide")
+            df = spark.createDataFrame([(t,) for t in tracks], "lt_track long")
+            assert metrics.observe(df, seen).count() == len(tracks)
+            assert seen.get == dict.fromkeys(metrics.figures(), want)
+    finally:
+        for figure in metrics.figures():
+            system.clearProperty(metrics.property_of(figure))
