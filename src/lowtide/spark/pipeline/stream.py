@@ -35,10 +35,11 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class SourceSpec:
-    kind: str  # "log" | "gen"
-    name: str | None  # ingest segment name (log) or None (the generator is the front)
+    kind: str  # "log" | "gen" | "frame" (a labelled streaming DataFrame: read_stream)
+    name: str | None  # ingest segment name (log, frame) or None (the generator is the front)
     options: dict[str, str]
     spec: GeneratorSpec | None = None
+    frame: Any = None  # kind "frame": the user's streaming DataFrame
 
 
 @dataclass(frozen=True)
