@@ -161,7 +161,9 @@ class IngestWriter:
             os.truncate(self._log_path, end)
         return index
 
-    def append(self, payloads: Sequence[bytes], time: int | Sequence[int]) -> int:
+    def append(
+        self, payloads: Sequence[bytes], time: int | Sequence[int] | npt.NDArray[np.int64]
+    ) -> int:
         """Append records (one time for all, or one per record); returns the first
         record's offset. Times must not go below the previous record's."""
         n = len(payloads)
