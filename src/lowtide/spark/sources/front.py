@@ -216,8 +216,8 @@ class Front:
             keep, rejected = records, None
         else:
             slots = rec.event_times_ms(records, self.time_from) // self.grid.delta_ms
-            if not self.registered and n:
-                self._register(int(slots.min()))
+            if not self.registered and n:  # the first batch says where event time starts
+                self._register(max(int(slots.min()) - self._late.lag_slots, 0))
             times, kept = self._late.apply(slots, self._last_beat, self.late_stats)
             keep = records if kept is None else rec.take(records, kept)
             rejected = None if kept is None else rec.take(
