@@ -20,6 +20,7 @@ AREAS: tuple[tuple[str, str], ...] = (
     ("lowtide.cli.spark", "lowtide[spark]"),
     ("lowtide.apps.walkthrough", ""),
     ("lowtide.apps.kafka_broker", ""),
+    ("lowtide.apps.retention_report", ""),
     ("lowtide.bench.core", ""),
     ("lowtide.bench.service", "lowtide[service]"),
     ("lowtide.bench.spark", "lowtide[spark]"),

@@ -18,7 +18,7 @@ from lowtide.spark.sources.front import Front
 from lowtide.spark.sources.kafka_producer import DeliveryFailed, KafkaProducerConfig
 from lowtide.spark.sources.labels import from_label, parse_header
 from lowtide.spark.tracking import AckAccumulator
-from lowtide.spark.tracking.transport import TrackerRef
+from lowtide.spark.tracking.transport import TrackerRef, connect
 from tests.spark.helpers import CoreAgent
 
 pytestmark = pytest.mark.socket
@@ -110,6 +110,7 @@ def test_producers_per_partition_one_lagging_and_two_consumers_complete_exactly(
             consumer.close()
             for f in fronts:
                 f.close()
+            connect(ref).close()  # the fronts' shared agent, before its tracker stops
 
 
 def test_a_failed_delivery_holds_the_front_below_the_batch(kafka_broker, kafka_topic) -> None:
@@ -159,3 +160,29 @@ def test_records_that_failed_are_produced_again_with_the_same_labels() -> None:
     labels = [dict(h)["lt_ack"] for _v, h in flaky.written]
     assert [parse_header(x) for x in labels] == batch.acks.tolist()
     assert front.status()["written"] == 2 and front.status()["in_flight"] == 0
+
+
+def test_retention_kafka_names_the_complete_offsets(kafka_broker, kafka_topic, tmp_path,
+                                                     capsys) -> None:
+    """A clock front's records carry their label time as Kafka timestamp: the tracker's
+    min time maps to exactly the offsets below it."""
+    import json
+
+    from lowtide.cli import main
+
+    topic = kafka_topic(1)
+    agent, clock = CoreAgent(GRAPH, GRID), ManualClock(1_000_000)
+    front = Front(None, 8, agent, grid=GRID, clock=clock, heartbeat_ms=None)
+    producer = KafkaProducerConfig(topic, kafka_broker.bootstrap, partition=0).build(front)
+    producer.send([b"a", b"b", b"c"])  # slot 100_000
+    clock.advance(50)
+    producer.send([b"d", b"e"])  # slot 100_005
+    expected = {100_005: 3, 100_006: 5, 100_000: 0}
+    for global_min, offset in expected.items():
+        status = tmp_path / "status.json"
+        status.write_text(json.dumps({"delta_ms": 10, "global_min": global_min,
+                                      "segments": []}))
+        assert main(["retention", "kafka", "--status", str(status), "--topic", topic,
+                     "--bootstrap", kafka_broker.bootstrap]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["complete_below_offsets"] == {"0": offset}, global_min

@@ -26,6 +26,7 @@ __all__ = [
     "LogSource",
     "gen_rows",
     "label_ms",
+    "log_status",
     "rows_before",
 ]
 
@@ -50,4 +51,5 @@ __getattr__ = lazy_exports(__name__, {
     "IngestReader": "lowtide.spark.sources.ingest",
     "IngestWriter": "lowtide.spark.sources.ingest",
     "LogSource": "lowtide.spark.sources.log_source",
+    "log_status": "lowtide.spark.sources.retention",
 })

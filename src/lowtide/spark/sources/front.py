@@ -54,6 +54,7 @@ from lowtide.spark.sources import records as rec
 from lowtide.spark.sources.ingest import IngestWriter
 from lowtide.spark.sources.labels import as_label
 from lowtide.spark.sources.lateness import LatePolicy, LateStats
+from lowtide.spark.sources.retention import retain
 from lowtide.spark.tracking.column import AckAccumulator
 from lowtide.spark.tracking.transport import AgentLike, TrackerRef, connect
 
@@ -91,7 +92,8 @@ class Front:
     ``tracker`` is a :class:`TrackerRef` or an agent; ``segment`` the ingest segment
     (or segments, one per consumer) of the pipeline; ``lag_ms`` (event time only): how
     far behind its newest event time the front promises, i.e. how much disorder is
-    labelled as is rather than handled as late.
+    labelled as is rather than handled as late; ``rotate_bytes``: the size of one file
+    of the ingest log (files every consumer committed are deleted at each rotation).
     """
 
     def __init__(
@@ -110,6 +112,7 @@ class Front:
         late: str = "clamp",
         lag_ms: int = 0,
         start_ms: int | None = None,
+        rotate_bytes: int | None = 64 << 20,
     ) -> None:
         self.segments = (segment,) if isinstance(segment, str) else tuple(segment)
         if not self.segments:
@@ -135,7 +138,8 @@ class Front:
             if time_from is not None:
                 raise ValueError("the ingest log keeps each front's times non-decreasing: "
                                  "with time_from, pass log_dir=None and write elsewhere")
-            self._writer = IngestWriter(log_dir, front, fsync=fsync)
+            self._writer = IngestWriter(log_dir, front, fsync=fsync, rotate_bytes=rotate_bytes,
+                                        on_rotate=lambda: retain(log_dir))
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()  # one log writer: label order is log order
         self._tokens = itertools.count(1)

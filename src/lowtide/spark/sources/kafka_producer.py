@@ -9,7 +9,10 @@
 3. the producer waits for the broker's delivery reports; records that failed are
    produced again with the *same* labels (``retries`` times), so a record is never
    written under a second identity;
-4. ``front.written(batch)`` once every record was delivered: only then may the front's
+4. a clock front's records carry their label time as Kafka timestamp
+   (``lt_time * delta_ms``), so the tracker's "complete below t" is a set of offsets
+   (``lowtide retention kafka``);
+5. ``front.written(batch)`` once every record was delivered: only then may the front's
    heartbeats pass the batch. A batch that still fails raises
    :class:`DeliveryFailed` and stays in flight at the front, so its ingest segment
    stops there and the tracker reports the records missing (fail closed); a record
@@ -97,11 +100,16 @@ class KafkaFrontProducer:
             f"confirmed after {1 + self.config.retries} attempts: the front holds its "
             "heartbeats below them; check the broker, then restart the producer")
 
-    def _messages(self, batch: Labelled) -> Iterator[tuple[bytes | None, bytes, list[Any]]]:
+    def _messages(self, batch: Labelled) -> Iterator[tuple[Any, bytes, list[Any], int]]:
         values = row_values(batch.records)
         keys = self._keys(batch.records)
+        # a clock front's label time is the record's Kafka timestamp, so "complete below
+        # t" maps to offsets (offsets_for_times); event times stay out of the broker's
+        # time-based retention (old events would be deleted on arrival)
+        delta_ms = self.front.grid.delta_ms if self.front.time_from is None else 0
         for key, value, t, a in zip(keys, values, batch.times, batch.acks, strict=True):
-            yield key, value, [(TIME_COLUMN, header_value(t)), (ACK_COLUMN, header_value(a))]
+            headers = [(TIME_COLUMN, header_value(t)), (ACK_COLUMN, header_value(a))]
+            yield key, value, headers, int(t) * delta_ms
 
     def _deliver(self, messages: list[Any]) -> list[Any]:
         """Produce ``messages`` and wait for their reports; returns those that failed."""
@@ -109,8 +117,8 @@ class KafkaFrontProducer:
         delivered: list[Any] = []
         extra = {} if self.config.partition is None else {"partition": self.config.partition}
         for m in messages:
-            key, value, headers = m
-            self._produce(key, value, headers, extra,
+            key, value, headers, timestamp_ms = m
+            self._produce(key, value, headers, {**extra, "timestamp": timestamp_ms},
                           lambda err, _msg, m=m: (failed if err else delivered).append(m))
         self.producer.flush(self.config.timeout_s)
         unreported = len(messages) - len(delivered) - len(failed)
