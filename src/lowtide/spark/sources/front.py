@@ -121,25 +121,11 @@ class Front:
         self.front = front
         self.confirm = confirm
         self.time_from = time_from
-        if isinstance(tracker, TrackerRef):
-            self._agent, self.grid = connect(tracker), grid or tracker.grid
-        else:
-            self._agent, self.grid = tracker, grid or TimeGrid()
-        graph = tracker.graph if isinstance(tracker, TrackerRef) else getattr(
-            tracker, "graph", None)
-        if graph is None:
-            raise TypeError("pass a TrackerRef, or an agent with a .graph")
-        self._segment_index = [graph.index(s) for s in self.segments]
+        self._connect(tracker, grid)
         self._clock = clock or SystemClock()
         self._late = LatePolicy(late, self.grid.slot_of(lag_ms) if lag_ms else 0)
         self.late_stats = LateStats()
-        self._writer: IngestWriter | None = None
-        if log_dir is not None:
-            if time_from is not None:
-                raise ValueError("the ingest log keeps each front's times non-decreasing: "
-                                 "with time_from, pass log_dir=None and write elsewhere")
-            self._writer = IngestWriter(log_dir, front, fsync=fsync, rotate_bytes=rotate_bytes,
-                                        on_rotate=lambda: retain(log_dir))
+        self._writer = None if log_dir is None else self._open_log(log_dir, fsync, rotate_bytes)
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()  # one log writer: label order is log order
         self._tokens = itertools.count(1)
@@ -162,6 +148,25 @@ class Front:
                 name=f"lowtide-front-{front}",
             )
             self._thread.start()
+
+    def _connect(self, tracker: TrackerRef | AgentLike, grid: TimeGrid | None) -> None:
+        if isinstance(tracker, TrackerRef):
+            self._agent, self.grid = connect(tracker), grid or tracker.grid
+        else:
+            self._agent, self.grid = tracker, grid or TimeGrid()
+        graph = tracker.graph if isinstance(tracker, TrackerRef) else getattr(
+            tracker, "graph", None)
+        if graph is None:
+            raise TypeError("pass a TrackerRef, or an agent with a .graph")
+        self._segment_index = [graph.index(s) for s in self.segments]
+
+    def _open_log(self, log_dir: str | os.PathLike[str], fsync: str,
+                  rotate_bytes: int | None) -> IngestWriter:
+        if self.time_from is not None:
+            raise ValueError("the ingest log keeps each front's times non-decreasing: "
+                             "with time_from, pass log_dir=None and write elsewhere")
+        return IngestWriter(log_dir, self.front, fsync=fsync, rotate_bytes=rotate_bytes,
+                            on_rotate=lambda: retain(log_dir))
 
     # -- registration and time ------------------------------------------------------
 
