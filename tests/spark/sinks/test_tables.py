@@ -119,3 +119,59 @@ def test_chained_queries_through_delta(spark, tmp_path: Path) -> None:
     windows = batch_windows(rows)
     windows["lt_time"] = windows["start"] + SIZE - 1  # a window's result: its last slot
     assert assert_never_early(gold_path, windows, ["k", "lt_time"]) > 0
+
+
+def ids(rows: pd.DataFrame) -> list[tuple[int, int]]:
+    return list(zip(rows["front"].tolist(), rows["seq"].tolist(), strict=True))
+
+
+def manifest_samples(folder: Path, until: Any) -> list[tuple[int, set[str]]]:
+    """(published complete_below, the table's files at that moment), polled until
+    ``until()``: the manifest is rewritten in place, so it is judged as it goes."""
+    seen: list[tuple[int, set[str]]] = []
+    while not until():
+        published = complete_below(folder)
+        if published is not None:
+            files = {p.name for p in folder.glob("part-*.parquet")}
+            seen.append((published.complete_below, files))
+        time.sleep(0.1)
+    return seen
+
+
+def test_chained_queries_through_parquet(spark, tmp_path: Path) -> None:
+    folder, bronze_path, out = tmp_path / "in", tmp_path / "bronze", tmp_path / "out"
+    folder.mkdir()
+    bronze_path.mkdir()
+    pipe = lowtide.Pipeline(spark, "chain-pq", grid=GRID, stuck_after_ms=60_000)
+    files = spark.readStream.schema(SCHEMA).parquet(str(folder))
+    bronze = pipe.read_stream(files, name="ingest")
+    table = spark.readStream.schema(SCHEMA).parquet(str(bronze_path))
+    silver = pipe.read_stream(table, name="silver").where("v >= 0", name="clean")
+    pipe.start_tracker(pipe.plan((bronze, "bronze"), (silver, "sink")).graph)
+    fronts = LabelFronts(pipe.tracker.agent, "ingest", {0: 0, 1: 30})
+    queries: list[Any] = []
+    try:
+        queries.append(bronze.write_table(str(bronze_path), format="parquet",
+                                          checkpoint=str(tmp_path / "c1"), name="bronze",
+                                          feeds=("silver",), trigger="300 milliseconds"))
+        queries.append(silver.write_parquet(str(out), checkpoint=str(tmp_path / "c2"),
+                                            keep_tracking_columns=True,
+                                            trigger="300 milliseconds"))
+        written = produce(fronts, parquet_files(folder), rounds=3, every_s=0.3)
+        final = fronts.heartbeat()
+        seen = manifest_samples(bronze_path, lambda: queries[1].min_time() >= final)
+        assert not pipe.status().stuck
+    finally:
+        for q in queries:
+            q.stop()
+        pipe.close()
+    rows = pd.concat(written, ignore_index=True)
+    got = pa.concat_tables([pq.read_table(p) for p in out.glob("*.parquet")]).to_pandas()
+    assert sorted(ids(got)) == sorted(ids(rows))
+    assert seen and max(cb for cb, _ in seen) > int(rows["lt_time"].min())
+    for cb, names in seen:
+        have = pa.concat_tables([pq.read_table(bronze_path / n) for n in names]).to_pandas() \
+            if names else pd.DataFrame({"front": [], "seq": []})
+        due = rows[rows["lt_time"] < cb]
+        early = set(ids(due)) - set(ids(have))
+        assert not early, f"the manifest claimed {cb} before {sorted(early)[:3]} were written"
