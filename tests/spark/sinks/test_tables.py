@@ -6,8 +6,9 @@ never claims a time before the rows below it were committed."""
 from __future__ import annotations
 
 import json
-import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +35,19 @@ from tests.spark.sources.test_read_stream import (
 
 pytestmark = pytest.mark.spark
 
-try:  # the workers cannot import this test module: ship its functions by value
-    from pyspark import cloudpickle
 
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-except ImportError:  # pragma: no cover
-    pass
+@contextmanager
+def running(pipe: Any) -> Iterator[list[Any]]:
+    """The queries started in the block; stopped, with the pipeline, at its end (the
+    tracker reported nothing stuck if the block ended normally)."""
+    queries: list[Any] = []
+    try:
+        yield queries
+        assert not pipe.status().stuck
+    finally:
+        for q in queries:
+            q.stop()
+        pipe.close()
 
 
 def versions(table: Path) -> list[tuple[int, int | None, pd.DataFrame]]:
@@ -93,8 +101,7 @@ def test_chained_queries_through_delta(spark, tmp_path: Path) -> None:
                                 "gold"}
     pipe.start_tracker(graph)
     fronts = LabelFronts(pipe.tracker.agent, "ingest", {0: 0, 1: 30})
-    queries: list[Any] = []
-    try:
+    with running(pipe) as queries:
         queries.append(bronze.write_table(str(bronze_path), checkpoint=str(tmp_path / "c1"),
                                           name="bronze", feeds=("silver",),
                                           trigger="300 milliseconds"))
@@ -106,11 +113,6 @@ def test_chained_queries_through_delta(spark, tmp_path: Path) -> None:
             time.sleep(0.05)
         # the downstream sink's min time: complete through both queries
         queries[1].wait_for_min_time(last_end, timeout_s=240)
-        assert not pipe.status().stuck
-    finally:
-        for q in queries:
-            q.stop()
-        pipe.close()
     rows = pd.concat(written, ignore_index=True)
     gold_rows = spark.read.format("delta").load(str(gold_path)).toPandas()
     ms = pd.to_datetime(gold_rows["window_start"], utc=True).map(lambda t: t.value // 1_000_000)
@@ -149,8 +151,7 @@ def test_chained_queries_through_parquet(spark, tmp_path: Path) -> None:
     silver = pipe.read_stream(table, name="silver").where("v >= 0", name="clean")
     pipe.start_tracker(pipe.plan((bronze, "bronze"), (silver, "sink")).graph)
     fronts = LabelFronts(pipe.tracker.agent, "ingest", {0: 0, 1: 30})
-    queries: list[Any] = []
-    try:
+    with running(pipe) as queries:
         queries.append(bronze.write_table(str(bronze_path), format="parquet",
                                           checkpoint=str(tmp_path / "c1"), name="bronze",
                                           feeds=("silver",), trigger="300 milliseconds"))
@@ -160,11 +161,6 @@ def test_chained_queries_through_parquet(spark, tmp_path: Path) -> None:
         written = produce(fronts, parquet_files(folder), rounds=3, every_s=0.3)
         final = fronts.heartbeat()
         seen = manifest_samples(bronze_path, lambda: queries[1].min_time() >= final)
-        assert not pipe.status().stuck
-    finally:
-        for q in queries:
-            q.stop()
-        pipe.close()
     rows = pd.concat(written, ignore_index=True)
     got = pa.concat_tables([pq.read_table(p) for p in out.glob("*.parquet")]).to_pandas()
     assert sorted(ids(got)) == sorted(ids(rows))

@@ -7,7 +7,6 @@ described."""
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -31,13 +30,6 @@ GRID = TimeGrid(delta_ms=10)
 WINDOW_MS = 500
 SIZE = WINDOW_MS // GRID.delta_ms
 SCHEMA = "front int, seq long, k string, v long, lt_time long, lt_ack long"
-
-try:  # the workers cannot import this test module: ship its functions by value
-    from pyspark import cloudpickle
-
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-except ImportError:  # pragma: no cover
-    pass
 
 
 class LabelFronts:

@@ -6,7 +6,6 @@ failure."""
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from pathlib import Path
@@ -28,13 +27,6 @@ from tests.spark.sources.test_read_stream import (
 )
 
 pytestmark = pytest.mark.spark
-
-try:  # the workers cannot import this test module: ship its functions by value
-    from pyspark import cloudpickle
-
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-except ImportError:  # pragma: no cover
-    pass
 
 
 def kafka_labelled(spark: Any, bootstrap: str, topic: str) -> Any:
