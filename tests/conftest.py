@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
+from tests.kafka_broker import kafka_broker, kafka_topic  # noqa: F401 (fixtures)
+
 settings.register_profile("lowtide", deadline=None)
 settings.load_profile("lowtide")
 

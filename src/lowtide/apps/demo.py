@@ -50,6 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--master", default="local[2]")
     p.add_argument("--json", action="store_true", help="only the final JSON line")
     p.add_argument("--dir", help="keep outputs here (default: a temporary directory)")
+    from lowtide.apps import demo_input  # --input: the same comparison on the user's data
+
+    demo_input.add_arguments(p)
 
 
 def demo_spec(fronts: int, rate: float, lag_ms: int, t0_ms: int) -> Any:
@@ -327,6 +330,10 @@ def render(pipe: Any, lt_out: str, wm_query: Any, delay_ms: int) -> Any:
 
 
 def main(args: argparse.Namespace) -> int:
+    if getattr(args, "input", None):
+        from lowtide.apps import demo_input
+
+        return demo_input.main(args)
     started_ms = wall_ms()
     # Python workers start while the queries are planned
     spark = make_session(args.master, "lowtide-demo", prewarm_workers=2)

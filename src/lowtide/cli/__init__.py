@@ -19,6 +19,8 @@ AREAS: tuple[tuple[str, str], ...] = (
     ("lowtide.cli.service", "lowtide[service]"),
     ("lowtide.cli.spark", "lowtide[spark]"),
     ("lowtide.apps.walkthrough", ""),
+    ("lowtide.apps.kafka_broker", ""),
+    ("lowtide.apps.retention_report", ""),
     ("lowtide.bench.core", ""),
     ("lowtide.bench.service", "lowtide[service]"),
     ("lowtide.bench.spark", "lowtide[spark]"),

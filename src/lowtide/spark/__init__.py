@@ -11,6 +11,7 @@ column and the connection every task shares). Names load on first use: importing
 from lowtide import lazy_exports
 
 __all__ = [
+    "Completeness",
     "Front",
     "GeneratorSpec",
     "Pipeline",
@@ -18,10 +19,12 @@ __all__ = [
     "SessionConfig",
     "Stream",
     "TrackedQuery",
+    "complete_below",
     "stop_between_batches",
 ]
 
 __getattr__ = lazy_exports(__name__, {
+    "Completeness": "lowtide.spark.sinks.completeness",
     "Front": "lowtide.spark.sources.front",
     "GeneratorSpec": "lowtide.spark.sources.generator",
     "Pipeline": "lowtide.spark.pipeline.builder",
@@ -29,5 +32,6 @@ __getattr__ = lazy_exports(__name__, {
     "SessionConfig": "lowtide.spark.session",
     "Stream": "lowtide.spark.pipeline.stream",
     "TrackedQuery": "lowtide.spark.pipeline.query",
+    "complete_below": "lowtide.spark.sinks.completeness",
     "stop_between_batches": "lowtide.spark.pipeline.query",
 })

@@ -36,7 +36,7 @@ import argparse
 import json
 from typing import Any
 
-from lowtide.bench.spark import window
+from lowtide.bench.spark import kafka, window
 from lowtide.bench.spark.maps import (
     VARIANTS,
     first_updates,
@@ -94,12 +94,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shape", choices=SHAPES, default="maps",
                    help="maps: tracked vs untracked maps (default); window: an exact "
                    "window vs Spark's watermark window, typed aggregates over two keys")
+    p.add_argument("--source", choices=("generator", "kafka"), default="generator",
+                   help="kafka: tracked vs untracked on one topic of a real broker")
+    kafka.add_arguments(p)
     p.add_argument("--variants", default=",".join(d.variants),
                    help="comma-separated, each measured against untracked: "
                    + ", ".join(VARIANTS[1:]))
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.source == "kafka":
+        return kafka.main(args)
     cfg = BenchConfig(
         fronts=args.fronts, rows_per_batch=args.rows_per_batch,
         payload_bytes=args.payload_bytes, stages=args.stages, partitions=args.partitions,

@@ -47,6 +47,7 @@ from lowtide.spark.pipeline.stream import SourceSpec, Step, Stream, TransformSpe
 from lowtide.spark.sinks import TrackedForeachBatch, TrackedSink
 from lowtide.spark.sources.generator import GeneratorSpec, GenSource
 from lowtide.spark.sources.log_source import LogSource
+from lowtide.spark.sources.read_stream import check_labelled, read_labelled
 from lowtide.spark.tracking.column import TRACK_COL
 from lowtide.spark.tracking.transport import TrackerRef
 
@@ -329,6 +330,8 @@ class Pipeline:
         opts = dict(src.options)
         opts["lowtide.tracker"] = to.ref.to_option()
         out = to.after[source_key(src)]
+        if src.kind == "frame":
+            return read_labelled(src.frame, to.ref, source_key(src), out, **src.options)
         if src.kind == "log":
             opts["lowtide.segment"] = source_key(src)
             opts["lowtide.out"] = out
@@ -372,3 +375,13 @@ class Pipeline:
         if self._handle is not None:
             self._handle.close()
             self._handle = None
+
+    def read_stream(self, df: Any, *, time: str = "lt_time", ack: str = "lt_ack",
+                    name: str = "ingest") -> Stream:
+        """A streaming DataFrame from any Spark source (Kafka, files, a Delta table)
+        whose rows carry a front's labels (``time``: slot, ``ack``: root ack) as a
+        tracked stream; ``name`` is its ingest segment, the one its fronts feed. See
+        :mod:`lowtide.spark.sources.read_stream`."""
+        check_labelled(df, time, ack)
+        return self._set_source(SourceSpec("frame", name, {"time_col": time, "ack_col": ack},
+                                           frame=df))

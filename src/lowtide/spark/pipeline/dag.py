@@ -68,9 +68,9 @@ class SegmentPlan:
 
 
 def source_key(src: SourceSpec) -> str:
-    """A source's name in the plan: a log source's ingest segment, or a generator's
-    front range (``gen:first-last``)."""
-    if src.kind == "log":
+    """A source's name in the plan: a log source's (or a labelled frame's) ingest
+    segment, or a generator's front range (``gen:first-last``)."""
+    if src.kind != "gen":  # a log or a labelled frame: its ingest segment
         return src.name or "ingest"
     assert src.spec is not None
     ids = src.spec.front_ids()
@@ -134,7 +134,7 @@ class _Walk:
         key = source_key(src)
         self.claim(key, src, "a source")
         self.send(key, segment)
-        if src.kind == "log":
+        if src.kind != "gen":  # a log or a labelled frame: its ingest segment
             self.segment(key)
             self.segment(segment, key)
         else:

@@ -26,6 +26,7 @@ from lowtide.spark.operators.tracked import OpSpec
 from lowtide.spark.operators.windows import WindowSpec, make_windowed
 from lowtide.spark.pipeline.dag import PipelineShapeError, SegmentPlan, derive
 from lowtide.spark.sinks import console_writer
+from lowtide.spark.sinks.tables import TableConfig, check_feeds
 from lowtide.spark.sources.generator import GeneratorSpec
 
 if TYPE_CHECKING:
@@ -35,10 +36,11 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class SourceSpec:
-    kind: str  # "log" | "gen"
-    name: str | None  # ingest segment name (log) or None (the generator is the front)
+    kind: str  # "log" | "gen" | "frame" (a labelled streaming DataFrame: read_stream)
+    name: str | None  # ingest segment name (log, frame) or None (the generator is the front)
     options: dict[str, str]
     spec: GeneratorSpec | None = None
+    frame: Any = None  # kind "frame": the user's streaming DataFrame
 
 
 @dataclass(frozen=True)
@@ -227,3 +229,24 @@ class Stream:
         """Print the segment graph, one line per segment (``name <- inbound``),
         upstream first (the text: ``plan(sink).explain()``)."""
         print(self.plan(sink).explain())
+
+    def write_table(self, path: str, *, checkpoint: str, format: str = "delta",
+                    name: str = "sink", feeds: tuple[str, ...] = (), trigger: str | None = None,
+                    query_name: str | None = None) -> TrackedQuery:
+        """A Delta (or ``format="parquet"``) table that keeps ``lt_time``/``lt_ack``,
+        publishes its completeness (``lowtide.spark.complete_below(path)``) and, for
+        each ingest segment in ``feeds``, is the front of the query that reads it with
+        ``read_stream``. See :mod:`lowtide.spark.sinks.tables`."""
+        config = TableConfig(path, format, tuple(feeds))
+        if feeds:  # readers' segments must be tracked before the first batch
+            try:
+                graph = self.pipeline.tracker.graph
+            except RuntimeError:
+                graph = None
+            check_feeds(graph, tuple(feeds))
+        writer = config.build(lambda: self.pipeline.tracker_ref, name)
+        query = self.foreach_batch(writer, checkpoint=checkpoint, name=name,
+                                   keep_tracking_columns=True, trigger=trigger,
+                                   query_name=query_name)
+        writer.start()
+        return query

@@ -4,6 +4,13 @@ Layout of a log directory::
 
     front-00003.log   frames, appended, never rewritten (until truncated on recovery)
     front-00003.idx   one fixed-size entry per frame, written after the frame
+    front-00003-00000000000000004096.log/.idx   the next file of the front's log,
+                      named by its first offset (``rotate_bytes``)
+    consumers/        what each consumer committed (:mod:`~lowtide.spark.sources.retention`)
+
+A writer with ``rotate_bytes`` starts a new file once the current one holds that
+many bytes; whole files below what every consumer committed are deleted
+(:func:`lowtide.spark.sources.retention.retain`), so the log stays small.
 
 A *frame* is what one :meth:`IngestWriter.append` call wrote: ``n`` records in columnar
 form, so readers decode it with numpy, without a per-record Python loop::
@@ -40,7 +47,7 @@ from __future__ import annotations
 import os
 import re
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,27 +76,47 @@ INDEX = np.dtype(
     ]
 )
 FSYNC_POLICIES = ("always", "never")
-_NAME = re.compile(r"^front-(\d+)\.idx$")
+_NAME = re.compile(r"^front-(\d+)(?:-(\d{20}))?\.idx$")
 
 
-def log_path(directory: str | os.PathLike[str], front: int) -> Path:
-    return Path(directory) / f"front-{front:05d}.log"
+def _stem(directory: str | os.PathLike[str], front: int, base: int) -> Path:
+    return Path(directory) / (f"front-{front:05d}" + (f"-{base:020d}" if base else ""))
 
 
-def index_path(directory: str | os.PathLike[str], front: int) -> Path:
-    return Path(directory) / f"front-{front:05d}.idx"
+def log_path(directory: str | os.PathLike[str], front: int, base: int = 0) -> Path:
+    """The file of ``front``'s log whose first offset is ``base``."""
+    return _stem(directory, front, base).with_suffix(".log")
+
+
+def index_path(directory: str | os.PathLike[str], front: int, base: int = 0) -> Path:
+    return _stem(directory, front, base).with_suffix(".idx")
+
+
+def _names(directory: str | os.PathLike[str]) -> list[tuple[int, int]]:
+    d = Path(directory)
+    if not d.is_dir():
+        return []
+    return [(int(m.group(1)), int(m.group(2) or 0))
+            for p in d.iterdir() if (m := _NAME.match(p.name))]
 
 
 def list_fronts(directory: str | os.PathLike[str]) -> list[int]:
     """Fronts that have a log in ``directory`` (sorted)."""
-    d = Path(directory)
-    if not d.is_dir():
-        return []
-    return sorted(int(m.group(1)) for p in d.iterdir() if (m := _NAME.match(p.name)))
+    return sorted({front for front, _base in _names(directory)})
+
+
+def log_files(directory: str | os.PathLike[str], front: int) -> list[int]:
+    """The first offsets of ``front``'s log files still present (sorted)."""
+    return sorted(base for f, base in _names(directory) if f == front)
 
 
 class LogCorrupt(RuntimeError):
     """A frame that the index points at does not match its header or checksum."""
+
+
+class RecordsDeleted(IndexError):
+    """Records asked for were deleted by retention (every registered consumer had
+    committed them)."""
 
 
 def _frame_size(n: int, payload_bytes: int) -> int:
@@ -109,7 +136,13 @@ class IngestWriter:
     """Appends frames to one front's log. Not thread-safe: one writer per front."""
 
     def __init__(
-        self, directory: str | os.PathLike[str], front: int, *, fsync: str = "always"
+        self,
+        directory: str | os.PathLike[str],
+        front: int,
+        *,
+        fsync: str = "always",
+        rotate_bytes: int | None = None,
+        on_rotate: Callable[[], object] | None = None,
     ) -> None:
         if fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync must be one of {FSYNC_POLICIES}, got {fsync!r}")
@@ -117,18 +150,38 @@ class IngestWriter:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.front = front
         self.fsync = fsync
-        self._log_path = log_path(directory, front)
-        self._idx_path = index_path(directory, front)
+        self.rotate_bytes = rotate_bytes
+        self._on_rotate = on_rotate
+        bases = log_files(directory, front) or [0]
+        self._open_file(bases[-1])
         index = self._recover()
         if len(index):
             last = index[-1]
             self.end_offset = int(last["first"]) + int(last["n"])
             self.last_time = int(last["last_time"])
             self._pos = int(last["pos"]) + _frame_size(int(last["n"]), self._payload_of(last))
-        else:
-            self.end_offset, self.last_time, self._pos = 0, -1, 0
+        else:  # a new log, or a crash right after a rotation
+            previous = _read_index(index_path(directory, front, bases[-2])) if len(
+                bases) > 1 else np.empty(0, INDEX)
+            self.end_offset, self._pos = bases[-1], 0
+            self.last_time = int(previous[-1]["last_time"]) if len(previous) else -1
         self._log = open(self._log_path, "ab")  # noqa: SIM115 (closed in close())
         self._idx = open(self._idx_path, "ab")  # noqa: SIM115
+
+    def _open_file(self, base: int) -> None:
+        self._base = base
+        self._log_path = log_path(self.directory, self.front, base)
+        self._idx_path = index_path(self.directory, self.front, base)
+
+    def _rotate(self) -> None:
+        """Close the current file; the next frame starts a file of its own."""
+        self.close()
+        self._open_file(self.end_offset)
+        self._pos = 0
+        self._log = open(self._log_path, "ab")  # noqa: SIM115
+        self._idx = open(self._idx_path, "ab")  # noqa: SIM115
+        if self._on_rotate is not None:
+            self._on_rotate()
 
     def _payload_of(self, entry: np.void) -> int:
         with open(self._log_path, "rb") as f:
@@ -161,12 +214,16 @@ class IngestWriter:
             os.truncate(self._log_path, end)
         return index
 
-    def append(self, payloads: Sequence[bytes], time: int | Sequence[int]) -> int:
+    def append(
+        self, payloads: Sequence[bytes], time: int | Sequence[int] | npt.NDArray[np.int64]
+    ) -> int:
         """Append records (one time for all, or one per record); returns the first
         record's offset. Times must not go below the previous record's."""
         n = len(payloads)
         if n == 0:
             return self.end_offset
+        if self.rotate_bytes is not None and self._pos >= self.rotate_bytes:
+            self._rotate()
         times = np.broadcast_to(np.asarray(time, np.int64), (n,)).astype("<i8")
         if int(times[0]) < self.last_time or bool((times[1:] < times[:-1]).any()):
             raise ValueError("record times must be non-decreasing within a front")
@@ -239,30 +296,47 @@ def _read_frame(
 
 
 class IngestReader:
-    """Reads one front's log by offset range; safe while a writer appends."""
+    """Reads one front's log by offset range, across its files; safe while a writer
+    appends and while retention deletes files no consumer needs."""
 
     def __init__(self, directory: str | os.PathLike[str], front: int) -> None:
+        self.directory = directory
         self.front = front
-        self._log_path = log_path(directory, front)
-        self._idx_path = index_path(directory, front)
+
+    def _entries(self) -> tuple[npt.NDArray[np.void], list[Path]]:
+        """Every index entry of the front's files, and the log file of each."""
+        parts, paths = [], []
+        for base in log_files(self.directory, self.front):
+            idx = _read_index(index_path(self.directory, self.front, base))
+            parts.append(idx)
+            paths += [log_path(self.directory, self.front, base)] * len(idx)
+        return (np.concatenate(parts) if parts else np.empty(0, INDEX)), paths
 
     def index(self) -> npt.NDArray[np.void]:
-        return _read_index(self._idx_path)
+        return self._entries()[0]
+
+    def start_offset(self) -> int:
+        """The first offset still stored (retention deletes whole files below it)."""
+        idx = self.index()
+        return int(idx[0]["first"]) if len(idx) else self.end_offset()
 
     def end_offset(self) -> int:
         """Offset one past the last visible record."""
         idx = self.index()
-        return 0 if len(idx) == 0 else int(idx[-1]["first"]) + int(idx[-1]["n"])
+        if len(idx):
+            return int(idx[-1]["first"]) + int(idx[-1]["n"])
+        bases = log_files(self.directory, self.front)
+        return bases[-1] if bases else 0
 
     def offset_of_time(self, time: int) -> int:
         """The first offset whose record time is >= ``time`` (end offset if none)."""
-        idx = self.index()
+        idx, paths = self._entries()
         if len(idx) == 0:
-            return 0
+            return self.end_offset()
         k = int(np.searchsorted(idx["last_time"], time, side="left"))
         if k == len(idx):
             return int(idx[-1]["first"]) + int(idx[-1]["n"])
-        frame = _read_frame(self._log_path, idx[k], verify=False)
+        frame = _read_frame(paths[k], idx[k], verify=False)
         assert frame is not None
         times = frame[0]
         return int(idx[k]["first"]) + int(np.searchsorted(times, time, side="left"))
@@ -284,8 +358,14 @@ class IngestReader:
         """Records [start, end): (times int64 array, pyarrow BinaryArray of payloads)."""
         import pyarrow as pa
 
-        idx = self.index()
-        visible = 0 if len(idx) == 0 else int(idx[-1]["first"]) + int(idx[-1]["n"])
+        idx, paths = self._entries()
+        first = int(idx[0]["first"]) if len(idx) else self.end_offset()
+        visible = int(idx[-1]["first"]) + int(idx[-1]["n"]) if len(idx) else first
+        if start < first and start < end:
+            raise RecordsDeleted(
+                f"front {self.front}: records [{start}, {first}) were deleted by retention "
+                "(every registered consumer had committed them); register a consumer "
+                "before its first read (retention.register_consumer)")
         if not 0 <= start <= end <= visible:
             raise IndexError(f"range [{start}, {end}) outside the visible log [0, {visible})")
         if start == end:
@@ -296,9 +376,9 @@ class IngestReader:
         arrays = []
         while k < len(idx) and int(idx[k]["first"]) < end:
             entry = idx[k]
-            frame = _read_frame(self._log_path, entry, verify=verify)
+            frame = _read_frame(paths[k], entry, verify=verify)
             if frame is None:
-                raise LogCorrupt(f"{self._log_path}: indexed frame {k} is incomplete")
+                raise LogCorrupt(f"{paths[k]}: indexed frame {k} is incomplete")
             times, ends, payload = frame
             n = int(entry["n"])
             offsets = np.concatenate(([0], ends)).astype(np.int32)

@@ -28,6 +28,7 @@ from lowtide.core.acks import root_acks
 from lowtide.core.errors import NonMonotonicHeartbeat
 from lowtide.core.messages import AckBatch, Heartbeat
 from lowtide.spark.sources.ingest import IngestReader, list_fronts
+from lowtide.spark.sources.retention import commit_consumer, register_consumer, retain
 from lowtide.spark.tracking.column import (
     TRACK_COL,
     AckAccumulator,
@@ -195,9 +196,12 @@ class LogStreamReader(DataSourceStreamReader):  # type: ignore[misc]
         self.ref = TrackerRef.from_option(options["lowtide.tracker"])
         self.ingest = options["lowtide.segment"]
         self.out = options["lowtide.out"]
+        # each query reading the log is a consumer of its own (retention waits for all)
+        self.consumer = options.get("lowtide.consumer") or self.ingest
 
     def initialOffset(self) -> dict[str, int]:
         ids = self.fronts if self.fronts is not None else list_fronts(self.path)
+        register_consumer(self.path, self.consumer, dict.fromkeys(ids, 0))
         return {front_key(f): 0 for f in ids}
 
     def latestOffset(self, start: dict[str, int], limit: Any = None) -> dict[str, int]:
@@ -219,7 +223,10 @@ class LogStreamReader(DataSourceStreamReader):  # type: ignore[misc]
         sent.wait()
 
     def commit(self, end: dict[str, int]) -> None:
-        return None
+        """Spark will not read below ``end`` again: record it, and delete the log files
+        every consumer has committed."""
+        commit_consumer(self.path, self.consumer, {int(k[1:]): int(v) for k, v in end.items()})
+        retain(self.path)
 
 
 class LogSource(DataSource):  # type: ignore[misc]

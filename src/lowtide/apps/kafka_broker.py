@@ -1,0 +1,256 @@
+"""A single-node Apache Kafka broker (KRaft mode, no ZooKeeper) on 127.0.0.1, for tests,
+the demo and ``lowtide kafka up|down|status``.
+
+``KafkaBrokerConfig(data_dir).build()`` picks free ports, writes ``server.properties``
+under ``data_dir``, formats the storage (``kafka.tools.StorageTool format``, Kafka
+4.1's storage tool), starts ``java -cp "jars/kafka/lib/*" kafka.Kafka`` in a process
+group of its own and returns once the broker accepts connections; ``stop()`` ends that
+process group by its id (TERM, then KILL). A broker that does not come up is stopped
+before the error is raised. The jars come from ``make setup`` (jars/kafka/pom.xml);
+nothing is downloaded at run time.
+
+A user with a real cluster skips all of this: their brokers' address is the
+``bootstrap.servers`` of lowtide's producer helpers and of Spark's Kafka source.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["BrokerFailed", "KafkaBroker", "KafkaBrokerConfig", "kafka_jars_dir", "register"]
+
+JARS_ENV = "LOWTIDE_KAFKA_JARS"
+STATE_FILE = "broker.json"
+DEFAULT_DIR = ".lowtide/kafka"
+
+
+class BrokerFailed(RuntimeError):
+    """The broker could not be started (the message names the log to read)."""
+
+
+def kafka_jars_dir() -> Path:
+    """``$LOWTIDE_KAFKA_JARS``, else ``jars/kafka/lib`` of the checkout (found from the
+    working directory upwards)."""
+    if os.environ.get(JARS_ENV):
+        return Path(os.environ[JARS_ENV])
+    here = Path.cwd()
+    for folder in (here, *here.parents, *Path(__file__).resolve().parents):
+        if (folder / "jars" / "kafka" / "lib").is_dir():
+            return folder / "jars" / "kafka" / "lib"
+    return here / "jars" / "kafka" / "lib"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def accepts(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def server_properties(data_dir: Path, port: int, controller_port: int) -> str:
+    """One process as broker and controller; topics of one replica (one node)."""
+    return "\n".join([
+        "process.roles=broker,controller",
+        "node.id=1",
+        f"controller.quorum.voters=1@127.0.0.1:{controller_port}",
+        f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+        f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
+        "controller.listener.names=CONTROLLER",
+        "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "inter.broker.listener.name=PLAINTEXT",
+        f"log.dirs={data_dir / 'logs'}",
+        "offsets.topic.replication.factor=1",
+        "transaction.state.log.replication.factor=1",
+        "transaction.state.log.min.isr=1",
+        "share.coordinator.state.topic.replication.factor=1",
+        "share.coordinator.state.topic.min.isr=1",
+        # consumers of a fresh group start at once instead of after 3 s
+        "group.initial.rebalance.delay.ms=0",
+        "",
+    ])
+
+
+@dataclass(frozen=True)
+class KafkaBrokerConfig:
+    """Where the broker keeps its data and how long it may take to come up."""
+
+    data_dir: Path
+    jars: Path | None = None
+    heap_mb: int = 384
+    start_timeout_s: float = 60.0
+
+    def build(self) -> KafkaBroker:
+        """Format the storage and start the broker; returns once it accepts connections."""
+        jars = self.jars or kafka_jars_dir()
+        if not any(jars.glob("kafka_2.13-*.jar")):
+            raise BrokerFailed(f"no Kafka broker jars in {jars}: run `make setup` "
+                               f"(or set {JARS_ENV})")
+        data_dir = Path(self.data_dir).resolve()
+        data_dir.mkdir(parents=True, exist_ok=True)
+        port, controller_port = free_port(), free_port()
+        props = data_dir / "server.properties"
+        props.write_text(server_properties(data_dir, port, controller_port))
+        java = ["java", f"-Xmx{self.heap_mb}m", "-cp", f"{jars}/*"]
+        log_path = data_dir / "broker.log"
+        cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        with open(log_path, "ab") as log:
+            fmt = subprocess.run([*java, "kafka.tools.StorageTool", "format", "-t", cluster,
+                                  "-c", str(props), "--ignore-formatted"],
+                                 stdout=log, stderr=subprocess.STDOUT, check=False,
+                                 timeout=self.start_timeout_s)
+            if fmt.returncode != 0:
+                raise BrokerFailed(f"formatting the broker's storage failed: see {log_path}")
+            proc = subprocess.Popen([*java, "kafka.Kafka", str(props)], stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        broker = KafkaBroker(proc.pid, f"127.0.0.1:{port}", data_dir)
+        try:
+            broker.wait_ready(self.start_timeout_s, lambda: proc.poll() is None)
+        except BaseException:
+            broker.stop()
+            raise
+        return broker
+
+
+@dataclass(frozen=True)
+class KafkaBroker:
+    """A running broker: its process (group) id, address and data directory."""
+
+    pid: int
+    bootstrap: str
+    data_dir: Path
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "broker.log"
+
+    def wait_ready(self, timeout_s: float, alive: object = None) -> None:
+        """Wait until the broker accepts connections and answers a metadata request."""
+        host, port = self.bootstrap.rsplit(":", 1)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if callable(alive) and not alive():
+                raise BrokerFailed(f"the Kafka broker exited while starting: see {self.log_path}")
+            if accepts(host, int(port)) and self._answers():
+                return
+            time.sleep(0.2)
+        raise BrokerFailed(f"the Kafka broker did not start within {timeout_s:.0f} s: "
+                           f"see {self.log_path}")
+
+    def _answers(self) -> bool:
+        """A metadata round trip, when confluent-kafka is installed (a listening socket
+        comes up before the broker has joined its own quorum)."""
+        try:
+            from confluent_kafka.admin import AdminClient
+        except ImportError:
+            return True
+        try:
+            meta = AdminClient({"bootstrap.servers": self.bootstrap}).list_topics(timeout=2)
+        except Exception:  # KafkaException while the broker is starting: try again
+            return False
+        return bool(meta.brokers)
+
+    def running(self) -> bool:
+        try:
+            cmdline = Path(f"/proc/{self.pid}/cmdline").read_bytes()
+        except OSError:
+            return False
+        return b"kafka.Kafka" in cmdline  # not a later process that reused the pid
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """End the broker's process group (TERM, then KILL after ``timeout_s``)."""
+        for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
+            if not self.running():
+                break
+            try:
+                os.killpg(self.pid, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + wait_s
+            while self.running() and time.monotonic() < deadline:
+                self._reap()
+                time.sleep(0.1)
+        self._reap()
+
+    def _reap(self) -> None:
+        """Collect the exit status if the broker is our child (no zombie is left)."""
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, os.WNOHANG)
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps({"pid": self.pid, "bootstrap": self.bootstrap,
+                                    "data_dir": str(self.data_dir)}) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> KafkaBroker:
+        doc = json.loads(path.read_text())
+        return cls(int(doc["pid"]), str(doc["bootstrap"]), Path(doc["data_dir"]))
+
+
+def _state(args: argparse.Namespace) -> Path:
+    return Path(args.dir) / STATE_FILE
+
+
+def _up(args: argparse.Namespace) -> int:
+    state = _state(args)
+    if state.exists() and KafkaBroker.load(state).running():
+        print(f"already running: {KafkaBroker.load(state).bootstrap} (lowtide kafka down)")
+        return 1
+    broker = KafkaBrokerConfig(Path(args.dir)).build()
+    broker.save(state)
+    print(json.dumps({"bootstrap": broker.bootstrap, "pid": broker.pid, "state": str(state)}))
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    state = _state(args)
+    if not state.exists():
+        print(f"no broker recorded in {state}")
+        return 1
+    KafkaBroker.load(state).stop()
+    state.unlink()
+    print("stopped")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    state = _state(args)
+    broker = KafkaBroker.load(state) if state.exists() else None
+    running = broker is not None and broker.running()
+    print(json.dumps({"running": running,
+                      "bootstrap": broker.bootstrap if broker else None,
+                      "pid": broker.pid if broker else None}))
+    return 0 if running else 1
+
+
+def register(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """``lowtide kafka up|down|status [--dir DIR]``."""
+    kafka = sub.add_parser("kafka", help="a local single-node Kafka broker (KRaft) for "
+                           "trying lowtide on Kafka")
+    kafka.set_defaults(handler=_status, dir=DEFAULT_DIR)  # bare `lowtide kafka`: status
+    actions = kafka.add_subparsers(dest="kafka", metavar="ACTION")
+    for name, handler, text in (("up", _up, "start it; prints its bootstrap address"),
+                                ("down", _down, "stop it by its recorded pid"),
+                                ("status", _status, "running or not, and where")):
+        p = actions.add_parser(name, help=text)
+        p.add_argument("--dir", default=DEFAULT_DIR,
+                       help=f"data dir and state file {STATE_FILE} (default {DEFAULT_DIR})")
+        p.set_defaults(handler=handler)

@@ -1,0 +1,30 @@
+"""``lowtide bench spark --source kafka`` on the suite's broker and session: both
+queries drain the same topic, the tracked one completes through the producers' last
+promise, and the result carries the ratios under their names."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lowtide.bench.spark import kafka as bench_kafka
+
+pytestmark = pytest.mark.spark
+
+
+def test_tracked_and_untracked_drain_one_topic(spark, kafka_broker, tmp_path: Path) -> None:
+    if "spark-sql-kafka" not in spark.conf.get("spark.jars", ""):
+        pytest.skip("the shared Spark session has no Kafka connector: give tests/conftest.py's "
+                    "session SessionConfig(kafka=True, delta=True)'s spark.jars")
+    cfg = bench_kafka.KafkaBenchConfig(fronts=2, records=6_000, rows_per_batch=1_000,
+                                       warmup_batches=1, rounds=2)
+    rounds = [bench_kafka.one_round(spark, kafka_broker.bootstrap, tmp_path, r, cfg)
+              for r in range(cfg.rounds)]
+    for r in rounds:  # both read every record of the round's topic
+        assert r["untracked"][0] > 0 and r["tracked"][0] > 0
+    result = bench_kafka.summary(rounds)
+    assert json.loads(json.dumps(result)) == result
+    assert result["bench"] == "spark-kafka"
+    assert result["throughput_ratio"] > 0 and result["cpu_ratio"] > 0
