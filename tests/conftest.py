@@ -36,12 +36,25 @@ def pytest_collection_modifyitems(items: list[Any]) -> None:
             cloudpickle.register_pickle_by_value(mod)
 
 
+def _table_and_kafka_settings() -> dict[str, str]:
+    """The Kafka connector and Delta Lake from the jars `make setup` fetched; without
+    them the Delta and Kafka tests skip, naming the fix."""
+    from lowtide.spark.session import JarsMissing, SessionConfig
+
+    try:
+        conf = SessionConfig(kafka=True, delta=True).settings()
+    except JarsMissing:
+        return {}
+    keys = ("spark.jars", "spark.sql.extensions", "spark.sql.catalog.spark_catalog")
+    return {key: conf[key] for key in keys}
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     os.environ["PYSPARK_PYTHON"] = PY
     os.environ["PYSPARK_DRIVER_PYTHON"] = PY
     pyspark_sql = pytest.importorskip("pyspark.sql")
-    session = (
+    builder = (
         pyspark_sql.SparkSession.builder.master("local[2,4]")
         .appName("lowtide-tests")
         .config("spark.ui.enabled", "false")
@@ -51,8 +64,10 @@ def spark() -> Iterator[Any]:
         .config("spark.sql.streaming.stopTimeout", "30s")
         .config("spark.python.worker.reuse", "true")
         .config("spark.driver.extraJavaOptions", "-Xss32m")
-        .getOrCreate()
     )
+    for key, value in _table_and_kafka_settings().items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     try:
         yield session
