@@ -80,6 +80,17 @@ def use_rocksdb(spark: Any) -> None:
         spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
 
 
+def check_keys(step: str, keys: tuple[str, ...], fields: dict[str, str]) -> None:
+    """Each key of ``step`` (e.g. "window 'w'") is a column Spark can group by;
+    ``fields``: the input's columns (name -> simpleString)."""
+    for k in keys:
+        if k not in fields:
+            raise ValueError(f"{step}: no key column {k!r} (columns: {', '.join(fields)})")
+        if fields[k].startswith("map<"):
+            raise ValueError(f"{step}: key column {k!r} ({fields[k]}) is a map, which Spark "
+                             "cannot group by")
+
+
 def to_ipc(frame: Any) -> bytes:
     """A pandas DataFrame as Arrow IPC bytes (types kept exactly, for the state store)."""
     import pyarrow as pa
@@ -99,6 +110,21 @@ def from_ipc(parts: list[bytes]) -> Any:
         return None
     tables = [pa.ipc.open_stream(io.BytesIO(bytes(p))).read_all() for p in parts]
     return pa.concat_tables(tables).to_pandas()
+
+
+def insert_keys(res: Any, names: tuple[str, ...], values: tuple[Any, ...]) -> None:
+    """Put a group's key columns first in its output rows ``res`` (a pandas DataFrame;
+    object columns, so that Spark types them from the output schema, timestamps as
+    timestamps)."""
+    import datetime
+
+    import pandas as pd
+
+    for i, (name, value) in enumerate(zip(names, values, strict=True)):
+        series = pd.Series([value] * len(res), dtype=object)
+        if isinstance(value, datetime.datetime | np.datetime64):
+            series = pd.to_datetime(series)
+        res.insert(i, name, series)
 
 
 class StateClock:

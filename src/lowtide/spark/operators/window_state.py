@@ -5,7 +5,6 @@ and its rules are in :mod:`.windows`."""
 
 from __future__ import annotations
 
-import datetime
 import pickle
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -15,9 +14,11 @@ import numpy as np
 
 from lowtide.spark.operators.state_clock import (
     StateClock,
+    check_keys,
     from_ipc,
     hold_ack,
     hold_as_i64,
+    insert_keys,
     next_poll_ms,
     to_ipc,
     use_rocksdb,
@@ -175,14 +176,10 @@ def processor_class() -> type:
                 res = self._results(v, start)
                 m = len(res)
                 packed = self.clock.emit(end - 1, hold, m, now)
-                bounds = {"window_start": start * delta, "window_end": end * delta}
-                for i, (name, value) in enumerate([*zip(rt.spec.keys, kv, strict=True),
-                                                   *bounds.items()]):
-                    series = pd.Series([value] * m, dtype=object)
-                    if name in bounds or isinstance(value, datetime.datetime | np.datetime64):
-                        series = pd.to_datetime(series, unit="ms" if name in bounds else None,
-                                                utc=name in bounds)
-                    res.insert(i, name, series)
+                insert_keys(res, rt.spec.keys, kv)
+                for i, ms in enumerate((start * delta, end * delta)):
+                    res.insert(len(kv) + i, ("window_start", "window_end")[i],
+                               pd.to_datetime(pd.Series([ms] * m), unit="ms", utc=True))
                 res[TRACK_COL] = packed
                 out.append(res)
                 self.state.removeKey((start,))
@@ -221,13 +218,7 @@ def build_window(df: Any, spec: WindowSpec, ref: TrackerRef, out_segment: str,
     use_rocksdb(df.sparkSession)
     fields = {f.name: f.dataType.simpleString() for f in df.schema.fields
               if f.name not in TRACKING_COLS}
-    for k in spec.keys:
-        if k not in fields:
-            raise ValueError(f"window {spec.name!r}: no key column {k!r} "
-                             f"(columns: {', '.join(fields)})")
-        if fields[k].startswith("map<"):
-            raise ValueError(f"window {spec.name!r}: key column {k!r} ({fields[k]}) is a "
-                             "map, which Spark cannot group by")
+    check_keys(f"window {spec.name!r}", spec.keys, fields)
     aggs, columns = bind_aggs(spec.name, spec.aggs, fields)
     rt = WindowRuntime(spec, ref, out_segment, op_id, tuple(fields[k] for k in spec.keys),
                        aggs, tuple(fields))

@@ -93,14 +93,14 @@ def parse_aggs(aggs: dict[str, Any]) -> tuple[Agg, ...]:
     return tuple(_agg(name, spec) for name, spec in aggs.items())
 
 
-def parse_keys(key: Any) -> tuple[str, ...]:
-    """``"user"`` or ``["user", "region"]``: the window's key columns."""
+def parse_keys(key: Any, what: str = "window") -> tuple[str, ...]:
+    """``"user"`` or ``["user", "region"]``: the key columns of a ``what`` step."""
     keys = (key,) if isinstance(key, str) else tuple(key) if isinstance(key, list | tuple) \
         else ()
     if not keys or not all(isinstance(k, str) and k for k in keys):
-        raise ValueError(f"window key {key!r}: give a column name or a list of them")
+        raise ValueError(f"{what} key {key!r}: give a column name or a list of them")
     if len(set(keys)) != len(keys):
-        raise ValueError(f"window key {key!r}: a column twice")
+        raise ValueError(f"{what} key {key!r}: a column twice")
     return keys
 
 

@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from lowtide.core.graph import SegmentGraph
 from lowtide.spark.operators.frames import FrameSpec
+from lowtide.spark.operators.keyed_state import FoldLogic, StatefulSpec
 from lowtide.spark.operators.tracked import OpSpec
-from lowtide.spark.operators.windows import WindowSpec, make_windowed
+from lowtide.spark.operators.windows import WindowSpec, make_windowed, parse_keys
 from lowtide.spark.pipeline.dag import PipelineShapeError, SegmentPlan, derive
 from lowtide.spark.sinks import console_writer
 from lowtide.spark.sources.generator import GeneratorSpec
@@ -52,7 +53,7 @@ class TransformSpec:
         return []
 
 
-Step = OpSpec | WindowSpec | TransformSpec | FrameSpec
+Step = OpSpec | WindowSpec | StatefulSpec | TransformSpec | FrameSpec
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,17 @@ class Stream:
         schema)``. See :mod:`lowtide.spark.operators.windows`."""
         return make_windowed(self, size, key, slide, name or self._default_name("window"),
                              poll_ms, self.pipeline.grid.delta_ms)
+
+    def stateful(self, fn: Callable[[Any, Any, Any], tuple[Any, Any]], schema: str, *,
+                 key: str | list[str] | tuple[str, ...], name: str | None = None,
+                 poll_ms: int = 100) -> Stream:
+        """Exact keyed state in global time order: ``fn(key, rows, state) -> (state,
+        out)`` once per key and complete slot, in slot order; ``out`` (pandas, columns
+        of the DDL ``schema``, or None) follows the key columns. Pending rows hold the
+        min time downstream. See :mod:`lowtide.spark.operators.keyed_state`."""
+        name = name or self._default_name("stateful")
+        return self._then(StatefulSpec(name, parse_keys(key, "stateful"), FoldLogic(fn, name),
+                                       schema, poll_ms))
 
     # DataFrame-native steps, evaluated by Spark's JVM (see operators.frames)
     def where(self, condition: Any, *, name: str | None = None) -> Stream:
