@@ -61,8 +61,9 @@ from lowtide.spark.tracking.transport import TrackerRef
 class History(Protocol):
     """What a step sees besides its slot's rows (the processor, for one key)."""
 
-    def rows_between(self, lo: int, hi: int) -> Any:
-        """The processed rows of slots ``lo .. hi`` (inclusive), or None."""
+    def kept(self, lo: int, hi: int) -> list[tuple[int, Any]]:
+        """The processed rows still kept of slots ``lo .. hi`` (inclusive): (slot,
+        DataFrame) in slot order."""
 
     def get_state(self) -> Any: ...
 
@@ -146,13 +147,28 @@ def processor_class() -> type:
             self.user = handle.getValueState("user", "data binary")
             self.clock = StateClock(rt.ref, rt.spec.name, rt.out_segment, rt.op_id)
 
+        # the key's slots, read from the state store once per call (each read is a
+        # round trip to the JVM): slot -> (hold, parts), and the rows decoded so far
+        def _load(self) -> None:
+            self._entries = {int(k[0]): (int(v[0]), int(v[1]))
+                             for k, v in self.slots.iterator()}
+            self._frames: dict[int, Any] = {}
+
+        def _rows_of(self, slot: int) -> Any:
+            if slot not in self._frames:
+                parts = self._entries[slot][1]
+                self._frames[slot] = from_ipc([self.rows.getValue((slot, p))[0]
+                                               for p in range(parts)])
+            return self._frames[slot]
+
+        def _set(self, slot: int, hold: int, parts: int) -> None:
+            self._entries[slot] = (hold, parts)
+            self.slots.updateValue((slot,), (hold, parts))
+
         # History, for the logic
-        def rows_between(self, lo: int, hi: int) -> Any:
-            parts = [self.rows.getValue((s, p))[0]
-                     for s in sorted(int(k[0]) for k in self.slots.keys())  # noqa: SIM118
-                     if lo <= s <= hi
-                     for p in range(int(self.slots.getValue((s,))[1]))]
-            return from_ipc(parts)
+        def kept(self, lo: int, hi: int) -> list[tuple[int, Any]]:
+            return [(s, self._rows_of(s)) for s in sorted(self._entries)
+                    if lo <= s <= hi and self._entries[s][0] == 0 and self._entries[s][1] > 0]
 
         def get_state(self) -> Any:
             v = self.user.get() if self.user.exists() else None
@@ -167,6 +183,7 @@ def processor_class() -> type:
         def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
             import pandas as pd
 
+            self._load()
             frames = [df for df in rows if len(df)]
             if frames:
                 df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
@@ -175,38 +192,37 @@ def processor_class() -> type:
                 order = np.lexsort((ids, times))  # a fixed order within a slot: by ack id
                 df, times = df.iloc[order].reset_index(drop=True), times[order]
                 data = df.drop(columns=[c for c in TRACKING_COLS if c in df.columns])
-                for slot in np.unique(times).tolist():
-                    self._keep(key, int(slot), data[times == slot])
+                bounds = np.flatnonzero(np.diff(times)) + 1
+                for lo, hi in zip([0, *bounds], [*bounds, len(times)], strict=True):
+                    self._keep(key, int(times[lo]), data.iloc[lo:hi])
             yield from self._run(key, timerValues)
 
         def handleExpiredTimer(self, key: Any, timerValues: Any,
                                expiredTimerInfo: Any) -> Iterator[Any]:
+            self._load()
             yield from self._run(key, timerValues)
 
         def _open(self, key: Any, slot: int) -> tuple[int, int]:
             """The slot's entry; a new one opens its hold."""
-            if self.slots.containsKey((slot,)):
-                hold, parts = self.slots.getValue((slot,))
-                return int(hold), int(parts)
+            if slot in self._entries:
+                return self._entries[slot]
             hold = hold_ack(self.rt.op_id, key, slot)
             self.clock.open_hold(slot, hold)
-            self.slots.updateValue((slot,), (hold_as_i64(hold), 0))
+            self._set(slot, hold_as_i64(hold), 0)
             return hold_as_i64(hold), 0
 
         def _keep(self, key: Any, slot: int, rows: Any) -> None:
             hold, parts = self._open(key, slot)
             self.rows.updateValue((slot, parts), (to_ipc(rows.reset_index(drop=True)),))
-            self.slots.updateValue((slot,), (hold, parts + 1))
+            self._set(slot, hold, parts + 1)
 
         def _run(self, key: Any, timerValues: Any) -> Iterator[Any]:
             """Step every pending slot below the complete time, in slot order."""
             now = int(timerValues.getCurrentProcessingTimeInMs())
-            entries = {int(k[0]): self.slots.getValue(k) for k in self.slots.keys()}  # noqa: SIM118
-            pending = [s for s, v in entries.items() if int(v[0]) != 0]
-            if not pending:
+            if not any(hold != 0 for hold, _ in self._entries.values()):
                 return
             done = self.clock.complete_below(now)
-            ready = [s for s in pending if s < done]
+            ready = [s for s, (hold, _) in self._entries.items() if hold != 0 and s < done]
             heapq.heapify(ready)
             out: list[Any] = []
             while ready:
@@ -215,7 +231,7 @@ def processor_class() -> type:
                 if res is not None:
                     out.append(res)
             self._expire(done)
-            if any(int(v[0]) != 0 for _, v in self.slots.iterator()):
+            if any(hold != 0 for hold, _ in self._entries.values()):
                 self.handle.registerTimer(next_poll_ms(now, self.rt.spec.poll_ms))
             if out:
                 import pandas as pd
@@ -226,21 +242,21 @@ def processor_class() -> type:
             import pandas as pd
 
             rt = self.rt
-            hold, parts = self.slots.getValue((slot,))
-            rows = from_ipc([self.rows.getValue((slot, p))[0] for p in range(int(parts))])
+            hold, parts = self._entries[slot]
+            rows = self._rows_of(slot)
             res, wakes = rt.spec.logic.step(tuple(key), slot, rows, self)
             for w in wakes:
-                if not self.slots.containsKey((w,)):
+                if w not in self._entries:
                     self._open(key, w)
                     if w < done:
                         heapq.heappush(ready, w)
             res = pd.DataFrame() if res is None else res.reset_index(drop=True)
             u_hold = int(np.array([hold], np.int64).view(np.uint64)[0])
             packed = self.clock.emit(slot, u_hold, len(res), now)
-            if rt.spec.logic.keep_slots > 0 and int(parts) > 0:
-                self.slots.updateValue((slot,), (0, int(parts)))  # processed, kept
+            if rt.spec.logic.keep_slots > 0 and parts > 0:
+                self._set(slot, 0, parts)  # processed, kept for later steps
             else:
-                self._drop(slot, int(parts))
+                self._drop(slot, parts)
             if not len(res):
                 return None
             insert_keys(res, rt.spec.keys, tuple(key))
@@ -251,11 +267,13 @@ def processor_class() -> type:
             """Drop processed slots no later step can look back at: every later step
             is at a slot >= ``done``."""
             keep = self.rt.spec.logic.keep_slots
-            for k, v in list(self.slots.iterator()):
-                if int(v[0]) == 0 and int(k[0]) + keep < done:
-                    self._drop(int(k[0]), int(v[1]))
+            for slot, (hold, parts) in list(self._entries.items()):
+                if hold == 0 and slot + keep < done:
+                    self._drop(slot, parts)
 
         def _drop(self, slot: int, parts: int) -> None:
+            del self._entries[slot]
+            self._frames.pop(slot, None)
             self.slots.removeKey((slot,))
             for p in range(parts):
                 self.rows.removeKey((slot, p))
