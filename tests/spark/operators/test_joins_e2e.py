@@ -18,7 +18,8 @@ import pytest
 import lowtide
 from lowtide.spark.sources.generator import GeneratorSpec
 from tests.spark.helpers import fail_once
-from tests.spark.operators.test_windows_e2e import GRID, STUCK_MS, all_input, read_results
+from tests.spark.operators.test_keyed_state_e2e import run_timed
+from tests.spark.operators.test_windows_e2e import GRID, STUCK_MS, all_input
 
 pytestmark = pytest.mark.spark
 
@@ -73,17 +74,8 @@ def test_interval_join_with_lag_and_failures_equals_batch(spark, tmp_path: Path,
     joined = (left.join(right, on="user", within=WITHIN * GRID.delta_ms, how=how, name="j")
               .transform(lambda df: df.mapInArrow(after, df.schema)))
     assert joined.segment_names() == ["left", "right", "j", "j.state", "sink"]
-    out = tmp_path / "out"
-    try:
-        query = joined.write_parquet(str(out), checkpoint=str(tmp_path / "ckpt"),
-                                     keep_tracking_columns=True, trigger="200 milliseconds")
-        query.wait_for_min_time(GRID.slot_of(t0) + 250, timeout_s=120)
-        assert not query.stuck()
-        query.stop()
-        final = query.min_time()
-    finally:
-        pipe.close()
-    got = read_results(out).rename(columns={"lt_time": "time"})
+    results, _, final = run_timed(pipe, joined, tmp_path, 250)
+    got = results.rename(columns={"lt_time": "time"})
     assert list(got.columns[:5]) == ["user", "l_front", "l_seq", "r_front", "r_seq"]
     got = got.fillna(-1)[["l_front", "l_seq", "r_front", "r_seq", "time"]].astype(np.int64)
     rows = list(got.itertuples(index=False, name=None))

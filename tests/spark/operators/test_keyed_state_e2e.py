@@ -28,6 +28,23 @@ def running(key: tuple[Any, ...], rows: pd.DataFrame, state: Any) -> tuple[Any, 
     return (n, total), pd.DataFrame({"n": [n], "total": [total], "rows": [len(rows)]})
 
 
+def run_timed(pipe: Any, stream: Any, tmp: Path, slots: int) -> tuple[pd.DataFrame, int, int]:
+    """Write ``stream`` with its rows' slots (``lt_time``) until the sink's min time is
+    ``slots`` past the first batch's t0; (results, t0, the sink's final min time)."""
+    out, ckpt = tmp / "out", tmp / "ckpt"
+    try:
+        query = stream.write_parquet(str(out), checkpoint=str(ckpt), keep_tracking_columns=True,
+                                     trigger="200 milliseconds")
+        t0 = t0_of_checkpoint(ckpt, query)
+        query.wait_for_min_time(GRID.slot_of(t0) + slots, timeout_s=120)
+        assert not query.stuck()
+        query.stop()
+        final = query.min_time()
+    finally:
+        pipe.close()
+    return read_results(out), t0, final
+
+
 def batch_fold(rows: pd.DataFrame) -> pd.DataFrame:
     """The batch recomputation: per (user, slot) with rows, the running count and sum."""
     g = rows.groupby(["user", "slot"]).agg(rows=("amount", "size"), amount=("amount", "sum"))
@@ -48,18 +65,8 @@ def test_running_state_with_lag_and_failures_equals_batch(spark, tmp_path: Path)
               .stateful(running, "n long, total double, rows long", key="user", name="run")
               .transform(lambda df: df.mapInArrow(after, df.schema)))
     assert stream.segment_names() == ["parse", "run", "run.state", "sink"]
-    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
-    try:
-        query = stream.write_parquet(str(out), checkpoint=str(ckpt), keep_tracking_columns=True,
-                                     trigger="200 milliseconds")
-        t0 = t0_of_checkpoint(ckpt, query)
-        query.wait_for_min_time(GRID.slot_of(t0) + 250, timeout_s=120)
-        assert not query.stuck()
-        query.stop()
-        final = query.min_time()
-    finally:
-        pipe.close()
-    got = read_results(out).rename(columns={"lt_time": "slot"}).set_index(["user", "slot"])
+    results, t0, final = run_timed(pipe, stream, tmp_path, 250)
+    got = results.rename(columns={"lt_time": "slot"}).set_index(["user", "slot"])
     assert got.index.is_unique, "a (user, slot) emitted twice"
     horizon = max(final, int(got.index.get_level_values("slot").max()) + 1)
     expected = batch_fold(all_input(spec, t0, horizon))

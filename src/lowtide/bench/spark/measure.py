@@ -219,6 +219,29 @@ def _summary(t: _Tally, base: _Tally) -> dict[str, Any]:
 
 
 
+def measure_query(query: Any, cfg: BenchConfig) -> Measured:
+    """:func:`_measure` a plain Spark query, then stop it between batches."""
+    from lowtide.spark.pipeline import stop_between_batches
+
+    try:
+        return _measure(query, cfg)
+    finally:
+        stop_between_batches(query)
+
+
+def measure_pipeline(pipe: Any, stream: Any, cfg: BenchConfig, workdir: str) -> Measured:
+    """:func:`_measure` ``stream`` of ``pipe`` written to the tracked null sink, then
+    stop it and close the pipeline."""
+    try:
+        query = stream.to_null(checkpoint=tempfile.mkdtemp(dir=workdir))
+        try:
+            return _measure(query.query, cfg)
+        finally:
+            query.stop()
+    finally:
+        pipe.close()
+
+
 Runner = Callable[[Any, BenchConfig, str], Measured]
 
 

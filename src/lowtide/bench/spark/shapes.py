@@ -20,8 +20,15 @@ from dataclasses import replace
 from typing import Any
 
 from lowtide.bench.spark.maps import _untracked_stage
-from lowtide.bench.spark.measure import BenchConfig, Measured, _measure, _spec, user_map
-from lowtide.spark.pipeline import Pipeline, stop_between_batches
+from lowtide.bench.spark.measure import (
+    BenchConfig,
+    Measured,
+    _spec,
+    measure_pipeline,
+    measure_query,
+    user_map,
+)
+from lowtide.spark.pipeline import Pipeline
 from lowtide.spark.sources import GeneratorSpec
 from lowtide.spark.sources.generator import UNTRACKED_SCHEMA
 
@@ -52,24 +59,6 @@ def _start(df: Any, workdir: str) -> Any:
             .option("checkpointLocation", tempfile.mkdtemp(dir=workdir)).start())
 
 
-def _measure_plain(query: Any, cfg: BenchConfig) -> Measured:
-    try:
-        return _measure(query, cfg)
-    finally:
-        stop_between_batches(query)
-
-
-def _measure_tracked(pipe: Pipeline, stream: Any, cfg: BenchConfig, workdir: str) -> Measured:
-    try:
-        query = stream.to_null(checkpoint=tempfile.mkdtemp(dir=workdir))
-        try:
-            return _measure(query.query, cfg)
-        finally:
-            query.stop()
-    finally:
-        pipe.close()
-
-
 def _read(spark: Any, spec: GeneratorSpec) -> Any:
     return (spark.readStream.format("lowtide_gen").option("tracking", "false")
             .option("spec", spec.to_json()).load())
@@ -79,7 +68,7 @@ def spark_union(spark: Any, cfg: BenchConfig, workdir: str) -> Measured:
     a, b = _halves(cfg)
     df = _read(spark, a).unionByName(_read(spark, b)).mapInArrow(_untracked_stage,
                                                                   UNTRACKED_SCHEMA)
-    return _measure_plain(_start(df, workdir), cfg)
+    return measure_query(_start(df, workdir), cfg)
 
 
 def lowtide_union(spark: Any, cfg: BenchConfig, workdir: str) -> Measured:
@@ -87,7 +76,7 @@ def lowtide_union(spark: Any, cfg: BenchConfig, workdir: str) -> Measured:
     pipe = Pipeline(spark, "bench-union", freeze_gc=cfg.freeze_gc)
     stream = pipe.generate(a).union(pipe.generate(b)).map(user_map, UNTRACKED_SCHEMA,
                                                           name="map")
-    return _measure_tracked(pipe, stream, cfg, workdir)
+    return measure_pipeline(pipe, stream, cfg, workdir)
 
 
 def _side_columns(prefix: str) -> list[tuple[str, Any]]:
@@ -112,7 +101,7 @@ def spark_join(spark: Any, cfg: BenchConfig, workdir: str) -> Measured:
     right = _side(_read(spark, b), "r_").withWatermark("r_ts", "1 second")
     cond = F.expr(f"l_k = r_k AND r_ts BETWEEN l_ts - INTERVAL {JOIN_WITHIN} "
                   f"AND l_ts + INTERVAL {JOIN_WITHIN}")
-    return _measure_plain(_start(left.join(right, cond, "inner"), workdir), cfg)
+    return measure_query(_start(left.join(right, cond, "inner"), workdir), cfg)
 
 
 def lowtide_join(spark: Any, cfg: BenchConfig, workdir: str) -> Measured:
@@ -127,7 +116,7 @@ def lowtide_join(spark: Any, cfg: BenchConfig, workdir: str) -> Measured:
                                           name=f"{prefix}select")
 
     stream = side(a, "l_").join(side(b, "r_"), on="k", within=JOIN_WITHIN, name="join")
-    return _measure_tracked(pipe, stream, cfg, workdir)
+    return measure_pipeline(pipe, stream, cfg, workdir)
 
 
 RUNNERS = {

@@ -21,11 +21,12 @@ from typing import Any
 from lowtide.bench.spark.measure import (
     BenchConfig,
     Measured,
-    _measure,
     _spec,
+    measure_pipeline,
+    measure_query,
     versus,
 )
-from lowtide.spark.pipeline import Pipeline, stop_between_batches
+from lowtide.spark.pipeline import Pipeline
 
 WINDOW = "1 second"
 KEYS = ("user", "region")
@@ -64,11 +65,7 @@ def spark_query(spark: Any, cfg: BenchConfig, checkpoint: str) -> Any:
 
 
 def run_spark(spark: Any, cfg: BenchConfig, workdir: str) -> Measured:
-    query = spark_query(spark, cfg, tempfile.mkdtemp(dir=workdir))
-    try:
-        return _measure(query, cfg)
-    finally:
-        stop_between_batches(query)
+    return measure_query(spark_query(spark, cfg, tempfile.mkdtemp(dir=workdir)), cfg)
 
 
 def run_lowtide(spark: Any, cfg: BenchConfig, workdir: str) -> Measured:
@@ -79,14 +76,7 @@ def run_lowtide(spark: Any, cfg: BenchConfig, workdir: str) -> Measured:
     stream = stream.window(WINDOW, key=list(KEYS), name="window").agg(
         n="count", total=("amount", "sum"), top=("big", "max"),
         first_name=("name", "min"), last_ts=("ts", "max"))
-    try:
-        query = stream.to_null(checkpoint=tempfile.mkdtemp(dir=workdir))
-        try:
-            return _measure(query.query, cfg)
-        finally:
-            query.stop()
-    finally:
-        pipe.close()
+    return measure_pipeline(pipe, stream, cfg, workdir)
 
 
 def run(cfg: BenchConfig) -> dict[str, Any]:
