@@ -29,8 +29,7 @@ from lowtide.bench.spark.measure import (
     user_map,
 )
 from lowtide.spark.pipeline import Pipeline
-from lowtide.spark.sources import GeneratorSpec
-from lowtide.spark.sources.generator import UNTRACKED_SCHEMA
+from lowtide.spark.sources import UNTRACKED_SCHEMA, GeneratorSpec
 
 SHAPES = ("maps", "window", "union", "join")
 JOIN_KEYS = 1000
