@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -92,43 +91,3 @@ def test_interval_join_with_lag_and_failures_equals_batch(spark, tmp_path: Path,
     assert any(r[2] != -1 for r in done)
     if how == "left":
         assert any(r[2] == -1 for r in done)  # unmatched left rows, emitted when complete
-
-
-def test_spark_watermark_join_drops_the_lagging_rows(spark, tmp_path: Path) -> None:
-    """The same shape in Spark's own stream-stream join (watermarks on both sides, the
-    delay shorter than the lag): it drops the lagging front's rows as late, where the
-    exact join above drops none."""
-    from pyspark.sql import functions as F
-
-    from lowtide.spark.pipeline import register_sources
-
-    register_sources(spark)
-    t0 = int(time.time() * 1000) + 1000
-    a = GeneratorSpec(fronts=2, rate=120.0, payload_bytes=4, lag_ms={1: 800}, t0_ms=t0)
-    b = GeneratorSpec(fronts=1, first_front=2, rate=10.0, payload_bytes=4, t0_ms=t0)
-
-    def read(spec: GeneratorSpec, prefix: str) -> Any:
-        df = (spark.readStream.format("lowtide_gen").option("tracking", "false")
-              .option("spec", spec.to_json()).load())
-        user = ((F.col("seq") + F.col("front")) % 4).cast("string")
-        return df.select(user.alias(f"{prefix}user"), F.col("seq").alias(f"{prefix}seq"),
-                         F.timestamp_millis("event_ms").alias(f"{prefix}ts"))
-
-    within = f"INTERVAL {WITHIN * GRID.delta_ms} milliseconds"
-    left = read(a, "l_").withWatermark("l_ts", "300 milliseconds")
-    right = read(b, "r_").withWatermark("r_ts", "300 milliseconds")
-    cond = F.expr(f"l_user = r_user AND r_ts BETWEEN l_ts - {within} AND l_ts + {within}")
-    query = (left.join(right, cond, "inner").writeStream.format("noop")
-             .option("checkpointLocation", str(tmp_path / "ckpt"))
-             .trigger(processingTime="200 milliseconds").start())
-    try:
-        deadline = time.monotonic() + 120
-        dropped = 0
-        while dropped == 0 and time.monotonic() < deadline:
-            time.sleep(0.5)
-            assert query.exception() is None
-            dropped = sum(int(op.get("numRowsDroppedByWatermark", 0))
-                          for p in query.recentProgress for op in p.get("stateOperators", []))
-    finally:
-        query.stop()
-    assert dropped > 0, "Spark's watermark join dropped no row of the lagging front"
