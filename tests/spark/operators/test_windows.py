@@ -9,7 +9,8 @@ import pytest
 
 import lowtide.spark.operators.windows as windows
 from lowtide.core.time import TimeGrid
-from lowtide.spark.operators.window_state import hold_ack, window_starts
+from lowtide.spark.operators.state_clock import hold_ack
+from lowtide.spark.operators.window_state import window_starts
 from lowtide.spark.operators.windows import Agg, duration_ms, parse_aggs
 from lowtide.spark.pipeline.builder import Pipeline
 

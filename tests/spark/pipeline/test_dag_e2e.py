@@ -1,6 +1,6 @@
-"""End to end, DAG shapes: two sources with a lagging front, unioned into an exact
-window, equal a batch recomputation of the same events; two sinks on one tracker are
-both complete when announced."""
+"""End to end, DAG shapes: two sources with a lagging front and injected task
+failures, unioned into an exact window, equal a batch recomputation of the same
+events; two sinks on one tracker are both complete when announced."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 import lowtide
 from lowtide.spark.sources.generator import GeneratorSpec
-from tests.spark.helpers import gen_expected
+from tests.spark.helpers import fail_once, gen_expected
 from tests.spark.operators.test_windows_e2e import (
     AGG_COLS,
     GRID,
@@ -31,15 +31,21 @@ SCHEMA = "front int, seq long, user string, amount double"
 
 
 def test_two_sources_union_window_equals_batch(spark, tmp_path: Path) -> None:
+    """With a lagging front and injected task failures: in one branch before the union
+    (after its tracked map sent its acks) and after the window."""
     t0 = int(time.time() * 1000)  # one t0 for both sources, for the recomputation
     a = GeneratorSpec(fronts=2, rate=200.0, payload_bytes=4, lag_ms={1: 1500}, t0_ms=t0)
     b = GeneratorSpec(fronts=1, first_front=2, rate=150.0, payload_bytes=4, t0_ms=t0)
     pipe = lowtide.Pipeline(spark, "union", grid=GRID, stuck_after_ms=STUCK_MS)
+    before = fail_once(lambda bid, p: bid % 5 == 3 and p == 0)
+    after = fail_once(lambda bid, p: bid % 4 == 2)
     stream = (pipe.generate(a).map(parse, SCHEMA, name="pa")
+              .transform(lambda df: df.mapInArrow(before, df.schema))
               .union(pipe.generate(b).map(parse, SCHEMA, name="pb"))
               .window("1 second", key="user", name="win")
               .agg(n="count", total=("amount", "sum"), lo=("amount", "min"),
-                   hi=("amount", "max"), avg=("amount", "mean")))
+                   hi=("amount", "max"), avg=("amount", "mean"))
+              .transform(lambda df: df.mapInArrow(after, df.schema)))
     assert stream.segment_names() == ["pa", "pb", "win", "win.state", "sink"]
     try:
         query = stream.write_parquet(str(tmp_path / "out"), checkpoint=str(tmp_path / "ckpt"),

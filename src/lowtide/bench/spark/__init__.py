@@ -1,6 +1,8 @@
 """``lowtide bench spark``: what tracking costs a PySpark pipeline, and how soon the
-tracker notifies after a batch ends (``--shape maps``, the default); or an exact window
-against Spark's own watermark window (``--shape window``, :mod:`.window`).
+tracker notifies after a batch ends (``--shape maps``, the default); or lowtide against
+Spark's own query on the same shape: an exact window against Spark's watermark window
+(``--shape window``, :mod:`.window`), two sources and a union, an exact interval join
+against Spark's watermark stream-stream join (``--shape union|join``, :mod:`.shapes`).
 
 The maps pipeline: the generator (``fronts`` partitions, ``rows_per_batch`` rows per
 micro-batch, always backlogged) then ``stages`` times ``repartition(partitions)`` +
@@ -36,7 +38,7 @@ import argparse
 import json
 from typing import Any
 
-from lowtide.bench.spark import kafka, window
+from lowtide.bench.spark import kafka, shapes, window
 from lowtide.bench.spark.maps import (
     VARIANTS,
     first_updates,
@@ -52,10 +54,12 @@ from lowtide.bench.spark.measure import (
     _measure,
     _spec,
     _Tally,
+    report_versus,
     session,
     user_map,
+    versus,
 )
-from lowtide.bench.spark.window import SHAPES
+from lowtide.bench.spark.shapes import SHAPES
 
 __all__ = [  # what rr.py and the tests use
     "CPU",
@@ -93,7 +97,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the tracked pipeline does not gc.freeze() the driver's objects")
     p.add_argument("--shape", choices=SHAPES, default="maps",
                    help="maps: tracked vs untracked maps (default); window: an exact "
-                   "window vs Spark's watermark window, typed aggregates over two keys")
+                   "window vs Spark's watermark window, typed aggregates over two keys; "
+                   "union: two sources, a union and a map vs the same in plain Spark; join: "
+                   "an exact interval join vs Spark's watermark stream-stream join")
     p.add_argument("--source", choices=("generator", "kafka"), default="generator",
                    help="kafka: tracked vs untracked on one topic of a real broker")
     kafka.add_arguments(p)
@@ -115,10 +121,13 @@ def main(args: argparse.Namespace) -> int:
     unknown = set(cfg.variants) - set(VARIANTS)
     if unknown:
         raise SystemExit(f"unknown variants {sorted(unknown)}; choose from {VARIANTS}")
-    if args.shape == "window":
-        window_result = window.run(cfg)
-        window.report(window_result)
-        print(json.dumps(window_result))
+    if args.shape != "maps":
+        if args.shape == "window":
+            versus_result = window.run(cfg)
+        else:
+            versus_result = versus(cfg, args.shape, *shapes.RUNNERS[args.shape])
+        report_versus(versus_result)
+        print(json.dumps(versus_result))
         return 0
     result = run(cfg)
     print(f"{'variant':<13} {'rows/s':>10} {'wall ratio':>10} {'rows/CPU s':>11}"

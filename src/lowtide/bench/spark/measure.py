@@ -4,7 +4,10 @@ generator spec, and measuring rows per second and per CPU second over whole batc
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -202,3 +205,88 @@ def _summary(t: _Tally, base: _Tally) -> dict[str, Any]:
     }
 
 
+
+
+def measure_query(query: Any, cfg: BenchConfig) -> Measured:
+    """:func:`_measure` a plain Spark query, then stop it between batches."""
+    from lowtide.spark.pipeline import stop_between_batches
+
+    try:
+        return _measure(query, cfg)
+    finally:
+        stop_between_batches(query)
+
+
+def measure_pipeline(pipe: Any, stream: Any, cfg: BenchConfig, workdir: str) -> Measured:
+    """:func:`_measure` ``stream`` of ``pipe`` written to the tracked null sink, then
+    stop it and close the pipeline."""
+    try:
+        query = stream.to_null(checkpoint=tempfile.mkdtemp(dir=workdir))
+        try:
+            return _measure(query.query, cfg)
+        finally:
+            query.stop()
+    finally:
+        pipe.close()
+
+
+Runner = Callable[[Any, BenchConfig, str], Measured]
+
+
+def versus(cfg: BenchConfig, shape: str, spark_side: tuple[str, Runner],
+           lowtide_side: tuple[str, Runner]) -> dict[str, Any]:
+    """Spark's own query against lowtide's on the same shape, in one SparkSession
+    (RocksDB state store): rounds alternate the two, the first warms up and is not
+    counted. Throughput: input rows per second of batch time after warm-up; CPU: rows
+    per CPU second of the process tree; the ratios are lowtide / Spark, medians over
+    the counted rounds."""
+    from lowtide.spark.operators import ROCKSDB
+    from lowtide.spark.pipeline import register_sources
+
+    workdir = tempfile.mkdtemp(prefix=f"lowtide-bench-{shape}-")
+    spark = session(cfg)
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
+    register_sources(spark)
+    rates: dict[str, list[tuple[float, float]]] = {"spark": [], "lowtide": []}
+    try:
+        for r in range(cfg.rounds):
+            for name, (_, runner) in (("spark", spark_side), ("lowtide", lowtide_side)):
+                m = runner(spark, cfg, workdir)
+                rate, cpu_rate = m.rows / max(m.secs, 1e-9), CPU["rows"] / max(CPU["last"], 1e-9)
+                counted = r > 0 or cfg.rounds == 1
+                if counted:
+                    rates[name].append((rate, cpu_rate))
+                note = "" if counted else "  (warm-up, not counted)"
+                print(f"round {r + 1} {name:>8}: {rate:>10,.0f} rows/s {cpu_rate:>9,.0f} rows"
+                      f" per CPU s  ({m.batches} batches, {m.rows:,} rows){note}", flush=True)
+    finally:
+        spark.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    sp, lt = np.array(rates["spark"]), np.array(rates["lowtide"])
+    ratios = lt / sp
+    return {
+        "bench": "spark", "shape": shape,
+        "throughput_ratio": round(float(np.median(ratios[:, 0])), 4),
+        "cpu_ratio": round(float(np.median(ratios[:, 1])), 4),
+        "round_ratios": [round(float(x), 3) for x in ratios[:, 0]],
+        "round_cpu_ratios": [round(float(x), 3) for x in ratios[:, 1]],
+        "rows_per_s_lowtide": round(float(lt[:, 0].mean()), 1),
+        "rows_per_s_spark": round(float(sp[:, 0].mean()), 1),
+        "rows_per_cpu_s_lowtide": round(float(lt[:, 1].mean()), 1),
+        "rows_per_cpu_s_spark": round(float(sp[:, 1].mean()), 1),
+        "queries": [spark_side[0], lowtide_side[0]],
+    }
+
+
+def report_versus(result: dict[str, Any]) -> None:
+    """The human table of :func:`versus`; the caller prints the JSON line last."""
+    spark_q, lowtide_q = result["queries"]
+    width = max(26, len(spark_q), len(lowtide_q))
+    print(f"{'query':<{width}} {'rows/s':>10} {'rows/CPU s':>11}")
+    print(f"{spark_q:<{width}} {result['rows_per_s_spark']:>10,.0f}"
+          f" {result['rows_per_cpu_s_spark']:>11,.0f}")
+    print(f"{lowtide_q:<{width}} {result['rows_per_s_lowtide']:>10,.0f}"
+          f" {result['rows_per_cpu_s_lowtide']:>11,.0f}")
+    print(f"lowtide / Spark: throughput {result['throughput_ratio']:.3f} (rounds "
+          f"{result['round_ratios']}), CPU {result['cpu_ratio']:.3f} (rounds "
+          f"{result['round_cpu_ratios']}); medians over the counted rounds")

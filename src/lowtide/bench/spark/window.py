@@ -15,26 +15,21 @@ after warm-up, CPU rows per CPU second of the whole process tree (see
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 from typing import Any
 
-import numpy as np
-
 from lowtide.bench.spark.measure import (
-    CPU,
     BenchConfig,
     Measured,
-    _measure,
     _spec,
-    session,
+    measure_pipeline,
+    measure_query,
+    versus,
 )
-from lowtide.spark.operators import ROCKSDB
-from lowtide.spark.pipeline import Pipeline, register_sources, stop_between_batches
+from lowtide.spark.pipeline import Pipeline
 
 WINDOW = "1 second"
 KEYS = ("user", "region")
-SHAPES = ("maps", "window")
 
 
 def typed_columns() -> list[tuple[str, Any]]:
@@ -70,11 +65,7 @@ def spark_query(spark: Any, cfg: BenchConfig, checkpoint: str) -> Any:
 
 
 def run_spark(spark: Any, cfg: BenchConfig, workdir: str) -> Measured:
-    query = spark_query(spark, cfg, tempfile.mkdtemp(dir=workdir))
-    try:
-        return _measure(query, cfg)
-    finally:
-        stop_between_batches(query)
+    return measure_query(spark_query(spark, cfg, tempfile.mkdtemp(dir=workdir)), cfg)
 
 
 def run_lowtide(spark: Any, cfg: BenchConfig, workdir: str) -> Measured:
@@ -85,58 +76,9 @@ def run_lowtide(spark: Any, cfg: BenchConfig, workdir: str) -> Measured:
     stream = stream.window(WINDOW, key=list(KEYS), name="window").agg(
         n="count", total=("amount", "sum"), top=("big", "max"),
         first_name=("name", "min"), last_ts=("ts", "max"))
-    try:
-        query = stream.to_null(checkpoint=tempfile.mkdtemp(dir=workdir))
-        try:
-            return _measure(query.query, cfg)
-        finally:
-            query.stop()
-    finally:
-        pipe.close()
+    return measure_pipeline(pipe, stream, cfg, workdir)
 
 
 def run(cfg: BenchConfig) -> dict[str, Any]:
-    workdir = tempfile.mkdtemp(prefix="lowtide-bench-window-")
-    spark = session(cfg)
-    spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
-    register_sources(spark)
-    rates: dict[str, list[tuple[float, float]]] = {"spark": [], "lowtide": []}
-    try:
-        for r in range(cfg.rounds):
-            for name, runner in (("spark", run_spark), ("lowtide", run_lowtide)):
-                m = runner(spark, cfg, workdir)
-                rate, cpu_rate = m.rows / max(m.secs, 1e-9), CPU["rows"] / max(CPU["last"], 1e-9)
-                counted = r > 0 or cfg.rounds == 1
-                if counted:
-                    rates[name].append((rate, cpu_rate))
-                note = "" if counted else "  (warm-up, not counted)"
-                print(f"round {r + 1} {name:>8}: {rate:>10,.0f} rows/s {cpu_rate:>9,.0f} rows"
-                      f" per CPU s  ({m.batches} batches, {m.rows:,} rows){note}", flush=True)
-    finally:
-        spark.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
-    sp, lt = np.array(rates["spark"]), np.array(rates["lowtide"])
-    ratios = lt / sp
-    return {
-        "bench": "spark", "shape": "window",
-        "throughput_ratio": round(float(np.median(ratios[:, 0])), 4),
-        "cpu_ratio": round(float(np.median(ratios[:, 1])), 4),
-        "round_ratios": [round(float(x), 3) for x in ratios[:, 0]],
-        "round_cpu_ratios": [round(float(x), 3) for x in ratios[:, 1]],
-        "rows_per_s_lowtide": round(float(lt[:, 0].mean()), 1),
-        "rows_per_s_spark": round(float(sp[:, 0].mean()), 1),
-        "rows_per_cpu_s_lowtide": round(float(lt[:, 1].mean()), 1),
-        "rows_per_cpu_s_spark": round(float(sp[:, 1].mean()), 1),
-    }
-
-
-def report(result: dict[str, Any]) -> None:
-    """The human table; the caller prints the JSON line last."""
-    print(f"{'query':<26} {'rows/s':>10} {'rows/CPU s':>11}")
-    print(f"{'Spark watermark window':<26} {result['rows_per_s_spark']:>10,.0f}"
-          f" {result['rows_per_cpu_s_spark']:>11,.0f}")
-    print(f"{'lowtide exact window':<26} {result['rows_per_s_lowtide']:>10,.0f}"
-          f" {result['rows_per_cpu_s_lowtide']:>11,.0f}")
-    print(f"lowtide / Spark: throughput {result['throughput_ratio']:.3f} (rounds "
-          f"{result['round_ratios']}), CPU {result['cpu_ratio']:.3f} (rounds "
-          f"{result['round_cpu_ratios']}); medians over the counted rounds")
+    return versus(cfg, "window", ("Spark watermark window", run_spark),
+                  ("lowtide exact window", run_lowtide))

@@ -4,15 +4,17 @@ DataFrame-native steps evaluated by the JVM (:mod:`.frames`), and exact keyed wi
 computes their typed aggregates)."""
 
 from lowtide.spark.operators.frames import FrameSpec, StepError
+from lowtide.spark.operators.state_clock import ROCKSDB, StateClock
 from lowtide.spark.operators.tracked import OpRuntime, OpSpec, apply_op, operator_id, task_function
 from lowtide.spark.operators.window_state import build_window
-from lowtide.spark.operators.windows import ROCKSDB, WindowedStream, WindowSpec, duration_ms
+from lowtide.spark.operators.windows import WindowedStream, WindowSpec, duration_ms
 
 __all__ = [
     "ROCKSDB",
     "FrameSpec",
     "OpRuntime",
     "OpSpec",
+    "StateClock",
     "StepError",
     "WindowSpec",
     "WindowedStream",

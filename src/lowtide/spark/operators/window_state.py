@@ -1,12 +1,10 @@
-"""The exact window's runtime: hold acks, the ``transformWithStateInPandas`` processor
-that emits a (key, window) once its inbound segment is complete, and the DataFrame
-plan of a window step. The description and its rules are in :mod:`.windows`."""
+"""The exact window's runtime: the ``transformWithStateInPandas`` processor that
+holds a (key, window) on the state clock (:mod:`.state_clock`) and emits it once its
+inbound segment is complete, and the DataFrame plan of a window step. The description
+and its rules are in :mod:`.windows`."""
 
 from __future__ import annotations
 
-import datetime
-import hashlib
-import io
 import pickle
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -14,7 +12,17 @@ from typing import Any
 
 import numpy as np
 
-from lowtide.core.acks import child_acks
+from lowtide.spark.operators.state_clock import (
+    StateClock,
+    check_keys,
+    from_ipc,
+    hold_ack,
+    hold_as_i64,
+    insert_keys,
+    next_poll_ms,
+    to_ipc,
+    use_rocksdb,
+)
 from lowtide.spark.operators.window_aggs import (
     TypedAgg,
     bind_aggs,
@@ -25,31 +33,11 @@ from lowtide.spark.operators.window_aggs import (
     result_series,
     results,
 )
-from lowtide.spark.operators.windows import ROCKSDB, WindowSpec, state_segment
-from lowtide.spark.tracking.column import (
-    ID_MASK,
-    TRACK_COL,
-    TRACKING_COLS,
-    AckAccumulator,
-    ack_ids,
-    as_i64,
-    pack,
-    slots_of,
-)
+from lowtide.spark.operators.windows import WindowSpec
+from lowtide.spark.tracking.column import TRACK_COL, TRACKING_COLS
 from lowtide.spark.tracking.transport import TrackerRef
 
-# ------------------------------------------------------------------ acks
-
-
-def key_hash(value: Any) -> int:
-    """A deterministic 64-bit hash of a key value (Python's hash() is salted)."""
-    text = f"{type(value).__name__}:{value}".encode()
-    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
-
-
-def hold_ack(op_id: int, key_value: Any, start: int) -> int:
-    parent = np.array([key_hash(key_value)], np.uint64)
-    return int(child_acks(parent, op_id, np.array([start], np.uint64))[0])
+# ------------------------------------------------------------------ windows
 
 
 def window_starts(times: np.ndarray, size: int, slide: int) -> np.ndarray:
@@ -115,22 +103,8 @@ def processor_class() -> type:
             self.state = handle.getMapState("win", "start long", STATE_SCHEMA)
             self.rows = (handle.getMapState("rows", "start long, part int", "data binary")
                          if self.rt.spec.fn is not None else None)
-            graph = self.rt.ref.graph
-            self.in_idx = graph.index(self.rt.in_segment)
-            self.state_idx = graph.index(state_segment(self.rt.in_segment))
-            self.out_idx = graph.index(self.rt.out_segment)
-            self.acc = AckAccumulator()
-            self._complete: tuple[int, int] | None = None  # (batch ms, min time of S_in)
-
-        # -------------------------------------------------- completeness
-        def complete_below(self, now_ms: int) -> int:
-            """S_in's min time at the batch timestamp: the same in every attempt."""
-            if self._complete is None or self._complete[0] != now_ms:
-                from lowtide.spark.tracking.transport import connect
-
-                agent: Any = connect(self.rt.ref)
-                self._complete = (now_ms, int(agent.min_time_at(self.rt.in_segment, now_ms)))
-            return self._complete[1]
+            rt = self.rt
+            self.clock = StateClock(rt.ref, rt.in_segment, rt.out_segment, rt.op_id)
 
         # -------------------------------------------------- input
         def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
@@ -139,12 +113,9 @@ def processor_class() -> type:
             frames = [df for df in rows if len(df)]
             if frames:
                 df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-                packed = df[TRACK_COL].to_numpy(np.int64)
                 # the batch's timestamp: the same reference in every attempt
                 now_ms = int(timerValues.getCurrentProcessingTimeInMs())
-                times = slots_of(packed, self.rt.ref.grid.slot_of(now_ms))
-                ids = ack_ids(packed)
-                self.acc.add(self.in_idx, times, ids, -1)
+                times, ids = self.clock.receive(df[TRACK_COL].to_numpy(np.int64), now_ms)
                 self._absorb(key, df, times, ids)
             yield from self._emit(key, timerValues)
 
@@ -170,22 +141,14 @@ def processor_class() -> type:
                 v = list(self.state.getValue(k))
             else:
                 hold = hold_ack(rt.op_id, kv, start)
-                end = start + rt.size
-                self.acc.add(self.state_idx, np.array([end - 1], np.int64),
-                             np.array([hold], np.uint64), +1)
-                v = [int(as_i64(np.array([hold], np.uint64))[0]), 0, None]
+                self.clock.open_hold(start + rt.size - 1, hold)
+                v = [hold_as_i64(hold), 0, None]
             if rt.aggs:
                 part = partial(rt.aggs, sel, times, ids)
                 old = None if v[2] is None else pickle.loads(bytes(v[2]))
                 v[2] = pickle.dumps(part if old is None else merge(rt.aggs, old, part))
             if self.rows is not None:
-                import pyarrow as pa
-
-                buf = io.BytesIO()
-                table = pa.Table.from_pandas(sel[list(rt.data_cols)], preserve_index=False)
-                with pa.ipc.new_stream(buf, table.schema) as w:
-                    w.write_table(table)
-                self.rows.updateValue((start, int(v[1])), (buf.getvalue(),))
+                self.rows.updateValue((start, int(v[1])), (to_ipc(sel[list(rt.data_cols)]),))
                 v[1] += 1
             self.state.updateValue(k, tuple(v))
 
@@ -198,35 +161,26 @@ def processor_class() -> type:
             starts = sorted(int(k[0]) for k in self.state.keys())  # noqa: SIM118 (MapState)
             if not starts:
                 return
-            done_below = self.complete_below(now)
+            done_below = self.clock.complete_below(now)
             ready = [s for s in starts if s + rt.size <= done_below]
             if len(ready) < len(starts):
-                poll = rt.spec.poll_ms
-                self.handle.registerTimer((now // poll + 1) * poll)
+                self.handle.registerTimer(next_poll_ms(now, rt.spec.poll_ms))
             if not ready:
                 return
             delta = rt.ref.grid.delta_ms
             out: list[Any] = []
             for start in ready:
                 v = self.state.getValue((start,))
-                hold = np.array([v[0]], np.int64).view(np.uint64)
+                hold = int(np.array([v[0]], np.int64).view(np.uint64)[0])
                 end = start + rt.size
                 res = self._results(v, start)
                 m = len(res)
-                child = ID_MASK & child_acks(np.repeat(hold, m), rt.op_id,
-                                             np.arange(m, dtype=np.uint64))
-                t = np.full(m, end - 1, np.int64)
-                self.acc.add(self.out_idx, t, child, +1)
-                self.acc.add(self.state_idx, np.array([end - 1], np.int64), hold, -1)
-                bounds = {"window_start": start * delta, "window_end": end * delta}
-                for i, (name, value) in enumerate([*zip(rt.spec.keys, kv, strict=True),
-                                                   *bounds.items()]):
-                    series = pd.Series([value] * m, dtype=object)
-                    if name in bounds or isinstance(value, datetime.datetime | np.datetime64):
-                        series = pd.to_datetime(series, unit="ms" if name in bounds else None,
-                                                utc=name in bounds)
-                    res.insert(i, name, series)
-                res[TRACK_COL] = pack(t, child, rt.ref.grid.slot_of(now))
+                packed = self.clock.emit(end - 1, hold, m, now)
+                insert_keys(res, rt.spec.keys, kv)
+                for i, ms in enumerate((start * delta, end * delta)):
+                    res.insert(len(kv) + i, ("window_start", "window_end")[i],
+                               pd.to_datetime(pd.Series([ms] * m), unit="ms", utc=True))
+                res[TRACK_COL] = packed
                 out.append(res)
                 self.state.removeKey((start,))
                 if self.rows is not None:
@@ -242,28 +196,17 @@ def processor_class() -> type:
             if rt.spec.fn is None:
                 values = results(rt.aggs, pickle.loads(bytes(v[2])))
                 return pd.DataFrame(result_series(rt.aggs, values, 1))
-            import pyarrow as pa
-
             assert self.rows is not None
-            tables = []
-            for p in range(int(v[1])):
-                data = self.rows.getValue((start, p))[0]
-                tables.append(pa.ipc.open_stream(io.BytesIO(bytes(data))).read_all())
-            pdf = pa.concat_tables(tables).to_pandas() if tables else pd.DataFrame()
+            parts = [self.rows.getValue((start, p))[0] for p in range(int(v[1]))]
+            pdf = from_ipc(parts)
+            pdf = pd.DataFrame() if pdf is None else pdf
             res = rt.spec.fn(pdf)
             res = res if isinstance(res, pd.DataFrame) else pd.DataFrame([res])
             return res.reset_index(drop=True)
 
         def close(self) -> None:
-            if not self.live:
-                return
-            from pyspark import TaskContext
-
-            from lowtide.spark.sources.log_source import send_task_batch
-
-            tc = TaskContext.get()
-            send_task_batch(self.rt.ref, self.rt.in_segment,
-                            tc.partitionId() if tc is not None else 0, self.acc)
+            if self.live:
+                self.clock.close()
 
     return WindowProcessor
 
@@ -272,18 +215,10 @@ def build_window(df: Any, spec: WindowSpec, ref: TrackerRef, out_segment: str,
                  op_id: int) -> Any:
     """The DataFrame plan of a window step: groupBy(keys).transformWithStateInPandas.
     Unknown columns and unsupported types raise here, before the query starts."""
-    spark = df.sparkSession
-    if spark.conf.get("spark.sql.streaming.stateStore.providerClass", "") != ROCKSDB:
-        spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
+    use_rocksdb(df.sparkSession)
     fields = {f.name: f.dataType.simpleString() for f in df.schema.fields
               if f.name not in TRACKING_COLS}
-    for k in spec.keys:
-        if k not in fields:
-            raise ValueError(f"window {spec.name!r}: no key column {k!r} "
-                             f"(columns: {', '.join(fields)})")
-        if fields[k].startswith("map<"):
-            raise ValueError(f"window {spec.name!r}: key column {k!r} ({fields[k]}) is a "
-                             "map, which Spark cannot group by")
+    check_keys(f"window {spec.name!r}", spec.keys, fields)
     aggs, columns = bind_aggs(spec.name, spec.aggs, fields)
     rt = WindowRuntime(spec, ref, out_segment, op_id, tuple(fields[k] for k in spec.keys),
                        aggs, tuple(fields))

@@ -13,33 +13,22 @@ reads like ``df.groupBy("user", "region", F.window("ts", "2 seconds")).agg(...)`
 result rows carry the keys, ``window_start`` and ``window_end`` (timestamps, from the slots via
 the grid's ``delta_ms``) and the aggregates.
 
-The operator is a tracked stateful operator (``transformWithStateInPandas`` with
-processing-time timers, RocksDB state) with three segments: its inbound segment
-``S_in`` (named after the operator: rows sent to it, not yet received), its state
-segment ``S_in.state`` (holds, rule 7) and its outbound segment (results sent, not yet
-received downstream; named after the next receiver). Per task it sends ONE keyed batch
-``(query id, batch id, S_in, partition)`` from ``close()``:
+The operator is a stateful step on the state clock (:mod:`.state_clock`:
+``transformWithStateInPandas`` with processing-time timers, RocksDB state; segments
+``S_in``, ``S_in.state`` and the outbound one). Its pending outputs are its open
+(key, window)s:
 
-* every input row: receive-ack out of ``S_in`` at the row's time;
 * the first row of a (key, window): a hold, sent into ``S_in.state`` at the window's
   last slot ``end - 1`` with value ``child_acks(hash(key), operator id, start)``;
 * a complete window: its result row (slot ``end - 1``, ack = child of the hold), sent
   into the outbound segment, and the hold's receive-ack, in the same batch.
 
-A window ``[start, end)`` is complete when ``S_in``'s min time is ``>= end``. The
-decision must be the same in every attempt of a task (rule 5), so the operator asks
-the tracker for ``S_in``'s min time *at the batch's timestamp*
-(``timerValues.getCurrentProcessingTimeInMs()``, identical for retries and re-runs),
-which the tracker answers only once its clock has passed it (:meth:`Agent.min_time_at`).
-If that min time is ``>= end``, every row of the window was received in an earlier
-batch, whose state is committed. State (aggregates, rows for ``apply``) lives in the
-state store and survives restarts from the checkpoint; holds live in the tracker.
+A window ``[start, end)`` is complete when ``S_in``'s min time at the batch's
+timestamp is ``>= end`` (:meth:`.StateClock.complete_below`). State (aggregates, rows
+for ``apply``) lives in the state store and survives restarts from the checkpoint;
+holds live in the tracker.
 
-Caveat: the tracker's min time history is kept in memory (10 minutes). A task retried
-across a tracker restart, or more than 10 minutes after its batch started, may decide
-"not complete" where its first attempt emitted; the window is then emitted by a later
-batch, but the first attempt's applied acks and the retry's rows disagree and the
-tracker reports the outbound segment stuck.
+The caveat of :mod:`.state_clock` (a retry across a tracker restart) applies.
 """
 
 from __future__ import annotations
@@ -49,11 +38,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from lowtide.spark.operators.state_clock import state_segment
+
 AGG_FUNCTIONS = ("count", "sum", "min", "max", "mean", "first", "last", "count_distinct",
                  "percentile")
 _ALIASES = {"avg": "mean", "countDistinct": "count_distinct", "percentile_approx": "percentile"}
-STATE_SUFFIX = ".state"
-ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 _UNITS = {"ms": 1, "millisecond": 1, "milliseconds": 1, "s": 1000, "second": 1000,
           "seconds": 1000, "sec": 1000, "m": 60_000, "minute": 60_000, "minutes": 60_000,
@@ -72,10 +61,6 @@ def duration_ms(text: str | int) -> int:
     if m is None or m.group(2).lower() not in _UNITS:
         raise ValueError(f"not a duration: {text!r}")
     return int(m.group(1)) * _UNITS[m.group(2).lower()]
-
-
-def state_segment(name: str) -> str:
-    return name + STATE_SUFFIX
 
 
 @dataclass(frozen=True)
@@ -108,14 +93,14 @@ def parse_aggs(aggs: dict[str, Any]) -> tuple[Agg, ...]:
     return tuple(_agg(name, spec) for name, spec in aggs.items())
 
 
-def parse_keys(key: Any) -> tuple[str, ...]:
-    """``"user"`` or ``["user", "region"]``: the window's key columns."""
+def parse_keys(key: Any, what: str = "window") -> tuple[str, ...]:
+    """``"user"`` or ``["user", "region"]``: the key columns of a ``what`` step."""
     keys = (key,) if isinstance(key, str) else tuple(key) if isinstance(key, list | tuple) \
         else ()
     if not keys or not all(isinstance(k, str) and k for k in keys):
-        raise ValueError(f"window key {key!r}: give a column name or a list of them")
+        raise ValueError(f"{what} key {key!r}: give a column name or a list of them")
     if len(set(keys)) != len(keys):
-        raise ValueError(f"window key {key!r}: a column twice")
+        raise ValueError(f"{what} key {key!r}: a column twice")
     return keys
 
 

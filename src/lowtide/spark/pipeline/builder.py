@@ -36,6 +36,8 @@ from lowtide.spark.operators.frames import (
     plan_frame,
     spark_step,
 )
+from lowtide.spark.operators.joins import JoinSpec, join_input
+from lowtide.spark.operators.keyed_state import StatefulSpec, build_keyed
 from lowtide.spark.operators.tracked import OpRuntime, OpSpec, operator_id, task_function
 from lowtide.spark.operators.window_state import build_window
 from lowtide.spark.operators.windows import WindowSpec
@@ -93,6 +95,8 @@ def _plan_steps(df: Any, group: list[Step], ref: TrackerRef, after: dict[str, st
         return out
     if isinstance(step, WindowSpec):
         return build_window(df, step, ref, out_segment, operator_id(step.name))
+    if isinstance(step, StatefulSpec):
+        return build_keyed(df, step, ref, out_segment, operator_id(step.name))
     if isinstance(step, FrameSpec):
         df = plan_frame(df, step)
         if not step.tracked:
@@ -308,11 +312,15 @@ class Pipeline:
                      trace_file: str | None) -> Any:
         """The DataFrame of ``stream``: its source or the union of its inputs, then its
         steps; ``null_sink``: its last step acks the rows as received by the sink."""
+        steps = list(stream.steps)
         if stream.source is not None:
             df = self._read(stream.source, to)
+        elif steps and isinstance(steps[0], JoinSpec):
+            left, right = (self._plan_stream(s, to, False, None) for s in stream.inputs)
+            df, keyed = join_input(steps[0].name, left, right, steps[0], self.grid.delta_ms)
+            steps[0] = keyed
         else:
             df = union_by_name([self._plan_stream(s, to, False, None) for s in stream.inputs])
-        steps = list(stream.steps)
         while steps:
             # tracked Arrow steps that follow each other directly share one task
             n = 1

@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 from lowtide.core.graph import SegmentGraph
 from lowtide.spark.operators.frames import FrameSpec
+from lowtide.spark.operators.joins import JoinSpec, check_join
+from lowtide.spark.operators.keyed_state import FoldLogic, StatefulSpec
 from lowtide.spark.operators.tracked import OpSpec
-from lowtide.spark.operators.windows import WindowSpec, make_windowed
+from lowtide.spark.operators.windows import WindowSpec, duration_ms, make_windowed, parse_keys
 from lowtide.spark.pipeline.dag import PipelineShapeError, SegmentPlan, derive
 from lowtide.spark.sinks import console_writer
 from lowtide.spark.sinks.tables import TableConfig, check_feeds
@@ -54,7 +56,7 @@ class TransformSpec:
         return []
 
 
-Step = OpSpec | WindowSpec | TransformSpec | FrameSpec
+Step = OpSpec | WindowSpec | StatefulSpec | JoinSpec | TransformSpec | FrameSpec
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,8 @@ class Stream:
 
     pipeline: Pipeline
     steps: tuple[Step, ...] = ()
-    #: where the rows come from: a source, or the union of ``inputs``
+    #: where the rows come from: a source, or the union of ``inputs`` (a join: its two
+    #: sides, and the join is the first step)
     source: SourceSpec | None = None
     inputs: tuple[Stream, ...] = ()
 
@@ -86,6 +89,22 @@ class Stream:
         if any(o.pipeline is not self.pipeline for o in others):
             raise PipelineShapeError("union() of streams of different Pipelines")
         return Stream(self.pipeline, inputs=(self, *others))
+
+    def join(self, other: Stream, on: str | list[str] | tuple[str, ...], *,
+             within: str | int, how: str = "inner", name: str | None = None,
+             poll_ms: int = 100) -> Stream:
+        """Exact interval join over global time: rows of this stream and ``other`` with
+        equal ``on`` keys whose slots are at most ``within`` apart; ``how``: "inner",
+        "left" or "full". Results are emitted when both inputs are complete for them,
+        outer rows with nulls when the other side is. See
+        :mod:`lowtide.spark.operators.joins`."""
+        if other.pipeline is not self.pipeline:
+            raise PipelineShapeError("join() of streams of different Pipelines")
+        name = name or self._default_name("join")
+        within_ms = duration_ms(within)
+        check_join(name, within_ms, how, self.pipeline.grid.delta_ms)
+        spec = JoinSpec(name, parse_keys(on, "join"), within_ms, how, poll_ms)
+        return Stream(self.pipeline, steps=(spec,), inputs=(self, other))
 
     # tracked operators
     def map(
@@ -110,6 +129,17 @@ class Stream:
         schema)``. See :mod:`lowtide.spark.operators.windows`."""
         return make_windowed(self, size, key, slide, name or self._default_name("window"),
                              poll_ms, self.pipeline.grid.delta_ms)
+
+    def stateful(self, fn: Callable[[Any, Any, Any], tuple[Any, Any]], schema: str, *,
+                 key: str | list[str] | tuple[str, ...], name: str | None = None,
+                 poll_ms: int = 100) -> Stream:
+        """Exact keyed state in global time order: ``fn(key, rows, state) -> (state,
+        out)`` once per key and complete slot, in slot order; ``out`` (pandas, columns
+        of the DDL ``schema``, or None) follows the key columns. Pending rows hold the
+        min time downstream. See :mod:`lowtide.spark.operators.keyed_state`."""
+        name = name or self._default_name("stateful")
+        return self._then(StatefulSpec(name, parse_keys(key, "stateful"), FoldLogic(fn, name),
+                                       schema, poll_ms))
 
     # DataFrame-native steps, evaluated by Spark's JVM (see operators.frames)
     def where(self, condition: Any, *, name: str | None = None) -> Stream:

@@ -1,0 +1,49 @@
+"""``lowtide bench spark --shape union|join`` without running Spark: the shapes are
+registered, the join's data gives about one match per row, and the report's last line
+keeps the benchmark's JSON names."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from lowtide.bench.spark import add_arguments
+from lowtide.bench.spark.measure import BenchConfig, report_versus
+from lowtide.bench.spark.shapes import JOIN_KEYS, RUNNERS, SHAPES, _halves, _join_specs
+
+
+def test_union_and_join_are_shapes() -> None:
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    for shape in ("union", "join"):
+        assert p.parse_args(["--shape", shape]).shape == shape
+        assert shape in RUNNERS
+    assert set(SHAPES) == {"maps", "window", "union", "join"}
+    with pytest.raises(SystemExit):
+        p.parse_args(["--shape", "cycle"])
+
+
+def test_the_union_halves_do_not_share_fronts() -> None:
+    a, b = _halves(BenchConfig(fronts=2, rows_per_batch=1000))
+    assert not set(a.front_ids()) & set(b.front_ids())
+    assert a.max_rows_per_batch == b.max_rows_per_batch == 250
+
+
+def test_join_keys_repeat_about_once_within_the_interval() -> None:
+    a, b = _join_specs(BenchConfig(rows_per_batch=10_000))
+    assert a.front_ids() == [0] and b.front_ids() == [1]
+    repeat_ms = JOIN_KEYS * 1000.0 / a.rate  # one key's rows this far apart, per side
+    assert 100 <= repeat_ms <= 200  # within 100 ms either way: one or two matches
+
+
+def test_report_ends_with_the_json_names(capsys: pytest.CaptureFixture[str]) -> None:
+    result = {"bench": "spark", "shape": "join", "throughput_ratio": 0.5, "cpu_ratio": 0.4,
+              "round_ratios": [0.5], "round_cpu_ratios": [0.4], "rows_per_s_lowtide": 1.0,
+              "rows_per_s_spark": 2.0, "rows_per_cpu_s_lowtide": 1.0,
+              "rows_per_cpu_s_spark": 2.5, "queries": ["Spark q", "lowtide q"]}
+    report_versus(result)
+    print(json.dumps(result))
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert {"bench", "shape", "throughput_ratio", "cpu_ratio"} <= set(last)
