@@ -24,8 +24,10 @@ def run_clean(*argv: str) -> str:
                           env=env)
     both = done.stdout + done.stderr
     assert done.returncode == 0, both[-3000:]
-    noisy = [line for line in both.splitlines() if any(n in line for n in NOISE)]
-    assert noisy == [], "\n".join(noisy[:20])
+    lines = both.splitlines()
+    noisy = [i for i, line in enumerate(lines) if any(n in line for n in NOISE)]
+    # the whole first stack trace, so a rare one says where it came from
+    assert noisy == [], "\n".join(lines[max(0, noisy[0] - 5):noisy[0] + 60])
     return done.stdout
 
 

@@ -42,8 +42,9 @@ from lowtide.spark.operators.tracked import OpRuntime, OpSpec, operator_id, task
 from lowtide.spark.operators.window_state import build_window
 from lowtide.spark.operators.windows import WindowSpec
 from lowtide.spark.pipeline.dag import PipelineShapeError, SegmentPlan, derive, source_key
-from lowtide.spark.pipeline.handle import TrackerHandle
-from lowtide.spark.pipeline.query import TrackedQuery
+from lowtide.spark.pipeline.handle import TrackerHandle, TrackerOptions
+from lowtide.spark.pipeline.monitoring import PROGRESS_SAMPLE_BITS, ProgressMetrics
+from lowtide.spark.pipeline.query import TrackedQuery, startup_phase
 from lowtide.spark.pipeline.status import PipelineStatus, status_of
 from lowtide.spark.pipeline.stream import SourceSpec, Step, Stream, TransformSpec
 from lowtide.spark.sinks import TrackedForeachBatch, TrackedSink
@@ -184,6 +185,10 @@ class Pipeline:
     without waiting for the tracker's confirmation, which breaks rule 6 (a worker that
     dies right after its task loses the task's acks, and their windows stay stuck).
     ``lowtide bench spark --variants tracked-unconfirmed`` measures what the wait costs.
+    ``web_port``: the embedded tracker also serves its web view (0: a free port; the
+    link is ``pipe.tracker.web_url``; docs/service.md, "Web view").
+    ``progress_metrics``: each query's ``lastProgress["observedMetrics"]["lowtide"]``
+    carries the tracker's figures (sampled on 1 row in 256; docs/spark.md, "Monitoring").
     """
 
     def __init__(
@@ -198,16 +203,18 @@ class Pipeline:
         stuck_after_ms: int = 5_000,
         freeze_gc: bool = True,
         confirm: bool = True,
+        web_port: int | None = None,
+        progress_metrics: bool = True,
     ) -> None:
         self.spark = spark
         self.name = name
         self.grid = grid or TimeGrid()
-        self._tracker_url = tracker
-        self._secret = secret if secret is not None else os.environ.get("LOWTIDE_SECRET")
-        self._state_dir = state_dir
-        self._stuck_after_ms = stuck_after_ms
-        self._freeze_gc = freeze_gc
-        self._confirm = confirm
+        self._tracker_options = TrackerOptions(
+            url=tracker,
+            secret=secret if secret is not None else os.environ.get("LOWTIDE_SECRET"),
+            state_dir=state_dir, stuck_after_ms=stuck_after_ms, freeze_gc=freeze_gc,
+            confirm=confirm, pipeline=name, web_port=web_port)
+        self._progress_metrics = progress_metrics
         self._sources: list[SourceSpec] = []
         self._graph: SegmentGraph | None = None
         self._handle: TrackerHandle | None = None
@@ -256,9 +263,7 @@ class Pipeline:
                                  "start it with every sink's graph (Pipeline.plan)")
             return self._handle
         self._graph = graph
-        self._handle = TrackerHandle(graph, self.grid, self._tracker_url, self._secret,
-                                     self._state_dir, self._stuck_after_ms, self._freeze_gc,
-                                     self._confirm)
+        self._handle = TrackerHandle(graph, self.grid, self._tracker_options)
         return self._handle
 
     @property
@@ -352,6 +357,8 @@ class Pipeline:
         null_sink = sink[0] == "foreach" and sink[1] is None and stream.ends_in_operator()
         built = self.build(stream, sink_name, null_sink, sink[3] if null_sink else None)
         df, graph, ref = built.df, built.graph, built.ref
+        if self._progress_metrics:
+            df = ProgressMetrics.of(self.name, graph, sink_name, PROGRESS_SAMPLE_BITS).observe(df)
         writer = df.writeStream.option("checkpointLocation", checkpoint)
         if trigger:
             writer = writer.trigger(processingTime=trigger)
@@ -373,7 +380,12 @@ class Pipeline:
         return tq
 
     def status(self) -> PipelineStatus:
-        return status_of(self.tracker.status(), self.grid, self._rates, graph=self._graph)
+        """Progress of every query of this pipeline, with the first query still in its
+        first micro-batch named (``starting:``)."""
+        status = status_of(self.tracker.status(), self.grid, self._rates, graph=self._graph)
+        status.starting = next(
+            (p for p in (startup_phase(q.query) for q in self._queries) if p), None)
+        return status
 
     def close(self) -> None:
         """Stop this pipeline's queries and its embedded tracker."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from lowtide.core.graph import SegmentGraph
@@ -10,42 +11,57 @@ from lowtide.core.time import TimeGrid
 from lowtide.spark.tracking.transport import TrackerRef
 
 
+@dataclass(frozen=True)
+class TrackerOptions:
+    """How a pipeline reaches its tracker (``Pipeline``'s keyword arguments).
+
+    ``url`` None starts an embedded tracker; ``pipeline`` is its metrics label (a
+    remote tracker has its own, ``lowtide serve --pipeline``); ``web_port`` serves the
+    embedded tracker's web view (0: a free port; None: off), see docs/service.md."""
+
+    url: str | None = None
+    secret: str | None = None
+    state_dir: str | None = None
+    stuck_after_ms: int = 5_000
+    freeze_gc: bool = True
+    confirm: bool = True
+    pipeline: str = "default"
+    web_port: int | None = None
+
+    def embedded_kwargs(self) -> dict[str, Any]:
+        """``TrackerService.start``'s keyword arguments for an embedded tracker."""
+        return {
+            "state_dir": self.state_dir,
+            "secret": self.secret.encode() if self.secret is not None else None,
+            "freeze_gc": self.freeze_gc,
+            "pipeline": self.pipeline,
+            "stuck_after_ms": self.stuck_after_ms,
+            "web_port": self.web_port,
+        }
+
+
 class TrackerHandle:
     """The tracker a pipeline reports to: embedded (started here) or remote."""
 
-    def __init__(
-        self,
-        graph: SegmentGraph,
-        grid: TimeGrid,
-        url: str | None,
-        secret: str | None,
-        state_dir: str | None,
-        stuck_after_ms: int,
-        freeze_gc: bool = True,
-        confirm: bool = True,
-        pipeline: str = "default",
-    ) -> None:
-        """``pipeline``: the embedded tracker's metrics label (a remote tracker has its
-        own, ``lowtide serve --pipeline``)."""
-        self.graph, self.grid, self.secret = graph, grid, secret
+    def __init__(self, graph: SegmentGraph, grid: TimeGrid,
+                 options: TrackerOptions | None = None) -> None:
+        options = options or TrackerOptions()
+        self.graph, self.grid, self.secret = graph, grid, options.secret
         self.service: Any = None
+        url = options.url
         if url is None:
             from lowtide.service import TrackerService
 
-            kwargs: dict[str, Any] = {
-                "grid": grid,
-                "state_dir": state_dir,
-                "secret": secret.encode() if secret is not None else None,
-                "freeze_gc": freeze_gc,
-                "pipeline": pipeline,
-            }
-            if stuck_after_ms is not None:
-                kwargs["stuck_after_ms"] = stuck_after_ms
-            self.service = TrackerService.start(graph, **kwargs)
+            self.service = TrackerService.start(graph, grid=grid, **options.embedded_kwargs())
             url = self.service.url
-        self.url: str = url  # type: ignore[assignment]
-        self.ref = TrackerRef(self.url, graph, grid, secret, confirm)
+        self.url: str = url
+        self.ref = TrackerRef(self.url, graph, grid, options.secret, options.confirm)
         self._agent: Any = None
+
+    @property
+    def web_url(self) -> str | None:
+        """The embedded tracker's web view (the login link when a secret is set)."""
+        return self.service.web_url if self.service is not None else None
 
     @property
     def agent(self) -> Any:

@@ -40,6 +40,9 @@ __all__ = [
 ]
 
 METRICS_NAME = "lowtide"
+#: what a Pipeline's queries sample (1 row in 256): about 0.1 us a row instead of
+#: 20 us for reading every row (BENCHMARKS.md, "Cost of the observed metrics")
+PROGRESS_SAMPLE_BITS = 8
 _STUCK = re.compile(r"segment (['\"])(?P<segment>.*)\1, slots \[(?P<start>\d+), (?P<end>\d+)\): "
                     r"(?P<what>.*)")
 
@@ -60,8 +63,10 @@ class ProgressMetrics:
     sample_bits: int = 0
 
     @classmethod
-    def of(cls, pipeline_name: str, graph: SegmentGraph, sink: str) -> ProgressMetrics:
-        return cls(f"{pipeline_name}.{sink}", sink, tuple(graph.names))
+    def of(cls, pipeline_name: str, graph: SegmentGraph, sink: str,
+           sample_bits: int = 0) -> ProgressMetrics:
+        return cls(f"{pipeline_name}.{sink}", sink, tuple(graph.names),
+                   sample_bits=sample_bits)
 
     def figures(self) -> tuple[str, ...]:
         """The metric names, as ``lastProgress["observedMetrics"]["lowtide"]`` shows them."""
