@@ -26,5 +26,5 @@ def test_tracked_and_untracked_drain_one_topic(spark, kafka_broker, tmp_path: Pa
         assert r["untracked"][0] > 0 and r["tracked"][0] > 0
     result = bench_kafka.summary(rounds)
     assert json.loads(json.dumps(result)) == result
-    assert result["bench"] == "spark-kafka"
+    assert (result["bench"], result["source"]) == ("spark", "kafka")
     assert result["throughput_ratio"] > 0 and result["cpu_ratio"] > 0

@@ -174,7 +174,7 @@ def summary(rounds: list[dict]) -> dict[str, Any]:
     wall = [rate(x["tracked"]) / rate(x["untracked"]) for x in counted]
     cpu = [cpu_rate(x["tracked"]) / cpu_rate(x["untracked"]) for x in counted]
     return {
-        "bench": "spark-kafka",
+        "bench": "spark", "source": "kafka",
         "throughput_ratio": round(float(np.median(wall)), 4),
         "cpu_ratio": round(float(np.median(cpu)), 4),
         "round_ratios": [round(x, 3) for x in wall],
