@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 import lowtide
+from lowtide.spark.pipeline.builder import covers
 from lowtide.spark.pipeline.dag import PipelineShapeError, derive
 
 
@@ -106,8 +107,6 @@ def test_a_generator_feeds_one_segment() -> None:
 
 
 def test_a_query_may_use_part_of_the_trackers_graph() -> None:
-    from lowtide.spark.pipeline.builder import covers
-
     pipe = lowtide.Pipeline(None)
     a = pipe.generate(fronts=1).map(ident, name="pa")
     b = pipe.generate(fronts=1, first_front=1).map(ident, name="pb")
@@ -115,3 +114,26 @@ def test_a_query_may_use_part_of_the_trackers_graph() -> None:
     assert covers(whole, a.graph("out_a")) and covers(whole, b.graph("out_b"))
     assert not covers(whole, a.graph("out_b"))  # out_b has another sender there
     assert not covers(whole, a.graph("sink"))
+
+
+def test_fan_out_at_the_front_is_one_log_read_once_per_branch() -> None:
+    pipe = lowtide.Pipeline(None)
+    a = pipe.read_log("/in", name="in_a").map(ident, name="pa")
+    b = pipe.read_log("/in", name="in_b").filter(ident, name="pb")
+    plan = pipe.plan((a, "out_a"), (b, "out_b"))
+    assert plan.fan_out() == {}
+    assert inbound(plan, "in_a") == inbound(plan, "in_b") == set()  # the fronts'
+    assert inbound(plan, "out_a") == {"pa"} and inbound(plan, "out_b") == {"pb"}
+    assert covers(plan.graph, a.graph("out_a")) and covers(plan.graph, b.graph("out_b"))
+
+
+@pytest.mark.parametrize("shared", ["source", "step"])
+def test_a_sender_shared_by_two_sinks_is_refused_where_planned(shared: str) -> None:
+    pipe = lowtide.Pipeline(None)
+    src = pipe.read_log("/in")
+    up = src if shared == "source" else src.map(ident, name="parse")
+    with pytest.raises(PipelineShapeError, match=r"feeds big, small: a step or source "
+                       r"shared by two branches is not built in Spark; read the log once "
+                       r"per branch") as info:
+        pipe.plan((up.filter(ident, name="big"), "x"), (up.map(ident, name="small"), "y"))
+    assert "\n" not in str(info.value)

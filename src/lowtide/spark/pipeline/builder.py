@@ -153,6 +153,22 @@ def union_by_name(dfs: list[Any]) -> Any:
     return out
 
 
+def refuse_fan_out(plan: SegmentPlan) -> SegmentPlan:
+    """``plan``, or a one-line error naming a sender read by several consumers: a
+    tracked step's task sends its children into one segment, so a step (or source)
+    shared by two branches would leave the other branch's copies unsent. Fan-out is
+    built at the front instead (rule 11): one ``read_log(path, name=...)`` per branch,
+    whose fronts send each record into every branch's ingest segment."""
+    fan_out = plan.fan_out()
+    if fan_out:
+        sender, segments = next(iter(fan_out.items()))
+        raise PipelineShapeError(
+            f"{sender!r} feeds {', '.join(segments)}: a step or source shared by two "
+            "branches is not built in Spark; read the log once per branch "
+            "(read_log(path, name=...)) and describe its steps once per branch")
+    return plan
+
+
 @dataclass(frozen=True)
 class _Targets:
     """Where a plan's senders send: ``after`` maps each tracked step and source to
@@ -251,8 +267,8 @@ class Pipeline:
     def plan(self, *sinks: tuple[Stream, str]) -> SegmentPlan:
         """The segment plan of several sinks, ``(stream, sink name)`` each: start the
         tracker with its graph, then start one query per sink (each query's graph is
-        part of it)."""
-        return derive(list(sinks))
+        part of it). A sender shared by two sinks is refused (:func:`refuse_fan_out`)."""
+        return refuse_fan_out(derive(list(sinks)))
 
     def start_tracker(self, graph: SegmentGraph) -> TrackerHandle:
         """Start (embedded) or reach (remote) the tracker for ``graph``; idempotent, and
@@ -277,17 +293,20 @@ class Pipeline:
         return self.tracker.ref
 
     def front(self, front: int, log_dir: str | None = None, **kwargs: Any) -> Any:
-        """A :class:`lowtide.Front` producer feeding this pipeline's ingest log."""
+        """A :class:`lowtide.Front` producer feeding this pipeline's ingest log. A log
+        read by several branches (one ``read_log(path, name=...)`` each) is fan-out at
+        the front: it sends each record into every branch's ingest segment (rule 11)."""
         from lowtide.spark.sources.front import Front
 
         logs = [s for s in self._sources if s.kind == "log"]
         if log_dir is not None:
             logs = [s for s in logs if s.options["path"] == os.fspath(log_dir)] or logs
-        if len(logs) != 1:
-            raise ValueError("fronts feed a read_log() source: this pipeline has "
-                             f"{len(logs)} (pass the log_dir of one)")
-        return Front(log_dir or logs[0].options["path"], front, self.tracker_ref,
-                     segment=source_key(logs[0]), **kwargs)
+        paths = {s.options["path"] for s in logs}
+        if len(paths) != 1:
+            raise ValueError("fronts feed a read_log() source: this pipeline reads "
+                             f"{len(paths)} logs (pass the log_dir of one)")
+        return Front(log_dir or paths.pop(), front, self.tracker_ref,
+                     segment=tuple(source_key(s) for s in logs), **kwargs)
 
     # running
     def build(self, stream: Stream, sink_name: str = "sink", null_sink: bool = False,
@@ -299,12 +318,7 @@ class Pipeline:
         :meth:`Stream.to_null`; a path every executor can append to)."""
         if null_sink and not stream.ends_in_operator():
             raise ValueError("the null sink acks from the last step: a tracked operator")
-        plan = stream.plan(sink_name)
-        fan_out = plan.fan_out()
-        if fan_out:
-            sender, segments = next(iter(fan_out.items()))
-            raise PipelineShapeError(f"{sender!r} feeds {', '.join(segments)}: fan-out is "
-                                     "not built in Spark yet")
+        plan = refuse_fan_out(stream.plan(sink_name))
         handle = self.start_tracker(plan.graph)
         register_sources(self.spark)
         # each sender sends into one segment (no fan-out above): named after its receiver
