@@ -16,6 +16,7 @@ import lowtide
 from lowtide.core.time import TimeGrid
 from lowtide.spark.sources.generator import GeneratorSpec
 from tests.spark.helpers import Watcher, gen_expected, t0_of_checkpoint
+from tests.spark.operators.test_windows_e2e import STUCK_MS
 
 pytestmark = pytest.mark.spark
 
@@ -63,7 +64,9 @@ def test_where_select_from_json_equal_plain_spark(spark, tmp_path: Path) -> None
             if len(rows):  # an empty frame's columns are objects: they would change dtypes
                 committed.append(rows)
 
-    pipe = lowtide.Pipeline(spark, "frames", grid=GRID)
+    # a loaded machine's slow batch keeps the sink's items in flight past 5 s: only a
+    # window still open after a minute is stuck
+    pipe = lowtide.Pipeline(spark, "frames", grid=GRID, stuck_after_ms=STUCK_MS)
     stream = (pipe.generate(spec)
               .with_column("json", as_json(F))
               .select("front", "seq", F.from_json("json", EVENT).alias("e"))
