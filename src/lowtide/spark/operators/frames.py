@@ -150,6 +150,7 @@ def enrich_spec(name: str, static: Any, keys: tuple[str, ...], how: str) -> Fram
         raise StepError(f"step {name!r}: the other side is a streaming DataFrame: for a "
                         "stream-stream join, read it as a Stream of this pipeline and "
                         "join with within=")
+    how = {"left_outer": "left", "leftouter": "left"}.get(how, how)
     if how not in ENRICH_HOWS:
         why = ("the static side's unmatched rows would be emitted again in every "
                "micro-batch" if how in ("right", "full", "outer", "right_outer",
@@ -182,11 +183,10 @@ def _plan_enrich(df: Any, spec: FrameSpec) -> Any:
         if key not in df.columns:
             raise StepError(f"step {name!r}: key {key!r} is not a column of the stream "
                             f"(it has {', '.join(c for c in df.columns if c != TRACK_COL)})")
-        mine = df.schema[key].dataType
-        if mine != types[key]:
-            raise StepError(f"step {name!r}: key {key!r} is {mine.simpleString()} in the "
-                            f"stream but {types[key].simpleString()} in the static side: "
-                            "cast one of them")
+        mine, theirs = df.schema[key].dataType.simpleString(), types[key].simpleString()
+        if mine != theirs:
+            raise StepError(f"step {name!r}: key {key!r} is {mine} in the stream but "
+                            f"{theirs} in the static side: cast one of them")
     stream_cols = {c.lower() for c in df.columns}
     both = [c for c in static.columns if c.lower() in stream_cols and c not in keys]
     if both:
