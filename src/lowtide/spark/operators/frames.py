@@ -175,6 +175,7 @@ def _plan_enrich(df: Any, spec: FrameSpec) -> Any:
     static side and its per-key positions (see the module docstring)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
+    from pyspark.sql.types import MapType
 
     static, keys, how = spec.args
     name = spec.name
@@ -192,7 +193,11 @@ def _plan_enrich(df: Any, spec: FrameSpec) -> Any:
     if both:
         raise StepError(f"step {name!r}: column {both[0]!r} is on both sides (not a key): "
                         "rename or drop it on one side first")
-    order = Window.partitionBy(*keys).orderBy(*static.columns)
+    # a static row's rank among its key's rows, by all its columns (a map by its entries)
+    cols = {f.name: F.col("`" + f.name.replace("`", "``") + "`") for f in static.schema.fields}
+    ranked = [F.map_entries(cols[f.name]) if isinstance(f.dataType, MapType) else cols[f.name]
+              for f in static.schema.fields]
+    order = Window.partitionBy(*(cols[k] for k in keys)).orderBy(*ranked)
     positioned = spark_step(name, lambda: static.withColumn(
         POS_COL, F.row_number().over(order) - 1))
     out = spark_step(name, lambda: df.join(positioned, on=list(keys), how="left"))
