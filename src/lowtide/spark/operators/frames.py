@@ -1,5 +1,6 @@
-"""DataFrame-native steps: ``select``, ``with_column``, ``where`` and ``explode``,
-evaluated by Spark's JVM (SQL functions, ``from_json``, UDFs) and tracked by lowtide.
+"""DataFrame-native steps: ``select``, ``with_column``, ``where``, ``explode`` and
+stream-static joins (``enrich``), evaluated by Spark's JVM (SQL functions,
+``from_json``, UDFs) and tracked by lowtide.
 
 How each is acked (rules 1, 2, 5, 6), without a Python pass where none is needed:
 
