@@ -24,6 +24,7 @@ from tests.spark.helpers import Watcher, fail_once, gen_expected, t0_of_checkpoi
 pytestmark = pytest.mark.spark
 
 GRID = TimeGrid(delta_ms=10)
+STUCK_MS = 60_000  # a loaded machine's slow batch is not a stuck window
 # u0 matches nothing, u1 one row, u2 two rows, u3 one row (u9 and a null key: no stream row)
 USERS = [("u1", "ann", 1), ("u2", "bob", 2), ("u2", "bea", 2), ("u3", "cy", 3),
          ("u9", "zed", 9), (None, "nobody", 0)]
@@ -65,7 +66,7 @@ def test_enrich_equals_plain_spark_under_a_task_failure(spark, tmp_path: Path,
     after = fail_once(fail_here)
     # a sort-merge join (Spark does not know the size of an RDD's rows) and a broadcast
     static = F.broadcast(users(spark)) if how == "left" else users(spark)
-    pipe = lowtide.Pipeline(spark, f"enrich-{how}", grid=GRID)
+    pipe = lowtide.Pipeline(spark, f"enrich-{how}", grid=GRID, stuck_after_ms=STUCK_MS)
     stream = (pipe.generate(spec)
               .transform(with_user, name="user")
               .join(static, on="user", how=how, name="users")
