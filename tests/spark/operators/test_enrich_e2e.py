@@ -151,6 +151,8 @@ def test_enrich_errors(spark, tmp_path: Path) -> None:
     assert msg.startswith("step 'j': column 'seq' is on both sides")
     msg = fails(lambda s: s.join(static.withColumn("r", F.rand()), on="user", name="j"))
     assert msg.startswith("step 'j': column 'r' is not deterministic")
+    msg = fails(lambda s: s.join(static, on=F.col("user"), name="j"))
+    assert msg.startswith("step 'j': join key Column<")
     msg = fails(lambda s: s.join(s, on="user", name="j"))
     assert msg == "step 'j': a stream-stream join needs within="
     msg = fails(lambda s: s.join(static, on="user", within="1 second", name="j"))

@@ -122,7 +122,11 @@ class Stream:
         if within is not None:
             raise PipelineShapeError(f"step {name!r}: within= is for stream-stream joins; "
                                      "the other side is a static DataFrame")
-        return self._then(enrich_spec(name, other, parse_keys(on, "join"), how))
+        try:
+            keys = parse_keys(on, "join")
+        except ValueError as err:
+            raise PipelineShapeError(f"step {name!r}: {err}") from None
+        return self._then(enrich_spec(name, other, keys, how))
 
     # tracked operators
     def map(
