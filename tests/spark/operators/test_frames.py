@@ -47,3 +47,28 @@ def test_where_drops_false_and_acks_like_a_filter() -> None:
     out = frame_acks("where", batch, acc, (1, 2), REF, salt=7)
     assert out.schema.names == ["x", TRACK_COL] and out["x"].to_pylist() == [1, 3]
     assert acc.rows_received == 3 and acc.rows_sent == 2
+
+
+def joined(how: str) -> pa.RecordBatch:
+    """The JVM half of a stream-static join of parents 11 (2 matches), 22 (none) and 33
+    (1 match): left-outer joined rows, positions per key; under ``left`` the unmatched
+    row's position is 0."""
+    return pa.record_batch({
+        "name": pa.array(["a", "b", None, "c"]),
+        TRACK_COL: pa.array(PARENTS[[0, 0, 1, 2]], pa.int64()),
+        POS_COL: pa.array([0, 1, 0 if how == "left" else None, 0], pa.int32()),
+    })
+
+
+def test_enrich_acks_each_stream_row_once_and_each_match_as_a_child() -> None:
+    inner, left = AckAccumulator(), AckAccumulator()
+    out_inner = frame_acks("enrich", joined("inner"), inner, (1, 2), REF, salt=7)
+    out_left = frame_acks("enrich", joined("left"), left, (1, 2), REF, salt=7)
+    assert out_inner["name"].to_pylist() == ["a", "b", "c"]  # 22 matched nothing: dropped
+    assert out_left["name"].to_pylist() == ["a", "b", None, "c"]  # kept, with nulls
+    assert (inner.rows_received, inner.rows_sent) == (3, 3)
+    assert (left.rows_received, left.rows_sent) == (3, 4)
+    ids_inner = ack_ids(np.asarray(out_inner[TRACK_COL])).tolist()
+    ids_left = ack_ids(np.asarray(out_left[TRACK_COL])).tolist()
+    assert ids_left[:2] + ids_left[3:] == ids_inner  # a match's id: (parent, salt, position)
+    assert len(set(ids_left)) == 4

@@ -1,5 +1,6 @@
-"""DataFrame-native steps: ``select``, ``with_column``, ``where`` and ``explode``,
-evaluated by Spark's JVM (SQL functions, ``from_json``, UDFs) and tracked by lowtide.
+"""DataFrame-native steps: ``select``, ``with_column``, ``where``, ``explode`` and
+stream-static joins (``enrich``), evaluated by Spark's JVM (SQL functions,
+``from_json``, UDFs) and tracked by lowtide.
 
 How each is acked (rules 1, 2, 5, 6), without a Python pass where none is needed:
 
@@ -19,6 +20,15 @@ How each is acked (rules 1, 2, 5, 6), without a Python pass where none is needed
   position. The tracked step after it receives each parent once (its row of position
   0 or null) and sends each element as the child ``child_ids(parent id, salt,
   position)``: the same ids in every attempt, whatever the batch boundaries.
+* ``enrich`` (``stream.join(static_df, on, how)``, a stream-static join) drops or
+  multiplies rows, and is acked like ``explode``: the static side gets a position per
+  key (``row_number`` over its rows with that key, ordered by all its columns:
+  deterministic when its data is), the JVM joins the stream left-outer with it
+  (broadcast when Spark finds it small), and the same Arrow half receives each stream
+  row once (its row of position 0, or its unmatched row) and sends each match as the
+  child ``child_ids(parent id, salt, position)``. An unmatched row has a null position:
+  under ``inner`` it is dropped (received, no child), under ``left`` its position is 0
+  (one child, the static columns null).
 
 Every step is checked when the plan is built, before the query starts: Spark's
 analysis errors (unknown columns, wrong types) and non-deterministic expressions
@@ -44,10 +54,11 @@ from lowtide.spark.tracking.column import (
     with_ids,
 )
 
-FRAME_KINDS = ("select", "with_column", "where", "explode")
-TRACKED_FRAME_KINDS = ("where", "explode")
+FRAME_KINDS = ("select", "with_column", "where", "explode", "enrich")
+TRACKED_FRAME_KINDS = ("where", "explode", "enrich")
 KEEP_COL = "_lt_keep"  # where: the condition, evaluated by the JVM
-POS_COL = "_lt_pos"  # explode: the element's position (null: a parent with none)
+POS_COL = "_lt_pos"  # explode, enrich: the child's position (null: a parent with none)
+ENRICH_HOWS = ("inner", "left")
 
 
 @dataclass(frozen=True)
@@ -121,7 +132,79 @@ def plan_frame(df: Any, spec: FrameSpec) -> Any:
             *keep, F.posexplode_outer(source).alias(POS_COL, alias)))
         check_added(df, out, spec.name, ("Project", "Generate"))
         return out
+    if kind == "enrich":
+        return _plan_enrich(df, spec)
     raise ValueError(f"unknown DataFrame step {kind!r}")
+
+
+# ------------------------------------------------------------------ stream-static joins
+
+def enrich_spec(name: str, static: Any, keys: tuple[str, ...], how: str) -> FrameSpec:
+    """The step of ``stream.join(static, on=keys, how=how)``; what can be checked
+    without the stream's columns is checked here, where the pipeline is described."""
+    from pyspark.sql import DataFrame
+
+    if not isinstance(static, DataFrame):
+        raise StepError(f"step {name!r}: join() takes a Stream (with within=) or a "
+                        f"static pyspark DataFrame, got {type(static).__name__}")
+    if static.isStreaming:
+        raise StepError(f"step {name!r}: the other side is a streaming DataFrame: for a "
+                        "stream-stream join, read it as a Stream of this pipeline and "
+                        "join with within=")
+    how = {"left_outer": "left", "leftouter": "left"}.get(how, how)
+    if how not in ENRICH_HOWS:
+        why = ("the static side's unmatched rows would be emitted again in every "
+               "micro-batch" if how in ("right", "full", "outer", "right_outer",
+                                        "full_outer", "fullouter", "rightouter")
+               else "a stream-static join keeps or drops stream rows")
+        raise StepError(f"step {name!r}: how={how!r}: a stream-static join is 'inner' or "
+                        f"'left' ({why})")
+    for col in (TRACK_COL, POS_COL, KEEP_COL):
+        if col in static.columns:
+            raise StepError(f"step {name!r}: the static side has column {col!r}, a name "
+                            "lowtide uses: rename it")
+    for key in keys:
+        if key not in static.columns:
+            raise StepError(f"step {name!r}: key {key!r} is not a column of the static "
+                            f"side (it has {', '.join(static.columns)})")
+    _check_plan_deterministic(static, name)
+    return FrameSpec("enrich", name, (static, keys, how))
+
+
+def _plan_enrich(df: Any, spec: FrameSpec) -> Any:
+    """The JVM half of a stream-static join: the stream left-outer joined with the
+    static side and its per-key positions (see the module docstring)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import MapType
+
+    static, keys, how = spec.args
+    name = spec.name
+    types = {f.name: f.dataType for f in static.schema.fields}
+    for key in keys:
+        if key not in df.columns:
+            raise StepError(f"step {name!r}: key {key!r} is not a column of the stream "
+                            f"(it has {', '.join(c for c in df.columns if c != TRACK_COL)})")
+        mine, theirs = df.schema[key].dataType.simpleString(), types[key].simpleString()
+        if mine != theirs:
+            raise StepError(f"step {name!r}: key {key!r} is {mine} in the stream but "
+                            f"{theirs} in the static side: cast one of them")
+    stream_cols = {c.lower() for c in df.columns}
+    both = [c for c in static.columns if c.lower() in stream_cols and c not in keys]
+    if both:
+        raise StepError(f"step {name!r}: column {both[0]!r} is on both sides (not a key): "
+                        "rename or drop it on one side first")
+    # a static row's rank among its key's rows, by all its columns (a map by its entries)
+    cols = {f.name: F.col("`" + f.name.replace("`", "``") + "`") for f in static.schema.fields}
+    ranked = [F.map_entries(cols[f.name]) if isinstance(f.dataType, MapType) else cols[f.name]
+              for f in static.schema.fields]
+    order = Window.partitionBy(*(cols[k] for k in keys)).orderBy(*ranked)
+    positioned = spark_step(name, lambda: static.withColumn(
+        POS_COL, F.row_number().over(order) - 1))
+    out = spark_step(name, lambda: df.join(positioned, on=list(keys), how="left"))
+    if how == "left":  # an unmatched row is kept: one child, at position 0
+        out = out.withColumn(POS_COL, F.coalesce(F.col(POS_COL), F.lit(0)))
+    return out
 
 
 # ------------------------------------------------------------------ plan checks
@@ -155,6 +238,17 @@ def check_added(before: Any, after: Any, step: str,
         node = node.children().apply(0)
 
 
+def _check_plan_deterministic(df: Any, step: str) -> None:
+    """Every node of ``df``'s analyzed plan has only deterministic expressions (a
+    static side is recomputed in every micro-batch and every task retry)."""
+    todo = [df._jdf.queryExecution().analyzed()]
+    while todo:
+        node = todo.pop()
+        _check_deterministic(node, step)
+        children = node.children()
+        todo.extend(children.apply(i) for i in range(children.size()))
+
+
 def _check_deterministic(node: Any, step: str) -> None:
     exprs = node.expressions()
     for i in range(exprs.size()):
@@ -171,8 +265,9 @@ def _check_deterministic(node: Any, step: str) -> None:
 
 def frame_acks(kind: str, batch: Any, acc: AckAccumulator, segments: tuple[int, int],
                ref_slot: int, salt: int) -> Any:
-    """The tracked Arrow half of ``where`` / ``explode`` on one batch: record its acks
-    in ``acc`` and return the output rows (tracking column included)."""
+    """The tracked Arrow half of ``where`` / ``explode`` / ``enrich`` on one batch:
+    record its acks in ``acc`` and return the output rows (tracking column included).
+    ``enrich`` is ``explode``'s half: a stream row's matches are its elements."""
     import pyarrow as pa
 
     names = batch.schema.names

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from lowtide.core.graph import SegmentGraph
-from lowtide.spark.operators.frames import FrameSpec
+from lowtide.spark.operators.frames import FrameSpec, enrich_spec
 from lowtide.spark.operators.joins import JoinSpec, check_join
 from lowtide.spark.operators.keyed_state import FoldLogic, StatefulSpec
 from lowtide.spark.operators.tracked import OpSpec
@@ -90,14 +90,17 @@ class Stream:
             raise PipelineShapeError("union() of streams of different Pipelines")
         return Stream(self.pipeline, inputs=(self, *others))
 
-    def join(self, other: Stream, on: str | list[str] | tuple[str, ...], *,
-             within: str | int, how: str = "inner", name: str | None = None,
+    def join(self, other: Stream | Any, on: str | list[str] | tuple[str, ...], *,
+             within: str | int | None = None, how: str = "inner", name: str | None = None,
              poll_ms: int = 100) -> Stream:
         """Exact interval join over global time: rows of this stream and ``other`` with
         equal ``on`` keys whose slots are at most ``within`` apart; ``how``: "inner",
         "left" or "full". Results are emitted when both inputs are complete for them,
         outer rows with nulls when the other side is. See
-        :mod:`lowtide.spark.operators.joins`."""
+        :mod:`lowtide.spark.operators.joins`. ``other`` a static DataFrame: see
+        :meth:`join_static`."""
+        if not isinstance(other, Stream) or within is None:
+            return self.join_static(other, on, how=how, name=name, within=within)
         if other.pipeline is not self.pipeline:
             raise PipelineShapeError("join() of streams of different Pipelines")
         name = name or self._default_name("join")
@@ -105,6 +108,25 @@ class Stream:
         check_join(name, within_ms, how, self.pipeline.grid.delta_ms)
         spec = JoinSpec(name, parse_keys(on, "join"), within_ms, how, poll_ms)
         return Stream(self.pipeline, steps=(spec,), inputs=(self, other))
+
+    def join_static(self, other: Any, on: str | list[str] | tuple[str, ...], *,
+                    how: str = "inner", name: str | None = None,
+                    within: str | int | None = None) -> Stream:
+        """Tracked stream-static join (enrichment), what ``join(static_df, on, how)``
+        calls: like ``DataFrame.join(other, on, how)`` row for row, ``how`` "inner" or
+        "left"; a row matching k static rows has k children, an unmatched one none
+        (inner) or one with nulls (left). See :mod:`lowtide.spark.operators.frames`."""
+        name = name or self._default_name("join")
+        if isinstance(other, Stream):
+            raise PipelineShapeError(f"step {name!r}: a stream-stream join needs within=")
+        if within is not None:
+            raise PipelineShapeError(f"step {name!r}: within= is for stream-stream joins; "
+                                     "the other side is a static DataFrame")
+        try:
+            keys = parse_keys(on, "join")
+        except ValueError as err:
+            raise PipelineShapeError(f"step {name!r}: {err}") from None
+        return self._then(enrich_spec(name, other, keys, how))
 
     # tracked operators
     def map(

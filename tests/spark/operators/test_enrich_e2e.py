@@ -1,0 +1,159 @@
+"""Stream-static joins (enrichment) end to end: a tracked stream joined with a static
+DataFrame equals plain Spark's ``df.join(static, on, how)`` over the same rows, under
+an injected task failure, with every row acked; and the errors such a join raises
+before the query starts."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import lowtide
+from lowtide.core.time import TimeGrid
+from lowtide.spark.sources.generator import GeneratorSpec
+from tests.spark.helpers import Watcher, fail_once, gen_expected, t0_of_checkpoint
+
+pytestmark = pytest.mark.spark
+
+GRID = TimeGrid(delta_ms=10)
+STUCK_MS = 60_000  # a loaded machine's slow batch is not a stuck window
+# u0 matches nothing, u1 one row, u2 two rows, u3 one row (u9 and a null key: no stream row)
+USERS = [("u1", "ann", 1), ("u2", "bob", 2), ("u2", "bea", 2), ("u3", "cy", 3),
+         ("u9", "zed", 9), (None, "nobody", 0)]
+
+
+def users(spark: Any) -> Any:
+    return spark.createDataFrame(USERS, "user string, name string, tier long")
+
+
+def with_user(df: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    return df.withColumn("user", F.concat(F.lit("u"), (F.col("seq") % 4).cast("string")))
+
+
+@pytest.mark.parametrize("how", ["inner", "left"])
+def test_enrich_equals_plain_spark_under_a_task_failure(spark, tmp_path: Path,
+                                                        how: str) -> None:
+    spec = GeneratorSpec(fronts=2, rate=200.0, payload_bytes=4, lag_ms={1: 300})
+    committed: list[pd.DataFrame] = []
+    lock = threading.Lock()
+
+    def sink(df: Any, batch_id: int) -> None:
+        rows = df.drop("event_ms", "payload").toPandas()
+        with lock:
+            if len(rows):
+                committed.append(rows)
+
+    from pyspark.sql import functions as F
+
+    failed = tmp_path / "failed"
+    failed.mkdir()
+
+    def fail_here(bid: int, part: int) -> bool:  # first attempts only: noted, then failed
+        if bid % 3 == 1:
+            (failed / f"{bid}-{part}").touch()
+        return bid % 3 == 1
+
+    after = fail_once(fail_here)
+    # a sort-merge join (Spark does not know the size of an RDD's rows) and a broadcast
+    static = F.broadcast(users(spark)) if how == "left" else users(spark)
+    pipe = lowtide.Pipeline(spark, f"enrich-{how}", grid=GRID, stuck_after_ms=STUCK_MS)
+    stream = (pipe.generate(spec)
+              .transform(with_user, name="user")
+              .join(static, on="user", how=how, name="users")
+              .transform(lambda df: df.mapInArrow(after, df.schema), name="fail"))
+    assert stream.segment_names() == ["users", "sink"]
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        pipe.build(stream).df.explain()
+    plan = out.getvalue()
+    assert ("BroadcastHashJoin" if how == "left" else "SortMergeJoin") in plan
+    query = watcher = None
+    try:
+        query = stream.foreach_batch(sink, checkpoint=str(tmp_path / "ckpt"),
+                                     keep_tracking_columns=True, trigger="200 milliseconds")
+        watcher = Watcher(pipe.tracker.agent, "sink", lambda: None).start()
+        t0 = t0_of_checkpoint(tmp_path / "ckpt", query)
+        watcher.wait_for(1, 90, query.query)
+        deadline = time.monotonic() + 90
+        while not list(failed.iterdir()):  # a task failed after the join's acks were sent
+            assert time.monotonic() < deadline and query.query.exception() is None
+            time.sleep(0.1)
+        watcher.wait_for(watcher.latest() + 150, 90, query.query)  # past the lagging front
+        assert not query.stuck()
+        query.stop()
+        final = query.min_time("sink")
+    finally:
+        if watcher is not None:
+            watcher.stop()
+        pipe.close()
+    got = pd.concat(committed, ignore_index=True)
+    assert len(got) == len(got.drop_duplicates(["lt_ack", "lt_time"])), "a row twice"
+    rows = [pd.DataFrame({"front": np.int32(f), "seq": np.arange(n, dtype=np.int64)})
+            for f, n in gen_expected(spec, t0, final, GRID.delta_ms).items()]
+    base = with_user(spark.createDataFrame(pd.concat(rows, ignore_index=True)))
+    expected = base.join(users(spark), on="user", how=how).toPandas()
+    below = got[got["lt_time"] < final].drop(columns=["lt_time", "lt_ack"])
+    assert list(below.columns) == list(expected.columns)
+    order = ["front", "seq", "name"]
+    a = below.sort_values(order).reset_index(drop=True)
+    b = expected.sort_values(order).reset_index(drop=True)
+    assert len(a) > 100 and set(b["user"]) == ({"u0", "u1", "u2", "u3"} if how == "left"
+                                                else {"u1", "u2", "u3"})
+    pd.testing.assert_frame_equal(a.astype(str), b.astype(str))
+
+
+def start_fails(spark: Any, tmp_path: Path, describe: Any) -> str:
+    """The one-line error of a pipeline, raised where it is described or started."""
+    pipe = lowtide.Pipeline(spark, "bad", grid=GRID)
+    try:
+        with pytest.raises(ValueError) as err:
+            describe(pipe.generate(fronts=1, rate=10.0).transform(with_user)).to_null(
+                checkpoint=str(tmp_path / "ckpt"))
+    finally:
+        pipe.close()
+    message = str(err.value)
+    assert "\n" not in message
+    return message
+
+
+def test_enrich_errors(spark, tmp_path: Path) -> None:
+    from pyspark.sql import functions as F
+
+    static = users(spark)
+
+    def fails(describe: Any) -> str:
+        return start_fails(spark, tmp_path, describe)
+
+    msg = fails(lambda s: s.join(spark.readStream.format("rate").load(), on="user",
+                                 name="j"))
+    assert msg.startswith("step 'j': the other side is a streaming DataFrame") \
+        and "within=" in msg
+    msg = fails(lambda s: s.join(static, on="user", how="full", name="j"))
+    assert msg.startswith("step 'j': how='full'") and "every micro-batch" in msg
+    msg = fails(lambda s: s.join(static, on="region", name="j"))
+    assert msg.startswith("step 'j': key 'region' is not a column of the static side")
+    msg = fails(lambda s: s.join(static.withColumnRenamed("user", "front"), on="front",
+                                 name="j"))
+    assert msg.startswith("step 'j': key 'front' is int in the stream but string")
+    msg = fails(lambda s: s.join(static.withColumn("region", F.lit("eu")),
+                                 on=["user", "region"], name="j"))
+    assert msg.startswith("step 'j': key 'region' is not a column of the stream")
+    msg = fails(lambda s: s.join(static.withColumn("seq", F.lit(1)), on="user", name="j"))
+    assert msg.startswith("step 'j': column 'seq' is on both sides")
+    msg = fails(lambda s: s.join(static.withColumn("r", F.rand()), on="user", name="j"))
+    assert msg.startswith("step 'j': column 'r' is not deterministic")
+    msg = fails(lambda s: s.join(static, on=F.col("user"), name="j"))
+    assert msg.startswith("step 'j': join key Column<")
+    msg = fails(lambda s: s.join(s, on="user", name="j"))
+    assert msg == "step 'j': a stream-stream join needs within="
+    msg = fails(lambda s: s.join(static, on="user", within="1 second", name="j"))
+    assert msg.startswith("step 'j': within= is for stream-stream joins")
