@@ -91,19 +91,22 @@ class Stream:
         return Stream(self.pipeline, inputs=(self, *others))
 
     def join(self, other: Stream, on: str | list[str] | tuple[str, ...], *,
-             within: str | int, how: str = "inner", name: str | None = None,
-             poll_ms: int = 100) -> Stream:
-        """Exact interval join over global time: rows of this stream and ``other`` with
-        equal ``on`` keys whose slots are at most ``within`` apart; ``how``: "inner",
-        "left" or "full". Results are emitted when both inputs are complete for them,
-        outer rows with nulls when the other side is. See
+             within: str | int | None = None, window: str | int | None = None,
+             how: str = "inner", name: str | None = None, poll_ms: int = 100) -> Stream:
+        """Exact join over global time: rows of this stream and ``other`` with equal
+        ``on`` keys whose slots are at most ``within`` apart (an interval join), or in
+        the same tumbling ``window`` (a window join; exactly one of the two); ``how``:
+        "inner", "left" or "full". Results are emitted when both inputs are complete
+        for them, outer rows with nulls when the other side is. See
         :mod:`lowtide.spark.operators.joins`."""
         if other.pipeline is not self.pipeline:
             raise PipelineShapeError("join() of streams of different Pipelines")
         name = name or self._default_name("join")
-        within_ms = duration_ms(within)
-        check_join(name, within_ms, how, self.pipeline.grid.delta_ms)
-        spec = JoinSpec(name, parse_keys(on, "join"), within_ms, how, poll_ms)
+        within_ms = None if within is None else duration_ms(within)
+        window_ms = None if window is None else duration_ms(window)
+        check_join(name, within_ms, how, self.pipeline.grid.delta_ms, window_ms)
+        spec = JoinSpec(name, parse_keys(on, "join"), within_ms or 0, how, poll_ms,
+                        window_ms or 0)
         return Stream(self.pipeline, steps=(spec,), inputs=(self, other))
 
     # tracked operators
