@@ -171,7 +171,7 @@ def step_group(logic: SlotLogic, key: tuple[Any, ...], kept: Any, new: Any, done
             _check(out, rows, done)
     after = wakes_of(rows)
     at = np.zeros(0, np.int64) if out is None else out[AT_COL].to_numpy(np.int64)
-    if len(at):
+    if out is not None and len(at):
         out = out.iloc[np.argsort(at, kind="stable")].reset_index(drop=True)
         at = np.sort(at)
     times, n = np.unique(at, return_counts=True)
