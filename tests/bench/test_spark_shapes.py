@@ -10,8 +10,8 @@ import json
 import pytest
 
 from lowtide.bench.spark import add_arguments
-from lowtide.bench.spark.measure import BenchConfig, report_versus
-from lowtide.bench.spark.shapes import JOIN_KEYS, RUNNERS, SHAPES, _halves, _join_specs
+from lowtide.bench.spark.measure import BenchConfig, dropped_late, report_versus
+from lowtide.bench.spark.shapes import JOIN_KEYS, JOIN_LAG_MS, RUNNERS, SHAPES, _halves, _join_specs
 
 
 def test_union_and_join_are_shapes() -> None:
@@ -33,7 +33,8 @@ def test_the_union_halves_do_not_share_fronts() -> None:
 
 def test_join_keys_repeat_about_once_within_the_interval() -> None:
     a, b = _join_specs(BenchConfig(rows_per_batch=10_000))
-    assert a.front_ids() == [0] and b.front_ids() == [1]
+    assert a.front_ids() == [0] and b.front_ids() == [1, 2]
+    assert a.rate == b.rate and b.lag_ms == {2: JOIN_LAG_MS} and JOIN_LAG_MS > 1000
     repeat_ms = JOIN_KEYS * 1000.0 / a.rate  # one key's rows this far apart, per side
     assert 100 <= repeat_ms <= 200  # within 100 ms either way: one or two matches
 
@@ -42,8 +43,19 @@ def test_report_ends_with_the_json_names(capsys: pytest.CaptureFixture[str]) -> 
     result = {"bench": "spark", "shape": "join", "throughput_ratio": 0.5, "cpu_ratio": 0.4,
               "round_ratios": [0.5], "round_cpu_ratios": [0.4], "rows_per_s_lowtide": 1.0,
               "rows_per_s_spark": 2.0, "rows_per_cpu_s_lowtide": 1.0,
-              "rows_per_cpu_s_spark": 2.5, "queries": ["Spark q", "lowtide q"]}
+              "rows_per_cpu_s_spark": 2.5, "queries": ["Spark q", "lowtide q"],
+              "spark_dropped_late": 1234, "lowtide_dropped_late": 0}
     report_versus(result)
     print(json.dumps(result))
-    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert {"bench", "shape", "throughput_ratio", "cpu_ratio"} <= set(last)
+    out = capsys.readouterr().out.strip().splitlines()
+    assert "rows dropped as late (counted rounds): Spark 1,234 (its watermark), lowtide 0" in out
+    last = json.loads(out[-1])
+    assert {"bench", "shape", "throughput_ratio", "cpu_ratio", "spark_dropped_late",
+            "lowtide_dropped_late"} <= set(last)
+
+
+def test_dropped_late_sums_the_state_operators() -> None:
+    progress = [{"stateOperators": [{"numRowsDroppedByWatermark": 3},
+                                    {"numRowsDroppedByWatermark": 4}]},
+                {"stateOperators": []}, {}]
+    assert dropped_late(progress) == 7

@@ -1,87 +1,160 @@
-"""The join's step logic without Spark: stepped slot by slot as the keyed runtime steps
-it (kept rows, wakes, expiry), its results equal a brute-force interval join, for
-inner, left and full joins, with a null key, and every result at the slot the module
-docstring promises."""
+"""The join's logic without Spark, driven through the keyed runtime's own group step
+(:func:`step_group`: kept rows, holds, wakes, expiry) over random micro-batches and
+random advances of the inbound min time: its results equal a brute-force interval
+or window join, for inner, left and full joins, with null keys and several keys in
+one bucket, each result exactly once at the slot the module docstring promises,
+every output under a hold that was open until then, and no hold left at the end."""
 
 from __future__ import annotations
 
-import heapq
 import random
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from lowtide.spark.operators.joins import SIDE_COL, JoinLogic, check_join
+from lowtide.spark.operators.keyed_state import (
+    AT_COL,
+    ID_COL,
+    SLOT_COL,
+    WAKE_COL,
+    FoldLogic,
+    step_group,
+)
+
+Row = tuple[int, int, Any]  # (slot, id, key)
 
 
-class Steps:
-    """The keyed runtime's stepping for one key, in memory (History included)."""
-
-    def __init__(self, logic: JoinLogic, rows: dict[int, pd.DataFrame]) -> None:
-        self.logic, self.rows = logic, rows
-        self.processed: dict[int, pd.DataFrame] = {}
-
-    def kept(self, lo: int, hi: int) -> list[tuple[int, Any]]:
-        return [(s, self.processed[s]) for s in sorted(self.processed) if lo <= s <= hi]
-
+class NoState:
     def get_state(self) -> Any:
         return None
 
     def set_state(self, value: Any) -> None:
         return None
 
-    def run(self, key: tuple[Any, ...]) -> list[tuple[int, pd.DataFrame]]:
-        pending = sorted(self.rows)
-        heapq.heapify(pending)
-        out = []
-        while pending:
-            slot = heapq.heappop(pending)
-            rows = self.rows.get(slot)
-            res, wakes = self.logic.step(key, slot, rows, self)
-            for w in wakes:
-                if w not in self.rows and w not in pending:
-                    heapq.heappush(pending, w)
-            if rows is not None:
-                self.processed[slot] = rows
-            if res is not None:
-                out.append((slot, res))
-        return out
+
+def frame(items: list[Row], side: int) -> pd.DataFrame:
+    ids = [i for _, i, _ in items]
+    return pd.DataFrame({
+        "k": pd.Series([k for _, _, k in items], dtype=object),
+        "l_id": pd.Series([i if side == 0 else None for i in ids], dtype="float64"),
+        "r_id": pd.Series([i if side == 1 else None for i in ids], dtype="float64"),
+        SIDE_COL: np.full(len(items), side, np.int8),
+        SLOT_COL: np.array([s for s, _, _ in items], np.int64),
+        ID_COL: np.array(ids, np.int64) * 7919 % 10007,  # ack ids: not in row order
+        WAKE_COL: np.array([s for s, _, _ in items], np.int64),
+    })
 
 
-def brute(left: list[tuple[int, int]], right: list[tuple[int, int]], w: int, how: str,
-          null_key: bool) -> set[tuple[Any, ...]]:
+def run(logic: Any, left: list[Row], right: list[Row], seed: int
+        ) -> list[tuple[int, int, int]]:
+    """Rows arrive in random batches (a row before the min time passes its slot), the
+    min time jumps ahead at random; (slot, l id, r id) of every output, -1 for none."""
+    rng = random.Random(seed)
+    arrivals = sorted([(s, 0, r) for s, *_ in left for r in [(s, *_)]]
+                      + [(s, 1, r) for s, *_ in right for r in [(s, *_)]])
+    kept, done, out, opened = None, 0, [], set()
+    horizon = 60
+    while done < horizon:
+        nxt = min(horizon, done + rng.randrange(0, 9))
+        batch = [(side, r) for s, side, r in arrivals if done <= s < nxt + rng.randrange(4)]
+        arrivals = [a for a in arrivals if (a[1], a[2]) not in batch]
+        new = [frame([r for sd, r in batch if sd == side], side) for side in (0, 1)]
+        new_rows = pd.concat([f for f in new if len(f)], ignore_index=True) if batch else None
+        step = step_group(logic, ("bucket",), kept, new_rows, nxt, NoState())
+        assert not opened & set(step.opens.tolist()), "a hold opened twice"
+        opened |= set(step.opens.tolist())
+        assert set(step.releases.tolist()) <= opened, "a hold released that was not open"
+        opened -= set(step.releases.tolist())
+        assert all(t < nxt for t in step.releases.tolist() if t not in opened)
+        if step.out is not None:
+            assert step.out[AT_COL].is_monotonic_increasing
+            assert len(step.out) == int(step.counts.sum())
+            for _, r in step.out.iterrows():
+                lid, rid = (int(v) if pd.notna(v) else -1 for v in (r["l_id"], r["r_id"]))
+                out.append((int(r[AT_COL]), lid, rid))
+        kept, done = step.kept, nxt
+    assert not arrivals
+    assert kept is None or not (kept[WAKE_COL] >= 0).any(), "a hold left open"
+    assert not opened
+    return out
+
+
+def brute(left: list[Row], right: list[Row], w: int, window: int, how: str
+          ) -> set[tuple[int, int, int]]:
     """(slot, l id, r id) of every result; -1 for the missing side."""
-    pairs = set() if null_key else {(max(a, b), i, j) for a, i in left for b, j in right
-                                    if abs(a - b) <= w}
+    def at(a: int, b: int) -> int:
+        return (a // window + 1) * window - 1 if window else max(a, b)
+
+    def near(a: int, b: int) -> bool:
+        return a // window == b // window if window else abs(a - b) <= w
+
+    def alone(a: int) -> int:
+        return (a // window + 1) * window - 1 if window else a + w
+
+    pairs = {(at(a, b), i, j) for a, i, k in left for b, j, q in right
+             if k is not None and k == q and near(a, b)}
     out = set(pairs)
     if how != "inner":
-        out |= {(a + w, i, -1) for a, i in left if all(p[1] != i for p in pairs)}
+        out |= {(alone(a), i, -1) for a, i, _ in left if all(p[1] != i for p in pairs)}
     if how == "full":
-        out |= {(b + w, -1, j) for b, j in right if all(p[2] != j for p in pairs)}
+        out |= {(alone(b), -1, j) for b, j, _ in right if all(p[2] != j for p in pairs)}
     return out
+
+
+def sides(seed: str) -> tuple[list[Row], list[Row]]:
+    rng = random.Random(seed)
+    keys = ["u", "v", "w", None]
+    left = [(rng.randrange(40), i, rng.choice(keys)) for i in range(40)]
+    right = [(rng.randrange(40), 100 + j, rng.choice(keys)) for j in range(25)]
+    return left, right
 
 
 @pytest.mark.parametrize("how", ["inner", "left", "full"])
 @pytest.mark.parametrize("w", [0, 3])
-@pytest.mark.parametrize("null_key", [False, True])
-def test_steps_equal_a_brute_force_join(how: str, w: int, null_key: bool) -> None:
-    rng = random.Random(f"{how}{w}{null_key}")
-    left = [(rng.randrange(40), i) for i in range(30)]
-    right = [(rng.randrange(40), 100 + j) for j in range(12)]
-    rows: dict[int, pd.DataFrame] = {}
-    for side, items in ((0, left), (1, right)):
-        for slot, i in items:
-            row = pd.DataFrame({"l_id": [i if side == 0 else None],
-                                "r_id": [i if side == 1 else None], SIDE_COL: [side]})
-            rows[slot] = pd.concat([rows.get(slot), row], ignore_index=True)
-    logic = JoinLogic(("l_id",), ("r_id",), w, how)
-    key = (None,) if null_key else ("u",)
-    got = [(slot, int(lid) if pd.notna(lid) else -1, int(rid) if pd.notna(rid) else -1)
-           for slot, res in Steps(logic, rows).run(key)
-           for lid, rid in zip(res["l_id"], res["r_id"], strict=True)]
+@pytest.mark.parametrize("seed", range(3))
+def test_interval_join_equals_a_brute_force_join(how: str, w: int, seed: int) -> None:
+    left, right = sides(f"{how}{w}{seed}")
+    got = run(JoinLogic(("k",), ("l_id",), ("r_id",), w, how), left, right, seed)
     assert len(got) == len(set(got)), "a result twice"
-    assert set(got) == brute(left, right, w, how, null_key)
+    assert set(got) == brute(left, right, w, 0, how)
+
+
+@pytest.mark.parametrize("how", ["inner", "left", "full"])
+@pytest.mark.parametrize("window", [1, 7])
+@pytest.mark.parametrize("seed", range(3))
+def test_window_join_equals_a_brute_force_join(how: str, window: int, seed: int) -> None:
+    left, right = sides(f"win{how}{window}{seed}")
+    got = run(JoinLogic(("k",), ("l_id",), ("r_id",), 0, how, window), left, right, seed)
+    assert len(got) == len(set(got)), "a result twice"
+    assert set(got) == brute(left, right, 0, window, how)
+
+
+def test_a_group_step_is_the_same_whatever_the_row_order() -> None:
+    """A retried task gets the same rows in another order: same outputs, same order."""
+    left, right = sides("order")
+    logic = JoinLogic(("k",), ("l_id",), ("r_id",), 3, "full")
+    rows = pd.concat([frame(left, 0), frame(right, 1)], ignore_index=True)
+    a = step_group(logic, ("b",), None, rows, 50, NoState())
+    b = step_group(logic, ("b",), None, rows.sample(frac=1, random_state=1), 50, NoState())
+    pd.testing.assert_frame_equal(a.out, b.out)
+    assert a.releases.tolist() == b.releases.tolist() and a.counts.tolist() == b.counts.tolist()
+
+
+def test_fold_steps_each_slot_in_order() -> None:
+    seen: list[tuple[int, int]] = []
+
+    def fn(key: Any, rows: pd.DataFrame, state: Any) -> tuple[Any, Any]:
+        seen.append((len(rows), int(rows["l_id"].iloc[0])))
+        return None, pd.DataFrame({"n": [len(rows)]})
+
+    rows = frame([(5, 1, "u"), (3, 2, "u"), (5, 3, "u"), (9, 4, "u")], 0)
+    step = step_group(FoldLogic(fn, "f"), ("u",), None, rows, 9, NoState())
+    assert step.out[AT_COL].tolist() == [3, 5] and step.out["n"].tolist() == [1, 2]
+    assert step.releases.tolist() == [3, 5] and step.counts.tolist() == [1, 1]
+    assert step.kept[SLOT_COL].tolist() == [9] and step.waiting
 
 
 def test_join_description_errors() -> None:
@@ -90,3 +163,9 @@ def test_join_description_errors() -> None:
     with pytest.raises(ValueError, match=r"^join 'j': within=15 ms must be a non-negative "
                                          r"multiple of delta_ms=10$"):
         check_join("j", 15, "inner", 10)
+    with pytest.raises(ValueError, match=r"^join 'j': give exactly one of within="):
+        check_join("j", 100, "inner", 10, 1000)
+    with pytest.raises(ValueError, match=r"^join 'j': give exactly one of within="):
+        check_join("j", None, "inner", 10, None)
+    with pytest.raises(ValueError, match=r"^join 'j': window=0 ms must be a positive"):
+        check_join("j", None, "inner", 10, 0)

@@ -1,8 +1,8 @@
-"""End to end, exact interval joins of two generated streams: inner and left outer,
-under a lagging front and injected task failures (before the join on one side, after
-it), equal a batch recomputation of the same events: every pair and every unmatched
-left row below the sink's announced min time is there, once, and nothing else (0
-rows dropped as late)."""
+"""End to end, exact joins of two generated streams: interval joins (inner and left
+outer) and a full outer window join, under a lagging front and injected task failures
+(before the join on one side, after it), equal a batch recomputation of the same
+events: every pair and every unmatched row below the sink's announced min time is
+there, once, and nothing else (0 rows dropped as late)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from tests.spark.operators.test_windows_e2e import GRID, STUCK_MS, all_input
 pytestmark = pytest.mark.spark
 
 WITHIN = 15  # slots
+WINDOW = 20  # slots, of the window join
 
 
 def side(prefix: str):  # type: ignore[no-untyped-def]
@@ -38,32 +39,47 @@ def side(prefix: str):  # type: ignore[no-untyped-def]
     return fn
 
 
-def batch_join(left: pd.DataFrame, right: pd.DataFrame, how: str) -> pd.DataFrame:
+def batch_join(left: pd.DataFrame, right: pd.DataFrame, how: str, window: int
+               ) -> pd.DataFrame:
     """The batch recomputation: (l_front, l_seq, r_front, r_seq, time) of every result;
-    a pair at its later row's slot, an unmatched left row at its slot + WITHIN."""
+    interval join (``window`` 0): a pair at its later row's slot, an unmatched row at
+    its slot + WITHIN; window join: both at the window's last slot."""
     lf = left.rename(columns={"front": "l_front", "seq": "l_seq", "slot": "a"})
     rf = right.rename(columns={"front": "r_front", "seq": "r_seq", "slot": "b"})
     m = lf[["user", "l_front", "l_seq", "a"]].merge(rf[["user", "r_front", "r_seq", "b"]],
                                                      on="user")
-    pairs = m[(m["a"] - m["b"]).abs() <= WITHIN]
-    pairs = pairs.assign(time=np.maximum(pairs["a"], pairs["b"]))
+
+    def last(slots: pd.Series) -> pd.Series:
+        return (slots // window + 1) * window - 1
+
+    if window:
+        pairs = m[m["a"] // window == m["b"] // window]
+        pairs = pairs.assign(time=last(pairs["a"]))
+    else:
+        pairs = m[(m["a"] - m["b"]).abs() <= WITHIN]
+        pairs = pairs.assign(time=np.maximum(pairs["a"], pairs["b"]))
     out = [pairs]
-    if how == "left":
-        hit = set(zip(pairs["l_front"], pairs["l_seq"], strict=True))
-        alone = lf[[(f, s) not in hit for f, s in zip(lf["l_front"], lf["l_seq"], strict=True)]]
-        out.append(alone.assign(r_front=-1, r_seq=-1, time=alone["a"] + WITHIN))
+    for side, rows, slot in (("l", lf, "a"), ("r", rf, "b")):
+        if how == "inner" or (how == "left" and side == "r"):
+            continue
+        hit = set(zip(pairs[f"{side}_front"], pairs[f"{side}_seq"], strict=True))
+        alone = rows[[(f, s) not in hit for f, s in zip(rows[f"{side}_front"],
+                                                        rows[f"{side}_seq"], strict=True)]]
+        other = "r" if side == "l" else "l"
+        at = last(alone[slot]) if window else alone[slot] + WITHIN
+        out.append(alone.assign(**{f"{other}_front": -1, f"{other}_seq": -1, "time": at}))
     cols = ["l_front", "l_seq", "r_front", "r_seq", "time"]
     return pd.concat(out, ignore_index=True)[cols].astype(np.int64)
 
 
-@pytest.mark.parametrize("how", ["inner", "left"])
-def test_interval_join_with_lag_and_failures_equals_batch(spark, tmp_path: Path,
-                                                          how: str) -> None:
+@pytest.mark.parametrize(("how", "window"), [("inner", 0), ("left", 0), ("full", WINDOW)])
+def test_join_with_lag_and_failures_equals_batch(spark, tmp_path: Path, how: str,
+                                                 window: int) -> None:
     t0 = int(time.time() * 1000) + 1000
     a = GeneratorSpec(fronts=2, rate=120.0, payload_bytes=4, lag_ms={1: 800}, t0_ms=t0)
     # a right row of a user every 400 ms, 2 * WITHIN is 300 ms: left rows without a match
     b = GeneratorSpec(fronts=1, first_front=2, rate=10.0, payload_bytes=4, t0_ms=t0)
-    pipe = lowtide.Pipeline(spark, f"join-{how}", grid=GRID, stuck_after_ms=STUCK_MS)
+    pipe = lowtide.Pipeline(spark, f"join-{how}-{window}", grid=GRID, stuck_after_ms=STUCK_MS)
     before = fail_once(lambda bid, p: bid % 5 == 3 and p == 0)
     after = fail_once(lambda bid, p: bid % 4 == 2)
     left = (pipe.generate(a).map(side("l_"), "user string, l_front int, l_seq long",
@@ -71,7 +87,9 @@ def test_interval_join_with_lag_and_failures_equals_batch(spark, tmp_path: Path,
             .transform(lambda df: df.mapInArrow(before, df.schema)))
     right = pipe.generate(b).map(side("r_"), "user string, r_front int, r_seq long",
                                  name="right")
-    joined = (left.join(right, on="user", within=WITHIN * GRID.delta_ms, how=how, name="j")
+    match = ({"window": window * GRID.delta_ms} if window
+             else {"within": WITHIN * GRID.delta_ms})
+    joined = (left.join(right, on="user", how=how, name="j", **match)
               .transform(lambda df: df.mapInArrow(after, df.schema)))
     assert joined.segment_names() == ["left", "right", "j", "j.state", "sink"]
     results, _, final = run_timed(pipe, joined, tmp_path, 250)
@@ -81,7 +99,8 @@ def test_interval_join_with_lag_and_failures_equals_batch(spark, tmp_path: Path,
     rows = list(got.itertuples(index=False, name=None))
     assert len(rows) == len(set(rows)), "a result emitted twice"
     horizon = max(final, int(got["time"].max()) + 1)
-    expected = batch_join(all_input(a, t0, horizon), all_input(b, t0, horizon), how)
+    expected = batch_join(all_input(a, t0, horizon), all_input(b, t0, horizon), how,
+                          window)
     expected = expected[expected["time"] < horizon]
     exp_rows = set(expected.itertuples(index=False, name=None))
     assert set(rows) <= exp_rows, "a result the batch join does not have"
@@ -89,5 +108,5 @@ def test_interval_join_with_lag_and_failures_equals_batch(spark, tmp_path: Path,
     assert done <= set(rows), f"{len(done - set(rows))} results below the min time missing"
     assert len(done) >= 150
     assert any(r[2] != -1 for r in done)
-    if how == "left":
+    if how != "inner":
         assert any(r[2] == -1 for r in done)  # unmatched left rows, emitted when complete

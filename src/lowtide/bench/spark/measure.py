@@ -114,6 +114,8 @@ class Measured(NamedTuple):
     batches: int
     first: int
     last: int
+    dropped: int = 0  # input rows the query's state operators dropped as late
+
 
     def counts(self, batch: int) -> bool:
         return self.first < batch <= self.last
@@ -135,7 +137,14 @@ def _measure(query: Any, cfg: BenchConfig) -> Measured:
     rows = sum(int(p["numInputRows"]) for p in progress)
     CPU["rows"] = float(rows)
     ms = sum(int(p["durationMs"].get("triggerExecution", 0)) for p in progress)
-    return Measured(rows, ms / 1000.0, len(progress), first, last)
+    return Measured(rows, ms / 1000.0, len(progress), first, last, dropped_late(progress))
+
+
+def dropped_late(progress: list[Any]) -> int:
+    """Input rows dropped by a watermark, summed over ``progress`` (Spark's
+    ``stateOperators[].numRowsDroppedByWatermark``)."""
+    return sum(int(op.get("numRowsDroppedByWatermark", 0)) for p in progress
+               for op in p.get("stateOperators", []) or [])
 
 
 class FullCollections:
@@ -248,6 +257,7 @@ def versus(cfg: BenchConfig, shape: str, spark_side: tuple[str, Runner],
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
     register_sources(spark)
     rates: dict[str, list[tuple[float, float]]] = {"spark": [], "lowtide": []}
+    dropped = {"spark": 0, "lowtide": 0}
     try:
         for r in range(cfg.rounds):
             for name, (_, runner) in (("spark", spark_side), ("lowtide", lowtide_side)):
@@ -256,9 +266,11 @@ def versus(cfg: BenchConfig, shape: str, spark_side: tuple[str, Runner],
                 counted = r > 0 or cfg.rounds == 1
                 if counted:
                     rates[name].append((rate, cpu_rate))
+                    dropped[name] += m.dropped
                 note = "" if counted else "  (warm-up, not counted)"
                 print(f"round {r + 1} {name:>8}: {rate:>10,.0f} rows/s {cpu_rate:>9,.0f} rows"
-                      f" per CPU s  ({m.batches} batches, {m.rows:,} rows){note}", flush=True)
+                      f" per CPU s  ({m.batches} batches, {m.rows:,} rows, {m.dropped:,}"
+                      f" dropped as late){note}", flush=True)
     finally:
         spark.stop()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -275,6 +287,9 @@ def versus(cfg: BenchConfig, shape: str, spark_side: tuple[str, Runner],
         "rows_per_cpu_s_lowtide": round(float(lt[:, 1].mean()), 1),
         "rows_per_cpu_s_spark": round(float(sp[:, 1].mean()), 1),
         "queries": [spark_side[0], lowtide_side[0]],
+        # rows dropped by a watermark in the counted rounds (lowtide has none to drop)
+        "spark_dropped_late": dropped["spark"],
+        "lowtide_dropped_late": dropped["lowtide"],
     }
 
 
@@ -290,3 +305,6 @@ def report_versus(result: dict[str, Any]) -> None:
     print(f"lowtide / Spark: throughput {result['throughput_ratio']:.3f} (rounds "
           f"{result['round_ratios']}), CPU {result['cpu_ratio']:.3f} (rounds "
           f"{result['round_cpu_ratios']}); medians over the counted rounds")
+    if "spark_dropped_late" in result:
+        print(f"rows dropped as late (counted rounds): Spark {result['spark_dropped_late']:,}"
+              f" (its watermark), lowtide {result['lowtide_dropped_late']:,}")

@@ -5,9 +5,16 @@ pipeline shape, in one run (:func:`.measure.versus`).
   ``unionByName``, one map over Arrow batches (the benchmark's user function), the
   ``noop`` sink. lowtide: ``pipe.generate(a).union(pipe.generate(b)).map(...)`` and the
   tracked null sink (acked by the map's tasks).
-* ``join``: two generator sources of one front each, a key ``k = seq % JOIN_KEYS`` and
-  an event-time column; each batch spans one second of label time, so a row has about
-  one match within ``JOIN_WITHIN``. Spark: both sides ``withWatermark(ts, 1 second)``
+* ``join``: two generator sources, the left of one front, the right of two (half the
+  rows each, the second lagging ``JOIN_LAG_MS``: its rows reach Spark that much after
+  they are labelled), a key ``k = seq % JOIN_KEYS`` and an event-time column; each
+  batch spans one second of label time, so a row has about one match within
+  ``JOIN_WITHIN``. Spark drops a join input row as late when it is older than the
+  previous batch's watermark (the largest event time seen before it, less the 1 s
+  delay): about ``1 s + 2 batches`` behind, so a lag of 1.5 s dropped nothing; at 5 s
+  Spark drops the lagging front's rows (the JSON line's ``spark_dropped_late``),
+  lowtide waits for them.
+  Spark: both sides ``withWatermark(ts, 1 second)``
   and an inner interval join ``l_k = r_k AND r_ts BETWEEN l_ts - 100 ms AND l_ts + 100
   ms`` (Spark's own stream-stream join), ``noop`` sink. lowtide: ``a.join(b, on="k",
   within="100 milliseconds")``, exact, no watermark, the tracked null sink.
@@ -34,6 +41,7 @@ from lowtide.spark.sources import UNTRACKED_SCHEMA, GeneratorSpec
 SHAPES = ("maps", "window", "union", "join")
 JOIN_KEYS = 1000
 JOIN_WITHIN = "100 milliseconds"
+JOIN_LAG_MS = 5000  # the right side's second front: past Spark's late-row threshold (see above)
 
 
 def _halves(cfg: BenchConfig) -> tuple[GeneratorSpec, GeneratorSpec]:
@@ -44,13 +52,13 @@ def _halves(cfg: BenchConfig) -> tuple[GeneratorSpec, GeneratorSpec]:
 
 
 def _join_specs(cfg: BenchConfig) -> tuple[GeneratorSpec, GeneratorSpec]:
-    """One front per side, a batch spanning one second of label time (so a key repeats
-    every JOIN_KEYS rows: about one match per row within JOIN_WITHIN at 5,000 rows per
-    side)."""
+    """One front on the left, two on the right (the second lagging), a batch spanning
+    one second of label time (so a key repeats every JOIN_KEYS rows of a side: about
+    one match per row within JOIN_WITHIN at 5,000 rows per side)."""
     per_side = max(1, cfg.rows_per_batch // 2)
     a = GeneratorSpec(fronts=1, rate=float(per_side), payload_bytes=cfg.payload_bytes,
                       max_rows_per_batch=per_side)
-    return a, replace(a, first_front=1)
+    return a, replace(a, first_front=1, fronts=2, lag_ms={2: JOIN_LAG_MS})
 
 
 def _start(df: Any, workdir: str) -> Any:

@@ -1,155 +1,208 @@
-"""Exact stream-stream interval joins over global time, on the keyed state runtime.
+"""Exact stream-stream joins over global time, interval or window, on the keyed
+state runtime, vectorised over a bucket of keys.
 
 ::
 
     pairs = clicks.join(views, on="user", within="10 seconds")          # inner
     all_clicks = clicks.join(views, on="user", within="10 seconds", how="left")
+    per_minute = clicks.join(views, on="user", window="1 minute", how="full")
 
-A left row at slot ``a`` and a right row at slot ``b`` with equal keys (SQL equality:
-a null key matches nothing) match when ``|a - b| <= within`` (in slots of
-``delta_ms``). The result rows are the keys, the left columns and the right columns
-(a column name on both sides, other than a key, is refused: rename it first).
+Interval join: a left row at slot ``a`` and a right row at slot ``b`` with equal keys
+(SQL equality: a null key matches nothing) match when ``|a - b| <= within`` (in slots
+of ``delta_ms``); a pair is emitted at its later row's slot ``max(a, b)``. Window
+join: they match when they are in the same tumbling window of global time (``window``
+slots, the first starting at slot 0); a pair is emitted at the window's last slot.
+Outer joins (``how="left"`` or ``"full"``): a row that no row of the other side
+matched gets one row with nulls for the other side's columns, at ``a + within`` (the
+window's last slot), once the other side is complete up to there; not after a guessed
+delay. The result rows are the keys, the left columns and the right columns (a column
+name on both sides, other than a key, is refused: rename it first).
 
 Exact, with no watermark and nothing dropped as late: both inputs are unioned into
-the join's inbound segment (a union: two senders) and grouped by key; the join is a
-:class:`.keyed_state.SlotLogic`, so each key's slots are stepped in slot order once
-the inbound segment is complete below them, and pending rows hold the min time
-downstream (the state clock). At slot ``s`` the step emits, at time ``s``, every pair
-whose later row is at ``s`` (the other row at ``s - within .. s``, all received by
-then). Outer joins (``how="left"`` or ``"full"``): a row at ``a`` that no row of the
-other side matched gets one row with nulls for the other side's columns at time
-``a + within``, once the other side is complete up to there (a wake at that slot
-holds the min time until then); not after a guessed delay. Rows are kept in state
-for ``2 * within`` slots.
+the join's inbound segment (a union: two senders) and grouped into ``buckets`` buckets
+of keys (:class:`.keyed_state.StatefulSpec`); each call of a bucket steps ALL its rows
+below the inbound segment's min time ``done`` at once (:meth:`JoinLogic.run`): a
+pandas merge on the keys, then the match predicate. Rows below ``done`` that were not
+stepped yet (their wake is their slot: a hold there) are above every row stepped
+before, so the pairs to emit are those with at least one such row, all at slots below
+``done``. An interval join keeps stepped rows ``within`` slots for look-back and marks
+matched rows (``lt_hit``); an outer row not decided by ``done`` waits with a hold at
+``a + within``. A window join keeps a window's rows (their hold moves to the window's
+last slot) until ``done`` passes it, then joins the window at once and drops it.
+Outputs are sorted by (slot, left row, right row) in the bucket's fixed row order
+(slot, ack id), so a retried task emits the same rows with the same acks.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
-from lowtide.spark.operators.keyed_state import History, StatefulSpec
+import numpy as np
+
+from lowtide.spark.operators.keyed_state import (
+    AT_COL,
+    SLOT_COL,
+    WAKE_COL,
+    StatefulSpec,
+    UserState,
+)
 from lowtide.spark.operators.state_clock import check_keys, state_segment
 from lowtide.spark.tracking.column import TRACK_COL, TRACKING_COLS
 
 SIDE_COL = "lt_side"  # 0: a left row, 1: a right row (the join's input only; Spark
 # renames a column starting with "_" on its way into transformWithStateInPandas)
+HIT_COL = "lt_hit"  # 1: an interval join's row matched a row of the other side
 HOWS = ("inner", "left", "full")
+BUCKETS = 8  # per join; fixed, as the state is kept per bucket across restarts
 
 
 @dataclass(frozen=True)
 class JoinSpec:
-    """A join step (the first step of a stream whose inputs are its two sides)."""
+    """A join step (the first step of a stream whose inputs are its two sides):
+    ``within_ms`` for an interval join, ``window_ms`` (> 0) for a window join."""
 
     name: str
     keys: tuple[str, ...]
     within_ms: int
     how: str
     poll_ms: int = 100
+    window_ms: int = 0
 
     def segments(self) -> list[str]:
         return [self.name, state_segment(self.name)]
 
 
-def check_join(name: str, within_ms: int, how: str, delta_ms: int) -> None:
+def check_join(name: str, within_ms: int | None, how: str, delta_ms: int,
+               window_ms: int | None = None) -> None:
     """Raises a one-line error for a join the description cannot track."""
     if how not in HOWS:
         hint = " (b.join(a, how='left') is a right join)" if how == "right" else ""
         raise ValueError(f"join {name!r}: how={how!r}: use one of {', '.join(HOWS)}{hint}")
-    if within_ms < 0 or within_ms % delta_ms:
+    if (within_ms is None) == (window_ms is None):
+        raise ValueError(f"join {name!r}: give exactly one of within= (an interval join) "
+                         "and window= (a window join)")
+    if within_ms is not None and (within_ms < 0 or within_ms % delta_ms):
         raise ValueError(f"join {name!r}: within={within_ms} ms must be a non-negative "
+                         f"multiple of delta_ms={delta_ms}")
+    if window_ms is not None and (window_ms <= 0 or window_ms % delta_ms):
+        raise ValueError(f"join {name!r}: window={window_ms} ms must be a positive "
                          f"multiple of delta_ms={delta_ms}")
 
 
 @dataclass(frozen=True)
 class JoinLogic:
-    """The join's step at one complete slot of one key; see the module docstring."""
+    """A bucket's join step (:class:`.keyed_state.SlotLogic`); see the module
+    docstring. ``window`` > 0 (slots): a window join, else an interval join."""
 
+    keys: tuple[str, ...]
     left_cols: tuple[str, ...]
     right_cols: tuple[str, ...]
     within: int  # slots
     how: str
+    window: int = 0  # slots
 
-    @property
-    def keep_slots(self) -> int:
-        return 2 * self.within
+    def run(self, key: tuple[Any, ...], rows: Any, done: int, user: UserState
+            ) -> tuple[Any, Any]:
+        if self.window:
+            return self._windows(rows, done)
+        return self._intervals(rows, done)
 
-    def step(self, key: tuple[Any, ...], slot: int, rows: Any, seen: History
-             ) -> tuple[Any, list[int]]:
-        import pandas as pd
-
+    def _intervals(self, rows: Any, done: int) -> tuple[Any, Any]:
         w = self.within
-        now = _sides(rows)
-        back = [(s, _sides(df)) for s, df in seen.kept(slot - 2 * w, slot - 1)]
-        out = []
-        if not any(_null(v) for v in key):  # pairs whose later row is at this slot
-            recent = [sides for s, sides in back if s >= slot - w]
-            out.append(self._cross([now[0]], [r for _, r in recent] + [now[1]]))
-            out.append(self._cross([left for left, _ in recent], [now[1]]))
-        # rows at slot - within have seen every row that can match them by now
-        decided = now if w == 0 else next((sd for s, sd in back if s == slot - w),
-                                          (None, None))
-        if self.how != "inner":
-            out.append(self._unmatched(decided[0], [r for _, (_, r) in back] + [now[1]],
-                                       key, left=True))
+        if HIT_COL not in rows.columns:
+            rows[HIT_COL] = np.zeros(len(rows), np.int8)
+        rows[HIT_COL] = rows[HIT_COL].fillna(0).astype(np.int8)
+        slot = rows[SLOT_COL].to_numpy(np.int64)
+        wake = rows[WAKE_COL].to_numpy(np.int64)
+        fresh = (wake == slot) & (slot < done)  # rows stepped now
+        li, ri = self._matches(rows, slot < done)
+        keep = fresh[li] | fresh[ri]
+        li, ri = li[keep], ri[keep]
+        hit = rows[HIT_COL].to_numpy(np.int8).copy()
+        hit[li] = 1
+        hit[ri] = 1
+        rows[HIT_COL] = hit
+        outer = self._outer_side(rows) & (fresh | (wake > slot))
+        decided = outer & (slot + w < done)
+        lone = np.flatnonzero(decided & (hit == 0))
+        out = self._output(rows, li, ri, np.maximum(slot[li], slot[ri]), lone, slot[lone] + w)
+        new_wake = np.where(fresh | decided, -1, wake)
+        new_wake[outer & ~decided] = (slot + w)[outer & ~decided]
+        rows[WAKE_COL] = new_wake
+        stay = (new_wake >= 0) | (slot >= done) | ((slot + w >= done) & self._keyed(rows))
+        return out, rows[stay]
+
+    def _windows(self, rows: Any, done: int) -> tuple[Any, Any]:
+        slot = rows[SLOT_COL].to_numpy(np.int64)
+        last = (slot // self.window + 1) * self.window - 1
+        closed = last < done
+        li, ri = self._matches(rows, closed, on_window=True)
+        hit = np.zeros(len(rows), bool)
+        hit[li] = True
+        hit[ri] = True
+        lone = np.flatnonzero(closed & self._outer_side(rows) & ~hit)
+        out = self._output(rows, li, ri, last[li], lone, last[lone])
+        # a stepped row's hold moves to its window's last slot
+        rows[WAKE_COL] = np.where(slot < done, last, rows[WAKE_COL].to_numpy(np.int64))
+        return out, rows[~closed]
+
+    def _keyed(self, rows: Any) -> np.ndarray:
+        """Rows whose keys are all non-null (the only ones that match)."""
+        return np.asarray(rows[list(self.keys)].notna().all(axis=1).to_numpy(), bool)
+
+    def _outer_side(self, rows: Any) -> np.ndarray:
+        """Rows that get an outer row when they match nothing."""
+        side = rows[SIDE_COL].to_numpy()
         if self.how == "full":
-            out.append(self._unmatched(decided[1], [x for _, (x, _) in back] + [now[0]],
-                                       key, left=False))
-        waiting = now[0] is not None or (self.how == "full" and now[1] is not None)
-        wakes = [slot + w] if w > 0 and self.how != "inner" and waiting else []
-        parts = [p for p in out if p is not None and len(p)]
-        if not parts:
-            return None, wakes
-        return pd.concat(parts, ignore_index=True), wakes
+            return np.ones(len(rows), bool)
+        return side == 0 if self.how == "left" else np.zeros(len(rows), bool)
 
-    def _cross(self, lefts: list[Any], rights: list[Any]) -> Any:
-        """Every row of ``lefts`` with every row of ``rights`` (None: a side without
-        rows), left columns first."""
+    def _matches(self, rows: Any, among: np.ndarray, on_window: bool = False
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """(left, right) row positions of the matching pairs of rows in ``among``,
+        sorted by (later slot, left, right)."""
         import pandas as pd
 
-        ls = [x for x in lefts if x is not None]
-        rs = [x for x in rights if x is not None]
-        if not ls or not rs:
-            return None
-        left = pd.concat(ls, ignore_index=True)[list(self.left_cols)]
-        right = pd.concat(rs, ignore_index=True)[list(self.right_cols)]
-        return left.merge(right, how="cross")
+        side = rows[SIDE_COL].to_numpy()
+        ok = among & self._keyed(rows)
+        slot = rows[SLOT_COL].to_numpy(np.int64)
+        on = list(self.keys)
+        cols = rows[on].assign(lt_pos=np.arange(len(rows)))
+        if on_window:
+            cols["lt_win"] = slot // self.window
+            on.append("lt_win")
+        m = pd.merge(cols[ok & (side == 0)], cols[ok & (side == 1)], on=on,
+                     suffixes=("_l", "_r"))
+        li, ri = m["lt_pos_l"].to_numpy(np.int64), m["lt_pos_r"].to_numpy(np.int64)
+        if not on_window:
+            near = np.abs(slot[li] - slot[ri]) <= self.within
+            li, ri = li[near], ri[near]
+        order = np.lexsort((ri, li, np.maximum(slot[li], slot[ri])))
+        return li[order], ri[order]
 
-    def _unmatched(self, rows: Any, others: list[Any], key: tuple[Any, ...],
-                   left: bool) -> Any:
-        """``rows`` with nulls for the other side, if no row of the other side within
-        reach (``others``) matched them (a null key matches nothing)."""
+    def _output(self, rows: Any, li: np.ndarray, ri: np.ndarray, at: np.ndarray,
+                lone: np.ndarray, lone_at: np.ndarray) -> Any:
+        """The result rows: pairs (``li``, ``ri``) at ``at``, then rows ``lone`` with
+        nulls for the other side at ``lone_at``; None for none."""
         import pandas as pd
 
-        if rows is None or (not any(_null(v) for v in key)
-                            and any(o is not None and len(o) for o in others)):
+        if not len(li) and not len(lone):
             return None
-        mine = list(self.left_cols if left else self.right_cols)
-        nulls = {c: pd.Series([None] * len(rows), dtype=object)
-                 for c in (self.right_cols if left else self.left_cols)}
-        res = rows[mine].reset_index(drop=True)
-        for c, series in nulls.items():
-            res[c] = series
-        return res[[*self.left_cols, *self.right_cols]]
-
-
-def _sides(rows: Any) -> tuple[Any, Any]:
-    """(left rows, right rows) of a slot's rows; None for a side without rows."""
-    if rows is None or not len(rows):
-        return None, None
-    side = rows[SIDE_COL].to_numpy()
-    left, right = rows[side == 0], rows[side == 1]
-    return (left if len(left) else None), (right if len(right) else None)
-
-
-def _null(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
+        k, lc, rc = list(self.keys), list(self.left_cols), list(self.right_cols)
+        pairs = pd.concat([rows[k + lc].iloc[li].reset_index(drop=True),
+                           rows[rc].iloc[ri].reset_index(drop=True)], axis=1)
+        pairs[AT_COL] = at
+        # a row's columns of the other side are null in the join's input already
+        alone = rows[k + lc + rc].iloc[lone].reset_index(drop=True)
+        alone[AT_COL] = lone_at
+        parts = [p for p in (pairs, alone) if len(p)]
+        return pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
 
 
 def join_input(name: str, left: Any, right: Any, spec: JoinSpec, delta_ms: int
                ) -> tuple[Any, StatefulSpec]:
-    """The join's input (both sides' rows, their columns side by side, ``_lt_side``)
+    """The join's input (both sides' rows, their columns side by side, ``lt_side``)
     and the keyed step that joins it. Raises a one-line error for keys a side lacks
     or types that differ, and for a column name on both sides."""
     from pyspark.sql import functions as F
@@ -180,5 +233,6 @@ def join_input(name: str, left: Any, right: Any, spec: JoinSpec, delta_ms: int
     df = side(left, lcols, rf, 0).unionByName(side(right, rcols, lf, 1))
     schema = ", ".join(f"`{c}` {t}" for c, t in [*((c, lf[c]) for c in lcols),
                                                  *((c, rf[c]) for c in rcols)])
-    logic = JoinLogic(lcols, rcols, spec.within_ms // delta_ms, spec.how)
-    return df, StatefulSpec(name, spec.keys, logic, schema, spec.poll_ms)
+    logic = JoinLogic(spec.keys, lcols, rcols, spec.within_ms // delta_ms, spec.how,
+                      spec.window_ms // delta_ms)
+    return df, StatefulSpec(name, spec.keys, logic, schema, spec.poll_ms, BUCKETS)

@@ -22,22 +22,28 @@ micro-batches, lags and retries were; ``fn`` must be deterministic (Spark re-run
 tasks). Until a slot's call has run, its rows are pending state: a hold at the slot
 keeps the min time of everything downstream at or below it (rule 7).
 
-How it runs: ``groupBy(keys).transformWithStateInPandas``. A slot's rows are kept
-(Arrow IPC, MapState) with a hold opened into the state segment at the slot when its
-first rows arrive; when :meth:`.StateClock.complete_below` is above the slot, the step
-runs, its outputs are sent as children of the hold at the slot, and the hold is
-released, in the same batch. A :class:`SlotLogic` may keep processed rows for
-``keep_slots`` more slots (a join looks back at them) and ask to be called again at a
-later slot (``wakes``: a hold is opened there at once; a left outer join decides
-there that a row has no match).
+How it runs: ``groupBy(keys).transformWithStateInPandas``, or, for a step that is
+vectorised over keys (a join), ``groupBy(lt_bucket)`` with ``lt_bucket =
+pmod(xxhash64(keys), buckets)``: one call per group (a key or a bucket of keys) and
+batch. A group keeps its rows in ONE state value (Arrow IPC), each row with its slot,
+its ack id and its *wake*: the slot of the hold it keeps open (its own slot when it
+arrives; -1 once it only waits to be looked back at). A hold is open in the state
+segment at every slot some row wakes at (one hold per (group, slot), opened when
+the slot's first row arrives). Each call (:func:`step_group`) hands ALL the group's
+rows to the :class:`SlotLogic` at once with :meth:`.StateClock.complete_below`
+(``done``); the logic resolves every wake below ``done`` (its outputs at slots below
+``done``, the rows' new wakes at or above ``done``, or -1) and returns the rows to
+keep; then, in slot order, each released hold's outputs are sent as its children and
+the hold is released, in the same batch. Every output at slot ``t`` has a hold open
+at or below ``t`` until then (the logic's part of the bargain: a pair at its later
+row's slot, an outer row at the wake its row opened).
 """
 
 from __future__ import annotations
 
-import heapq
 import pickle
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -46,8 +52,7 @@ from lowtide.spark.operators.state_clock import (
     StateClock,
     check_keys,
     from_ipc,
-    hold_ack,
-    hold_as_i64,
+    hold_acks,
     insert_keys,
     next_poll_ms,
     state_segment,
@@ -57,13 +62,18 @@ from lowtide.spark.operators.state_clock import (
 from lowtide.spark.tracking.column import TRACK_COL, TRACKING_COLS
 from lowtide.spark.tracking.transport import TrackerRef
 
+# the runtime's columns of a group's rows (a Spark column starting with "_" is renamed
+# on its way into transformWithStateInPandas, hence the lt_ prefix)
+SLOT_COL = "lt_slot"  # the row's slot
+ID_COL = "lt_id"  # its ack id (a fixed order within a slot)
+WAKE_COL = "lt_wake"  # the slot of the hold it keeps open, -1 for none
+RUNTIME_COLS = (SLOT_COL, ID_COL, WAKE_COL)
+AT_COL = "lt_at"  # an output row's slot (a logic's output only)
+BUCKET_COL = "lt_bucket"
 
-class History(Protocol):
-    """What a step sees besides its slot's rows (the processor, for one key)."""
 
-    def kept(self, lo: int, hi: int) -> list[tuple[int, Any]]:
-        """The processed rows still kept of slots ``lo .. hi`` (inclusive): (slot,
-        DataFrame) in slot order."""
+class UserState(Protocol):
+    """A group's own value (``stream.stateful``'s ``state``), kept by the processor."""
 
     def get_state(self) -> Any: ...
 
@@ -71,12 +81,13 @@ class History(Protocol):
 
 
 class SlotLogic(Protocol):
-    """One key's step at one complete slot: (output rows or None, wake slots)."""
+    """A group's step: ``rows`` (sorted by slot, then ack id) are all the group's kept
+    and new rows, with :data:`RUNTIME_COLS`; every wake below ``done`` must be resolved.
+    Returns (output rows with :data:`AT_COL`, each below ``done``, or None; the rows to
+    keep, each wake -1 or at least ``done``)."""
 
-    keep_slots: int
-
-    def step(self, key: tuple[Any, ...], slot: int, rows: Any, seen: History
-             ) -> tuple[Any, list[int]]: ...
+    def run(self, key: tuple[Any, ...], rows: Any, done: int, user: UserState
+            ) -> tuple[Any, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -85,29 +96,102 @@ class FoldLogic:
 
     fn: Callable[[Any, Any, Any], tuple[Any, Any]]
     name: str
-    keep_slots: int = 0
 
-    def step(self, key: tuple[Any, ...], slot: int, rows: Any, seen: History
-             ) -> tuple[Any, list[int]]:
-        res = self.fn(key, rows, seen.get_state())
-        if not (isinstance(res, tuple) and len(res) == 2):
-            raise ValueError(f"stateful {self.name!r}: fn must return (state, rows or None)")
-        seen.set_state(res[0])
-        return res[1], []
+    def run(self, key: tuple[Any, ...], rows: Any, done: int, user: UserState
+            ) -> tuple[Any, Any]:
+        import pandas as pd
+
+        slots = rows[SLOT_COL].to_numpy()
+        data = rows.drop(columns=list(RUNTIME_COLS))
+        out = []
+        for s in np.unique(slots[slots < done]):
+            res = self.fn(key, data[slots == s].reset_index(drop=True), user.get_state())
+            if not (isinstance(res, tuple) and len(res) == 2):
+                raise ValueError(f"stateful {self.name!r}: fn must return (state, rows or None)")
+            user.set_state(res[0])
+            if res[1] is not None and len(res[1]):
+                out.append(res[1].reset_index(drop=True).assign(**{AT_COL: int(s)}))
+        return (pd.concat(out, ignore_index=True) if out else None), rows[slots >= done]
 
 
 @dataclass(frozen=True)
 class StatefulSpec:
-    """A ``stream.stateful`` step of a :class:`lowtide.spark.pipeline.stream.Stream`."""
+    """A keyed step of a :class:`lowtide.spark.pipeline.stream.Stream` (``stateful``,
+    or a join's): ``buckets`` > 0 groups the keys into that many buckets."""
 
     name: str
     keys: tuple[str, ...]
     logic: SlotLogic
     schema: str  # DDL of the output columns after the keys
     poll_ms: int = 100
+    buckets: int = 0
 
     def segments(self) -> list[str]:
         return [self.name, state_segment(self.name)]
+
+
+@dataclass
+class GroupStep:
+    """What one call of a group does (:func:`step_group`)."""
+
+    out: Any  # output rows, sorted by AT_COL (None: none)
+    kept: Any  # the rows to keep (None: none)
+    opens: np.ndarray  # slots whose holds open now
+    releases: np.ndarray  # slots whose holds are released now, ascending
+    counts: np.ndarray  # output rows at each released slot
+    waiting: bool = field(default=False)  # holds still open after this call
+
+
+def wakes_of(rows: Any) -> np.ndarray:
+    """The slots of the holds ``rows`` keep open (ascending, unique)."""
+    if rows is None or not len(rows):
+        return np.zeros(0, np.int64)
+    w = rows[WAKE_COL].to_numpy(np.int64)
+    return np.unique(w[w >= 0])
+
+
+def step_group(logic: SlotLogic, key: tuple[Any, ...], kept: Any, new: Any, done: int,
+               user: UserState) -> GroupStep:
+    """One call of a group: ``kept`` its rows so far, ``new`` the rows that arrived
+    (with :data:`RUNTIME_COLS`, wake = slot), ``done`` the inbound segment's min time
+    at the batch. Pure: the processor and the tests drive it."""
+    import pandas as pd
+
+    before = wakes_of(kept)
+    parts = [p for p in (kept, new) if p is not None and len(p)]
+    rows = None if not parts else parts[0] if len(parts) == 1 else pd.concat(
+        parts, ignore_index=True)
+    out = None
+    if rows is not None:
+        order = np.lexsort((rows[ID_COL].to_numpy(), rows[SLOT_COL].to_numpy()))
+        rows = rows.iloc[order].reset_index(drop=True)
+        w = rows[WAKE_COL].to_numpy()
+        if ((w >= 0) & (w < done)).any():
+            out, rows = logic.run(key, rows, done, user)
+            _check(out, rows, done)
+    after = wakes_of(rows)
+    at = np.zeros(0, np.int64) if out is None else out[AT_COL].to_numpy(np.int64)
+    if out is not None and len(at):
+        out = out.iloc[np.argsort(at, kind="stable")].reset_index(drop=True)
+        at = np.sort(at)
+    times, n = np.unique(at, return_counts=True)
+    arriving = wakes_of(new)
+    opens = np.setdiff1d(np.union1d(np.union1d(arriving, after), times), before)
+    releases = np.setdiff1d(np.union1d(before, opens), after)
+    counts = np.zeros(len(releases), np.int64)
+    counts[np.searchsorted(releases, times)] = n
+    kept_rows = rows if rows is not None and len(rows) else None
+    return GroupStep(out, kept_rows, opens, releases, counts, bool(len(after)))
+
+
+def _check(out: Any, rows: Any, done: int) -> None:
+    """Fail closed on a logic that breaks its contract (:class:`SlotLogic`)."""
+    if out is not None and len(out) and int(out[AT_COL].max()) >= done:
+        raise RuntimeError(f"an output at slot {int(out[AT_COL].max())} >= {done}, "
+                           "which the inbound segment has not completed")
+    w = rows[WAKE_COL].to_numpy() if rows is not None else np.zeros(0)
+    if ((w >= 0) & (w < done)).any():
+        raise RuntimeError(f"a wake below {done} left unresolved")
 
 
 @dataclass(frozen=True)
@@ -125,10 +209,6 @@ class KeyedRuntime:
         return ", ".join([*cols, self.spec.schema, f"{TRACK_COL} long"])
 
 
-# per slot of a key: its hold (0 once processed), how many row parts it keeps
-SLOT_SCHEMA = "hold long, parts int"
-
-
 def processor_class() -> type:
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
@@ -142,36 +222,13 @@ def processor_class() -> type:
             rt = self.rt
             self.handle = handle
             self.live = TaskContext.get() is not None
-            self.slots = handle.getMapState("slots", "slot long", SLOT_SCHEMA)
-            self.rows = handle.getMapState("rows", "slot long, part int", "data binary")
+            self.rows = handle.getValueState("rows", "data binary")
             self.user = handle.getValueState("user", "data binary")
             self.clock = StateClock(rt.ref, rt.spec.name, rt.out_segment, rt.op_id)
 
-        # the key's slots, read from the state store once per call (each read is a
-        # round trip to the JVM): slot -> (hold, parts), and the rows decoded so far
-        def _load(self) -> None:
-            self._entries = {int(k[0]): (int(v[0]), int(v[1]))
-                             for k, v in self.slots.iterator()}
-            self._frames: dict[int, Any] = {}
-
-        def _rows_of(self, slot: int) -> Any:
-            if slot not in self._frames:
-                parts = self._entries[slot][1]
-                self._frames[slot] = from_ipc([self.rows.getValue((slot, p))[0]
-                                               for p in range(parts)])
-            return self._frames[slot]
-
-        def _set(self, slot: int, hold: int, parts: int) -> None:
-            self._entries[slot] = (hold, parts)
-            self.slots.updateValue((slot,), (hold, parts))
-
-        # History, for the logic
-        def kept(self, lo: int, hi: int) -> list[tuple[int, Any]]:
-            return [(s, self._rows_of(s)) for s in sorted(self._entries)
-                    if lo <= s <= hi and self._entries[s][0] == 0 and self._entries[s][1] > 0]
-
+        # UserState, for the logic
         def get_state(self) -> Any:
-            v = self.user.get() if self.user.exists() else None
+            v = self.user.get()
             return None if v is None else pickle.loads(bytes(v[0]))
 
         def set_state(self, value: Any) -> None:
@@ -183,100 +240,48 @@ def processor_class() -> type:
         def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
             import pandas as pd
 
-            self._load()
+            now = int(timerValues.getCurrentProcessingTimeInMs())
             frames = [df for df in rows if len(df)]
+            new = None
             if frames:
                 df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-                now_ms = int(timerValues.getCurrentProcessingTimeInMs())
-                times, ids = self.clock.receive(df[TRACK_COL].to_numpy(np.int64), now_ms)
-                order = np.lexsort((ids, times))  # a fixed order within a slot: by ack id
-                df, times = df.iloc[order].reset_index(drop=True), times[order]
-                data = df.drop(columns=[c for c in TRACKING_COLS if c in df.columns])
-                bounds = np.flatnonzero(np.diff(times)) + 1
-                for lo, hi in zip([0, *bounds], [*bounds, len(times)], strict=True):
-                    self._keep(key, int(times[lo]), data.iloc[lo:hi])
-            yield from self._run(key, timerValues)
+                times, ids = self.clock.receive(df[TRACK_COL].to_numpy(np.int64), now)
+                drop = [c for c in (*TRACKING_COLS, BUCKET_COL) if c in df.columns]
+                new = df.drop(columns=drop).assign(**{
+                    SLOT_COL: times, ID_COL: ids.astype(np.int64), WAKE_COL: times})
+            yield from self._run(key, new, now)
 
         def handleExpiredTimer(self, key: Any, timerValues: Any,
                                expiredTimerInfo: Any) -> Iterator[Any]:
-            self._load()
-            yield from self._run(key, timerValues)
+            yield from self._run(key, None, int(timerValues.getCurrentProcessingTimeInMs()))
 
-        def _open(self, key: Any, slot: int) -> tuple[int, int]:
-            """The slot's entry; a new one opens its hold."""
-            if slot in self._entries:
-                return self._entries[slot]
-            hold = hold_ack(self.rt.op_id, key, slot)
-            self.clock.open_hold(slot, hold)
-            self._set(slot, hold_as_i64(hold), 0)
-            return hold_as_i64(hold), 0
-
-        def _keep(self, key: Any, slot: int, rows: Any) -> None:
-            hold, parts = self._open(key, slot)
-            self.rows.updateValue((slot, parts), (to_ipc(rows.reset_index(drop=True)),))
-            self._set(slot, hold, parts + 1)
-
-        def _run(self, key: Any, timerValues: Any) -> Iterator[Any]:
-            """Step every pending slot below the complete time, in slot order."""
-            now = int(timerValues.getCurrentProcessingTimeInMs())
-            if not any(hold != 0 for hold, _ in self._entries.values()):
-                return
-            done = self.clock.complete_below(now)
-            ready = [s for s, (hold, _) in self._entries.items() if hold != 0 and s < done]
-            heapq.heapify(ready)
-            out: list[Any] = []
-            while ready:
-                slot = heapq.heappop(ready)
-                res = self._step(key, slot, now, ready, done)
-                if res is not None:
-                    out.append(res)
-            self._expire(done)
-            if any(hold != 0 for hold, _ in self._entries.values()):
-                self.handle.registerTimer(next_poll_ms(now, self.rt.spec.poll_ms))
-            if out:
-                import pandas as pd
-
-                yield pd.concat(out, ignore_index=True)
-
-        def _step(self, key: Any, slot: int, now: int, ready: list[int], done: int) -> Any:
-            import pandas as pd
-
+        def _run(self, key: Any, new: Any, now: int) -> Iterator[Any]:
+            """One call of the group: :func:`step_group`, then its acks and outputs."""
             rt = self.rt
-            hold, parts = self._entries[slot]
-            rows = self._rows_of(slot)
-            res, wakes = rt.spec.logic.step(tuple(key), slot, rows, self)
-            for w in wakes:
-                if w not in self._entries:
-                    self._open(key, w)
-                    if w < done:
-                        heapq.heappush(ready, w)
-            res = pd.DataFrame() if res is None else res.reset_index(drop=True)
-            u_hold = int(np.array([hold], np.int64).view(np.uint64)[0])
-            packed = self.clock.emit(slot, u_hold, len(res), now)
-            if rt.spec.logic.keep_slots > 0 and parts > 0:
-                self._set(slot, 0, parts)  # processed, kept for later steps
-            else:
-                self._drop(slot, parts)
-            if not len(res):
-                return None
-            insert_keys(res, rt.spec.keys, tuple(key))
-            res[TRACK_COL] = packed
-            return res
-
-        def _expire(self, done: int) -> None:
-            """Drop processed slots no later step can look back at: every later step
-            is at a slot >= ``done``."""
-            keep = self.rt.spec.logic.keep_slots
-            for slot, (hold, parts) in list(self._entries.items()):
-                if hold == 0 and slot + keep < done:
-                    self._drop(slot, parts)
-
-        def _drop(self, slot: int, parts: int) -> None:
-            del self._entries[slot]
-            self._frames.pop(slot, None)
-            self.slots.removeKey((slot,))
-            for p in range(parts):
-                self.rows.removeKey((slot, p))
+            v = self.rows.get()
+            kept = None if v is None else from_ipc([v[0]])
+            if new is None and not len(wakes_of(kept)):
+                return
+            step = step_group(rt.spec.logic, tuple(key), kept, new,
+                              self.clock.complete_below(now), self)
+            if len(step.opens):
+                self.clock.open_holds(step.opens, hold_acks(rt.op_id, key, step.opens))
+            packed = self.clock.emit_slots(step.releases,
+                                           hold_acks(rt.op_id, key, step.releases),
+                                           step.counts, now)
+            if new is not None or len(step.releases):
+                if step.kept is None:
+                    self.rows.clear()
+                else:
+                    self.rows.update((to_ipc(step.kept),))
+            if step.waiting:
+                self.handle.registerTimer(next_poll_ms(now, rt.spec.poll_ms))
+            if step.out is not None and len(step.out):
+                res = step.out.drop(columns=[AT_COL])
+                if not rt.spec.buckets:
+                    insert_keys(res, rt.spec.keys, tuple(key))
+                res[TRACK_COL] = packed
+                yield res
 
         def close(self) -> None:
             if self.live:
@@ -287,16 +292,21 @@ def processor_class() -> type:
 
 def build_keyed(df: Any, spec: StatefulSpec, ref: TrackerRef, out_segment: str,
                 op_id: int) -> Any:
-    """The DataFrame plan of a keyed stateful step: ``groupBy(keys)
-    .transformWithStateInPandas``. Unknown key columns raise here, before the query
-    starts."""
+    """The DataFrame plan of a keyed stateful step: ``groupBy(keys)`` (or the keys'
+    bucket) ``.transformWithStateInPandas``. Unknown key columns raise here, before
+    the query starts."""
+    from pyspark.sql import functions as F
+
     use_rocksdb(df.sparkSession)
     fields = {f.name: f.dataType.simpleString() for f in df.schema.fields
               if f.name not in TRACKING_COLS}
     check_keys(f"stateful {spec.name!r}", spec.keys, fields)
     rt = KeyedRuntime(spec, ref, out_segment, op_id, tuple(fields[k] for k in spec.keys))
-    grouped = df.groupBy(*[f"`{k}`" for k in spec.keys])
-    return grouped.transformWithStateInPandas(
+    group = [F.col(f"`{k}`") for k in spec.keys]
+    if spec.buckets:
+        df = df.withColumn(BUCKET_COL, F.pmod(F.xxhash64(*group), F.lit(spec.buckets)))
+        group = [F.col(BUCKET_COL)]
+    return df.groupBy(*group).transformWithStateInPandas(
         statefulProcessor=processor_class()(rt), outputStructType=rt.output_schema(),
         outputMode="Append", timeMode="ProcessingTime",
     )

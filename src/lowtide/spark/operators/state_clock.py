@@ -65,8 +65,13 @@ def key_hash(value: Any) -> int:
 
 def hold_ack(op_id: int, key_value: Any, start: int) -> int:
     """The hold of a (key, ``start``) of operator ``op_id``: the same in every attempt."""
-    parent = np.array([key_hash(key_value)], np.uint64)
-    return int(child_acks(parent, op_id, np.array([start], np.uint64))[0])
+    return int(hold_acks(op_id, key_value, np.array([start], np.int64))[0])
+
+
+def hold_acks(op_id: int, key_value: Any, starts: np.ndarray) -> np.ndarray:
+    """:func:`hold_ack` of each of ``starts`` (uint64)."""
+    parent = np.full(len(starts), key_hash(key_value), np.uint64)
+    return child_acks(parent, op_id, np.asarray(starts, np.int64).astype(np.uint64))
 
 
 def hold_as_i64(hold: int) -> int:
@@ -161,18 +166,29 @@ class StateClock:
 
     def open_hold(self, slot: int, hold: int) -> None:
         """A pending output at ``slot``: its hold into the state segment."""
-        self.acc.add(self.state_idx, np.array([slot], np.int64), np.array([hold], np.uint64), +1)
+        self.open_holds(np.array([slot], np.int64), np.array([hold], np.uint64))
+
+    def open_holds(self, slots: np.ndarray, holds: np.ndarray) -> None:
+        """:meth:`open_hold` of each (slot, hold)."""
+        self.acc.add(self.state_idx, np.asarray(slots, np.int64), holds, +1)
 
     def emit(self, slot: int, hold: int, rows: int, now_ms: int) -> np.ndarray:
         """The tracking column of ``rows`` output rows at ``slot``, children of
         ``hold``: sent into the outbound segment, and the hold released."""
-        parent = np.repeat(np.array([hold], np.uint64), rows)
-        child = np.maximum(ID_MASK & child_acks(parent, self.op_id,
-                                                np.arange(rows, dtype=np.uint64)),
+        return self.emit_slots(np.array([slot], np.int64), np.array([hold], np.uint64),
+                               np.array([rows], np.int64), now_ms)
+
+    def emit_slots(self, slots: np.ndarray, holds: np.ndarray, counts: np.ndarray,
+                   now_ms: int) -> np.ndarray:
+        """:meth:`emit` of each (slot, hold, rows), ``slots`` ascending: the tracking
+        column of all their output rows, slot by slot."""
+        parent = np.repeat(holds, counts)
+        index = np.arange(len(parent)) - np.repeat(np.cumsum(counts) - counts, counts)
+        child = np.maximum(ID_MASK & child_acks(parent, self.op_id, index.astype(np.uint64)),
                            np.uint64(1))  # pack() never makes an id of 0
-        t = np.full(rows, slot, np.int64)
+        t = np.repeat(np.asarray(slots, np.int64), counts)
         self.acc.add(self.out_idx, t, child, +1)
-        self.acc.add(self.state_idx, np.array([slot], np.int64), np.array([hold], np.uint64), -1)
+        self.acc.add(self.state_idx, np.asarray(slots, np.int64), holds, -1)
         return pack(t, child, self.ref.grid.slot_of(now_ms))
 
     def close(self) -> None:

@@ -91,37 +91,43 @@ class Stream:
         return Stream(self.pipeline, inputs=(self, *others))
 
     def join(self, other: Stream | Any, on: str | list[str] | tuple[str, ...], *,
-             within: str | int | None = None, how: str = "inner", name: str | None = None,
-             poll_ms: int = 100) -> Stream:
-        """Exact interval join over global time: rows of this stream and ``other`` with
-        equal ``on`` keys whose slots are at most ``within`` apart; ``how``: "inner",
-        "left" or "full". Results are emitted when both inputs are complete for them,
-        outer rows with nulls when the other side is. See
+             within: str | int | None = None, window: str | int | None = None,
+             how: str = "inner", name: str | None = None, poll_ms: int = 100) -> Stream:
+        """Exact join over global time: rows of this stream and ``other`` with equal
+        ``on`` keys whose slots are at most ``within`` apart (an interval join), or in
+        the same tumbling ``window`` (a window join; exactly one of the two); ``how``:
+        "inner", "left" or "full". Results are emitted when both inputs are complete
+        for them, outer rows with nulls when the other side is. See
         :mod:`lowtide.spark.operators.joins`. ``other`` a static DataFrame: see
         :meth:`join_static`."""
-        if not isinstance(other, Stream) or within is None:
-            return self.join_static(other, on, how=how, name=name, within=within)
+        if not isinstance(other, Stream):
+            return self.join_static(other, on, how=how, name=name,
+                                    timed=within is not None or window is not None)
         if other.pipeline is not self.pipeline:
             raise PipelineShapeError("join() of streams of different Pipelines")
         name = name or self._default_name("join")
-        within_ms = duration_ms(within)
-        check_join(name, within_ms, how, self.pipeline.grid.delta_ms)
-        spec = JoinSpec(name, parse_keys(on, "join"), within_ms, how, poll_ms)
+        within_ms = None if within is None else duration_ms(within)
+        window_ms = None if window is None else duration_ms(window)
+        check_join(name, within_ms, how, self.pipeline.grid.delta_ms, window_ms)
+        spec = JoinSpec(name, parse_keys(on, "join"), within_ms or 0, how, poll_ms,
+                        window_ms or 0)
         return Stream(self.pipeline, steps=(spec,), inputs=(self, other))
 
     def join_static(self, other: Any, on: str | list[str] | tuple[str, ...], *,
                     how: str = "inner", name: str | None = None,
-                    within: str | int | None = None) -> Stream:
+                    timed: bool = False) -> Stream:
         """Tracked stream-static join (enrichment), what ``join(static_df, on, how)``
         calls: like ``DataFrame.join(other, on, how)`` row for row, ``how`` "inner" or
         "left"; a row matching k static rows has k children, an unmatched one none
         (inner) or one with nulls (left). See :mod:`lowtide.spark.operators.frames`."""
         name = name or self._default_name("join")
         if isinstance(other, Stream):
-            raise PipelineShapeError(f"step {name!r}: a stream-stream join needs within=")
-        if within is not None:
-            raise PipelineShapeError(f"step {name!r}: within= is for stream-stream joins; "
-                                     "the other side is a static DataFrame")
+            raise PipelineShapeError(f"step {name!r}: a stream-stream join needs within= "
+                                     "or window=: use join()")
+        if timed:
+            raise PipelineShapeError(f"step {name!r}: within= and window= are for "
+                                     "stream-stream joins; the other side is a static "
+                                     "DataFrame")
         try:
             keys = parse_keys(on, "join")
         except ValueError as err:
