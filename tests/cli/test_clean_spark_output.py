@@ -1,6 +1,7 @@
 """A normal run of lowtide's Spark commands prints no stack trace, no Spark ERROR
-line and no Python BrokenPipe traceback (issue 23 point 5): Spark is quiet from its
-first line (SessionConfig's log4j2 file) and queries stop between batches."""
+line, no Python BrokenPipe traceback and no Python-runner chatter (issue 23 point 5):
+Spark is quiet from its first line (SessionConfig's log4j2 file, the JVM's stderr
+filtered by lowtide.spark.quiet) and queries stop between batches."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import pytest
 pytestmark = pytest.mark.spark
 
 LOWTIDE = [sys.executable, "-m", "lowtide.cli"]
-NOISE = ("Traceback", " ERROR ", "BrokenPipe", "Exception in thread")
+NOISE = ("Traceback", " ERROR ", "BrokenPipe", "Exception in thread",
+         "TransformWithStateInPandas Python worker", "Setting default log level")
 
 
 def run_clean(*argv: str) -> str:

@@ -11,11 +11,13 @@ Quiet means from the first line: the JVM reads its log configuration when it sta
 so ``setLogLevel`` after ``getOrCreate`` comes too late for the start-up warnings.
 ``quiet=True`` writes :data:`QUIET_LOG4J2` to a file and passes it to the driver's
 and executors' JVMs with ``-Dlog4j2.configurationFile``, quiets py4j's Python logger
-and Python warnings in the workers.
+and Python warnings in the workers, and mutes what Spark's Python runners print
+through the JVM's stderr (:mod:`lowtide.spark.quiet`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -25,6 +27,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from lowtide.spark.quiet import filtered_jvm_stderr
 
 __all__ = ["QUIET_LOG4J2", "JarsMissing", "SessionConfig", "jars_dir", "prewarm",
            "quiet_log4j2_file", "session_jars"]
@@ -165,7 +169,8 @@ class SessionConfig:
             builder = builder.master(self.master)
         for key, value in self.settings().items():
             builder = builder.config(key, value)
-        spark = builder.getOrCreate()
+        with filtered_jvm_stderr() if self.quiet else contextlib.nullcontext():
+            spark = builder.getOrCreate()
         spark.sparkContext.setLogLevel(self.log_level)
         if self.prewarm_workers:
             prewarm(spark, self.prewarm_workers)
