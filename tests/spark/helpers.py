@@ -184,3 +184,74 @@ def t0_of_checkpoint(ckpt: Path, query: Any, timeout_s: float = 60.0) -> int:
         time.sleep(0.1)
     time.sleep(0.1)
     return int(json.loads(first.read_text().strip().splitlines()[-1])["t0"])
+
+
+class Committed:
+    """A ``foreach_batch`` function that keeps every non-empty batch's rows (the
+    generator's ``event_ms`` and ``payload`` left out)."""
+
+    def __init__(self) -> None:
+        self.frames: list[Any] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        rows = df.drop("event_ms", "payload").toPandas()
+        with self._lock:
+            if len(rows):  # an empty frame's columns are objects: they would change dtypes
+                self.frames.append(rows)
+
+    def rows(self) -> Any:
+        """Every committed row, each at most once."""
+        import pandas as pd
+
+        got = pd.concat(self.frames, ignore_index=True)
+        assert len(got) == len(got.drop_duplicates(["lt_ack", "lt_time"])), "a row twice"
+        return got
+
+
+def run_past_lag(pipe: Any, stream: Any, sink: Committed, ckpt: Path,
+                 during: Callable[[Any], None] | None = None) -> tuple[int, int]:
+    """Run ``stream`` into ``sink`` until the sink's min time is 150 slots past its
+    first one (past a front lagging up to a second and a half), nothing stuck;
+    ``during(query)`` runs once the first min time is announced. Returns the
+    generator's t0 and the sink's final min time; the pipeline is closed."""
+    query = watcher = None
+    try:
+        query = stream.foreach_batch(sink, checkpoint=str(ckpt), keep_tracking_columns=True,
+                                     trigger="200 milliseconds")
+        watcher = Watcher(pipe.tracker.agent, "sink", lambda: None).start()
+        t0 = t0_of_checkpoint(ckpt, query)
+        watcher.wait_for(1, 90, query.query)
+        if during is not None:
+            during(query)
+        watcher.wait_for(watcher.latest() + 150, 90, query.query)
+        assert not query.stuck()
+        query.stop()
+        return t0, query.min_time("sink")
+    finally:
+        if watcher is not None:
+            watcher.stop()
+        pipe.close()
+
+
+def generated(spark: Any, spec: GeneratorSpec, t0: int, final: int, delta_ms: int) -> Any:
+    """The generator's rows (front, seq) below slot ``final``, as a batch DataFrame."""
+    import pandas as pd
+
+    rows = [pd.DataFrame({"front": np.int32(f), "seq": np.arange(n, dtype=np.int64)})
+            for f, n in gen_expected(spec, t0, final, delta_ms).items()]
+    return spark.createDataFrame(pd.concat(rows, ignore_index=True))
+
+
+def assert_equal_below(got: Any, expected: Any, final: int, order: list[str]) -> Any:
+    """The committed rows below ``final`` equal ``expected`` (pandas), as text, in
+    ``order``; returns them."""
+    import pandas as pd
+
+    below = got[got["lt_time"] < final].drop(columns=["lt_time", "lt_ack"])
+    assert list(below.columns) == list(expected.columns)
+    a = below.sort_values(order).reset_index(drop=True)
+    b = expected.sort_values(order).reset_index(drop=True)
+    assert len(a) > 100
+    pd.testing.assert_frame_equal(a.astype(str), b.astype(str))
+    return a

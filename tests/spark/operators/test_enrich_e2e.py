@@ -7,19 +7,23 @@ from __future__ import annotations
 
 import contextlib
 import io
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pandas as pd
 import pytest
 
 import lowtide
 from lowtide.core.time import TimeGrid
 from lowtide.spark.sources.generator import GeneratorSpec
-from tests.spark.helpers import Watcher, fail_once, gen_expected, t0_of_checkpoint
+from tests.spark.helpers import (
+    Committed,
+    assert_equal_below,
+    fail_once,
+    generated,
+    run_past_lag,
+)
+from tests.spark.operators.test_frames_e2e import start_fails
 
 pytestmark = pytest.mark.spark
 
@@ -43,18 +47,9 @@ def with_user(df: Any) -> Any:
 @pytest.mark.parametrize("how", ["inner", "left"])
 def test_enrich_equals_plain_spark_under_a_task_failure(spark, tmp_path: Path,
                                                         how: str) -> None:
-    spec = GeneratorSpec(fronts=2, rate=200.0, payload_bytes=4, lag_ms={1: 300})
-    committed: list[pd.DataFrame] = []
-    lock = threading.Lock()
-
-    def sink(df: Any, batch_id: int) -> None:
-        rows = df.drop("event_ms", "payload").toPandas()
-        with lock:
-            if len(rows):
-                committed.append(rows)
-
     from pyspark.sql import functions as F
 
+    spec = GeneratorSpec(fronts=2, rate=200.0, payload_bytes=4, lag_ms={1: 300})
     failed = tmp_path / "failed"
     failed.mkdir()
 
@@ -62,6 +57,12 @@ def test_enrich_equals_plain_spark_under_a_task_failure(spark, tmp_path: Path,
         if bid % 3 == 1:
             (failed / f"{bid}-{part}").touch()
         return bid % 3 == 1
+
+    def until_a_task_failed(query: Any) -> None:  # after the join's acks were sent
+        deadline = time.monotonic() + 90
+        while not list(failed.iterdir()):
+            assert time.monotonic() < deadline and query.query.exception() is None
+            time.sleep(0.1)
 
     after = fail_once(fail_here)
     # a sort-merge join (Spark does not know the size of an RDD's rows) and a broadcast
@@ -74,55 +75,14 @@ def test_enrich_equals_plain_spark_under_a_task_failure(spark, tmp_path: Path,
     assert stream.segment_names() == ["users", "sink"]
     with contextlib.redirect_stdout(io.StringIO()) as out:
         pipe.build(stream).df.explain()
-    plan = out.getvalue()
-    assert ("BroadcastHashJoin" if how == "left" else "SortMergeJoin") in plan
-    query = watcher = None
-    try:
-        query = stream.foreach_batch(sink, checkpoint=str(tmp_path / "ckpt"),
-                                     keep_tracking_columns=True, trigger="200 milliseconds")
-        watcher = Watcher(pipe.tracker.agent, "sink", lambda: None).start()
-        t0 = t0_of_checkpoint(tmp_path / "ckpt", query)
-        watcher.wait_for(1, 90, query.query)
-        deadline = time.monotonic() + 90
-        while not list(failed.iterdir()):  # a task failed after the join's acks were sent
-            assert time.monotonic() < deadline and query.query.exception() is None
-            time.sleep(0.1)
-        watcher.wait_for(watcher.latest() + 150, 90, query.query)  # past the lagging front
-        assert not query.stuck()
-        query.stop()
-        final = query.min_time("sink")
-    finally:
-        if watcher is not None:
-            watcher.stop()
-        pipe.close()
-    got = pd.concat(committed, ignore_index=True)
-    assert len(got) == len(got.drop_duplicates(["lt_ack", "lt_time"])), "a row twice"
-    rows = [pd.DataFrame({"front": np.int32(f), "seq": np.arange(n, dtype=np.int64)})
-            for f, n in gen_expected(spec, t0, final, GRID.delta_ms).items()]
-    base = with_user(spark.createDataFrame(pd.concat(rows, ignore_index=True)))
+    assert ("BroadcastHashJoin" if how == "left" else "SortMergeJoin") in out.getvalue()
+    sink = Committed()
+    t0, final = run_past_lag(pipe, stream, sink, tmp_path / "ckpt", until_a_task_failed)
+    base = with_user(generated(spark, spec, t0, final, GRID.delta_ms))
     expected = base.join(users(spark), on="user", how=how).toPandas()
-    below = got[got["lt_time"] < final].drop(columns=["lt_time", "lt_ack"])
-    assert list(below.columns) == list(expected.columns)
-    order = ["front", "seq", "name"]
-    a = below.sort_values(order).reset_index(drop=True)
-    b = expected.sort_values(order).reset_index(drop=True)
-    assert len(a) > 100 and set(b["user"]) == ({"u0", "u1", "u2", "u3"} if how == "left"
-                                                else {"u1", "u2", "u3"})
-    pd.testing.assert_frame_equal(a.astype(str), b.astype(str))
-
-
-def start_fails(spark: Any, tmp_path: Path, describe: Any) -> str:
-    """The one-line error of a pipeline, raised where it is described or started."""
-    pipe = lowtide.Pipeline(spark, "bad", grid=GRID)
-    try:
-        with pytest.raises(ValueError) as err:
-            describe(pipe.generate(fronts=1, rate=10.0).transform(with_user)).to_null(
-                checkpoint=str(tmp_path / "ckpt"))
-    finally:
-        pipe.close()
-    message = str(err.value)
-    assert "\n" not in message
-    return message
+    a = assert_equal_below(sink.rows(), expected, final, ["front", "seq", "name"])
+    assert set(a["user"]) == ({"u0", "u1", "u2", "u3"} if how == "left"
+                              else {"u1", "u2", "u3"})
 
 
 def test_enrich_errors(spark, tmp_path: Path) -> None:
@@ -131,7 +91,7 @@ def test_enrich_errors(spark, tmp_path: Path) -> None:
     static = users(spark)
 
     def fails(describe: Any) -> str:
-        return start_fails(spark, tmp_path, describe)
+        return start_fails(spark, tmp_path, lambda s: describe(s.transform(with_user)))
 
     msg = fails(lambda s: s.join(spark.readStream.format("rate").load(), on="user",
                                  name="j"))

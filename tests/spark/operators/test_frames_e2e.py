@@ -4,18 +4,15 @@ errors a step that cannot be tracked raises before the query starts."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pandas as pd
 import pytest
 
 import lowtide
 from lowtide.core.time import TimeGrid
 from lowtide.spark.sources.generator import GeneratorSpec
-from tests.spark.helpers import Watcher, gen_expected, t0_of_checkpoint
+from tests.spark.helpers import Committed, assert_equal_below, generated, run_past_lag
 from tests.spark.operators.test_windows_e2e import STUCK_MS
 
 pytestmark = pytest.mark.spark
@@ -55,15 +52,6 @@ def test_where_select_from_json_equal_plain_spark(spark, tmp_path: Path) -> None
     from pyspark.sql import functions as F
 
     spec = GeneratorSpec(fronts=2, rate=300.0, payload_bytes=4, lag_ms={1: 300})
-    committed: list[pd.DataFrame] = []
-    lock = threading.Lock()
-
-    def sink(df: Any, batch_id: int) -> None:
-        rows = df.drop("event_ms", "payload").toPandas()
-        with lock:
-            if len(rows):  # an empty frame's columns are objects: they would change dtypes
-                committed.append(rows)
-
     # a loaded machine's slow batch keeps the sink's items in flight past 5 s: only a
     # window still open after a minute is stuck
     pipe = lowtide.Pipeline(spark, "frames", grid=GRID, stuck_after_ms=STUCK_MS)
@@ -78,33 +66,10 @@ def test_where_select_from_json_equal_plain_spark(spark, tmp_path: Path) -> None
               .explode("tags", "tag", name="tags")
               .with_column("u", F.upper("user")))
     assert stream.segment_names() == ["not1", "not_u3", "keep", "tags", "sink"]
-    query = watcher = None
-    try:
-        query = stream.foreach_batch(sink, checkpoint=str(tmp_path / "ckpt"),
-                                     keep_tracking_columns=True, trigger="200 milliseconds")
-        watcher = Watcher(pipe.tracker.agent, "sink", lambda: None).start()
-        t0 = t0_of_checkpoint(tmp_path / "ckpt", query)
-        watcher.wait_for(1, 90, query.query)
-        watcher.wait_for(watcher.latest() + 150, 90, query.query)
-        assert not query.stuck()
-        query.stop()
-        final = query.min_time("sink")
-    finally:
-        if watcher is not None:
-            watcher.stop()
-        pipe.close()
-    got = pd.concat(committed, ignore_index=True)
-    assert len(got) == len(got.drop_duplicates(["lt_ack", "lt_time"])), "a row twice"
-    rows = [pd.DataFrame({"front": np.int32(f), "seq": np.arange(n, dtype=np.int64)})
-            for f, n in gen_expected(spec, t0, final, GRID.delta_ms).items()]
-    expected = plain_spark(spark.createDataFrame(pd.concat(rows, ignore_index=True))).toPandas()
-    below = got[got["lt_time"] < final].drop(columns=["lt_time", "lt_ack"])
-    assert list(below.columns) == list(expected.columns)
-    order = ["front", "seq", "tag"]
-    a = below.sort_values(order).reset_index(drop=True)
-    b = expected.sort_values(order).reset_index(drop=True)
-    assert len(a) > 100
-    pd.testing.assert_frame_equal(a.astype(str), b.astype(str))
+    sink = Committed()
+    t0, final = run_past_lag(pipe, stream, sink, tmp_path / "ckpt")
+    expected = plain_spark(generated(spark, spec, t0, final, GRID.delta_ms)).toPandas()
+    assert_equal_below(sink.rows(), expected, final, ["front", "seq", "tag"])
 
 
 def start_fails(spark: Any, tmp_path: Path, describe: Any) -> str:

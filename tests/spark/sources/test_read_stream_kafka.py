@@ -52,6 +52,15 @@ def producing(producer: Any, rounds: int, every_s: float, out: list) -> threadin
     return thread
 
 
+def close_all(pipe: Any, queries: list[Any], producers: list[Any], fronts: list[Any]) -> None:
+    """Stop the queries, then the producers and their fronts, then the pipeline."""
+    for query in queries:
+        query.stop()
+    for closable in (*producers, *fronts):
+        closable.close()
+    pipe.close()
+
+
 def test_kafka_entry_equals_batch(spark, kafka_broker, kafka_topic, tmp_path: Path) -> None:
     if "spark-sql-kafka" not in spark.conf.get("spark.jars", ""):
         pytest.skip("the shared Spark session has no Kafka connector: give tests/conftest.py's "
@@ -78,11 +87,6 @@ def test_kafka_entry_equals_batch(spark, kafka_broker, kafka_topic, tmp_path: Pa
         query.wait_for_min_time(last_end, timeout_s=240)  # the fronts heartbeat on
         assert not query.stuck()
     finally:
-        query.stop()
-        for p in producers:
-            p.close()
-        for f in fronts:
-            f.close()
-        pipe.close()
+        close_all(pipe, [query], producers, fronts)
     assert len(written) == 14
     assert_equal_to_batch(results_of(tmp_path / "out"), written)

@@ -21,7 +21,7 @@ from tests.spark.sources.test_read_stream import (
     assert_equal_to_batch,
     results_of,
 )
-from tests.spark.sources.test_read_stream_kafka import kafka_labelled, producing
+from tests.spark.sources.test_read_stream_kafka import close_all, kafka_labelled, producing
 
 pytestmark = pytest.mark.spark
 
@@ -56,13 +56,7 @@ def test_two_queries_of_one_topic_both_complete(spark, kafka_broker, kafka_topic
             query.wait_for_min_time(last_end, timeout_s=240)
             assert not query.stuck()
     finally:
-        for query in queries:
-            query.stop()
-        for p in producers:
-            p.close()
-        for f in fronts:
-            f.close()
-        pipe.close()
+        close_all(pipe, queries, producers, fronts)
     assert len(written) == 7
     for name in branches:
         assert_equal_to_batch(results_of(tmp_path / name), written)
