@@ -1,13 +1,15 @@
 """End to end, fan-out to two sinks: one ingest log read by two queries of one
 pipeline on one tracker, each with its own ingest segment the fronts send every record
 into (rule 11). Both sinks complete, and their exact windows and rows equal a batch
-recomputation of what the fronts logged."""
+recomputation of what the fronts logged, under a lagging front (its clock 300 ms
+behind) and a task failure injected in each branch after its tracked step."""
 
 from __future__ import annotations
 
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -17,8 +19,10 @@ import pytest
 
 import lowtide
 from lowtide.core.time import TimeGrid
+from lowtide.service.clock import wall_ms
 from lowtide.spark.sources.ingest import IngestReader
-from tests.spark.operators.test_windows_e2e import read_results
+from tests.spark.helpers import fail_once
+from tests.spark.operators.test_windows_e2e import STUCK_MS, read_results
 
 pytestmark = pytest.mark.spark
 
@@ -46,6 +50,28 @@ def big(b: pa.RecordBatch) -> pa.Array:
     return pc.greater(b["amount"], 4)
 
 
+class Lagging:
+    """A front's clock 300 ms behind the wall: its records arrive late for their time."""
+
+    def now_ms(self) -> int:
+        return wall_ms() - 300
+
+
+def failing_once(marker: Path) -> Any:
+    """An untracked step failing the first attempt of the branch's first task with rows
+    (Spark runs no Python for an empty partition, and a branch started late may read
+    everything in its first batch); ``marker`` says it did."""
+
+    def where(batch_id: int, partition: int) -> bool:
+        if marker.exists():
+            return False
+        marker.touch()
+        return True
+
+    failing = fail_once(where)
+    return lambda df: df.mapInArrow(failing, df.schema)
+
+
 def logged(log: Path) -> pd.DataFrame:
     """Every record the fronts logged, with its slot: the batch recomputation's input."""
     parts = []
@@ -61,15 +87,19 @@ def logged(log: Path) -> pd.DataFrame:
 
 def test_one_log_two_sinks_both_exact(spark, tmp_path: Path) -> None:
     log = tmp_path / "log"
-    pipe = lowtide.Pipeline(spark, "fanout", grid=GRID)
+    pipe = lowtide.Pipeline(spark, "fanout", grid=GRID, stuck_after_ms=STUCK_MS)
     windows = (pipe.read_log(str(log), name="in_win").map(parse, SCHEMA, name="parse_win")
+               .transform(failing_once(tmp_path / "failed_win"), name="fail_win")
                .window("200 milliseconds", key="user", name="win").agg(n="count"))
-    rows = pipe.read_log(str(log), name="in_big").map(parse, SCHEMA, name="parse_big") \
-        .filter(big, name="big")
+    rows = (pipe.read_log(str(log), name="in_big").map(parse, SCHEMA, name="parse_big")
+            .filter(big, name="big")
+            .transform(failing_once(tmp_path / "failed_big"), name="fail_big"))
     queries = []
     try:
         pipe.start_tracker(pipe.plan((windows, "win_out"), (rows, "big_out")).graph)
-        fronts = [pipe.front(f, fsync="never", heartbeat_ms=10) for f in (0, 1)]
+        # the laggard first: a front registered alone lets its segments' min time run
+        lagging = pipe.front(1, fsync="never", heartbeat_ms=10, clock=Lagging())
+        fronts = [pipe.front(0, fsync="never", heartbeat_ms=10), lagging]
         assert fronts[0].segments == ("in_win", "in_big")
         for out, stream in (("win_out", windows), ("big_out", rows)):
             queries.append(stream.write_parquet(
@@ -86,6 +116,7 @@ def test_one_log_two_sinks_both_exact(spark, tmp_path: Path) -> None:
         assert not pipe.status().stuck
     finally:
         pipe.close()
+    assert (tmp_path / "failed_win").exists() and (tmp_path / "failed_big").exists()
     records = logged(log)
     assert len(records) == 2 * 12 * 5
     expected = records.assign(start=records["slot"] // WINDOW_SLOTS * WINDOW_SLOTS)
