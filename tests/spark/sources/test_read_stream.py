@@ -6,6 +6,8 @@ described."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import time
 from pathlib import Path
@@ -207,3 +209,23 @@ def test_entry_errors_are_one_line_where_described(spark, tmp_path: Path) -> Non
         pipe.read_stream(text)
     renamed = spark.readStream.schema("t long, a long, k string").parquet(str(tmp_path))
     assert pipe.read_stream(renamed, time="t", ack="a").segment_names() == ["ingest", "sink"]
+
+
+def keep_all(b: Any) -> Any:
+    return np.ones(b.num_rows, bool)
+
+
+def test_the_entry_shares_its_task_with_the_tracked_steps_after_it(spark,
+                                                                   tmp_path: Path) -> None:
+    """The rows cross to Python once: the entry, a map and a filter are one
+    ``mapInArrow`` (the tracked Kafka bench paid for a second one before)."""
+    pipe = lowtide.Pipeline(spark, "fused", grid=GRID)
+    df = spark.readStream.schema("lt_time long, lt_ack long, k string, v long").parquet(
+        str(tmp_path))
+    stream = pipe.read_stream(df).map(lambda b: b, name="same").filter(keep_all, name="all")
+    try:
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            pipe.build(stream).df.explain()
+    finally:
+        pipe.close()
+    assert out.getvalue().count("MapInArrow") == 1, out.getvalue()

@@ -80,7 +80,7 @@ class OpSpec:
 class OpRuntime:
     """What a task needs; pickled into the mapInArrow closure."""
 
-    kind: str  # one of KINDS, or a tracked DataFrame step's ("where", "explode")
+    kind: str  # one of KINDS, a tracked DataFrame step's ("where", ...) or "entry"
     fn: Callable[..., Any] | None
     ref: TrackerRef
     in_segment: str  # the segment this operator receives from (its name)
@@ -127,6 +127,9 @@ def apply_op(rt: OpRuntime, batch: Any, acc: AckAccumulator, in_idx: int, out_id
     unwrapped against ``ref_slot``)."""
     if rt.kind in TRACKED_FRAME_KINDS:  # the JVM did the work; only the acks are left
         return frame_acks(rt.kind, batch, acc, (in_idx, out_idx), ref_slot, rt.salt)
+    if rt.kind == "entry":  # a labelled stream's entry: fn is its read_stream.Labels
+        assert rt.fn is not None
+        return rt.fn(batch, acc, in_idx, out_idx, ref_slot)
     data, packed = _split(batch)
     out, children = _run_fn(rt, data, len(packed))
     c_packed = track_children(acc, (in_idx, out_idx), packed, ref_slot, rt.salt, children)

@@ -50,7 +50,7 @@ from lowtide.spark.pipeline.stream import SourceSpec, Step, Stream, TransformSpe
 from lowtide.spark.sinks import TrackedForeachBatch, TrackedSink
 from lowtide.spark.sources.generator import GeneratorSpec, GenSource
 from lowtide.spark.sources.log_source import LogSource
-from lowtide.spark.sources.read_stream import check_labelled, read_labelled
+from lowtide.spark.sources.read_stream import EntrySpec, check_labelled, entry_schema
 from lowtide.spark.tracking.column import TRACK_COL
 from lowtide.spark.tracking.transport import TrackerRef
 
@@ -78,13 +78,14 @@ def _with_tracking(schema: Any) -> Any:
     raise TypeError(f"schema must be a DDL string or StructType, got {type(schema)}")
 
 
-def _arrow_half(step: Step) -> bool:
+def _arrow_half(step: Step | EntrySpec) -> bool:
     """Does ``step`` end in a tracked ``mapInArrow`` (to chain the next ones into)?"""
-    return isinstance(step, OpSpec) or (isinstance(step, FrameSpec) and step.tracked)
+    return isinstance(step, OpSpec | EntrySpec) or (isinstance(step, FrameSpec) and step.tracked)
 
 
-def _plan_steps(df: Any, group: list[Step], ref: TrackerRef, after: dict[str, str],
-                sink_name: str, null_sink: bool, trace_file: str | None) -> Any:
+def _plan_steps(df: Any, group: list[Step | EntrySpec], ref: TrackerRef,
+                after: dict[str, str], sink_name: str, null_sink: bool,
+                trace_file: str | None) -> Any:
     """The DataFrame plan of one step, or of tracked Arrow steps chained into one
     ``mapInArrow``, on top of ``df``; checks what can be checked before the query
     starts (see :mod:`lowtide.spark.operators.frames`)."""
@@ -102,7 +103,10 @@ def _plan_steps(df: Any, group: list[Step], ref: TrackerRef, after: dict[str, st
         df = plan_frame(df, step)
         if not step.tracked:
             return df
-    schema = _arrow_output(df.schema)
+    if isinstance(step, EntrySpec):
+        schema = entry_schema(df, step.time_col, step.ack_col)
+    else:
+        schema = _arrow_output(df.schema)
     chain = []
     for i, s in enumerate(group):
         last = null_sink and i == len(group) - 1
@@ -110,8 +114,11 @@ def _plan_steps(df: Any, group: list[Step], ref: TrackerRef, after: dict[str, st
             kind, fn = s.kind, s.fn
             if s.kind != "filter" and s.schema is not None:
                 schema = _with_tracking(s.schema)
-        else:
-            kind, fn = step.kind, None
+        elif isinstance(s, EntrySpec):
+            kind, fn = "entry", s.labels()
+        else:  # the group's first step: a tracked DataFrame step's Arrow half
+            assert isinstance(s, FrameSpec)
+            kind, fn = s.kind, None
         chain.append(OpRuntime(kind, fn, ref, s.name, after.get(s.name, sink_name),
                                operator_id(s.name), last, trace_file if last else None))
     return spark_step(step.name, lambda: df.mapInArrow(task_function(*chain), schema))
@@ -331,8 +338,14 @@ class Pipeline:
                      trace_file: str | None) -> Any:
         """The DataFrame of ``stream``: its source or the union of its inputs, then its
         steps; ``null_sink``: its last step acks the rows as received by the sink."""
-        steps = list(stream.steps)
-        if stream.source is not None:
+        steps: list[Any] = list(stream.steps)
+        if stream.source is not None and stream.source.kind == "frame":
+            # the entry is a tracked Arrow step: the tracked steps after it share its task
+            src = stream.source
+            df = src.frame
+            steps.insert(0, EntrySpec(source_key(src), src.options["time_col"],
+                                      src.options["ack_col"]))
+        elif stream.source is not None:
             df = self._read(stream.source, to)
         elif steps and isinstance(steps[0], JoinSpec):
             left, right = (self._plan_stream(s, to, False, None) for s in stream.inputs)
@@ -357,8 +370,6 @@ class Pipeline:
         opts = dict(src.options)
         opts["lowtide.tracker"] = to.ref.to_option()
         out = to.after[source_key(src)]
-        if src.kind == "frame":
-            return read_labelled(src.frame, to.ref, source_key(src), out, **src.options)
         if src.kind == "log":
             opts["lowtide.segment"] = source_key(src)
             opts["lowtide.out"] = out

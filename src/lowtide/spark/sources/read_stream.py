@@ -4,8 +4,9 @@ A producer's front (``lowtide.Front``, a Kafka or file producer helper, or a tra
 table sink upstream) labels every record with ``lt_time`` (its slot) and ``lt_ack``
 (its 64-bit root ack viewed as int64) and sends the matching acks into the ingest
 segment before the record is written. Whatever Spark source then reads the records
-(Kafka, files, a Delta table), :func:`read_labelled` puts one ``mapInArrow`` right on
-top of it: each task
+(Kafka, files, a Delta table), its entry (:class:`EntrySpec`) is the first step of one
+``mapInArrow`` right on top of it, together with the tracked Arrow steps that follow
+it directly (the rows cross to Python once); each task
 
 * receives its rows out of the ingest segment (XOR of ``lt_ack`` per ``lt_time``,
   count -1) and sends them into the next segment with their 32-bit ids (the low bits
@@ -13,8 +14,8 @@ top of it: each task
 * drops the two label columns for ``lt_track``, so every tracked step and exact
   window downstream works as on lowtide's own sources,
 * submits ONE idempotent batch keyed ``(query id, batch id, ingest segment,
-  partition)`` once its acks are known, and waits for the confirmation before it ends
-  (rule 6).
+  partition)`` once its acks are known (with those of the steps chained after it),
+  and waits for the confirmation before it ends (rule 6).
 
 Exactly once per row: Spark logs each micro-batch's offsets (Kafka offsets, the files
 of the batch, a Delta version) in the checkpoint before it runs, so a retried task or a
@@ -27,13 +28,11 @@ ingest segment, never as a silent advance.)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from lowtide.spark.operators.tracked import HOLD_OUTPUT_BYTES, hold_back
-from lowtide.spark.sources.log_source import TaskBatch, submit_task_batch
 from lowtide.spark.tracking.column import (
     TRACK_COL,
     AckAccumulator,
@@ -41,9 +40,7 @@ from lowtide.spark.tracking.column import (
     as_u64,
     attach,
     pack,
-    reference_slot,
 )
-from lowtide.spark.tracking.transport import TrackerRef
 
 #: Spark types a label column may have (read as int64)
 LABEL_TYPES = ("bigint", "int")
@@ -84,37 +81,37 @@ def _labels(batch: Any, time_col: str, ack_col: str) -> tuple[np.ndarray, np.nda
     return times, acks
 
 
-def entry_function(ref: TrackerRef, ingest: str, out: str, time_col: str,
-                   ack_col: str) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """The ``mapInArrow`` function of the entry; see the module docstring."""
+@dataclass(frozen=True)
+class EntrySpec:
+    """The entry of a labelled stream: the first tracked Arrow step of its plan, so the
+    tracked steps after it share its task (the rows cross to Python once)."""
 
-    def run(batches: Iterator[Any]) -> Iterator[Any]:
-        from pyspark import TaskContext
+    name: str  # the ingest segment: the one its fronts feed
+    time_col: str
+    ack_col: str
 
-        graph = ref.graph
-        out_idx, ingest_idx = graph.index(out), graph.index(ingest)
-        ref_slot = reference_slot(ref.grid)
-        acc = AckAccumulator()
-        sent: list[TaskBatch] = []
+    def labels(self) -> Labels:
+        return Labels(self.time_col, self.ack_col)
 
-        def label(batch: Any) -> Any:
-            times, acks = _labels(batch, time_col, ack_col)
-            packed = pack(times, acks, ref_slot)
-            acc.add(out_idx, times, ack_ids(packed), +1)  # children first (rule 2)
-            acc.add(ingest_idx, times, acks, -1)
-            keep = [i for i, n in enumerate(batch.schema.names) if n not in (time_col, ack_col)]
-            return attach(batch.select(keep), packed)
 
-        def submit() -> None:
-            tc = TaskContext.get()
-            sent.append(submit_task_batch(ref, ingest, tc.partitionId() if tc else 0, acc))
+@dataclass(frozen=True)
+class Labels:
+    """What the entry does to one Arrow batch, as a tracked task's step (the ``fn`` of
+    its ``OpRuntime``): receive its rows out of the ingest segment, send them into the
+    next one, and swap the labels for ``lt_track``."""
 
-        # as a tracked operator does: the batch travels while the held outputs go out
-        yield from hold_back((label(b) for b in batches), HOLD_OUTPUT_BYTES, submit)
-        for b in sent:
-            b.wait()
+    time_col: str
+    ack_col: str
 
-    return run
+    def __call__(self, batch: Any, acc: AckAccumulator, in_idx: int, out_idx: int,
+                 ref_slot: int) -> Any:
+        times, acks = _labels(batch, self.time_col, self.ack_col)
+        packed = pack(times, acks, ref_slot)
+        acc.add(out_idx, times, ack_ids(packed), +1)  # children first (rule 2)
+        acc.add(in_idx, times, acks, -1)
+        keep = [i for i, n in enumerate(batch.schema.names)
+                if n not in (self.time_col, self.ack_col)]
+        return attach(batch.select(keep), packed)
 
 
 def entry_schema(df: Any, time_col: str, ack_col: str) -> Any:
@@ -125,18 +122,11 @@ def entry_schema(df: Any, time_col: str, ack_col: str) -> Any:
     return StructType([*kept, StructField(TRACK_COL, LongType(), False)])
 
 
-def read_labelled(df: Any, ref: TrackerRef, ingest: str, out: str, time_col: str,
-                  ack_col: str) -> Any:
-    """``df`` (a labelled streaming DataFrame) as a tracked stream sending into ``out``."""
-    fn = entry_function(ref, ingest, out, time_col, ack_col)
-    return df.mapInArrow(fn, entry_schema(df, time_col, ack_col))
-
-
 __all__ = [
     "LABEL_TYPES",
+    "EntrySpec",
+    "Labels",
     "NotLabelled",
     "check_labelled",
-    "entry_function",
     "entry_schema",
-    "read_labelled",
 ]
