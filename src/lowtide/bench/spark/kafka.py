@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import tempfile
 import time
 from dataclasses import dataclass
@@ -72,8 +73,10 @@ def fill_topic(bootstrap: str, topic: str, ref: Any, cfg: KafkaBenchConfig) -> i
     import pandas as pd
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from lowtide.spark.sources import Front, KafkaProducerConfig
+    from lowtide.spark.sources import KAFKA_CLIENT_LOGGER, Front, KafkaProducerConfig
 
+    # a broker just started warns that its coordinator is still loading: not the bench's
+    logging.getLogger(KAFKA_CLIENT_LOGGER).setLevel(logging.ERROR)
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for future in admin.create_topics([NewTopic(topic, cfg.fronts, 1)]).values():
         future.result(timeout=60)

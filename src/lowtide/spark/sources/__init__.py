@@ -9,6 +9,7 @@ from lowtide import lazy_exports
 __all__ = [
     "ACK_COLUMN",
     "GEN_SCHEMA",
+    "KAFKA_CLIENT_LOGGER",
     "KAFKA_HEADER_EXPRS",
     "TIME_COLUMN",
     "UNTRACKED_SCHEMA",
@@ -39,6 +40,7 @@ __getattr__ = lazy_exports(__name__, {
     "KAFKA_HEADER_EXPRS": "lowtide.spark.sources.labels",
     "KafkaProducerConfig": "lowtide.spark.sources.kafka_producer",
     "DeliveryFailed": "lowtide.spark.sources.kafka_producer",
+    "KAFKA_CLIENT_LOGGER": "lowtide.spark.sources.kafka_producer",
     "FilesProducerConfig": "lowtide.spark.sources.files_producer",
     "GEN_SCHEMA": "lowtide.spark.sources.generator",
     "UNTRACKED_SCHEMA": "lowtide.spark.sources.generator",

@@ -19,11 +19,13 @@
    that was delivered after all shows as an extra item, never as a silent gap.
 
 The producer is idempotent (``enable.idempotence``): the client's own retries do not
-write duplicates.
+write duplicates. The client's own log lines (librdkafka's, e.g. a broker still
+starting) go to the Python logger ``lowtide.kafka.client``, not straight to stderr.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +34,11 @@ from lowtide.spark.sources import records as rec
 from lowtide.spark.sources.front import Front, Labelled
 from lowtide.spark.sources.labels import ACK_COLUMN, TIME_COLUMN, header_value
 
-__all__ = ["DeliveryFailed", "KafkaFrontProducer", "KafkaProducerConfig", "row_values"]
+__all__ = ["KAFKA_CLIENT_LOGGER", "DeliveryFailed", "KafkaFrontProducer",
+           "KafkaProducerConfig", "row_values"]
+
+#: where the Kafka client's log lines go (set its level to hear fewer or more)
+KAFKA_CLIENT_LOGGER = "lowtide.kafka.client"
 
 
 class DeliveryFailed(RuntimeError):
@@ -68,7 +74,7 @@ class KafkaProducerConfig:
 
             settings = {"bootstrap.servers": self.bootstrap, "enable.idempotence": True,
                         "linger.ms": 5, **dict(self.client)}
-            producer = Producer(settings)
+            producer = Producer(settings, logger=logging.getLogger(KAFKA_CLIENT_LOGGER))
         return KafkaFrontProducer(self, front, producer)
 
 
