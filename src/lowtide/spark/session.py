@@ -45,7 +45,8 @@ _DELTA_JARS = ("delta-spark_", "delta-storage-", "delta-kernel-", "unitycatalog-
 
 # Errors only, one line each. A query stopped between batches is not an error of the
 # run, but Spark still logs the cancelled tasks of the trigger it interrupts (the
-# writer's "Aborting commit", the Python runner's interrupted read): those loggers
+# writer's "Aborting commit", a file sink's "Aborting job" when the stop lands as the
+# next trigger starts writing, the Python runner's interrupted read): those loggers
 # are off. Real failures still reach the caller as the query's exception.
 QUIET_LOG4J2 = """\
 rootLogger.level = error
@@ -57,6 +58,8 @@ appender.console.layout.type = PatternLayout
 appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n%throwable{short}
 logger.writer.name = org.apache.spark.sql.execution.datasources.v2.DataWritingSparkTask
 logger.writer.level = off
+logger.files.name = org.apache.spark.sql.execution.datasources.FileFormatWriter
+logger.files.level = off
 """
 
 
