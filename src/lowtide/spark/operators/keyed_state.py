@@ -52,14 +52,16 @@ from lowtide.spark.operators.state_clock import (
     StateClock,
     check_keys,
     from_ipc,
-    hold_acks,
+    hold_as_i64,
+    holds_under,
     insert_keys,
+    key_hash,
     next_poll_ms,
     state_segment,
     to_ipc,
     use_rocksdb,
 )
-from lowtide.spark.tracking.column import TRACK_COL, TRACKING_COLS
+from lowtide.spark.tracking.column import TRACK_COL, TRACKING_COLS, as_u64
 from lowtide.spark.tracking.transport import TrackerRef
 
 # the runtime's columns of a group's rows (a Spark column starting with "_" is renamed
@@ -224,6 +226,7 @@ def processor_class() -> type:
             self.live = TaskContext.get() is not None
             self.rows = handle.getValueState("rows", "data binary")
             self.user = handle.getValueState("user", "data binary")
+            self.parent = handle.getValueState("parent", "key_hash long")
             self.clock = StateClock(rt.ref, rt.spec.name, rt.out_segment, rt.op_id)
 
         # UserState, for the logic
@@ -264,14 +267,16 @@ def processor_class() -> type:
                 return
             step = step_group(rt.spec.logic, tuple(key), kept, new,
                               self.clock.complete_below(now), self)
+            parent = self._hold_parent(key)
             if len(step.opens):
-                self.clock.open_holds(step.opens, hold_acks(rt.op_id, key, step.opens))
+                self.clock.open_holds(step.opens, holds_under(rt.op_id, parent, step.opens))
             packed = self.clock.emit_slots(step.releases,
-                                           hold_acks(rt.op_id, key, step.releases),
+                                           holds_under(rt.op_id, parent, step.releases),
                                            step.counts, now)
             if new is not None or len(step.releases):
-                if step.kept is None:
+                if step.kept is None:  # no row, so no hold is open: the group is gone
                     self.rows.clear()
+                    self.parent.clear()
                 else:
                     self.rows.update((to_ipc(step.kept),))
             if step.waiting:
@@ -282,6 +287,18 @@ def processor_class() -> type:
                     insert_keys(res, rt.spec.keys, tuple(key))
                 res[TRACK_COL] = packed
                 yield res
+
+        def _hold_parent(self, key: Any) -> int:
+            """The key's hash its holds descend from, kept from the group's first call:
+            Spark hands the same key as ``(3,)`` or ``(3.0,)``, ``None`` or ``nan``,
+            depending on the path (rows or timer) and on nulls in the batch, so a hold
+            recomputed at its release would differ from the one opened (rule 1)."""
+            v = self.parent.get()
+            if v is not None:
+                return int(as_u64(np.array([v[0]], np.int64))[0])
+            parent = key_hash(tuple(key))
+            self.parent.update((hold_as_i64(parent),))
+            return parent
 
         def close(self) -> None:
             if self.live:

@@ -70,8 +70,13 @@ def hold_ack(op_id: int, key_value: Any, start: int) -> int:
 
 def hold_acks(op_id: int, key_value: Any, starts: np.ndarray) -> np.ndarray:
     """:func:`hold_ack` of each of ``starts`` (uint64)."""
-    parent = np.full(len(starts), key_hash(key_value), np.uint64)
-    return child_acks(parent, op_id, np.asarray(starts, np.int64).astype(np.uint64))
+    return holds_under(op_id, key_hash(key_value), starts)
+
+
+def holds_under(op_id: int, parent: int, starts: np.ndarray) -> np.ndarray:
+    """The holds at ``starts`` of the key whose :func:`key_hash` is ``parent``."""
+    parents = np.full(len(starts), parent, np.uint64)
+    return child_acks(parents, op_id, np.asarray(starts, np.int64).astype(np.uint64))
 
 
 def hold_as_i64(hold: int) -> int:
