@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lowtide.spark.operators.joins import SIDE_COL, JoinLogic, check_join
+from lowtide.spark.operators.joins import KEY_COL, SIDE_COL, JoinLogic, check_join
 from lowtide.spark.operators.keyed_state import (
     AT_COL,
     ID_COL,
@@ -42,6 +42,9 @@ def frame(items: list[Row], side: int) -> pd.DataFrame:
         "l_id": pd.Series([i if side == 0 else None for i in ids], dtype="float64"),
         "r_id": pd.Series([i if side == 1 else None for i in ids], dtype="float64"),
         SIDE_COL: np.full(len(items), side, np.int8),
+        # what the JVM computes (joins.jvm_key): the keys' JSON, null for a null key
+        KEY_COL: pd.Series([None if k is None else f'{{"k0":"{k}"}}' for _, _, k in items],
+                           dtype=object),
         SLOT_COL: np.array([s for s, _, _ in items], np.int64),
         ID_COL: np.array(ids, np.int64) * 7919 % 10007,  # ack ids: not in row order
         WAKE_COL: np.array([s for s, _, _ in items], np.int64),
@@ -141,6 +144,18 @@ def test_a_group_step_is_the_same_whatever_the_row_order() -> None:
     b = step_group(logic, ("b",), None, rows.sample(frac=1, random_state=1), 50, NoState())
     pd.testing.assert_frame_equal(a.out, b.out)
     assert a.releases.tolist() == b.releases.tolist() and a.counts.tolist() == b.counts.tolist()
+
+
+def test_keys_match_as_the_jvm_compares_them() -> None:
+    """Two long keys pandas sees as the same float (2**53 and 2**53 + 1 in a column with
+    nulls) do not match: the merge is on the JVM's key, not on pandas' values."""
+    logic = JoinLogic(("k",), ("l_id",), ("r_id",), 0, "inner")
+    rows = pd.concat([frame([(5, 1, "x")], 0), frame([(5, 2, "x")], 1)], ignore_index=True)
+    rows["k"] = np.array([2.0**53, 2.0**53])  # what pandas made of them
+    rows[KEY_COL] = [f'{{"k0":{2**53 + 1}}}', f'{{"k0":{2**53}}}']
+    assert step_group(logic, ("b",), None, rows, 9, NoState()).out is None
+    rows[KEY_COL] = [f'{{"k0":{2**53}}}'] * 2
+    assert len(step_group(logic, ("b",), None, rows, 9, NoState()).out) == 1
 
 
 def test_fold_steps_each_slot_in_order() -> None:

@@ -42,6 +42,8 @@ import numpy as np
 
 from lowtide.spark.operators.keyed_state import (
     AT_COL,
+    BUCKET_COL,
+    RUNTIME_COLS,
     SLOT_COL,
     WAKE_COL,
     StatefulSpec,
@@ -53,6 +55,10 @@ from lowtide.spark.tracking.column import TRACK_COL, TRACKING_COLS
 SIDE_COL = "lt_side"  # 0: a left row, 1: a right row (the join's input only; Spark
 # renames a column starting with "_" on its way into transformWithStateInPandas)
 HIT_COL = "lt_hit"  # 1: an interval join's row matched a row of the other side
+# the keys as the JVM compares them, for the merge: JSON of the key struct, null when a
+# key is null (SQL: it matches nothing); pandas would see a nullable long as a float
+KEY_COL = "lt_key"
+RESERVED = (SIDE_COL, HIT_COL, KEY_COL, AT_COL, BUCKET_COL, *RUNTIME_COLS)
 HOWS = ("inner", "left", "full")
 BUCKETS = 8  # per join; fixed, as the state is kept per bucket across restarts
 
@@ -116,9 +122,9 @@ class JoinLogic:
         slot = rows[SLOT_COL].to_numpy(np.int64)
         wake = rows[WAKE_COL].to_numpy(np.int64)
         fresh = (wake == slot) & (slot < done)  # rows stepped now
-        li, ri = self._matches(rows, slot < done)
-        keep = fresh[li] | fresh[ri]
-        li, ri = li[keep], ri[keep]
+        # new pairs have a fresh row: fresh left x all right, then old left x fresh right
+        below = slot < done
+        li, ri = self._matches(rows, fresh, below, (below & ~fresh, fresh))
         hit = rows[HIT_COL].to_numpy(np.int8).copy()
         hit[li] = 1
         hit[ri] = 1
@@ -137,7 +143,7 @@ class JoinLogic:
         slot = rows[SLOT_COL].to_numpy(np.int64)
         last = (slot // self.window + 1) * self.window - 1
         closed = last < done
-        li, ri = self._matches(rows, closed, on_window=True)
+        li, ri = self._matches(rows, closed, closed, on_window=True)
         hit = np.zeros(len(rows), bool)
         hit[li] = True
         hit[ri] = True
@@ -149,7 +155,7 @@ class JoinLogic:
 
     def _keyed(self, rows: Any) -> np.ndarray:
         """Rows whose keys are all non-null (the only ones that match)."""
-        return np.asarray(rows[list(self.keys)].notna().all(axis=1).to_numpy(), bool)
+        return np.asarray(rows[KEY_COL].notna().to_numpy(), bool)
 
     def _outer_side(self, rows: Any) -> np.ndarray:
         """Rows that get an outer row when they match nothing."""
@@ -158,23 +164,29 @@ class JoinLogic:
             return np.ones(len(rows), bool)
         return side == 0 if self.how == "left" else np.zeros(len(rows), bool)
 
-    def _matches(self, rows: Any, among: np.ndarray, on_window: bool = False
+    def _matches(self, rows: Any, lefts: np.ndarray, rights: np.ndarray,
+                 more: tuple[np.ndarray, np.ndarray] | None = None, on_window: bool = False
                  ) -> tuple[np.ndarray, np.ndarray]:
-        """(left, right) row positions of the matching pairs of rows in ``among``,
-        sorted by (later slot, left, right)."""
+        """(left, right) row positions of the matching pairs of a left row in ``lefts``
+        and a right row in ``rights`` (and of ``more``'s pair of masks), sorted by (later
+        slot, left, right)."""
         import pandas as pd
 
         side = rows[SIDE_COL].to_numpy()
-        ok = among & self._keyed(rows)
+        keyed = self._keyed(rows)
         slot = rows[SLOT_COL].to_numpy(np.int64)
-        on = list(self.keys)
+        on = [KEY_COL]
         cols = rows[on].assign(lt_pos=np.arange(len(rows)))
         if on_window:
             cols["lt_win"] = slot // self.window
             on.append("lt_win")
-        m = pd.merge(cols[ok & (side == 0)], cols[ok & (side == 1)], on=on,
-                     suffixes=("_l", "_r"))
-        li, ri = m["lt_pos_l"].to_numpy(np.int64), m["lt_pos_r"].to_numpy(np.int64)
+        found = []
+        for lm, rm in [(lefts, rights), *([more] if more is not None else [])]:
+            m = pd.merge(cols[lm & keyed & (side == 0)], cols[rm & keyed & (side == 1)],
+                         on=on, suffixes=("_l", "_r"))
+            found.append((m["lt_pos_l"].to_numpy(np.int64), m["lt_pos_r"].to_numpy(np.int64)))
+        li = np.concatenate([f[0] for f in found])
+        ri = np.concatenate([f[1] for f in found])
         if not on_window:
             near = np.abs(slot[li] - slot[ri]) <= self.within
             li, ri = li[near], ri[near]
@@ -200,6 +212,19 @@ class JoinLogic:
         return pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
 
 
+def jvm_key(keys: tuple[str, ...], types: dict[str, str]) -> Any:
+    """The keys as one exact string, as Spark's join compares them: null if any key is
+    null, NaN equal to NaN, -0.0 equal to 0.0 (adding 0.0 makes it 0.0)."""
+    from pyspark.sql import functions as F
+
+    cols = [F.col(f"`{k}`") + F.lit(0.0) if types[k] in ("float", "double")
+            else F.col(f"`{k}`") for k in keys]
+    any_null = F.greatest(*[F.col(f"`{k}`").isNull() for k in keys]) if len(keys) > 1 \
+        else F.col(f"`{keys[0]}`").isNull()
+    struct = F.struct(*[c.alias(f"k{i}") for i, c in enumerate(cols)])
+    return F.when(any_null, F.lit(None)).otherwise(F.to_json(struct))
+
+
 def join_input(name: str, left: Any, right: Any, spec: JoinSpec, delta_ms: int
                ) -> tuple[Any, StatefulSpec]:
     """The join's input (both sides' rows, their columns side by side, ``lt_side``)
@@ -218,6 +243,10 @@ def join_input(name: str, left: Any, right: Any, spec: JoinSpec, delta_ms: int
         if lf[k] != rf[k]:
             raise ValueError(f"join {name!r}: key {k!r} is {lf[k]} on the left and {rf[k]} "
                              "on the right: cast one side")
+    taken = sorted((set(lf) | set(rf)) & set(RESERVED))
+    if taken:
+        raise ValueError(f"join {name!r}: column {taken[0]!r} is a name the join uses: "
+                         "rename it (with_column / select)")
     lcols = tuple(c for c in lf if c not in spec.keys)
     rcols = tuple(c for c in rf if c not in spec.keys)
     both = sorted(set(lcols) & set(rcols))
@@ -228,7 +257,8 @@ def join_input(name: str, left: Any, right: Any, spec: JoinSpec, delta_ms: int
     def side(df: Any, mine: tuple[str, ...], other: dict[str, str], tag: int) -> Any:
         cols = [F.col(f"`{c}`") for c in (*spec.keys, *mine)]
         cols += [F.lit(None).cast(other[c]).alias(c) for c in other if c not in spec.keys]
-        return df.select(*cols, F.lit(tag).cast("tinyint").alias(SIDE_COL), TRACK_COL)
+        return df.select(*cols, F.lit(tag).cast("tinyint").alias(SIDE_COL),
+                         jvm_key(spec.keys, lf).alias(KEY_COL), TRACK_COL)
 
     df = side(left, lcols, rf, 0).unionByName(side(right, rcols, lf, 1))
     schema = ", ".join(f"`{c}` {t}" for c, t in [*((c, lf[c]) for c in lcols),

@@ -318,6 +318,10 @@ def build_keyed(df: Any, spec: StatefulSpec, ref: TrackerRef, out_segment: str,
     fields = {f.name: f.dataType.simpleString() for f in df.schema.fields
               if f.name not in TRACKING_COLS}
     check_keys(f"stateful {spec.name!r}", spec.keys, fields)
+    taken = sorted(set(fields) & {*RUNTIME_COLS, AT_COL, BUCKET_COL})
+    if taken:
+        raise ValueError(f"stateful {spec.name!r}: column {taken[0]!r} is a name lowtide "
+                         "uses: rename it (with_column / select)")
     rt = KeyedRuntime(spec, ref, out_segment, op_id, tuple(fields[k] for k in spec.keys))
     group = [F.col(f"`{k}`") for k in spec.keys]
     if spec.buckets:
