@@ -52,3 +52,21 @@ def test_an_unfinished_or_endless_traceback_is_passed_on() -> None:
     assert run(REAL[:2]) == REAL[:2]  # the process died mid-traceback: keep what came
     endless = ["Traceback (most recent call last):\n"] + ["  frame\n"] * MAX_HELD_LINES
     assert run([*endless, "BrokenPipeError: x\n"]) == [*endless, "BrokenPipeError: x\n"]
+
+
+def test_a_chained_broken_pipe_with_other_processes_lines_inside_is_muted() -> None:
+    """What `bench spark --shape join` printed at a stop: a runner's chained traceback,
+    another process's runner line written into its middle."""
+    chained = [*BROKEN_PIPE, "\n", "During handling of the above exception, another "
+               "exception occurred:\n", "\n", "Traceback (most recent call last):\n",
+               '  File "<frozen runpy>", line 198, in _run_module_as_main\n', *RUNNER[:2],
+               '  File "/x/pyspark/worker_util.py", line 9, in main\n',
+               "OSError: [Errno 9] Bad file descriptor\n", "\n"]
+    assert run([*chained, "after\n"]) == ["after\n"]
+
+
+def test_a_broken_pipe_outside_pyspark_and_a_new_traceback_are_kept() -> None:
+    mine = ["Traceback (most recent call last):\n", '  File "my_sink.py", line 4\n',
+            "BrokenPipeError: [Errno 32] Broken pipe\n"]
+    assert run(mine) == mine  # the user's own socket: a real error
+    assert run([*BROKEN_PIPE, *REAL]) == REAL  # no "During handling": not one chain

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 from collections.abc import Iterator
 
@@ -26,23 +27,30 @@ __all__ = ["NoiseFilter", "filtered_jvm_stderr"]
 _WORKER_NOISE = "TransformWithStateInPandas Python worker"
 _START_NOISE = ("WARNING: Using incubator modules:", "Setting default log level to",
                 "To adjust logging level use sc.setLogLevel")
-#: a runner's end of a socket the JVM already closed: a query stopping, not a failure
+#: a PySpark process's end of a socket the JVM already closed: a query stopping
 _STOP_ERRORS = ("BrokenPipeError", "ConnectionResetError")
 _TRACEBACK = "Traceback (most recent call last):"
+_CHAINED = ("During handling of the above exception", "The above exception was the direct")
+_EXCEPTION = re.compile(r"[A-Za-z_][\w.]*(: |$)")
 #: a traceback longer than this is passed on as it is (never held without bound)
 MAX_HELD_LINES = 400
 
 
 class NoiseFilter:
-    """Line filter: ``feed(line)`` returns the lines to pass on now (a traceback is
-    held until its exception line says whether it is noise); ``close()`` the rest.
+    """Line filter: ``feed(line)`` returns the lines to pass on now; ``close()`` the
+    rest. A traceback (with its chained ones) is held until it ends, then dropped only
+    if one of its exceptions is a broken connection and its frames are PySpark's (a
+    runner whose query stopped); lines of other processes written into its middle are
+    filtered as usual.
 
     >>> f = NoiseFilter()
     >>> f.feed("Starting Streaming TransformWithStateInPandas Python worker.\\n")
     []
     >>> f.feed("\\n")  # the runner's print adds an empty line to each message
     []
-    >>> f.feed("Traceback (most recent call last):\\n") + f.feed('  File "x.py"\\n')
+    >>> f.feed("Traceback (most recent call last):\\n")
+    []
+    >>> f.feed('  File "/x/pyspark/sql/worker/plan_data_source_read.py", line 9\\n')
     []
     >>> f.feed("BrokenPipeError: [Errno 32] Broken pipe\\n")
     []
@@ -52,18 +60,45 @@ class NoiseFilter:
 
     def __init__(self) -> None:
         self._held: list[str] = []
+        self._ended = False  # the held traceback printed an exception line
+        self._marker = False  # ... and then "During handling of the above exception"
         self._after_noise = False
 
     def feed(self, line: str) -> list[str]:
-        if self._held:
-            self._held.append(line)
-            if line[:1] in (" ", "\t") and len(self._held) < MAX_HELD_LINES:
+        if not self._held:
+            if line.startswith(_TRACEBACK):
+                self._held, self._ended, self._marker = [line], False, False
                 return []
-            held, self._held = self._held, []
-            return [] if line.startswith(_STOP_ERRORS) else held
-        if line.startswith(_TRACEBACK):
-            self._held = [line]
+            return self._plain(line)
+        if self._ended:  # after an exception line: a chained traceback, or the end
+            if not line.strip() or line.startswith(_CHAINED):
+                self._held.append(line)
+                self._marker = self._marker or line.startswith(_CHAINED)
+                return []
+            if not (self._marker and line.startswith(_TRACEBACK)):
+                return self._decide() + self.feed(line)
+            self._ended = self._marker = False  # the next traceback of the chain
+        if len(self._held) >= MAX_HELD_LINES:
+            return self._decide(keep=True) + self.feed(line)
+        if line[:1] in (" ", "\t") or line.startswith(_TRACEBACK):
+            self._held.append(line)
             return []
+        if _EXCEPTION.match(line):
+            self._held.append(line)
+            self._ended = True
+            return []
+        return self._plain(line)  # another process's line inside the traceback
+
+    def close(self) -> list[str]:
+        return self._decide() if self._held else []
+
+    def _decide(self, keep: bool = False) -> list[str]:
+        held, self._held = self._held, []
+        stop = any(h.startswith(_STOP_ERRORS) for h in held)
+        pyspark = any(h.lstrip().startswith("File ") and "pyspark" in h for h in held)
+        return held if keep or not (stop and pyspark) else []
+
+    def _plain(self, line: str) -> list[str]:
         if line.startswith(_START_NOISE):
             return []
         if _WORKER_NOISE in line:
@@ -73,10 +108,6 @@ class NoiseFilter:
             return []
         self._after_noise = False
         return [line]
-
-    def close(self) -> list[str]:
-        held, self._held = self._held, []
-        return held
 
 
 def _copy(read_fd: int, write_fd: int) -> None:
