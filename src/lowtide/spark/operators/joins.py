@@ -48,6 +48,7 @@ from lowtide.spark.operators.keyed_state import (
     WAKE_COL,
     StatefulSpec,
     UserState,
+    key_json,
 )
 from lowtide.spark.operators.state_clock import check_keys, state_segment
 from lowtide.spark.tracking.column import TRACK_COL, TRACKING_COLS
@@ -212,19 +213,6 @@ class JoinLogic:
         return pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
 
 
-def jvm_key(keys: tuple[str, ...], types: dict[str, str]) -> Any:
-    """The keys as one exact string, as Spark's join compares them: null if any key is
-    null, NaN equal to NaN, -0.0 equal to 0.0 (adding 0.0 makes it 0.0)."""
-    from pyspark.sql import functions as F
-
-    cols = [F.col(f"`{k}`") + F.lit(0.0) if types[k] in ("float", "double")
-            else F.col(f"`{k}`") for k in keys]
-    any_null = F.greatest(*[F.col(f"`{k}`").isNull() for k in keys]) if len(keys) > 1 \
-        else F.col(f"`{keys[0]}`").isNull()
-    struct = F.struct(*[c.alias(f"k{i}") for i, c in enumerate(cols)])
-    return F.when(any_null, F.lit(None)).otherwise(F.to_json(struct))
-
-
 def join_input(name: str, left: Any, right: Any, spec: JoinSpec, delta_ms: int
                ) -> tuple[Any, StatefulSpec]:
     """The join's input (both sides' rows, their columns side by side, ``lt_side``)
@@ -258,7 +246,7 @@ def join_input(name: str, left: Any, right: Any, spec: JoinSpec, delta_ms: int
         cols = [F.col(f"`{c}`") for c in (*spec.keys, *mine)]
         cols += [F.lit(None).cast(other[c]).alias(c) for c in other if c not in spec.keys]
         return df.select(*cols, F.lit(tag).cast("tinyint").alias(SIDE_COL),
-                         jvm_key(spec.keys, lf).alias(KEY_COL), TRACK_COL)
+                         key_json(spec.keys, lf, null_if_null=True).alias(KEY_COL), TRACK_COL)
 
     df = side(left, lcols, rf, 0).unionByName(side(right, rcols, lf, 1))
     schema = ", ".join(f"`{c}` {t}" for c, t in [*((c, lf[c]) for c in lcols),

@@ -71,6 +71,9 @@ ID_COL = "lt_id"  # its ack id (a fixed order within a slot)
 WAKE_COL = "lt_wake"  # the slot of the hold it keeps open, -1 for none
 RUNTIME_COLS = (SLOT_COL, ID_COL, WAKE_COL)
 AT_COL = "lt_at"  # an output row's slot (a logic's output only)
+# what the runtime groups by: a join's bucket of keys, or the exact key as JSON (never
+# a null key: PySpark 4.2 hands a null grouping key's rows out one per call and mixed
+# another key's rows into its state in our tests)
 BUCKET_COL = "lt_bucket"
 
 
@@ -265,7 +268,10 @@ def processor_class() -> type:
             kept = None if v is None else from_ipc([v[0]])
             if new is None and not len(wakes_of(kept)):
                 return
-            step = step_group(rt.spec.logic, tuple(key), kept, new,
+            # the key as the rows have it (Spark's key is the group column here)
+            values = tuple(key) if rt.spec.buckets else key_values(
+                new if new is not None else kept, rt.spec.keys)
+            step = step_group(rt.spec.logic, values, kept, new,
                               self.clock.complete_below(now), self)
             parent = self._hold_parent(key)
             if len(step.opens):
@@ -284,7 +290,7 @@ def processor_class() -> type:
             if step.out is not None and len(step.out):
                 res = step.out.drop(columns=[AT_COL])
                 if not rt.spec.buckets:
-                    insert_keys(res, rt.spec.keys, tuple(key))
+                    insert_keys(res, rt.spec.keys, values)
                 res[TRACK_COL] = packed
                 yield res
 
@@ -307,6 +313,36 @@ def processor_class() -> type:
     return KeyedProcessor
 
 
+def key_values(rows: Any, keys: tuple[str, ...]) -> tuple[Any, ...]:
+    """A group's key values, from its first row (Python scalars, None for null)."""
+    import pandas as pd
+
+    def scalar(v: Any) -> Any:
+        if v is None or v is pd.NaT or (isinstance(v, float) and v != v):  # NaN
+            return None
+        return v.item() if isinstance(v, np.generic) else v
+
+    first = rows.iloc[0]
+    return tuple(scalar(first[k]) for k in keys)
+
+
+def key_json(keys: tuple[str, ...], types: dict[str, str], *, null_if_null: bool) -> Any:
+    """The keys as one exact string, as Spark compares them (JSON of their struct; NaN
+    equal to NaN, -0.0 made 0.0 by adding 0.0); ``null_if_null``: null when a key is
+    null (a join's: SQL's null matches nothing), else a null key is a key like any
+    other."""
+    from pyspark.sql import functions as F
+
+    cols = [F.col(f"`{k}`") + F.lit(0.0) if types[k] in ("float", "double")
+            else F.col(f"`{k}`") for k in keys]
+    text = F.to_json(F.struct(*[c.alias(f"k{i}") for i, c in enumerate(cols)]))
+    if not null_if_null:
+        return text
+    any_null = F.greatest(*[F.col(f"`{k}`").isNull() for k in keys]) if len(keys) > 1 \
+        else F.col(f"`{keys[0]}`").isNull()
+    return F.when(any_null, F.lit(None)).otherwise(text)
+
+
 def build_keyed(df: Any, spec: StatefulSpec, ref: TrackerRef, out_segment: str,
                 op_id: int) -> Any:
     """The DataFrame plan of a keyed stateful step: ``groupBy(keys)`` (or the keys'
@@ -323,11 +359,12 @@ def build_keyed(df: Any, spec: StatefulSpec, ref: TrackerRef, out_segment: str,
         raise ValueError(f"stateful {spec.name!r}: column {taken[0]!r} is a name lowtide "
                          "uses: rename it (with_column / select)")
     rt = KeyedRuntime(spec, ref, out_segment, op_id, tuple(fields[k] for k in spec.keys))
-    group = [F.col(f"`{k}`") for k in spec.keys]
     if spec.buckets:
-        df = df.withColumn(BUCKET_COL, F.pmod(F.xxhash64(*group), F.lit(spec.buckets)))
-        group = [F.col(BUCKET_COL)]
-    return df.groupBy(*group).transformWithStateInPandas(
+        keys = [F.col(f"`{k}`") for k in spec.keys]
+        df = df.withColumn(BUCKET_COL, F.pmod(F.xxhash64(*keys), F.lit(spec.buckets)))
+    else:
+        df = df.withColumn(BUCKET_COL, key_json(spec.keys, fields, null_if_null=False))
+    return df.groupBy(BUCKET_COL).transformWithStateInPandas(
         statefulProcessor=processor_class()(rt), outputStructType=rt.output_schema(),
         outputMode="Append", timeMode="ProcessingTime",
     )
