@@ -220,3 +220,27 @@ def test_sharded_tracker_equals_batch(spark, tmp_path: Path) -> None:
         finally:
             pipe.close()
     check(results, expected, horizon, 100, AGG_COLS)
+
+
+def test_a_nullable_long_key_keeps_its_windows_apart(spark, tmp_path: Path) -> None:
+    """Grouped by a nullable long key, PySpark 4.2 handed each null-key row to its own
+    call and mixed key 2's rows into the null key's state: its windows were missing
+    and the null key's counted key 2's rows. The window groups by the keys' JSON."""
+    from pyspark.sql import functions as F
+
+    from tests.spark.operators.test_keyed_state_e2e import run_timed
+
+    spec = GeneratorSpec(fronts=2, rate=150.0, payload_bytes=4)
+    pipe = lowtide.Pipeline(spark, "win-null", grid=GRID, stuck_after_ms=STUCK_MS)
+    k = F.when(F.col("seq") % 4 == 0, F.lit(None)).otherwise(F.col("seq") % 3)
+    stream = (pipe.generate(spec).select(k.cast("long").alias("k"), "seq", name="keys")
+              .window("100 milliseconds", key="k", name="w").agg(n="count"))
+    results, t0, _ = run_timed(pipe, stream, tmp_path, 150)
+    ms = pd.to_datetime(results["window_start"], utc=True).map(lambda t: t.value // 1_000_000)
+    got = results.assign(k=results["k"].fillna(-1).astype(int), start=ms // GRID.delta_ms)
+    rows = all_input(spec, t0, int(got["start"].max()) + 10)
+    rows["k"] = np.where(rows["seq"] % 4 == 0, -1, rows["seq"] % 3)  # -1: the null key
+    expected = rows.groupby(["k", rows["slot"] // 10 * 10]).size()
+    assert set(got["k"]) == {-1, 0, 1, 2}
+    want = expected.loc[list(zip(got["k"], got["start"], strict=True))].to_numpy()
+    assert (got["n"].to_numpy() == want).all()

@@ -42,7 +42,7 @@ import numpy as np
 
 from lowtide.spark.operators.keyed_state import (
     AT_COL,
-    BUCKET_COL,
+    GROUP_COL,
     RUNTIME_COLS,
     SLOT_COL,
     WAKE_COL,
@@ -59,7 +59,7 @@ HIT_COL = "lt_hit"  # 1: an interval join's row matched a row of the other side
 # the keys as the JVM compares them, for the merge: JSON of the key struct, null when a
 # key is null (SQL: it matches nothing); pandas would see a nullable long as a float
 KEY_COL = "lt_key"
-RESERVED = (SIDE_COL, HIT_COL, KEY_COL, AT_COL, BUCKET_COL, *RUNTIME_COLS)
+RESERVED = (SIDE_COL, HIT_COL, KEY_COL, AT_COL, GROUP_COL, *RUNTIME_COLS)
 HOWS = ("inner", "left", "full")
 BUCKETS = 8  # per join; fixed, as the state is kept per bucket across restarts
 

@@ -22,12 +22,13 @@ micro-batches, lags and retries were; ``fn`` must be deterministic (Spark re-run
 tasks). Until a slot's call has run, its rows are pending state: a hold at the slot
 keeps the min time of everything downstream at or below it (rule 7).
 
-How it runs: ``groupBy(keys).transformWithStateInPandas``, or, for a step that is
-vectorised over keys (a join), ``groupBy(lt_bucket)`` with ``lt_bucket =
-pmod(xxhash64(keys), buckets)``: one call per group (a key or a bucket of keys) and
-batch. A group keeps its rows in ONE state value (Arrow IPC), each row with its slot,
-its ack id and its *wake*: the slot of the hold it keeps open (its own slot when it
-arrives; -1 once it only waits to be looked back at). A hold is open in the state
+How it runs: ``groupBy(lt_group).transformWithStateInPandas`` with ``lt_group`` the
+keys' JSON (:func:`key_json`: never a null grouping key), or, for a step that is
+vectorised over keys (a join), ``pmod(xxhash64(keys), buckets)``: one call per group
+(a key or a bucket of keys) and batch. A group keeps its rows in ONE state value
+(Arrow IPC), each row with its slot, its ack id and its *wake*: the slot of the hold
+it keeps open (its own slot when it arrives; -1 once it only waits to be looked back
+at). A hold is open in the state
 segment at every slot some row wakes at (one hold per (group, slot), opened when
 the slot's first row arrives). Each call (:func:`step_group`) hands ALL the group's
 rows to the :class:`SlotLogic` at once with :meth:`.StateClock.complete_below`
@@ -74,7 +75,7 @@ AT_COL = "lt_at"  # an output row's slot (a logic's output only)
 # what the runtime groups by: a join's bucket of keys, or the exact key as JSON (never
 # a null key: PySpark 4.2 hands a null grouping key's rows out one per call and mixed
 # another key's rows into its state in our tests)
-BUCKET_COL = "lt_bucket"
+GROUP_COL = "lt_group"
 
 
 class UserState(Protocol):
@@ -252,7 +253,7 @@ def processor_class() -> type:
             if frames:
                 df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
                 times, ids = self.clock.receive(df[TRACK_COL].to_numpy(np.int64), now)
-                drop = [c for c in (*TRACKING_COLS, BUCKET_COL) if c in df.columns]
+                drop = [c for c in (*TRACKING_COLS, GROUP_COL) if c in df.columns]
                 new = df.drop(columns=drop).assign(**{
                     SLOT_COL: times, ID_COL: ids.astype(np.int64), WAKE_COL: times})
             yield from self._run(key, new, now)
@@ -354,17 +355,17 @@ def build_keyed(df: Any, spec: StatefulSpec, ref: TrackerRef, out_segment: str,
     fields = {f.name: f.dataType.simpleString() for f in df.schema.fields
               if f.name not in TRACKING_COLS}
     check_keys(f"stateful {spec.name!r}", spec.keys, fields)
-    taken = sorted(set(fields) & {*RUNTIME_COLS, AT_COL, BUCKET_COL})
+    taken = sorted(set(fields) & {*RUNTIME_COLS, AT_COL, GROUP_COL})
     if taken:
         raise ValueError(f"stateful {spec.name!r}: column {taken[0]!r} is a name lowtide "
                          "uses: rename it (with_column / select)")
     rt = KeyedRuntime(spec, ref, out_segment, op_id, tuple(fields[k] for k in spec.keys))
     if spec.buckets:
         keys = [F.col(f"`{k}`") for k in spec.keys]
-        df = df.withColumn(BUCKET_COL, F.pmod(F.xxhash64(*keys), F.lit(spec.buckets)))
+        df = df.withColumn(GROUP_COL, F.pmod(F.xxhash64(*keys), F.lit(spec.buckets)))
     else:
-        df = df.withColumn(BUCKET_COL, key_json(spec.keys, fields, null_if_null=False))
-    return df.groupBy(BUCKET_COL).transformWithStateInPandas(
+        df = df.withColumn(GROUP_COL, key_json(spec.keys, fields, null_if_null=False))
+    return df.groupBy(GROUP_COL).transformWithStateInPandas(
         statefulProcessor=processor_class()(rt), outputStructType=rt.output_schema(),
         outputMode="Append", timeMode="ProcessingTime",
     )

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from lowtide.spark.operators.keyed_state import GROUP_COL, key_json, key_values
 from lowtide.spark.operators.state_clock import (
     StateClock,
     check_keys,
@@ -101,6 +102,8 @@ def processor_class() -> type:
             self.handle = handle
             self.live = TaskContext.get() is not None
             self.state = handle.getMapState("win", "start long", STATE_SCHEMA)
+            # the key as its rows have it (Spark's key is its JSON: see build_window)
+            self.key = handle.getValueState("key", "data binary")
             self.rows = (handle.getMapState("rows", "start long, part int", "data binary")
                          if self.rt.spec.fn is not None else None)
             rt = self.rt
@@ -116,7 +119,9 @@ def processor_class() -> type:
                 # the batch's timestamp: the same reference in every attempt
                 now_ms = int(timerValues.getCurrentProcessingTimeInMs())
                 times, ids = self.clock.receive(df[TRACK_COL].to_numpy(np.int64), now_ms)
-                self._absorb(key, df, times, ids)
+                if not self.key.exists():
+                    self.key.update((pickle.dumps(key_values(df, self.rt.spec.keys)),))
+                self._absorb(key, df.drop(columns=[GROUP_COL]), times, ids)
             yield from self._emit(key, timerValues)
 
         def handleExpiredTimer(self, key: Any, timerValues: Any,
@@ -161,6 +166,7 @@ def processor_class() -> type:
             starts = sorted(int(k[0]) for k in self.state.keys())  # noqa: SIM118 (MapState)
             if not starts:
                 return
+            values = pickle.loads(bytes(self.key.get()[0]))
             done_below = self.clock.complete_below(now)
             ready = [s for s in starts if s + rt.size <= done_below]
             if len(ready) < len(starts):
@@ -176,9 +182,9 @@ def processor_class() -> type:
                 res = self._results(v, start)
                 m = len(res)
                 packed = self.clock.emit(end - 1, hold, m, now)
-                insert_keys(res, rt.spec.keys, kv)
+                insert_keys(res, rt.spec.keys, values)
                 for i, ms in enumerate((start * delta, end * delta)):
-                    res.insert(len(kv) + i, ("window_start", "window_end")[i],
+                    res.insert(len(values) + i, ("window_start", "window_end")[i],
                                pd.to_datetime(pd.Series([ms] * m), unit="ms", utc=True))
                 res[TRACK_COL] = packed
                 out.append(res)
@@ -186,6 +192,8 @@ def processor_class() -> type:
                 if self.rows is not None:
                     for p in range(int(v[1])):
                         self.rows.removeKey((start, p))
+            if len(ready) == len(starts):  # no window left: the key is gone
+                self.key.clear()
             yield pd.concat(out, ignore_index=True)
 
         def _results(self, v: Any, start: int) -> Any:
@@ -213,7 +221,8 @@ def processor_class() -> type:
 
 def build_window(df: Any, spec: WindowSpec, ref: TrackerRef, out_segment: str,
                  op_id: int) -> Any:
-    """The DataFrame plan of a window step: groupBy(keys).transformWithStateInPandas.
+    """The DataFrame plan of a window step: groupBy(the keys' JSON)
+    .transformWithStateInPandas.
     Unknown columns and unsupported types raise here, before the query starts."""
     use_rocksdb(df.sparkSession)
     fields = {f.name: f.dataType.simpleString() for f in df.schema.fields
@@ -227,7 +236,9 @@ def build_window(df: Any, spec: WindowSpec, ref: TrackerRef, out_segment: str,
     if spec.fn is None:  # the processor reads only these: fewer columns cross to pandas
         prepared = prepared.select(*[f"`{c}`" for c in [*spec.keys, *helper_columns(columns)]],
                                    TRACK_COL)
-    grouped = prepared.groupBy(*[f"`{k}`" for k in spec.keys])
+    # grouped by the keys' JSON: PySpark 4.2 mixes a nullable long key's groups
+    grouped = prepared.withColumn(GROUP_COL, key_json(spec.keys, fields, null_if_null=False)
+                                  ).groupBy(GROUP_COL)
     return grouped.transformWithStateInPandas(
         statefulProcessor=proc, outputStructType=rt.output_schema(), outputMode="Append",
         timeMode="ProcessingTime",
