@@ -65,12 +65,7 @@ def key_hash(value: Any) -> int:
 
 def hold_ack(op_id: int, key_value: Any, start: int) -> int:
     """The hold of a (key, ``start``) of operator ``op_id``: the same in every attempt."""
-    return int(hold_acks(op_id, key_value, np.array([start], np.int64))[0])
-
-
-def hold_acks(op_id: int, key_value: Any, starts: np.ndarray) -> np.ndarray:
-    """:func:`hold_ack` of each of ``starts`` (uint64)."""
-    return holds_under(op_id, key_hash(key_value), starts)
+    return int(holds_under(op_id, key_hash(key_value), np.array([start], np.int64))[0])
 
 
 def holds_under(op_id: int, parent: int, starts: np.ndarray) -> np.ndarray:
