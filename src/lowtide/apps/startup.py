@@ -1,6 +1,7 @@
-"""Start-up of the demos' queries: wait until they are warm, saying meanwhile what
-their first micro-batch is doing (tens of seconds on a busy machine: Python workers
-and state stores start), so a user does not look at a silent terminal."""
+"""Start-up of the demos: their SparkSession, and their queries: wait until they are
+warm, saying meanwhile what their first micro-batch is doing (tens of seconds on a busy
+machine: Python workers and state stores start), so a user does not look at a silent
+terminal."""
 
 from __future__ import annotations
 
@@ -9,9 +10,22 @@ from collections.abc import Callable
 from typing import Any
 
 from lowtide.service import wall_ms
-from lowtide.spark.pipeline import startup_phase
+from lowtide.spark.pipeline import register_sources, startup_phase
 
 SAY_EVERY_S = 2.0
+
+
+def make_session(master: str, app: str, prewarm_workers: int = 0) -> Any:
+    from lowtide.spark import SessionConfig
+
+    return SessionConfig(master=master, app_name=app, ui=False,
+                         prewarm_workers=prewarm_workers).build()
+
+
+def prepare(spark: Any) -> None:
+    """Register the sources; keep every progress report (drops are summed over them)."""
+    register_sources(spark)
+    spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "100000")
 
 
 def raise_if_failed(queries: list[Any]) -> None:
