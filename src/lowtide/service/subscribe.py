@@ -93,7 +93,3 @@ class AsyncSubscription(_Handle):
 
     async def __anext__(self) -> MinTimeUpdate:
         return await self._queue.get()
-
-
-class CallbackSubscription(_Handle):
-    """Calls ``fn(update)`` on the agent's thread: ``fn`` must not block on the agent."""

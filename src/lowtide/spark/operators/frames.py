@@ -54,7 +54,6 @@ from lowtide.spark.tracking.column import (
     with_ids,
 )
 
-FRAME_KINDS = ("select", "with_column", "where", "explode", "enrich")
 TRACKED_FRAME_KINDS = ("where", "explode", "enrich")
 KEEP_COL = "_lt_keep"  # where: the condition, evaluated by the JVM
 POS_COL = "_lt_pos"  # explode, enrich: the child's position (null: a parent with none)

@@ -341,17 +341,6 @@ class IngestReader:
         times = frame[0]
         return int(idx[k]["first"]) + int(np.searchsorted(times, time, side="left"))
 
-    def time_bounds(self, start: int, end: int) -> tuple[int, int] | None:
-        """(first, last) record time in [start, end), from the index alone (approximate
-        at frame granularity: the times of the frames that hold the range)."""
-        idx = self.index()
-        if start >= end or len(idx) == 0:
-            return None
-        firsts = idx["first"].astype(np.int64)
-        a = max(int(np.searchsorted(firsts, start, side="right")) - 1, 0)
-        b = max(int(np.searchsorted(firsts, end - 1, side="right")) - 1, 0)
-        return int(idx[a]["first_time"]), int(idx[b]["last_time"])
-
     def read(
         self, start: int, end: int, *, verify: bool = True
     ) -> tuple[npt.NDArray[np.int64], Any]:
