@@ -182,6 +182,18 @@ def test_the_cycle_check_sees_lazy_imports_and_skips_type_checking() -> None:
     assert import_cycle(graph) == []
 
 
+def test_test_modules_share_helpers_not_each_other() -> None:
+    """What several test modules use lives in a helper module (tests/<area>/helpers.py
+    and the like): a test module imported by another runs its imports twice over and
+    has once made a cycle."""
+    tests = ROOT.parents[1] / "tests"
+    bad = [f"{p.relative_to(tests)}: {module}" for p in sorted(tests.rglob("*.py"))
+           for node in ast.walk(ast.parse(p.read_text()))
+           if isinstance(node, ast.ImportFrom) and (module := node.module or "")
+           and module.startswith("tests.") and module.rsplit(".", 1)[-1].startswith("test_")]
+    assert bad == []
+
+
 def test_the_architecture_map_names_every_module() -> None:
     """docs/ARCHITECTURE.md's tree stays true: every package and module is in it."""
     doc = (ROOT.parents[1] / "docs" / "ARCHITECTURE.md").read_text()

@@ -23,7 +23,7 @@ from tests.spark.helpers import (
     generated,
     run_past_lag,
 )
-from tests.spark.operators.test_frames_e2e import start_fails
+from tests.spark.operators.helpers import start_fails
 
 pytestmark = pytest.mark.spark
 

@@ -15,8 +15,8 @@ import pytest
 
 import lowtide
 from lowtide.spark.sources.generator import GeneratorSpec
-from tests.spark.helpers import fail_once, t0_of_checkpoint
-from tests.spark.operators.test_windows_e2e import GRID, STUCK_MS, all_input, parse, read_results
+from tests.spark.helpers import fail_once
+from tests.spark.operators.helpers import GRID, STUCK_MS, all_input, parse, run_timed
 
 pytestmark = pytest.mark.spark
 
@@ -27,23 +27,6 @@ def running(key: tuple[Any, ...], rows: pd.DataFrame, state: Any) -> tuple[Any, 
     n, total = state or (0, 0.0)
     n, total = n + len(rows), total + float(rows["amount"].sum())
     return (n, total), pd.DataFrame({"n": [n], "total": [total], "rows": [len(rows)]})
-
-
-def run_timed(pipe: Any, stream: Any, tmp: Path, slots: int) -> tuple[pd.DataFrame, int, int]:
-    """Write ``stream`` with its rows' slots (``lt_time``) until the sink's min time is
-    ``slots`` past the first batch's t0; (results, t0, the sink's final min time)."""
-    out, ckpt = tmp / "out", tmp / "ckpt"
-    try:
-        query = stream.write_parquet(str(out), checkpoint=str(ckpt), keep_tracking_columns=True,
-                                     trigger="200 milliseconds")
-        t0 = t0_of_checkpoint(ckpt, query)
-        query.wait_for_min_time(GRID.slot_of(t0) + slots, timeout_s=120)
-        assert not query.stuck()
-        query.stop()
-        final = query.min_time()
-    finally:
-        pipe.close()
-    return read_results(out), t0, final
 
 
 def batch_fold(rows: pd.DataFrame) -> pd.DataFrame:

@@ -19,7 +19,7 @@ import pytest
 
 import lowtide
 from lowtide.spark import complete_below
-from tests.spark.sources.test_read_stream import (
+from tests.spark.sources.helpers import (
     GRID,
     NEEDS_DELTA,
     SCHEMA,
