@@ -3,7 +3,8 @@
 The messages a peer exchanges are public too, for tools that speak the protocol
 below the agent (raw clients, fuzzers, test doubles)."""
 
-from lowtide.wire.codec import WireError, decode, encode, expect
+from lowtide.wire.buffers import WireError
+from lowtide.wire.codec import decode, encode, expect
 from lowtide.wire.frames import PREAMBLE, FrameDecoder, FrameTooLarge, frame
 from lowtide.wire.messages import (
     WIRE_VERSION,
