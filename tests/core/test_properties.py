@@ -789,7 +789,7 @@ CHAIN = (("s0", ()), ("s1", ("s0",)))
 ONE_CHILD_SAME_TIME = 1 << 2
 ONE_CHILD_PLUS_ONE = (1 << 2) | (1 << 10)
 
-# seed 000: items at 0 (shard 0) and 2; the newer one goes through; every shard reports;
+# the race of rule 8: items at 0 (shard 0) and 2; the newer one goes through; every shard reports;
 # the older one then emits a child at 1 (shard 1's window, complete); shard 0 rushes ahead.
 SINGLE_NODE_RACE: tuple[Setup, Ops] = (
     Setup(CHAIN, fronts=(("s0", 0, 0),), n_shards=2),

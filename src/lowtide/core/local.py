@@ -1,4 +1,4 @@
-"""Local tracker: one per process, between the operators and the tracker (seed 000).
+"""Local tracker: one per process, between the operators and the tracker.
 
 It XOR-merges acks by (segment, window) and sums their counts, keeps only the latest
 heartbeat per front, and flushes by size or age. A flush lists acks in descending

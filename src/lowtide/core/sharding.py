@@ -1,4 +1,4 @@
-"""Sharded tracking (seed 000, "Distributed tracker"; DESIGN rule 8).
+"""Sharded tracking: N tracker processes, acks routed by window (rule 8).
 
 Acks are routed by window: window ``w`` belongs to shard ``w % n_shards``. Every shard
 sees every front and heartbeat, rounded up past the windows it does not own. A listener

@@ -1,4 +1,4 @@
-"""The tracker state machine (seed 000, algorithm "tracker implementation sketch").
+"""The tracker state machine: checksums per (segment, window), min times (rule 4).
 
 Inputs (acks, heartbeats, fronts) are validated as a whole and then folded into state;
 nothing is announced until :meth:`Tracker.step`, which walks the segments in

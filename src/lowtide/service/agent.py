@@ -1,6 +1,6 @@
 """The agent: one per process, the executor's (or front's) way to the tracker.
 
-It is the local tracker of seed 000: ``add_acks`` and ``heartbeat`` are merged and
+It holds the process's local tracker: ``add_acks`` and ``heartbeat`` are merged and
 flushed by age or size in rule-2 order; ``send_batch`` carries a Spark task's output
 under its rule-6 key and returns once the tracker has applied (and logged) it.
 

@@ -1,4 +1,4 @@
-"""An agent's loop-side state: its local tracker (seed 000), the lanes to the tracker
+"""An agent's loop-side state: its local tracker (rule 2), the lanes to the tracker
 or its shards, requests in flight and subscriptions. Everything here runs on the
 agent's event loop, so it needs no locks; :class:`~lowtide.service.agent.Agent` hands
 work to it from any thread."""
