@@ -28,6 +28,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from lowtide import LowtideError
+
 __all__ = ["BrokerFailed", "KafkaBroker", "KafkaBrokerConfig", "kafka_jars_dir", "register"]
 
 JARS_ENV = "LOWTIDE_KAFKA_JARS"
@@ -35,7 +37,7 @@ STATE_FILE = "broker.json"
 DEFAULT_DIR = ".lowtide/kafka"
 
 
-class BrokerFailed(RuntimeError):
+class BrokerFailed(LowtideError, RuntimeError):
     """The broker could not be started (the message names the log to read)."""
 
 

@@ -23,14 +23,14 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import TYPE_CHECKING
 
-from lowtide.core.errors import GraphError
+from lowtide.core.errors import GraphError, LowtideError
 from lowtide.core.graph import SegmentGraph
 
 if TYPE_CHECKING:
     from lowtide.spark.pipeline.stream import SourceSpec, Stream
 
 
-class PipelineShapeError(ValueError):
+class PipelineShapeError(LowtideError, ValueError):
     """The description cannot be tracked as written (names, shape, schemas)."""
 
 
