@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from lowtide.core.errors import LowtideError
 from lowtide.spark.tracking.column import (
     TRACK_COL,
     AckAccumulator,
@@ -78,11 +79,11 @@ class FrameSpec:
         return [self.name] if self.tracked else []
 
 
-class StepError(ValueError):
+class StepError(LowtideError, ValueError):
     """A step that cannot be tracked, found when the plan is built."""
 
 
-def _first_line(err: BaseException) -> str:
+def first_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     line = text[0] if text else type(err).__name__
     return re.sub(r"\s*SQLSTATE: \w+;?$", "", line)
@@ -95,7 +96,7 @@ def spark_step(name: str, build: Any) -> Any:
     try:
         return build()
     except PySparkException as err:
-        raise StepError(f"step {name!r}: {_first_line(err)}") from None
+        raise StepError(f"step {name!r}: {first_line(err)}") from None
 
 
 def plan_frame(df: Any, spec: FrameSpec) -> Any:

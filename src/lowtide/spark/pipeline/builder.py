@@ -36,7 +36,7 @@ from lowtide.spark.operators.frames import (
     plan_frame,
     spark_step,
 )
-from lowtide.spark.operators.joins import JoinSpec, join_input
+from lowtide.spark.operators.joins import JoinSpec, join_input, joined
 from lowtide.spark.operators.keyed_state import StatefulSpec, build_keyed
 from lowtide.spark.operators.tracked import OpRuntime, OpSpec, operator_id, task_function
 from lowtide.spark.operators.window_state import build_window
@@ -98,7 +98,7 @@ def _plan_steps(df: Any, group: list[Step | EntrySpec], ref: TrackerRef,
     if isinstance(step, WindowSpec):
         return build_window(df, step, ref, out_segment, operator_id(step.name))
     if isinstance(step, StatefulSpec):
-        return build_keyed(df, step, ref, out_segment, operator_id(step.name))
+        return joined(build_keyed(df, step, ref, out_segment, operator_id(step.name)), step)
     if isinstance(step, FrameSpec):
         df = plan_frame(df, step)
         if not step.tracked:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from lowtide.core.graph import SegmentGraph
 from lowtide.spark.operators.frames import FrameSpec, enrich_spec
-from lowtide.spark.operators.joins import JoinSpec, check_join
+from lowtide.spark.operators.joins import JoinCondition, JoinSpec, check_join
 from lowtide.spark.operators.keyed_state import FoldLogic, StatefulSpec
 from lowtide.spark.operators.tracked import OpSpec
 from lowtide.spark.operators.windows import WindowSpec, duration_ms, make_windowed, parse_keys
@@ -57,6 +57,46 @@ class TransformSpec:
 
 
 Step = OpSpec | WindowSpec | StatefulSpec | JoinSpec | TransformSpec | FrameSpec
+Keys = str | list[str] | tuple[str, ...]
+
+
+def _ms(duration: str | int | None, what: str = "duration") -> int:
+    """A duration in ms: ``"15 minutes"``, ``"-5 seconds"`` or ms; None is 0."""
+    if duration is None:
+        return 0
+    text = duration.strip() if isinstance(duration, str) else duration
+    try:
+        if isinstance(text, str) and text.startswith("-"):
+            return -duration_ms(text[1:])
+        return duration_ms(text)
+    except ValueError as err:
+        raise PipelineShapeError(f"{what}: {err} (e.g. '15 minutes', '-5 seconds')") from None
+
+
+def _names(keys: Any, what: str) -> tuple[str, ...]:
+    """Column names given as one name or a list, or a one-line error naming ``what``."""
+    try:
+        return parse_keys(keys, "join")
+    except ValueError as err:
+        raise PipelineShapeError(f"{what}: {err}") from None
+
+
+def _with_keys(spec: JoinSpec, on: Any, left_on: Any, right_on: Any) -> JoinSpec:
+    """``spec`` with its keys: ``on`` names or a Column condition, or ``left_on`` and
+    ``right_on`` (as many on each side)."""
+    what = f"join {spec.name!r}"
+    if (on is None) == (left_on is None and right_on is None):
+        raise PipelineShapeError(f"{what}: give on= (names or a Column condition) or "
+                                 "left_on= with right_on=")
+    if on is not None:
+        if isinstance(on, str | list | tuple):
+            return replace(spec, keys=_names(on, what))
+        return replace(spec, condition=JoinCondition(on))
+    left, right = _names(left_on, what), _names(right_on, what)
+    if len(left) != len(right):
+        raise PipelineShapeError(f"{what}: left_on has {len(left)} key(s), right_on "
+                                 f"{len(right)}: give them pairwise")
+    return replace(spec, keys=left, right_keys=right)
 
 
 @dataclass(frozen=True)
@@ -90,28 +130,35 @@ class Stream:
             raise PipelineShapeError("union() of streams of different Pipelines")
         return Stream(self.pipeline, inputs=(self, *others))
 
-    def join(self, other: Stream | Any, on: str | list[str] | tuple[str, ...], *,
-             within: str | int | None = None, window: str | int | None = None,
-             how: str = "inner", name: str | None = None, poll_ms: int = 100) -> Stream:
-        """Exact join over global time: rows of this stream and ``other`` with equal
-        ``on`` keys whose slots are at most ``within`` apart (an interval join), or in
-        the same tumbling ``window`` (a window join; exactly one of the two); ``how``:
-        "inner", "left" or "full". Results are emitted when both inputs are complete
-        for them, outer rows with nulls when the other side is. See
-        :mod:`lowtide.spark.operators.joins`. ``other`` a static DataFrame: see
-        :meth:`join_static`."""
+    def join(self, other: Stream | Any, on: Keys | Any = None, how: str = "inner", *,
+             left_on: Keys | None = None, right_on: Keys | None = None,
+             within: str | int | None = None, lower: str | int | None = None,
+             upper: str | int | None = None, window: str | int | None = None,
+             name: str | None = None, poll_ms: int = 100) -> Stream:
+        """Exact join over global time of rows of this stream and ``other`` with equal
+        keys: ``on`` (names on both sides, or a Column condition of equalities joined
+        by ``&``) or ``left_on``/``right_on``. An interval join matches a left row at
+        time ``a`` and a right row at ``b`` when ``lower <= b - a <= upper``
+        (``within=w``: ``lower=-w, upper=w``); a window join (``window=``) when both
+        are in the same tumbling window. ``how``: "inner", "left", "right", "full",
+        "semi", "anti" (or Spark's names, "left_outer", ...). Results are emitted when
+        both inputs are complete for them, outer rows with nulls when the other side
+        is. See :mod:`lowtide.spark.operators.joins`. ``other`` a static DataFrame:
+        see :meth:`join_static`."""
+        timed = any(v is not None for v in (within, lower, upper, window))
         if not isinstance(other, Stream):
-            return self.join_static(other, on, how=how, name=name,
-                                    timed=within is not None or window is not None)
+            return self.join_static(other, on, how=how, name=name, timed=timed)
         if other.pipeline is not self.pipeline:
             raise PipelineShapeError("join() of streams of different Pipelines")
         name = name or self._default_name("join")
-        within_ms = None if within is None else duration_ms(within)
-        window_ms = None if window is None else duration_ms(window)
-        check_join(name, within_ms, how, self.pipeline.grid.delta_ms, window_ms)
-        spec = JoinSpec(name, parse_keys(on, "join"), within_ms or 0, how, poll_ms,
-                        window_ms or 0)
-        return Stream(self.pipeline, steps=(spec,), inputs=(self, other))
+        how, lower_ms, upper_ms = check_join(
+            name, how, self.pipeline.grid.delta_ms,
+            **{f"{k}_ms": _ms(v, f"join {name!r}: {k}=") for k, v in (
+                ("within", within), ("lower", lower), ("upper", upper), ("window", window))
+               if v is not None})
+        spec = JoinSpec(name, (), lower_ms, upper_ms, how, poll_ms, _ms(window))
+        return Stream(self.pipeline, steps=(_with_keys(spec, on, left_on, right_on),),
+                      inputs=(self, other))
 
     def join_static(self, other: Any, on: str | list[str] | tuple[str, ...], *,
                     how: str = "inner", name: str | None = None,
@@ -128,11 +175,7 @@ class Stream:
             raise PipelineShapeError(f"step {name!r}: within= and window= are for "
                                      "stream-stream joins; the other side is a static "
                                      "DataFrame")
-        try:
-            keys = parse_keys(on, "join")
-        except ValueError as err:
-            raise PipelineShapeError(f"step {name!r}: {err}") from None
-        return self._then(enrich_spec(name, other, keys, how))
+        return self._then(enrich_spec(name, other, _names(on, f"step {name!r}"), how))
 
     # tracked operators
     def map(
