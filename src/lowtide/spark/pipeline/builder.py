@@ -28,6 +28,7 @@ from typing import Any
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.time import TimeGrid
 from lowtide.service.progress import RowRates
+from lowtide.spark.operators.dedup import DedupSpec, dedup_input
 from lowtide.spark.operators.frames import (
     KEEP_COL,
     POS_COL,
@@ -97,6 +98,9 @@ def _plan_steps(df: Any, group: list[Step | EntrySpec], ref: TrackerRef,
         return out
     if isinstance(step, WindowSpec):
         return build_window(df, step, ref, out_segment, operator_id(step.name))
+    if isinstance(step, DedupSpec):
+        df, keyed = dedup_input(df, step)
+        return joined(build_keyed(df, keyed, ref, out_segment, operator_id(step.name)), keyed)
     if isinstance(step, StatefulSpec):
         return joined(build_keyed(df, step, ref, out_segment, operator_id(step.name)), step)
     if isinstance(step, FrameSpec):

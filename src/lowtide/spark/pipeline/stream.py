@@ -21,12 +21,21 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from lowtide.core.graph import SegmentGraph
+from lowtide.spark.operators.dedup import DedupSpec
 from lowtide.spark.operators.frames import FrameSpec, enrich_spec
-from lowtide.spark.operators.joins import JoinCondition, JoinSpec, check_join
+from lowtide.spark.operators.joins import JoinSpec, check_join
 from lowtide.spark.operators.keyed_state import FoldLogic, StatefulSpec
 from lowtide.spark.operators.tracked import OpSpec
-from lowtide.spark.operators.windows import WindowSpec, duration_ms, make_windowed, parse_keys
+from lowtide.spark.operators.windows import WindowSpec, make_windowed
 from lowtide.spark.pipeline.dag import PipelineShapeError, SegmentPlan, derive
+from lowtide.spark.pipeline.describe import (
+    Keys,
+    Windowed,
+    described,
+    duration_of,
+    names_of,
+    with_keys,
+)
 from lowtide.spark.sinks import console_writer
 from lowtide.spark.sinks.tables import TableConfig, check_feeds
 from lowtide.spark.sources.generator import GeneratorSpec
@@ -56,48 +65,7 @@ class TransformSpec:
         return []
 
 
-Step = OpSpec | WindowSpec | StatefulSpec | JoinSpec | TransformSpec | FrameSpec
-Keys = str | list[str] | tuple[str, ...]
-
-
-def _ms(duration: str | int | None, what: str = "duration") -> int:
-    """A duration in ms: ``"15 minutes"``, ``"-5 seconds"`` or ms; None is 0."""
-    if duration is None:
-        return 0
-    text = duration.strip() if isinstance(duration, str) else duration
-    try:
-        if isinstance(text, str) and text.startswith("-"):
-            return -duration_ms(text[1:])
-        return duration_ms(text)
-    except ValueError as err:
-        raise PipelineShapeError(f"{what}: {err} (e.g. '15 minutes', '-5 seconds')") from None
-
-
-def _names(keys: Any, what: str) -> tuple[str, ...]:
-    """Column names given as one name or a list, or a one-line error naming ``what``."""
-    try:
-        return parse_keys(keys, "join")
-    except ValueError as err:
-        raise PipelineShapeError(f"{what}: {err}") from None
-
-
-def _with_keys(spec: JoinSpec, on: Any, left_on: Any, right_on: Any) -> JoinSpec:
-    """``spec`` with its keys: ``on`` names or a Column condition, or ``left_on`` and
-    ``right_on`` (as many on each side)."""
-    what = f"join {spec.name!r}"
-    if (on is None) == (left_on is None and right_on is None):
-        raise PipelineShapeError(f"{what}: give on= (names or a Column condition) or "
-                                 "left_on= with right_on=")
-    if on is not None:
-        if isinstance(on, str | list | tuple):
-            return replace(spec, keys=_names(on, what))
-        return replace(spec, condition=JoinCondition(on))
-    left, right = _names(left_on, what), _names(right_on, what)
-    if len(left) != len(right):
-        raise PipelineShapeError(f"{what}: left_on has {len(left)} key(s), right_on "
-                                 f"{len(right)}: give them pairwise")
-    return replace(spec, keys=left, right_keys=right)
-
+Step = OpSpec | WindowSpec | StatefulSpec | JoinSpec | TransformSpec | FrameSpec | DedupSpec
 
 @dataclass(frozen=True)
 class Stream:
@@ -153,11 +121,11 @@ class Stream:
         name = name or self._default_name("join")
         how, lower_ms, upper_ms = check_join(
             name, how, self.pipeline.grid.delta_ms,
-            **{f"{k}_ms": _ms(v, f"join {name!r}: {k}=") for k, v in (
+            **{f"{k}_ms": duration_of(v, f"join {name!r}: {k}=") for k, v in (
                 ("within", within), ("lower", lower), ("upper", upper), ("window", window))
                if v is not None})
-        spec = JoinSpec(name, (), lower_ms, upper_ms, how, poll_ms, _ms(window))
-        return Stream(self.pipeline, steps=(_with_keys(spec, on, left_on, right_on),),
+        spec = JoinSpec(name, (), lower_ms, upper_ms, how, poll_ms, duration_of(window))
+        return Stream(self.pipeline, steps=(with_keys(spec, on, left_on, right_on),),
                       inputs=(self, other))
 
     def join_static(self, other: Any, on: str | list[str] | tuple[str, ...], *,
@@ -175,7 +143,7 @@ class Stream:
             raise PipelineShapeError(f"step {name!r}: within= and window= are for "
                                      "stream-stream joins; the other side is a static "
                                      "DataFrame")
-        return self._then(enrich_spec(name, other, _names(on, f"step {name!r}"), how))
+        return self._then(enrich_spec(name, other, names_of(on, f"step {name!r}: join"), how))
 
     # tracked operators
     def map(
@@ -189,17 +157,24 @@ class Stream:
         return self._then(OpSpec("flat_map", fn, name or self._default_name("flat_map"), schema))
 
     def filter(self, fn: Callable[[Any], Any], *, name: str | None = None) -> Stream:
-        """Tracked filter: ``fn(batch) -> boolean mask``."""
+        """Tracked filter: ``fn(batch) -> boolean mask``. A SQL condition (a string or
+        a Column) is :meth:`where`'s."""
+        if not callable(fn):
+            cond = repr(fn) if isinstance(fn, str) else "condition"
+            raise PipelineShapeError(f"filter() takes a function of an Arrow batch (a "
+                                     f"boolean mask), got {type(fn).__name__}: for a SQL "
+                                     f"condition use where({cond})")
         return self._then(OpSpec("filter", fn, name or self._default_name("filter"), None))
 
     def window(self, size: str | int, *, key: str | list[str] | tuple[str, ...],
                slide: str | int | None = None,
-               name: str | None = None, poll_ms: int = 100) -> Any:
+               name: str | None = None, poll_ms: int = 100) -> Windowed:
         """Exact keyed windows over global time (tumbling, or sliding with ``slide``);
         finish with ``.agg(n="count", total=("amount", "sum"))`` or ``.apply(fn,
         schema)``. See :mod:`lowtide.spark.operators.windows`."""
-        return make_windowed(self, size, key, slide, name or self._default_name("window"),
-                             poll_ms, self.pipeline.grid.delta_ms)
+        name = name or self._default_name("window")
+        return Windowed(described(lambda: make_windowed(
+            self, size, key, slide, name, poll_ms, self.pipeline.grid.delta_ms)))
 
     def stateful(self, fn: Callable[[Any, Any, Any], tuple[Any, Any]], schema: str, *,
                  key: str | list[str] | tuple[str, ...], name: str | None = None,
@@ -209,8 +184,8 @@ class Stream:
         of the DDL ``schema``, or None) follows the key columns. Pending rows hold the
         min time downstream. See :mod:`lowtide.spark.operators.keyed_state`."""
         name = name or self._default_name("stateful")
-        return self._then(StatefulSpec(name, parse_keys(key, "stateful"), FoldLogic(fn, name),
-                                       schema, poll_ms))
+        keys = names_of(key, f"stateful {name!r}")
+        return self._then(StatefulSpec(name, keys, FoldLogic(fn, name), schema, poll_ms))
 
     # DataFrame-native steps, evaluated by Spark's JVM (see operators.frames)
     def where(self, condition: Any, *, name: str | None = None) -> Stream:
@@ -226,6 +201,49 @@ class Stream:
         """Like ``DataFrame.withColumn`` (rows 1:1)."""
         return self._then(FrameSpec("with_column", name or self._default_name("with_column"),
                                     (col_name, col)))
+
+    def selectExpr(self, *exprs: str, name: str | None = None) -> Stream:
+        """Like ``DataFrame.selectExpr`` (rows 1:1; ``lt_track`` is kept for you)."""
+        return self._then(FrameSpec("select_expr", name or self._default_name("select"),
+                                    exprs))
+
+    def drop(self, *cols: Any, name: str | None = None) -> Stream:
+        """Like ``DataFrame.drop`` (rows 1:1)."""
+        return self._then(FrameSpec("drop", name or self._default_name("drop"), cols))
+
+    def withColumnRenamed(self, existing: str, new: str, *, name: str | None = None
+                          ) -> Stream:
+        """Like ``DataFrame.withColumnRenamed`` (rows 1:1)."""
+        return self._then(FrameSpec("rename", name or self._default_name("rename"),
+                                    (existing, new)))
+
+    withColumn = with_column
+
+    def withWatermark(self, eventTime: str, delayThreshold: str) -> Stream:
+        """Accepted for ported code, and not needed: this stream is unchanged. Windows,
+        joins and ``dropDuplicates`` are complete when the tracker proves their input
+        is (global time: the front's clock, or event time with ``Front(time_from=)``),
+        not after a delay; no row is ever dropped as late."""
+        return self
+
+    def dropDuplicates(self, subset: str | list[str] | tuple[str, ...] | None = None, *,
+                       within: str | int | None = None, name: str | None = None,
+                       poll_ms: int = 100) -> Stream:
+        """Exact ``DataFrame.dropDuplicates``: a row is dropped when a row with the same
+        ``subset`` values (all columns when None) was kept at most ``within`` before it
+        in global time (None: ever before). See :mod:`lowtide.spark.operators.dedup`."""
+        name = name or self._default_name("dropDuplicates")
+        keys = None if subset is None else names_of(subset, f"dropDuplicates {name!r}")
+        delta = self.pipeline.grid.delta_ms
+        window = None if within is None else duration_of(
+            within, f"dropDuplicates {name!r}: within=")
+        if window is not None and (window < 0 or window % delta):
+            raise PipelineShapeError(f"dropDuplicates {name!r}: within={window} ms must be a "
+                                     f"non-negative multiple of delta_ms={delta}")
+        return self._then(DedupSpec(name, keys, None if window is None else window // delta,
+                                    poll_ms))
+
+    drop_duplicates = dropDuplicates
 
     def explode(self, column: Any, alias: str | None = None, *,
                 name: str | None = None) -> Stream:
