@@ -416,8 +416,15 @@ class Pipeline:
             (p for p in (startup_phase(q.query) for q in self._queries) if p), None)
         return status
 
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
-        """Stop this pipeline's queries and its embedded tracker."""
+        """Stop this pipeline's queries and its embedded tracker (also at the end of a
+        ``with lowtide.Pipeline(spark, name) as pipe:`` block)."""
         for q in self._queries:
             q.stop()
         self._queries.clear()

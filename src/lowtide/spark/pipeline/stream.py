@@ -36,6 +36,7 @@ from lowtide.spark.pipeline.describe import (
     names_of,
     with_keys,
 )
+from lowtide.spark.pipeline.write_stream import TrackedStreamWriter
 from lowtide.spark.sinks import console_writer
 from lowtide.spark.sinks.tables import TableConfig, check_feeds
 from lowtide.spark.sources.generator import GeneratorSpec
@@ -293,11 +294,20 @@ class Stream:
         )
 
     def to_console(
-        self, *, checkpoint: str, name: str = "sink", num_rows: int = 20, trigger: str | None = None
+        self, *, checkpoint: str, name: str = "sink", num_rows: int = 20, truncate: bool = True,
+        trigger: str | None = None, query_name: str | None = None,
     ) -> TrackedQuery:
         return self.foreach_batch(
-            console_writer(num_rows), checkpoint=checkpoint, name=name, trigger=trigger
+            console_writer(num_rows, truncate), checkpoint=checkpoint, name=name,
+            trigger=trigger, query_name=query_name,
         )
+
+    @property
+    def writeStream(self) -> TrackedStreamWriter:
+        """PySpark's builder: ``.format(...).option(...).outputMode("append")
+        .trigger(...).queryName(...).start()`` / ``.toTable(path)`` /
+        ``.foreachBatch(fn)``; see :mod:`lowtide.spark.pipeline.write_stream`."""
+        return TrackedStreamWriter(self)
 
     def write_parquet(
         self,
