@@ -2,7 +2,7 @@
 segment graph (:class:`SegmentPlan`), its writer (``stream.writeStream``,
 :class:`TrackedStreamWriter`), :class:`TrackedQuery`, and the progress they report."""
 
-from lowtide.spark.pipeline.builder import Built, Pipeline, register_sources
+from lowtide.spark.pipeline.builder import Built, Pipeline, TrackerNotStarted, register_sources
 from lowtide.spark.pipeline.dag import PipelineShapeError, SegmentPlan, derive
 from lowtide.spark.pipeline.describe import Windowed
 from lowtide.spark.pipeline.handle import TrackerHandle
@@ -32,6 +32,7 @@ __all__ = [
     "TrackedQuery",
     "TrackedStreamWriter",
     "TrackerHandle",
+    "TrackerNotStarted",
     "Windowed",
     "await_jobs_gone",
     "derive",
