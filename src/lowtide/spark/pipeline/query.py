@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -140,7 +141,8 @@ class TrackedQuery:
         ``completeBelow`` (ISO timestamp, the sink's) and, until the first batch is
         done, ``starting``."""
         out = dict(self.query.status)
-        out["completeBelow"] = self.complete_below().isoformat()
+        with contextlib.suppress(LowtideError):  # the pipeline (its tracker) is closed
+            out["completeBelow"] = self.complete_below().isoformat()
         starting = startup_phase(self.query)
         if starting:
             out["starting"] = starting
@@ -236,15 +238,18 @@ class TrackedQuery:
         return thread
 
     def _stop_at_input_bound(self) -> None:
-        while self.query.isActive and _last_batch(self.query) < 0:
-            time.sleep(0.05)
-        target = input_bound(self.pipeline.tracker.status(), self.graph)
-        while self.query.isActive:
-            if self.min_time(self.sink) >= target:
-                log.info("backfill complete", extra={"query": self.id, "slot": target})
-                self.stop()
-                return
-            time.sleep(0.05)
+        try:
+            while self.query.isActive and _last_batch(self.query) < 0:
+                time.sleep(0.05)
+            target = input_bound(self.pipeline.tracker.status(), self.graph)
+            while self.query.isActive:
+                if self.min_time(self.sink) >= target:
+                    log.info("backfill complete", extra={"query": self.id, "slot": target})
+                    self.stop()
+                    return
+                time.sleep(0.05)
+        except (LowtideError, OSError) as err:  # the pipeline closed under it
+            log.info("backfill watch ended", extra={"query": self.id, "why": str(err)})
 
 
 class QueryFailed(LowtideError, RuntimeError):
