@@ -68,6 +68,7 @@ class TransformSpec:
 
 Step = OpSpec | WindowSpec | StatefulSpec | JoinSpec | TransformSpec | FrameSpec | DedupSpec
 
+
 @dataclass(frozen=True)
 class Stream:
     """An immutable, lazy description of a tracked stream; methods read like PySpark."""
