@@ -113,7 +113,7 @@ def run_join(spark, tmp_path: Path, how: str, keys: str, **match):  # type: igno
     return got, final, a, b, t0
 
 
-def check_equal(got: pd.DataFrame, final: int, expected_of: Any) -> None:
+def check_equal(got: pd.DataFrame, final: int, expected_of: Any, least: int = 100) -> None:
     """``got`` (l_front, l_seq, r_front, r_seq, time) equals the batch recomputation
     below the final min time, each result once, and holds nothing else."""
     rows = list(got.itertuples(index=False, name=None))
@@ -124,7 +124,7 @@ def check_equal(got: pd.DataFrame, final: int, expected_of: Any) -> None:
     assert set(rows) <= exp_rows, "a result the batch join does not have"
     done = {r for r in exp_rows if r[4] < final}
     assert done <= set(rows), f"{len(done - set(rows))} results below the min time missing"
-    assert len(done) >= 100
+    assert len(done) >= least
 
 
 def as_rows(got: pd.DataFrame) -> pd.DataFrame:
@@ -166,8 +166,9 @@ def test_asymmetric_join_equals_batch(spark, tmp_path: Path, how: str,
     got, final, a, b, t0 = run_join(spark, tmp_path, how, keys, **match)
     assert list(got.columns[:len(columns)]) == columns
     rows = as_rows(got)
+    # a right row matches left rows of one slot or the one before: few results
     check_equal(rows, final, lambda h: batch_join(all_input(a, t0, h), all_input(b, t0, h),
-                                                  how, 0, bounds))
+                                                  how, 0, bounds), 20 if how == "right" else 100)
     done = rows[rows["time"] < final]
     if how in ("left", "right"):
         assert (done["r_front"] == -1).any() if how == "left" else (done["l_front"] == -1).any()
