@@ -7,7 +7,13 @@ offending message, keep serving everyone else, and trust that the state is uncha
 from __future__ import annotations
 
 
-class ProtocolError(ValueError):
+class LowtideError(Exception):
+    """The base of every error lowtide raises on purpose (``lowtide.LowtideError``).
+    Each subclass also keeps the builtin parent callers already catch (``ValueError``
+    for bad input, ``RuntimeError`` for a failed run, ...)."""
+
+
+class ProtocolError(LowtideError, ValueError):
     """Input that no legal sender produces; the tracker state is unchanged."""
 
 
@@ -35,5 +41,5 @@ class TableOverflow(ProtocolError):
     """An ack so far ahead of the head that the checksum table may not grow to hold it."""
 
 
-class GraphError(ValueError):
+class GraphError(LowtideError, ValueError):
     """A pipeline graph that cannot be tracked (cycle, unknown or duplicate names)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from lowtide.core.errors import (
     AckBehindHead,
     FrontOwned,
+    LowtideError,
     NonMonotonicHeartbeat,
     ProtocolError,
     TableOverflow,
@@ -27,7 +28,7 @@ _CORE: tuple[tuple[type[ProtocolError], ErrorCode], ...] = (
 )
 
 
-class ServiceError(RuntimeError):
+class ServiceError(LowtideError, RuntimeError):
     """The server refused a request for a reason that is not a core protocol error
     (bad frame, authentication, graph mismatch, limits)."""
 
@@ -55,7 +56,7 @@ class SessionFailed(ServiceError):
         super().__init__(ErrorCode.SESSION_FAILED, message)
 
 
-class ConnectionLost(ConnectionError):
+class ConnectionLost(LowtideError, ConnectionError):
     """The channel to a peer closed; the agent reconnects and resends."""
 
 

@@ -29,6 +29,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from lowtide.core.errors import LowtideError
 from lowtide.core.graph import SegmentGraph
 from lowtide.service.engine import Engine, Logged
 from lowtide.wire.codec import WireError
@@ -49,7 +50,7 @@ WAY_OUT = (
 )
 
 
-class StateDirError(RuntimeError):
+class StateDirError(LowtideError, RuntimeError):
     """The state directory cannot be used; the message is one line. ``exit_code``:
     what `lowtide serve` exits with."""
 

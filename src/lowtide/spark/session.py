@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lowtide.core.errors import LowtideError
 from lowtide.spark.quiet import filtered_jvm_stderr
 
 __all__ = ["QUIET_LOG4J2", "JarsMissing", "SessionConfig", "jars_dir", "prewarm",
@@ -75,7 +76,7 @@ def quiet_log4j2_file() -> Path:
     return path
 
 
-class JarsMissing(RuntimeError):
+class JarsMissing(LowtideError, RuntimeError):
     """The Kafka or Delta jars are not in the local jars folder."""
 
 

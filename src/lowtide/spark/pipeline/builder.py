@@ -25,9 +25,11 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from lowtide.core.errors import LowtideError
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.time import TimeGrid
 from lowtide.service.progress import RowRates
+from lowtide.spark.operators.dedup import DedupSpec, dedup_input
 from lowtide.spark.operators.frames import (
     KEEP_COL,
     POS_COL,
@@ -36,12 +38,20 @@ from lowtide.spark.operators.frames import (
     plan_frame,
     spark_step,
 )
-from lowtide.spark.operators.joins import JoinSpec, join_input
+from lowtide.spark.operators.joins import JoinSpec, join_input, joined
 from lowtide.spark.operators.keyed_state import StatefulSpec, build_keyed
 from lowtide.spark.operators.tracked import OpRuntime, OpSpec, operator_id, task_function
 from lowtide.spark.operators.window_state import build_window
 from lowtide.spark.operators.windows import WindowSpec
-from lowtide.spark.pipeline.dag import PipelineShapeError, SegmentPlan, derive, source_key
+from lowtide.spark.pipeline.dag import (
+    PipelineShapeError,
+    SegmentPlan,
+    covers,
+    derive,
+    refuse_fan_out,
+    source_key,
+)
+from lowtide.spark.pipeline.describe import described
 from lowtide.spark.pipeline.handle import TrackerHandle, TrackerOptions
 from lowtide.spark.pipeline.monitoring import PROGRESS_SAMPLE_BITS, ProgressMetrics
 from lowtide.spark.pipeline.query import TrackedQuery, startup_phase
@@ -75,7 +85,8 @@ def _with_tracking(schema: Any) -> Any:
         return f"{schema}, {TRACK_COL} long"
     if isinstance(schema, StructType):
         return StructType([*schema.fields, StructField(TRACK_COL, LongType(), False)])
-    raise TypeError(f"schema must be a DDL string or StructType, got {type(schema)}")
+    raise PipelineShapeError(f"schema must be a DDL string or StructType, got "
+                             f"{type(schema).__name__}")
 
 
 def _arrow_half(step: Step | EntrySpec) -> bool:
@@ -96,9 +107,13 @@ def _plan_steps(df: Any, group: list[Step | EntrySpec], ref: TrackerRef,
         check_added(df, out, step.name)
         return out
     if isinstance(step, WindowSpec):
-        return build_window(df, step, ref, out_segment, operator_id(step.name))
+        return described(lambda: build_window(df, step, ref, out_segment,
+                                              operator_id(step.name)))
+    if isinstance(step, DedupSpec):
+        df, keyed = described(lambda: dedup_input(df, step))
+        return _keyed(df, keyed, ref, out_segment, step.name)
     if isinstance(step, StatefulSpec):
-        return build_keyed(df, step, ref, out_segment, operator_id(step.name))
+        return _keyed(df, step, ref, out_segment, step.name)
     if isinstance(step, FrameSpec):
         df = plan_frame(df, step)
         if not step.tracked:
@@ -124,6 +139,13 @@ def _plan_steps(df: Any, group: list[Step | EntrySpec], ref: TrackerRef,
     return spark_step(step.name, lambda: df.mapInArrow(task_function(*chain), schema))
 
 
+def _keyed(df: Any, step: StatefulSpec, ref: TrackerRef, out_segment: str, name: str) -> Any:
+    """A keyed stateful step's plan (``stateful``, a join's, ``dropDuplicates``'), its
+    output as the user sees it."""
+    out = described(lambda: build_keyed(df, step, ref, out_segment, operator_id(name)))
+    return joined(out, step)
+
+
 def _arrow_output(schema: Any) -> Any:
     """The schema of ``schema``'s rows after a tracked Arrow step that keeps their
     columns: a DataFrame step's helper column gone, ``lt_track`` last."""
@@ -131,16 +153,6 @@ def _arrow_output(schema: Any) -> Any:
 
     helpers = (KEEP_COL, POS_COL, TRACK_COL)
     return _with_tracking(StructType([f for f in schema.fields if f.name not in helpers]))
-
-
-def covers(whole: SegmentGraph, part: SegmentGraph) -> bool:
-    """Is every segment of ``part`` in ``whole`` with the same inbound segments? (A
-    query on a part then sends and receives exactly what the whole expects there.)"""
-
-    def ups(g: SegmentGraph, name: str) -> set[str]:
-        return {g.names[j] for j in g.inbound[g.index(name)]}
-
-    return all(n in whole and ups(whole, n) == ups(part, n) for n in part.names)
 
 
 def union_by_name(dfs: list[Any]) -> Any:
@@ -158,22 +170,6 @@ def union_by_name(dfs: list[Any]) -> Any:
     for df in dfs[1:]:
         out = out.unionByName(df)
     return out
-
-
-def refuse_fan_out(plan: SegmentPlan) -> SegmentPlan:
-    """``plan``, or a one-line error naming a sender read by several consumers: a
-    tracked step's task sends its children into one segment, so a step (or source)
-    shared by two branches would leave the other branch's copies unsent. Fan-out is
-    built at the front instead (rule 11): one ``read_log(path, name=...)`` per branch,
-    whose fronts send each record into every branch's ingest segment."""
-    fan_out = plan.fan_out()
-    if fan_out:
-        sender, segments = next(iter(fan_out.items()))
-        raise PipelineShapeError(
-            f"{sender!r} feeds {', '.join(segments)}: a step or source shared by two "
-            "branches is not built in Spark; read the log once per branch "
-            "(read_log(path, name=...)) and describe its steps once per branch")
-    return plan
 
 
 @dataclass(frozen=True)
@@ -194,6 +190,10 @@ class Built:
     df: Any
     graph: SegmentGraph
     ref: TrackerRef
+
+
+class TrackerNotStarted(LowtideError, RuntimeError):
+    """The pipeline's tracker was asked for before a query (or start_tracker) began."""
 
 
 class Pipeline:
@@ -282,7 +282,7 @@ class Pipeline:
         a later query may use a part of the graph the tracker was started with."""
         if self._handle is not None:
             if not covers(self._handle.graph, graph):
-                raise ValueError("this pipeline's tracker already tracks another graph: "
+                raise PipelineShapeError("this pipeline's tracker already tracks another graph: "
                                  "start it with every sink's graph (Pipeline.plan)")
             return self._handle
         self._graph = graph
@@ -292,7 +292,8 @@ class Pipeline:
     @property
     def tracker(self) -> TrackerHandle:
         if self._handle is None:
-            raise RuntimeError("the tracker starts with the query (or start_tracker(graph))")
+            raise TrackerNotStarted("the tracker starts with the query (or "
+                                    "start_tracker(graph))")
         return self._handle
 
     @property
@@ -310,7 +311,7 @@ class Pipeline:
             logs = [s for s in logs if s.options["path"] == os.fspath(log_dir)] or logs
         paths = {s.options["path"] for s in logs}
         if len(paths) != 1:
-            raise ValueError("fronts feed a read_log() source: this pipeline reads "
+            raise PipelineShapeError("fronts feed a read_log() source: this pipeline reads "
                              f"{len(paths)} logs (pass the log_dir of one)")
         return Front(log_dir or paths.pop(), front, self.tracker_ref,
                      segment=tuple(source_key(s) for s in logs), **kwargs)
@@ -324,7 +325,8 @@ class Pipeline:
         must be a tracked operator, acks them as received there (``trace_file``: see
         :meth:`Stream.to_null`; a path every executor can append to)."""
         if null_sink and not stream.ends_in_operator():
-            raise ValueError("the null sink acks from the last step: a tracked operator")
+            raise PipelineShapeError("the null sink acks from the last step: a tracked "
+                                     "operator")
         plan = refuse_fan_out(stream.plan(sink_name))
         handle = self.start_tracker(plan.graph)
         register_sources(self.spark)
@@ -349,7 +351,9 @@ class Pipeline:
             df = self._read(stream.source, to)
         elif steps and isinstance(steps[0], JoinSpec):
             left, right = (self._plan_stream(s, to, False, None) for s in stream.inputs)
-            df, keyed = join_input(steps[0].name, left, right, steps[0], self.grid.delta_ms)
+            spec = steps[0]
+            df, keyed = described(lambda: join_input(spec.name, left, right, spec,
+                                                     self.grid.delta_ms))
             steps[0] = keyed
         else:
             df = union_by_name([self._plan_stream(s, to, False, None) for s in stream.inputs])
@@ -412,8 +416,15 @@ class Pipeline:
             (p for p in (startup_phase(q.query) for q in self._queries) if p), None)
         return status
 
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
-        """Stop this pipeline's queries and its embedded tracker."""
+        """Stop this pipeline's queries and its embedded tracker (also at the end of a
+        ``with lowtide.Pipeline(spark, name) as pipe:`` block)."""
         for q in self._queries:
             q.stop()
         self._queries.clear()

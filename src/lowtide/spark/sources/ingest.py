@@ -54,6 +54,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from lowtide.core.errors import LowtideError
+
 MAGIC = 0x3146544C  # "LTF1" little endian
 HEADER = np.dtype(
     [
@@ -110,11 +112,11 @@ def log_files(directory: str | os.PathLike[str], front: int) -> list[int]:
     return sorted(base for f, base in _names(directory) if f == front)
 
 
-class LogCorrupt(RuntimeError):
+class LogCorrupt(LowtideError, RuntimeError):
     """A frame that the index points at does not match its header or checksum."""
 
 
-class RecordsDeleted(IndexError):
+class RecordsDeleted(LowtideError, IndexError):
     """Records asked for were deleted by retention (every registered consumer had
     committed them)."""
 

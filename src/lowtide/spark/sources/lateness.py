@@ -32,12 +32,14 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import numpy.typing as npt
 
+from lowtide.core.errors import LowtideError
+
 __all__ = ["LATE_POLICIES", "LatePolicy", "LateRecords", "LateStats"]
 
 LATE_POLICIES = ("clamp", "reject", "raise")
 
 
-class LateRecords(ValueError):
+class LateRecords(LowtideError, ValueError):
     """Records older than the front's promise under ``late="raise"``."""
 
 

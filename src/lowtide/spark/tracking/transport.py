@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from lowtide.core.errors import LowtideError
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import AckBatch, Heartbeat
 from lowtide.core.time import TimeGrid
@@ -151,7 +152,7 @@ class TaskIdentity:
     attempt: int
 
 
-class NotAStreamingTask(RuntimeError):
+class NotAStreamingTask(LowtideError, RuntimeError):
     """A tracked operator ran outside a streaming query's micro-batch."""
 
 
