@@ -26,6 +26,18 @@ GRID = TimeGrid(delta_ms=10)
 #: a micro-batch here can take several seconds (Python workers start after a restart,
 #: retried tasks): "stuck" must mean stuck, not a slow batch between emission and sink
 STUCK_MS = 60_000
+#: the columns of parse()
+SCHEMA = "front int, seq long, user string, amount double"
+
+
+class NoState:
+    """A keyed logic's state holder with nothing in it (logic tests without Spark)."""
+
+    def get_state(self) -> Any:
+        return None
+
+    def set_state(self, value: Any) -> None:
+        return None
 
 
 def parse(b: pa.RecordBatch) -> pa.RecordBatch:

@@ -15,7 +15,7 @@ import pytest
 from lowtide.spark.operators.dedup import DedupLogic
 from lowtide.spark.operators.joins import KEY_COL
 from lowtide.spark.operators.keyed_state import AT_COL, ID_COL, SLOT_COL, WAKE_COL, step_group
-from tests.spark.operators.test_joins import NoState
+from tests.spark.operators.helpers import NoState
 
 Row = tuple[int, int, str]  # (slot, ack id, key)
 

@@ -25,16 +25,9 @@ from lowtide.spark.operators.keyed_state import (
     FoldLogic,
     step_group,
 )
+from tests.spark.operators.helpers import NoState
 
 Row = tuple[int, int, Any]  # (slot, id, key)
-
-
-class NoState:
-    def get_state(self) -> Any:
-        return None
-
-    def set_state(self, value: Any) -> None:
-        return None
 
 
 def frame(items: list[Row], side: int) -> pd.DataFrame:

@@ -16,11 +16,10 @@ import pytest
 import lowtide
 from lowtide.spark.sources.generator import GeneratorSpec
 from tests.spark.helpers import fail_once
-from tests.spark.operators.helpers import GRID, STUCK_MS, all_input, parse, run_timed
+from tests.spark.operators.helpers import GRID, SCHEMA, STUCK_MS, all_input, parse, run_timed
 
 pytestmark = pytest.mark.spark
 
-SCHEMA = "front int, seq long, user string, amount double"
 
 
 def running(key: tuple[Any, ...], rows: pd.DataFrame, state: Any) -> tuple[Any, pd.DataFrame]:

@@ -16,8 +16,7 @@ import pytest
 import lowtide
 from lowtide.spark.sources.generator import GeneratorSpec
 from tests.spark.helpers import fail_once
-from tests.spark.operators.test_keyed_state_e2e import SCHEMA, run_timed
-from tests.spark.operators.test_windows_e2e import GRID, STUCK_MS, all_input, parse
+from tests.spark.operators.helpers import GRID, SCHEMA, STUCK_MS, all_input, parse, run_timed
 
 pytestmark = pytest.mark.spark
 
