@@ -40,15 +40,14 @@ from typing import Any
 
 import numpy as np
 
-from lowtide.spark.operators.keyed_state import (
+from lowtide.spark.operators.keyed_state import GROUP_COL, StatefulSpec, key_json
+from lowtide.spark.operators.slot_logic import (
     AT_COL,
-    GROUP_COL,
     RUNTIME_COLS,
     SLOT_COL,
     WAKE_COL,
-    StatefulSpec,
+    KeptRows,
     UserState,
-    key_json,
 )
 from lowtide.spark.operators.state_clock import check_keys, state_segment
 from lowtide.spark.tracking.column import TRACK_COL, TRACKING_COLS
@@ -99,7 +98,7 @@ def check_join(name: str, within_ms: int | None, how: str, delta_ms: int,
 
 @dataclass(frozen=True)
 class JoinLogic:
-    """A bucket's join step (:class:`.keyed_state.SlotLogic`); see the module
+    """A bucket's join step (:class:`.slot_logic.RowLogic`); see the module
     docstring. ``window`` > 0 (slots): a window join, else an interval join."""
 
     keys: tuple[str, ...]
@@ -253,4 +252,5 @@ def join_input(name: str, left: Any, right: Any, spec: JoinSpec, delta_ms: int
                                                  *((c, rf[c]) for c in rcols)])
     logic = JoinLogic(spec.keys, lcols, rcols, spec.within_ms // delta_ms, spec.how,
                       spec.window_ms // delta_ms)
-    return df, StatefulSpec(name, spec.keys, logic, schema, spec.poll_ms, BUCKETS)
+    return df, StatefulSpec(name, spec.keys, KeptRows(logic), schema, spec.poll_ms, BUCKETS,
+                           what="join")

@@ -33,7 +33,6 @@ tracker reports the outbound segment stuck.
 from __future__ import annotations
 
 import hashlib
-import io
 from typing import Any
 
 import numpy as np
@@ -63,11 +62,6 @@ def key_hash(value: Any) -> int:
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
 
 
-def hold_ack(op_id: int, key_value: Any, start: int) -> int:
-    """The hold of a (key, ``start``) of operator ``op_id``: the same in every attempt."""
-    return int(holds_under(op_id, key_hash(key_value), np.array([start], np.int64))[0])
-
-
 def holds_under(op_id: int, parent: int, starts: np.ndarray) -> np.ndarray:
     """The holds at ``starts`` of the key whose :func:`key_hash` is ``parent``."""
     parents = np.full(len(starts), parent, np.uint64)
@@ -94,27 +88,6 @@ def check_keys(step: str, keys: tuple[str, ...], fields: dict[str, str]) -> None
         if fields[k].startswith("map<"):
             raise ValueError(f"{step}: key column {k!r} ({fields[k]}) is a map, which Spark "
                              "cannot group by")
-
-
-def to_ipc(frame: Any) -> bytes:
-    """A pandas DataFrame as Arrow IPC bytes (types kept exactly, for the state store)."""
-    import pyarrow as pa
-
-    buf = io.BytesIO()
-    table = pa.Table.from_pandas(frame, preserve_index=False)
-    with pa.ipc.new_stream(buf, table.schema) as w:
-        w.write_table(table)
-    return buf.getvalue()
-
-
-def from_ipc(parts: list[bytes]) -> Any:
-    """The pandas DataFrame of :func:`to_ipc` parts, concatenated (None: no parts)."""
-    import pyarrow as pa
-
-    if not parts:
-        return None
-    tables = [pa.ipc.open_stream(io.BytesIO(bytes(p))).read_all() for p in parts]
-    return pa.concat_tables(tables).to_pandas()
 
 
 def insert_keys(res: Any, names: tuple[str, ...], values: tuple[Any, ...]) -> None:

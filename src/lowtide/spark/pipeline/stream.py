@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 from lowtide.core.graph import SegmentGraph
 from lowtide.spark.operators.frames import FrameSpec, enrich_spec
 from lowtide.spark.operators.joins import JoinSpec, check_join
-from lowtide.spark.operators.keyed_state import FoldLogic, StatefulSpec
+from lowtide.spark.operators.keyed_state import StatefulSpec
+from lowtide.spark.operators.slot_logic import FoldLogic, KeptRows
 from lowtide.spark.operators.tracked import OpSpec
 from lowtide.spark.operators.windows import WindowSpec, duration_ms, make_windowed, parse_keys
 from lowtide.spark.pipeline.dag import PipelineShapeError, SegmentPlan, derive
@@ -166,8 +167,8 @@ class Stream:
         of the DDL ``schema``, or None) follows the key columns. Pending rows hold the
         min time downstream. See :mod:`lowtide.spark.operators.keyed_state`."""
         name = name or self._default_name("stateful")
-        return self._then(StatefulSpec(name, parse_keys(key, "stateful"), FoldLogic(fn, name),
-                                       schema, poll_ms))
+        logic = KeptRows(FoldLogic(fn, name))
+        return self._then(StatefulSpec(name, parse_keys(key, "stateful"), logic, schema, poll_ms))
 
     # DataFrame-native steps, evaluated by Spark's JVM (see operators.frames)
     def where(self, condition: Any, *, name: str | None = None) -> Stream:
