@@ -1,8 +1,8 @@
 """End to end, a user's own keyed state (``stream.stateful``): a running count and sum
 per user, one output row per (user, slot), equals a batch fold of the same events in
 slot order, under a lagging front and injected task failures before and after the
-step, also across a restart from the checkpoint; every (user, slot) below the sink's announced min time is there (its pending
-rows held the min time until the step ran)."""
+step, also across a restart from the checkpoint; every (user, slot) below the sink's
+announced min time is there (its pending rows held the min time until the step ran)."""
 
 from __future__ import annotations
 
