@@ -2,8 +2,9 @@
 (:func:`step_group` over :class:`KeptRows`: kept rows, holds, wakes, expiry) over
 random micro-batches and random advances of the inbound min time: its results equal
 a brute-force interval or window join, for inner, left and full joins, with null keys
-and several keys in one bucket, each result exactly once at the slot the module docstring promises,
-every output under a hold that was open until then, and no hold left at the end."""
+and several keys in one bucket, each result exactly once at the slot the module
+docstring promises, every output under a hold that was open until then, and no hold
+left at the end."""
 
 from __future__ import annotations
 
