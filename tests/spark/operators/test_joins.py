@@ -30,9 +30,15 @@ from lowtide.spark.operators.slot_logic import (
 Row = tuple[int, int, Any]  # (slot, id, key)
 
 
+class NoParts:
+    def read(self, tag: int, count: int) -> list[Any]:
+        raise AssertionError("a join keeps its rows in its state")
+
+
 def step_rows(logic: Any, rows: pd.DataFrame, done: int) -> GroupStep:
     """One call of a group with no state yet and ``rows`` new."""
-    return step_group(KeptRows(logic), ("b",), None, np.zeros(0, np.int64), rows, done)
+    return step_group(KeptRows(logic), ("b",), None, np.zeros(0, np.int64), rows, done,
+                      NoParts())
 
 
 def frame(items: list[Row], side: int) -> pd.DataFrame:
@@ -66,7 +72,7 @@ def run(logic: Any, left: list[Row], right: list[Row], seed: int
         arrivals = [a for a in arrivals if (a[1], a[2]) not in batch]
         new = [frame([r for sd, r in batch if sd == side], side) for side in (0, 1)]
         new_rows = pd.concat([f for f in new if len(f)], ignore_index=True) if batch else None
-        step = step_group(KeptRows(logic), ("bucket",), kept, wakes, new_rows, nxt)
+        step = step_group(KeptRows(logic), ("bucket",), kept, wakes, new_rows, nxt, NoParts())
         assert not opened & set(step.opens.tolist()), "a hold opened twice"
         opened |= set(step.opens.tolist())
         assert set(step.releases.tolist()) <= opened, "a hold released that was not open"

@@ -45,6 +45,7 @@ def rows(slots: list[int], ids: list[int] | None = None,
     ids = ids if ids is not None else list(range(1, len(slots) + 1))
     values = values if values is not None else list(slots)
     return pd.DataFrame({
+        "v": pd.Series(values, dtype=object),
         "lt_agg0": np.array([0 if v is None else v for v in values], np.int64),
         "lt_valid0": np.array([v is not None for v in values]),
         SLOT_COL: np.array(slots, np.int64), ID_COL: np.array(ids, np.int64)})
@@ -54,18 +55,54 @@ def counting(size: int, slide: int | None = None) -> WindowLogic:
     return WindowLogic(size, slide or size, 10, AGGS)
 
 
+def folding(window: pd.DataFrame) -> dict[str, Any]:
+    """``apply``'s fn computing what AGGS do, from the rows in the order it gets them."""
+    vals = [v for v in window["v"] if v is not None]
+    return {"n": len(window), "s": sum(vals) if vals else None, "lo": min(vals, default=None),
+            "f": vals[0] if vals else None, "l": vals[-1] if vals else None}
+
+
+def applying(size: int, slide: int | None = None) -> WindowLogic:
+    return WindowLogic(size, slide or size, 10, fn=folding, data_cols=("v",))
+
+
+class Parts:
+    """Row parts as the store keeps them: written by appends, pickled, dropped."""
+
+    def __init__(self) -> None:
+        self.stored: dict[tuple[int, int], bytes] = {}
+
+    def read(self, tag: int, count: int) -> list[Any]:
+        return [pickle.loads(self.stored[(tag, i)]) for i in range(count)]
+
+    def write(self, step: GroupStep) -> None:
+        for tag, i, frame in step.appends:
+            assert (tag, i) not in self.stored, "a part written twice"
+            self.stored[(tag, i)] = pickle.dumps(frame)
+        for tag, count in step.drops:
+            for i in range(count):
+                del self.stored[(tag, i)]
+
+
 class Group:
     """A group driven as the processor drives it: its state pickled between calls, its
-    open holds tracked from the steps' opens and releases."""
+    open holds tracked from the steps' opens and releases, its row parts stored."""
 
     def __init__(self, logic: SlotLogic) -> None:
         self.logic = logic
         self.data = pickle.dumps(None)
         self.wakes = NONE
         self.holds: set[int] = set()
+        self.parts = Parts()
+
+    def retry(self, new: pd.DataFrame | None, done: int) -> GroupStep:
+        """The call, without keeping its effects (an attempt that failed)."""
+        return step_group(self.logic, ("k",), pickle.loads(self.data), self.wakes, new, done,
+                          self.parts)
 
     def call(self, new: pd.DataFrame | None, done: int) -> GroupStep:
-        step = step_group(self.logic, ("k",), pickle.loads(self.data), self.wakes, new, done)
+        step = self.retry(new, done)
+        self.parts.write(step)
         opens, releases = set(step.opens.tolist()), set(step.releases.tolist())
         assert not opens & self.holds, "a hold opened twice"
         assert releases <= self.holds | opens, "a hold released that was not open"
@@ -118,10 +155,13 @@ def test_apply_sees_its_window_rows_in_slot_then_ack_order() -> None:
         return {"rows": len(window)}
 
     g = Group(WindowLogic(10, 10, 10, fn=fn, data_cols=("v",)))
-    g.call(pd.DataFrame({"v": [8, 5], SLOT_COL: [8, 5], ID_COL: [1, 9]}), done=0)
+    step = g.call(pd.DataFrame({"v": [8, 5], SLOT_COL: [8, 5], ID_COL: [1, 9]}), done=0)
+    assert [(tag, i) for tag, i, _ in step.appends] == [(0, 0)]  # stored, not in the state
     g.call(pd.DataFrame({"v": [51, 52], SLOT_COL: [5, 5], ID_COL: [4, 2]}), done=5)
+    assert sorted(g.parts.stored) == [(0, 0), (0, 1)] and pickle.loads(g.data)[0].parts == 2
     step = g.call(None, done=10)
     assert seen == [[52, 51, 5, 8]] and step.out["rows"].tolist() == [4]
+    assert step.drops == ((0, 2),) and not g.parts.stored
 
 
 def test_a_fold_runs_each_complete_slot_once_with_the_state_carried() -> None:
@@ -148,7 +188,7 @@ class Broken:
     def __init__(self, out_at: list[int], wakes: list[int]) -> None:
         self.out_at, self.wakes = out_at, wakes
 
-    def step(self, key: Any, state: Any, new: Any, done: int) -> LogicStep:
+    def step(self, key: Any, state: Any, new: Any, done: int, parts: Any) -> LogicStep:
         out = pd.DataFrame({AT_COL: self.out_at}) if self.out_at else None
         return LogicStep("s", out, np.array(self.wakes, np.int64))
 
@@ -161,12 +201,13 @@ class Broken:
 def test_a_logic_that_breaks_its_contract_fails_the_call(logic: Any, wakes: list[int],
                                                          message: str) -> None:
     with pytest.raises(RuntimeError, match=message):
-        step_group(logic, ("k",), None, np.array(wakes, np.int64), None, 10)
+        step_group(logic, ("k",), None, np.array(wakes, np.int64), None, 10, Parts())
 
 
 def test_a_step_moves_a_hold_when_a_wake_moves() -> None:
     """A session's end moving later (issue 33's shape): its hold moves in one call."""
-    step = step_group(Broken([], [30]), ("k",), "s", np.array([20], np.int64), None, 10)
+    step = step_group(Broken([], [30]), ("k",), "s", np.array([20], np.int64), None, 10,
+                      Parts())
     assert step.opens.tolist() == [30] and step.releases.tolist() == [20]
     assert step.counts.tolist() == [0]
 
@@ -213,13 +254,15 @@ def inputs(draw: Any) -> tuple[list[tuple[int, int, int | None]], int, int, list
 
 
 @settings(max_examples=150, deadline=None)
-@given(inputs(), st.randoms(use_true_random=False))
-def test_windows_over_random_batches_equal_the_batch_windows(case: Any, rng: Any) -> None:
-    """Invariants: every output equals the batch recomputation of its window (nothing
-    came after it was emitted); each window once; a retried call returns the same rows
-    and state; the holds open are the pending windows' last slots; none at the end."""
+@given(inputs(), st.randoms(use_true_random=False), st.sampled_from([counting, applying]))
+def test_windows_over_random_batches_equal_the_batch_windows(case: Any, rng: Any,
+                                                             kind: Any) -> None:
+    """Invariants, for agg and apply windows: every output equals the batch
+    recomputation of its window (nothing came after it was emitted); each window once;
+    a retried call returns the same rows and state; the holds open are the pending
+    windows' last slots; no hold and no stored row left at the end."""
     items, size, slide, steps = case
-    g = Group(counting(size, slide))
+    g = Group(kind(size, slide))
     pending, done, got = list(items), 0, {}
     for advance in [*steps, 100]:
         nxt = done + advance
@@ -228,7 +271,7 @@ def test_windows_over_random_batches_equal_the_batch_windows(case: Any, rng: Any
         pending = [r for r in pending if r not in batch]
         new = rows([s for s, _, _ in batch], [i for _, i, _ in batch],
                    [v for _, _, v in batch]) if batch else None
-        again = step_group(g.logic, ("k",), pickle.loads(g.data), g.wakes, new, nxt)
+        again = g.retry(new, nxt)
         step = g.call(new, nxt)
         assert pickle.dumps(again.state) == g.data, "a retried call kept another state"
         if step.out is not None:
@@ -241,4 +284,4 @@ def test_windows_over_random_batches_equal_the_batch_windows(case: Any, rng: Any
                 assert r[AT_COL] == start + size - 1 < nxt
         done = nxt
     assert got == batch_windows(items, size, slide)
-    assert not g.holds and pickle.loads(g.data) is None
+    assert not g.holds and pickle.loads(g.data) is None and not g.parts.stored

@@ -6,7 +6,7 @@ A *group* is a key (or, for a join, a bucket of keys). The one runtime
 once per micro-batch that brings rows of the group or finds one of its pending outputs
 complete::
 
-    logic.step(key, state, new, done) -> LogicStep(state, out, wakes)
+    logic.step(key, state, new, done, parts) -> LogicStep(state, out, wakes)
 
 * ``state``: what the previous call returned (None at first), kept by the runtime in
   the group's record in the state store, so it survives restarts from the checkpoint;
@@ -17,6 +17,11 @@ complete::
 * the result's ``out``: output rows with :data:`AT_COL` (their slot), each below
   ``done``, or None; ``wakes``: the slots of the group's pending outputs, each
   ``>= done``; ``state``: what to keep (None: nothing; pending outputs need state).
+
+A logic that keeps many rows until an output needs them (a window's ``apply``) need not
+rewrite them every call: it returns them as ``appends`` (tagged parts, written once)
+and reads them back from ``parts`` (:class:`RowParts`) when it emits, then ``drops``
+them (every part, before its state forgets the tag).
 
 Holds (rule 7) are derived from the wakes, never by the logic: :func:`step_group`
 opens a hold in the state segment at every new wake, releases every wake that is
@@ -59,13 +64,23 @@ class LogicStep:
     state: Any
     out: Any
     wakes: np.ndarray
+    appends: tuple[tuple[int, int, Any], ...] = ()  # (tag, index, rows): parts to keep
+    drops: tuple[tuple[int, int], ...] = ()  # (tag, count): a tag's parts to forget
+
+
+class RowParts(Protocol):
+    """The row parts a group's logic appended in earlier calls (``appends``): the
+    first ``count`` parts of ``tag``, in order."""
+
+    def read(self, tag: int, count: int) -> list[Any]: ...
 
 
 class SlotLogic(Protocol):
     """A group's step; see the module docstring. Must be deterministic (Spark re-runs
     tasks) and must not change ``state`` in place (a retried call gets it again)."""
 
-    def step(self, key: tuple[Any, ...], state: Any, new: Any, done: int) -> LogicStep: ...
+    def step(self, key: tuple[Any, ...], state: Any, new: Any, done: int, parts: RowParts
+             ) -> LogicStep: ...
 
 
 @dataclass(frozen=True)
@@ -78,14 +93,16 @@ class GroupStep:
     opens: np.ndarray  # slots whose holds open now
     releases: np.ndarray  # slots whose holds are released now, ascending
     counts: np.ndarray  # output rows at each released slot
+    appends: tuple[tuple[int, int, Any], ...] = ()  # the logic's, to store
+    drops: tuple[tuple[int, int], ...] = ()
 
 
 def step_group(logic: SlotLogic, key: tuple[Any, ...], state: Any, wakes: np.ndarray,
-               new: Any, done: int) -> GroupStep:
+               new: Any, done: int, parts: RowParts) -> GroupStep:
     """Step a group whose holds are open at ``wakes``: the logic's step and the holds
     it implies. Pure: the processor and the tests drive it."""
     before = np.unique(np.asarray(wakes, np.int64))
-    res = logic.step(key, state, new, done)
+    res = logic.step(key, state, new, done, parts)
     after = np.unique(np.asarray(res.wakes, np.int64))
     out, at = res.out, np.zeros(0, np.int64)
     if out is not None and len(out):
@@ -101,7 +118,7 @@ def step_group(logic: SlotLogic, key: tuple[Any, ...], state: Any, wakes: np.nda
     releases = np.setdiff1d(np.union1d(before, opens), after)
     counts = np.zeros(len(releases), np.int64)
     counts[np.searchsorted(releases, times)] = n
-    return GroupStep(res.state, out, after, opens, releases, counts)
+    return GroupStep(res.state, out, after, opens, releases, counts, res.appends, res.drops)
 
 
 def _check(at: np.ndarray, before: np.ndarray, after: np.ndarray, arrived: np.ndarray,
@@ -178,17 +195,17 @@ class KeptRows:
 
     logic: RowLogic
 
-    def step(self, key: tuple[Any, ...], state: Kept | None, new: Any, done: int
-             ) -> LogicStep:
+    def step(self, key: tuple[Any, ...], state: Kept | None, new: Any, done: int,
+             parts: RowParts) -> LogicStep:
         import pandas as pd
 
         user = _UserBox(None if state is None else state.user)
-        parts = [] if state is None or state.rows is None else [state.rows]
+        frames = [] if state is None or state.rows is None else [state.rows]
         if new is not None and len(new):
-            parts.append(new.assign(**{WAKE_COL: new[SLOT_COL].to_numpy(np.int64)}))
+            frames.append(new.assign(**{WAKE_COL: new[SLOT_COL].to_numpy(np.int64)}))
         out, rows = None, None
-        if parts:
-            rows = parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)
+        if frames:
+            rows = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
             order = np.lexsort((rows[ID_COL].to_numpy(), rows[SLOT_COL].to_numpy()))
             rows = rows.iloc[order].reset_index(drop=True)
             w = rows[WAKE_COL].to_numpy()

@@ -29,8 +29,9 @@ from lowtide.spark.operators.state_clock import (
 )
 from lowtide.spark.tracking.column import TRACK_COL, TRACKING_COLS, as_u64
 
-# the store's schema of a GroupRecord
+# the store's schemas: a GroupRecord per group, a logic's row parts per (group, tag, index)
 RECORD_SCHEMA = "parent long, wakes array<long>, timer_ms long, key binary, data binary"
+PART_KEY_SCHEMA, PART_SCHEMA = "tag long, part int", "rows binary"
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,23 @@ class GroupRecord:
                    int(row[2]), bytes(row[4]))
 
 
+class StoredParts:
+    """A group's row parts (:class:`.slot_logic.RowParts`) in the state store."""
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+
+    def read(self, tag: int, count: int) -> list[Any]:
+        return [pickle.loads(bytes(self.state.getValue((tag, i))[0])) for i in range(count)]
+
+    def write(self, step: GroupStep) -> None:
+        for tag, i, rows in step.appends:
+            self.state.updateValue((tag, i), (pickle.dumps(rows),))
+        for tag, count in step.drops:
+            for i in range(count):
+                self.state.removeKey((tag, i))
+
+
 def spark_key(key: Any) -> tuple[Any, ...]:
     """Spark's grouping key as plain Python values (a bucket may come as numpy's)."""
     return tuple(k.item() if isinstance(k, np.generic) else k for k in key)
@@ -73,6 +91,7 @@ class SlotProcessor(StatefulProcessor):  # type: ignore[misc]
         self.handle = handle
         self.live = TaskContext.get() is not None
         self.record = handle.getValueState("group", RECORD_SCHEMA)
+        self.parts = StoredParts(handle.getMapState("parts", PART_KEY_SCHEMA, PART_SCHEMA))
         self.clock = StateClock(rt.ref, rt.spec.name, rt.out_segment, rt.op_id)
 
     def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
@@ -111,8 +130,9 @@ class SlotProcessor(StatefulProcessor):  # type: ignore[misc]
             rec = GroupRecord(key_hash(spark_key(key)), values, np.zeros(0, np.int64), -1,
                               pickle.dumps(None))
         step = step_group(self.rt.spec.logic, rec.key, pickle.loads(rec.data), rec.wakes,
-                          new, done)
+                          new, done, self.parts)
         packed = self._acks(rec.parent, step, now)
+        self.parts.write(step)
         timer = self._poll(rec.timer_ms, now) if len(step.wakes) else -1
         if step.state is None:
             self.record.clear()

@@ -3,10 +3,12 @@
 its rules are in :mod:`.windows`, the typed aggregates in :mod:`.window_aggs`.
 
 A key's state is its open windows, each a :class:`Pane` (its bounds, the aggregates'
-partial states, for ``apply`` its rows); a pane's wake, where its hold sits, is its
-last slot ``end - 1``. A call folds the new rows into their panes (one partial per
-(pane, call), merged into the pane's) and emits every pane whose ``end`` is at or
-below ``done``, one row per pane (``apply``: ``fn``'s rows) at slot ``end - 1``.
+partial states, for ``apply`` how many parts of rows it stored); a pane's wake, where
+its hold sits, is its last slot ``end - 1``. A call folds the new rows into their
+panes (one partial per (pane, call), merged into the pane's; for ``apply`` the rows
+appended as one part tagged with the pane's start, written once, not with the state)
+and emits every pane whose ``end`` is at or below ``done``, one row per pane
+(``apply``: ``fn``'s rows) at slot ``end - 1``.
 
 Worked example (size 10 slots, ``count``): rows at slots 3, 7 and 12 arrive with
 ``done = 2``: panes ``[0, 10)`` (2 rows) and ``[10, 20)`` (1), wakes ``[9, 19]``. A
@@ -26,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from lowtide.spark.operators.keyed_state import StatefulSpec, build_keyed
-from lowtide.spark.operators.slot_logic import AT_COL, ID_COL, SLOT_COL, LogicStep
+from lowtide.spark.operators.slot_logic import AT_COL, ID_COL, SLOT_COL, LogicStep, RowParts
 from lowtide.spark.operators.state_clock import check_keys
 from lowtide.spark.operators.window_aggs import (
     TypedAgg,
@@ -56,7 +58,7 @@ class Pane:
     start: int
     end: int
     aggs: list[Any] | None = None  # the aggregates' partial states (agg)
-    parts: tuple[Any, ...] = ()  # apply: its rows (with SLOT_COL, ID_COL), as they came
+    parts: int = 0  # apply: how many parts of its rows (with SLOT_COL, ID_COL) it has
 
 
 @dataclass(frozen=True)
@@ -71,18 +73,24 @@ class WindowLogic:
     fn: Any = None
     data_cols: tuple[str, ...] = ()
 
-    def step(self, key: tuple[Any, ...], state: dict[int, Pane] | None, new: Any, done: int
-             ) -> LogicStep:
+    def step(self, key: tuple[Any, ...], state: dict[int, Pane] | None, new: Any, done: int,
+             parts: RowParts) -> LogicStep:
         panes = dict(state or {})
+        appends: list[tuple[int, int, Any]] = []
         if new is not None and len(new):
-            self._absorb(panes, new)
-        ready = sorted(s for s, p in panes.items() if p.end <= done)
-        out = self._results([panes.pop(s) for s in ready]) if ready else None
+            self._absorb(panes, new, appends)
+        ready = [panes.pop(s) for s in sorted(s for s, p in panes.items() if p.end <= done)]
+        out = self._results(ready, parts, appends) if ready else None
         wakes = np.array(sorted(p.end - 1 for p in panes.values()), np.int64)
-        return LogicStep(panes or None, out, wakes)
+        fresh = [a[0] for a in appends]
+        stored = [(p.start, p.parts - fresh.count(p.start)) for p in ready]
+        return LogicStep(panes or None, out, wakes, tuple(a for a in appends if a[0] in panes),
+                         tuple(d for d in stored if d[1]))
 
-    def _absorb(self, panes: dict[int, Pane], new: Any) -> None:
-        """Fold ``new`` rows into their panes (new panes for new windows)."""
+    def _absorb(self, panes: dict[int, Pane], new: Any, appends: list[tuple[int, int, Any]]
+                ) -> None:
+        """Fold ``new`` rows into their panes (new panes for new windows); ``apply``:
+        their rows into ``appends``."""
         times = new[SLOT_COL].to_numpy(np.int64)
         ids = new[ID_COL].to_numpy(np.int64)
         starts = window_starts(times, self.size, self.slide)
@@ -99,11 +107,13 @@ class WindowLogic:
                     pane = replace(pane, aggs=part if pane.aggs is None else merge(
                         self.aggs, pane.aggs, part))
                 if self.fn is not None:
-                    cols = [*self.data_cols, SLOT_COL, ID_COL]
-                    pane = replace(pane, parts=(*pane.parts, rows[cols]))
+                    appends.append((start, pane.parts, rows[[*self.data_cols, SLOT_COL,
+                                                             ID_COL]]))
+                    pane = replace(pane, parts=pane.parts + 1)
                 panes[start] = pane
 
-    def _results(self, panes: list[Pane]) -> Any:
+    def _results(self, panes: list[Pane], parts: RowParts,
+                 appends: list[tuple[int, int, Any]]) -> Any:
         """The output rows of complete ``panes`` (ascending): the window's bounds, its
         aggregates or ``fn``'s rows, :data:`AT_COL`."""
         import pandas as pd
@@ -113,7 +123,8 @@ class WindowLogic:
                                                           for p in panes]))
             counts = np.ones(len(panes), np.int64)
         else:
-            outs = [self._apply(p) for p in panes]
+            outs = [self._apply(p, parts, [a[2] for a in appends if a[0] == p.start])
+                    for p in panes]
             counts = np.array([len(o) for o in outs], np.int64)
             res = pd.concat(outs, ignore_index=True)
         bounds = {}
@@ -125,11 +136,13 @@ class WindowLogic:
         res[AT_COL] = np.repeat(np.array([p.end - 1 for p in panes], np.int64), counts)
         return res
 
-    def _apply(self, pane: Pane) -> Any:
-        """``fn``'s rows for one window: its rows in (slot, ack id) order."""
+    def _apply(self, pane: Pane, parts: RowParts, fresh: list[Any]) -> Any:
+        """``fn``'s rows for one window: its rows (stored parts, then ``fresh`` ones of
+        this call) in (slot, ack id) order."""
         import pandas as pd
 
-        rows = pd.concat(pane.parts, ignore_index=True)
+        rows = pd.concat([*parts.read(pane.start, pane.parts - len(fresh)), *fresh],
+                         ignore_index=True)
         order = np.lexsort((rows[ID_COL].to_numpy(), rows[SLOT_COL].to_numpy()))
         rows = rows.iloc[order].drop(columns=[SLOT_COL, ID_COL]).reset_index(drop=True)
         res = self.fn(rows)
