@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from lowtide.spark.operators.slot_logic import AT_COL, RUNTIME_COLS, SlotLogic
-from lowtide.spark.operators.state_clock import check_keys, state_segment, use_rocksdb
+from lowtide.spark.operators.state_clock import StatefulStep, check_keys, use_rocksdb
 from lowtide.spark.tracking.column import TRACK_COL, TRACKING_COLS
 from lowtide.spark.tracking.transport import TrackerRef
 
@@ -59,7 +59,7 @@ GROUP_COL = "lt_group"
 
 
 @dataclass(frozen=True)
-class StatefulSpec:
+class StatefulSpec(StatefulStep):
     """A keyed step of a :class:`lowtide.spark.pipeline.stream.Stream` (``stateful``,
     a window's, a join's): ``buckets`` > 0 groups the keys into that many buckets;
     ``what`` names the step in errors."""
@@ -71,9 +71,6 @@ class StatefulSpec:
     poll_ms: int = 100
     buckets: int = 0
     what: str = "stateful"
-
-    def segments(self) -> list[str]:
-        return [self.name, state_segment(self.name)]
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,15 @@ def state_segment(name: str) -> str:
     return name + STATE_SUFFIX
 
 
+class StatefulStep:
+    """A step description (a dataclass with a ``name``) whose step has a state segment."""
+
+    name: str
+
+    def segments(self) -> list[str]:
+        return [self.name, state_segment(self.name)]
+
+
 def key_hash(value: Any) -> int:
     """A deterministic 64-bit hash of a key value (Python's hash() is salted)."""
     text = f"{type(value).__name__}:{value}".encode()
