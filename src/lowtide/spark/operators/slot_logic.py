@@ -23,10 +23,10 @@ rewrite them every call: it returns them as ``appends`` (tagged parts, written o
 and reads them back from ``parts`` (:class:`RowParts`) when it emits, then ``drops``
 them (every part, before its state forgets the tag).
 
-Holds (rule 7) are derived from the wakes, never by the logic: :func:`step_group`
-opens a hold in the state segment at every new wake, releases every wake that is
-gone, and sends each output as a child of the hold at its slot (opened and released in
-the same batch if no wake sat there). The logic's part of the bargain: an output it
+Holds (rule 7) are the runtime's, derived from the wakes: :func:`step_group` opens a
+hold in the state segment at every new wake, releases every wake that is gone, and
+sends each output as a child of the hold at its slot (opened and released in the
+same batch if no wake sat there). The logic's part of the bargain: an output it
 emits at slot ``t`` was covered, since the call that received its first row, by a
 wake at or below ``t``. A window's wake is its last slot; a join's pair sits at its
 later row's slot, whose own wake covered it.
