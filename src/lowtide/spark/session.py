@@ -183,7 +183,7 @@ class SessionConfig:
 
 def _import_modules(batches: Any) -> Any:
     """A worker's share of :func:`prewarm`: import what lowtide's tasks import."""
-    import lowtide.spark.operators.window_state
+    import lowtide.spark.operators.state_processor
     import lowtide.spark.sinks
     import lowtide.spark.sources  # noqa: F401
 

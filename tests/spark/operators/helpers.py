@@ -30,16 +30,6 @@ STUCK_MS = 60_000
 SCHEMA = "front int, seq long, user string, amount double"
 
 
-class NoState:
-    """A keyed logic's state holder with nothing in it (logic tests without Spark)."""
-
-    def get_state(self) -> Any:
-        return None
-
-    def set_state(self, value: Any) -> None:
-        return None
-
-
 def parse(b: pa.RecordBatch) -> pa.RecordBatch:
     seq = b["seq"]
     user = pc.cast(pc.bit_wise_and(pc.add(seq, pc.cast(b["front"], pa.int64())), 3), pa.string())
@@ -105,14 +95,24 @@ def check(results: pd.DataFrame, expected: pd.DataFrame, horizon: int, size: int
 AGG_COLS = ["n", "total", "lo", "hi", "avg"]
 
 
-def run_timed(pipe: Any, stream: Any, tmp: Path, slots: int) -> tuple[pd.DataFrame, int, int]:
+def run_timed(pipe: Any, stream: Any, tmp: Path, slots: int, restart_at: int = 0
+              ) -> tuple[pd.DataFrame, int, int]:
     """Write ``stream`` with its rows' slots (``lt_time``) until the sink's min time is
-    ``slots`` past the first batch's t0; (results, t0, the sink's final min time)."""
+    ``slots`` past the first batch's t0 (stopped and restarted from the checkpoint
+    once it is ``restart_at`` past, if given); (results, t0, the sink's final min time)."""
     out, ckpt = tmp / "out", tmp / "ckpt"
+
+    def start() -> Any:
+        return stream.write_parquet(str(out), checkpoint=str(ckpt), keep_tracking_columns=True,
+                                    trigger="200 milliseconds")
+
     try:
-        query = stream.write_parquet(str(out), checkpoint=str(ckpt), keep_tracking_columns=True,
-                                     trigger="200 milliseconds")
+        query = start()
         t0 = t0_of_checkpoint(ckpt, query)
+        if restart_at:
+            query.wait_for_min_time(GRID.slot_of(t0) + restart_at, timeout_s=120)
+            query.stop()  # slots with pending rows stay in the state store, held
+            query = start()
         query.wait_for_min_time(GRID.slot_of(t0) + slots, timeout_s=120)
         assert not query.stuck()
         query.stop()

@@ -1,10 +1,10 @@
 """The join's logic without Spark, driven through the keyed runtime's own group step
-(:func:`step_group`: kept rows, holds, wakes, expiry) over random micro-batches and
-random advances of the inbound min time: its results equal a brute-force interval
-(symmetric or with asymmetric bounds) or window join, for inner, left, right, full,
-semi and anti joins, with null keys and several keys in
-one bucket, each result exactly once at the slot the module docstring promises,
-every output under a hold that was open until then, and no hold left at the end."""
+(:func:`step_group` over :class:`KeptRows`: kept rows, holds, wakes, expiry) over
+random micro-batches and random advances of the inbound min time: its results equal
+a brute-force interval (symmetric or with asymmetric bounds) or window join, for
+inner, left, right, full, semi and anti joins, with null keys and several keys in one
+bucket, each result exactly once at the slot the module docstring promises, every
+output under a hold that was open until then, and no hold left at the end."""
 
 from __future__ import annotations
 
@@ -17,17 +17,29 @@ import pytest
 
 from lowtide import LowtideError
 from lowtide.spark.operators.joins import KEY_COL, SIDE_COL, JoinLogic, check_join
-from lowtide.spark.operators.keyed_state import (
+from lowtide.spark.operators.slot_logic import (
     AT_COL,
     ID_COL,
     SLOT_COL,
     WAKE_COL,
     FoldLogic,
+    GroupStep,
+    KeptRows,
     step_group,
 )
-from tests.spark.operators.helpers import NoState
 
 Row = tuple[int, int, Any]  # (slot, id, key)
+
+
+class NoParts:
+    def read(self, tag: int, count: int) -> list[Any]:
+        raise AssertionError("a join keeps its rows in its state")
+
+
+def step_rows(logic: Any, rows: pd.DataFrame, done: int) -> GroupStep:
+    """One call of a group with no state yet and ``rows`` new."""
+    return step_group(KeptRows(logic), ("b",), None, np.zeros(0, np.int64), rows, done,
+                      NoParts())
 
 
 def frame(items: list[Row], side: int) -> pd.DataFrame:
@@ -53,7 +65,7 @@ def run(logic: Any, left: list[Row], right: list[Row], seed: int
     rng = random.Random(seed)
     arrivals = sorted([(s, 0, r) for s, *_ in left for r in [(s, *_)]]
                       + [(s, 1, r) for s, *_ in right for r in [(s, *_)]])
-    kept, done, out, opened = None, 0, [], set()
+    kept, wakes, done, out, opened = None, np.zeros(0, np.int64), 0, [], set()
     horizon = 60
     while done < horizon:
         nxt = min(horizon, done + rng.randrange(0, 9))
@@ -61,7 +73,7 @@ def run(logic: Any, left: list[Row], right: list[Row], seed: int
         arrivals = [a for a in arrivals if (a[1], a[2]) not in batch]
         new = [frame([r for sd, r in batch if sd == side], side) for side in (0, 1)]
         new_rows = pd.concat([f for f in new if len(f)], ignore_index=True) if batch else None
-        step = step_group(logic, ("bucket",), kept, new_rows, nxt, NoState())
+        step = step_group(KeptRows(logic), ("bucket",), kept, wakes, new_rows, nxt, NoParts())
         assert not opened & set(step.opens.tolist()), "a hold opened twice"
         opened |= set(step.opens.tolist())
         assert set(step.releases.tolist()) <= opened, "a hold released that was not open"
@@ -74,9 +86,9 @@ def run(logic: Any, left: list[Row], right: list[Row], seed: int
                 lid, rid = (int(v) if pd.notna(v) else -1
                             for v in (r["l_id"], r.get("r_id")))
                 out.append((int(r[AT_COL]), lid, rid))
-        kept, done = step.kept, nxt
+        kept, wakes, done = step.state, step.wakes, nxt
     assert not arrivals
-    assert kept is None or not (kept[WAKE_COL] >= 0).any(), "a hold left open"
+    assert kept is None or not (kept.rows[WAKE_COL] >= 0).any(), "a hold left open"
     assert not opened
     return out
 
@@ -146,8 +158,8 @@ def test_a_group_step_is_the_same_whatever_the_row_order() -> None:
     left, right = sides("order")
     logic = JoinLogic(("k",), ("l_id",), ("r_id",), -3, 3, "full")
     rows = pd.concat([frame(left, 0), frame(right, 1)], ignore_index=True)
-    a = step_group(logic, ("b",), None, rows, 50, NoState())
-    b = step_group(logic, ("b",), None, rows.sample(frac=1, random_state=1), 50, NoState())
+    a = step_rows(logic, rows, 50)
+    b = step_rows(logic, rows.sample(frac=1, random_state=1), 50)
     pd.testing.assert_frame_equal(a.out, b.out)
     assert a.releases.tolist() == b.releases.tolist() and a.counts.tolist() == b.counts.tolist()
 
@@ -159,9 +171,9 @@ def test_keys_match_as_the_jvm_compares_them() -> None:
     rows = pd.concat([frame([(5, 1, "x")], 0), frame([(5, 2, "x")], 1)], ignore_index=True)
     rows["k"] = np.array([2.0**53, 2.0**53])  # what pandas made of them
     rows[KEY_COL] = [f'{{"k0":{2**53 + 1}}}', f'{{"k0":{2**53}}}']
-    assert step_group(logic, ("b",), None, rows, 9, NoState()).out is None
+    assert step_rows(logic, rows, 9).out is None
     rows[KEY_COL] = [f'{{"k0":{2**53}}}'] * 2
-    assert len(step_group(logic, ("b",), None, rows, 9, NoState()).out) == 1
+    assert len(step_rows(logic, rows, 9).out) == 1
 
 
 def test_fold_steps_each_slot_in_order() -> None:
@@ -172,10 +184,10 @@ def test_fold_steps_each_slot_in_order() -> None:
         return None, pd.DataFrame({"n": [len(rows)]})
 
     rows = frame([(5, 1, "u"), (3, 2, "u"), (5, 3, "u"), (9, 4, "u")], 0)
-    step = step_group(FoldLogic(fn, "f"), ("u",), None, rows, 9, NoState())
+    step = step_rows(FoldLogic(fn, "f"), rows, 9)
     assert step.out[AT_COL].tolist() == [3, 5] and step.out["n"].tolist() == [1, 2]
     assert step.releases.tolist() == [3, 5] and step.counts.tolist() == [1, 1]
-    assert step.kept[SLOT_COL].tolist() == [9] and step.waiting
+    assert step.state.rows[SLOT_COL].tolist() == [9] and step.wakes.tolist() == [9]
 
 
 def test_join_description_errors() -> None:

@@ -1,8 +1,8 @@
 """End to end, a user's own keyed state (``stream.stateful``): a running count and sum
 per user, one output row per (user, slot), equals a batch fold of the same events in
 slot order, under a lagging front and injected task failures before and after the
-step; every (user, slot) below the sink's announced min time is there (its pending
-rows held the min time until the step ran)."""
+step, also across a restart from the checkpoint; every (user, slot) below the sink's
+announced min time is there (its pending rows held the min time until the step ran)."""
 
 from __future__ import annotations
 
@@ -37,9 +37,14 @@ def batch_fold(rows: pd.DataFrame) -> pd.DataFrame:
     return g.set_index(["user", "slot"])
 
 
-def test_running_state_with_lag_and_failures_equals_batch(spark, tmp_path: Path) -> None:
+@pytest.mark.parametrize("restart", [False, True], ids=["running", "restarted"])
+def test_running_state_with_lag_and_failures_equals_batch(spark, tmp_path: Path,
+                                                          restart: bool) -> None:
+    """Restarted: the query stops once the sink is 100 slots in and starts again from
+    its checkpoint; the users' running states (and their pending rows) come back from
+    the state store, so the fold goes on as if it had never stopped."""
     spec = GeneratorSpec(fronts=3, rate=150.0, payload_bytes=4, lag_ms={2: 1200})
-    pipe = lowtide.Pipeline(spark, "keyed", grid=GRID, stuck_after_ms=STUCK_MS)
+    pipe = lowtide.Pipeline(spark, f"keyed-{restart}", grid=GRID, stuck_after_ms=STUCK_MS)
     before = fail_once(lambda b, p: b % 5 == 3 and p == 0)
     after = fail_once(lambda b, p: b % 4 == 2)
     stream = (pipe.generate(spec)
@@ -48,7 +53,7 @@ def test_running_state_with_lag_and_failures_equals_batch(spark, tmp_path: Path)
               .stateful(running, "n long, total double, rows long", key="user", name="run")
               .transform(lambda df: df.mapInArrow(after, df.schema)))
     assert stream.segment_names() == ["parse", "run", "run.state", "sink"]
-    results, t0, final = run_timed(pipe, stream, tmp_path, 250)
+    results, t0, final = run_timed(pipe, stream, tmp_path, 250, 100 if restart else 0)
     got = results.rename(columns={"lt_time": "slot"}).set_index(["user", "slot"])
     assert got.index.is_unique, "a (user, slot) emitted twice"
     horizon = max(final, int(got.index.get_level_values("slot").max()) + 1)

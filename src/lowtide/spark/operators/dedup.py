@@ -31,15 +31,14 @@ import numpy as np
 
 from lowtide.spark.operators.frames import StepError
 from lowtide.spark.operators.joins import KEY_COL
-from lowtide.spark.operators.keyed_state import (
+from lowtide.spark.operators.keyed_state import GROUP_COL, StatefulSpec, key_json
+from lowtide.spark.operators.slot_logic import (
     AT_COL,
-    GROUP_COL,
     RUNTIME_COLS,
     SLOT_COL,
     WAKE_COL,
-    StatefulSpec,
+    KeptRows,
     UserState,
-    key_json,
 )
 from lowtide.spark.operators.state_clock import check_keys, state_segment
 from lowtide.spark.tracking.column import TRACKING_COLS
@@ -64,7 +63,8 @@ class DedupSpec:
 
 @dataclass(frozen=True)
 class DedupLogic:
-    """A bucket's step (:class:`.keyed_state.SlotLogic`); see the module docstring."""
+    """A bucket's step over all its rows (:class:`.slot_logic.RowLogic`); see the
+    module docstring."""
 
     columns: tuple[str, ...]  # the output's columns, after lt_key
     within: int | None
@@ -110,4 +110,5 @@ def dedup_input(df: Any, spec: DedupSpec) -> tuple[Any, StatefulSpec]:
     df = df.withColumn(KEY_COL, key_json(subset, fields, null_if_null=False))
     schema = ", ".join(f"`{c}` {t}" for c, t in fields.items())
     logic = DedupLogic(tuple(fields), spec.within)
-    return df, StatefulSpec(spec.name, (KEY_COL,), logic, schema, spec.poll_ms, BUCKETS)
+    return df, StatefulSpec(spec.name, (KEY_COL,), KeptRows(logic), schema, spec.poll_ms,
+                           BUCKETS, what="dropDuplicates")

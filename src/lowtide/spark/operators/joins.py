@@ -50,15 +50,14 @@ from typing import Any
 import numpy as np
 
 from lowtide.spark.operators.frames import StepError, first_line
-from lowtide.spark.operators.keyed_state import (
+from lowtide.spark.operators.keyed_state import GROUP_COL, StatefulSpec, key_json
+from lowtide.spark.operators.slot_logic import (
     AT_COL,
-    GROUP_COL,
     RUNTIME_COLS,
     SLOT_COL,
     WAKE_COL,
-    StatefulSpec,
+    KeptRows,
     UserState,
-    key_json,
 )
 from lowtide.spark.operators.state_clock import check_keys, state_segment
 from lowtide.spark.tracking.column import TRACK_COL, TRACKING_COLS
@@ -147,7 +146,7 @@ def check_join(name: str, how: str, delta_ms: int, *, within_ms: int | None = No
 
 @dataclass(frozen=True)
 class JoinLogic:
-    """A bucket's join step (:class:`.keyed_state.SlotLogic`); see the module
+    """A bucket's join step (:class:`.slot_logic.RowLogic`); see the module
     docstring. ``window`` > 0 (slots): a window join, else an interval join whose pairs
     have ``lower <= b - a <= upper`` (slots, ``a`` the left row's, ``b`` the right's)."""
 
@@ -337,7 +336,8 @@ def join_input(name: str, left: Any, right: Any, spec: JoinSpec, delta_ms: int
     group = keys or (KEY_COL,)  # keys named differently: the keys' JSON, dropped after
     logic = JoinLogic(group, lcols, rcols, spec.lower_ms // delta_ms,
                       spec.upper_ms // delta_ms, spec.how, spec.window_ms // delta_ms)
-    return df, StatefulSpec(name, group, logic, schema, spec.poll_ms, BUCKETS)
+    return df, StatefulSpec(name, group, KeptRows(logic), schema, spec.poll_ms, BUCKETS,
+                           what="join")
 
 
 def joined(df: Any, step: StatefulSpec) -> Any:

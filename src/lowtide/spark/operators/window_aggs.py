@@ -1,5 +1,5 @@
 """Typed window aggregates: what an exact window computes, kept apart from when it
-emits (holds and completeness live in :mod:`.window_state`).
+emits (the window's slot logic is in :mod:`.window_state`).
 
 Results are typed as Spark types them: ``count`` and ``count_distinct`` long; ``sum``
 of integers long, of decimals ``decimal(p + 10, s)``, of floats double; ``mean`` of
@@ -272,18 +272,21 @@ def _mean(total: Any, n: int, a: TypedAgg) -> Any:
         decimal.Decimal(1).scaleb(-s), rounding=decimal.ROUND_HALF_UP)
 
 
-def result_series(aggs: tuple[TypedAgg, ...], values: list[Any], m: int) -> dict[str, Any]:
-    """Result columns of ``m`` rows each (timestamps as pandas timestamps)."""
+def result_columns(aggs: tuple[TypedAgg, ...], rows: list[list[Any]]) -> dict[str, Any]:
+    """Result columns, one row per window: ``rows`` are each window's :func:`results`
+    (timestamps as pandas timestamps)."""
     import pandas as pd
 
     cols = {}
-    for a, v in zip(aggs, values, strict=True):
+    for j, a in enumerate(aggs):
+        values = [r[j] for r in rows]
         out_kind = _kind(a.out_type())
         if out_kind == "timestamp":
-            cols[a.agg.out] = pd.Series([pd.NaT if v is None else pd.Timestamp(v)] * m,
-                                        dtype="datetime64[ns]")
+            cols[a.agg.out] = pd.Series([pd.NaT if v is None else pd.Timestamp(v)
+                                         for v in values], dtype="datetime64[ns]")
         elif out_kind == "float":
-            cols[a.agg.out] = pd.Series([np.nan if v is None else v] * m, dtype=np.float64)
+            cols[a.agg.out] = pd.Series([np.nan if v is None else v for v in values],
+                                        dtype=np.float64)
         else:
-            cols[a.agg.out] = pd.Series([v] * m, dtype=object)
+            cols[a.agg.out] = pd.Series(values, dtype=object)
     return cols

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from lowtide.spark.operators.state_clock import state_segment
+from lowtide.spark.operators.state_clock import StatefulStep
 
 AGG_FUNCTIONS = ("count", "sum", "min", "max", "mean", "first", "last", "count_distinct",
                  "percentile")
@@ -105,7 +105,7 @@ def parse_keys(key: Any, what: str = "window") -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
-class WindowSpec:
+class WindowSpec(StatefulStep):
     """A window step of a :class:`lowtide.spark.pipeline.builder.Stream`."""
 
     name: str
@@ -116,9 +116,6 @@ class WindowSpec:
     fn: Callable[[Any], Any] | None = None
     fn_schema: str | None = None
     poll_ms: int = 100
-
-    def segments(self) -> list[str]:
-        return [self.name, state_segment(self.name)]
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,8 @@ from lowtide.spark.operators.frames import (
     spark_step,
 )
 from lowtide.spark.operators.joins import JoinSpec, join_input, joined
-from lowtide.spark.operators.keyed_state import StatefulSpec, build_keyed
+from lowtide.spark.operators.keyed_state import StatefulSpec
+from lowtide.spark.operators.state_processor import build_keyed
 from lowtide.spark.operators.tracked import OpRuntime, OpSpec, operator_id, task_function
 from lowtide.spark.operators.window_state import build_window
 from lowtide.spark.operators.windows import WindowSpec

@@ -24,7 +24,8 @@ from lowtide.core.graph import SegmentGraph
 from lowtide.spark.operators.dedup import DedupSpec
 from lowtide.spark.operators.frames import FrameSpec, enrich_spec
 from lowtide.spark.operators.joins import JoinSpec, check_join
-from lowtide.spark.operators.keyed_state import FoldLogic, StatefulSpec
+from lowtide.spark.operators.keyed_state import StatefulSpec
+from lowtide.spark.operators.slot_logic import FoldLogic, KeptRows
 from lowtide.spark.operators.tracked import OpSpec
 from lowtide.spark.operators.windows import WindowSpec, make_windowed
 from lowtide.spark.pipeline.dag import PipelineShapeError, SegmentPlan, derive
@@ -187,7 +188,8 @@ class Stream:
         min time downstream. See :mod:`lowtide.spark.operators.keyed_state`."""
         name = name or self._default_name("stateful")
         keys = names_of(key, f"stateful {name!r}")
-        return self._then(StatefulSpec(name, keys, FoldLogic(fn, name), schema, poll_ms))
+        return self._then(StatefulSpec(name, keys, KeptRows(FoldLogic(fn, name)), schema,
+                                       poll_ms))
 
     # DataFrame-native steps, evaluated by Spark's JVM (see operators.frames)
     def where(self, condition: Any, *, name: str | None = None) -> Stream:
