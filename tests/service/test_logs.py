@@ -18,7 +18,7 @@ from lowtide.wire.messages import WIRE_VERSION, Error, Hello, Role, Welcome
 from tests.service.raw import RawClient
 
 FORGED = "\n00:00:00 info    lowtide.service.server: all is well"
-EVIL_NAME = FORGED + "x" * 900_000
+EVIL_NAME = FORGED + "x" * 200_000  # within the handshake frame limit
 
 
 @pytest.fixture(params=[TextFormatter, JsonFormatter])

@@ -20,6 +20,7 @@ from lowtide.core.messages import (
 from lowtide.wire import FrameDecoder, FrameTooLarge, WireError, decode, encode, frame
 from lowtide.wire.log import decode_snapshot, encode_snapshot, read_records, record, torn_at
 from lowtide.wire.messages import (
+    WIRE_VERSION,
     Auth,
     Batch,
     Challenge,
@@ -55,11 +56,13 @@ def acks(n: int) -> AckBatch:
 
 
 SAMPLES = [
-    Hello(1, Role.AGENT, b"n" * 32, "agent-1", GRAPH),
-    Hello(1, Role.STATUS, b"", "", None),
+    Hello(WIRE_VERSION, Role.AGENT, b"n" * 32, "agent-1", GRAPH),
+    Hello(WIRE_VERSION, Role.STATUS, b"", "", None),
+    Hello(WIRE_VERSION, Role.COORDINATOR, b"n" * 32, "c", GRAPH, (10, 4), (1, 2)),
     Challenge(b"c" * 32, b"p" * 32),
     Auth(b"p" * 32),
     Welcome(1, "srv", GRAPH, 10, 4, ("tcp://127.0.0.1:1", "tcp://127.0.0.1:2")),
+    Welcome(1, "shard-1", GRAPH, 10, 4, (), (1, 2)),
     FrontOp(3, 9, True, 7, "src", 100),
     Subscribe(4, None),
     Subscribe(5, "sink"),

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import ClassVar, Generic, NoReturn, TypeVar
 
 from lowtide.core.messages import AckBatch, MinTimeUpdate
+from lowtide.core.time import TimeGrid
 from lowtide.service.agent import Agent
 from lowtide.service.batches import Outcome
 from lowtide.service.link import Link, timed
@@ -34,7 +35,7 @@ class CallerAgent(Agent):
     inside a running asyncio loop. Buffered acks, heartbeats and subscriptions need a
     loop that always runs: they are refused here (use :class:`Agent`)."""
 
-    _shared: ClassVar[dict[tuple[str, str], Agent]] = {}
+    _shared: ClassVar[dict[tuple[str, str, TimeGrid | None], Agent]] = {}
 
     def _boot(self) -> None:
         self._pid = os.getpid()

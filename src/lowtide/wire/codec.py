@@ -30,6 +30,7 @@ from lowtide.core.messages import (
 )
 from lowtide.wire.buffers import Reader, WireError, Writer
 from lowtide.wire.messages import (
+    WIRE_VERSION,
     Auth,
     Batch,
     Challenge,
@@ -118,6 +119,19 @@ def _get_ints(r: Reader) -> tuple[int, ...]:
 
 
 # ---------------------------------------------------------------- messages
+def _put_pair(w: Writer, pair: tuple[int, int] | None) -> None:
+    w.pack("B", pair is not None)
+    if pair is not None:
+        w.pack("II", *pair)
+
+
+def _get_pair(r: Reader) -> tuple[int, int] | None:
+    if not r.one("B"):
+        return None
+    first, second = r.unpack("II")
+    return first, second
+
+
 def _enc_hello(w: Writer, m: Hello) -> None:
     w.pack("HB", m.version, m.role)
     w.blob(m.nonce)
@@ -125,14 +139,20 @@ def _enc_hello(w: Writer, m: Hello) -> None:
     w.pack("B", m.graph is not None)
     if m.graph is not None:
         _put_graph(w, m.graph)
+    _put_pair(w, m.grid)
+    _put_pair(w, m.shard)
 
 
 def _dec_hello(r: Reader) -> Hello:
     version, role = r.unpack("HB")
+    if version != WIRE_VERSION:  # the rest may be laid out otherwise: say so, not "truncated"
+        raise WireError(f"wire version {version}, this lowtide speaks {WIRE_VERSION}: run the "
+                        "same lowtide version on both sides")
     nonce, name = bytes(r.blob(256)), r.text()
     graph = _get_graph(r) if r.one("B") else None
+    grid, shard = _get_pair(r), _get_pair(r)
     try:
-        return Hello(version, Role(role), nonce, name, graph)
+        return Hello(version, Role(role), nonce, name, graph, grid, shard)
     except ValueError as exc:
         raise WireError(f"unknown role {role}") from exc
 
@@ -144,13 +164,14 @@ def _enc_welcome(w: Writer, m: Welcome) -> None:
     w.pack("I", len(m.shards))
     for url in m.shards:
         w.text(url)
+    _put_pair(w, m.shard)
 
 
 def _dec_welcome(r: Reader) -> Welcome:
     version, delta, window = r.unpack("HII")
     server, graph = r.text(), _get_graph(r)
     shards = tuple(r.text() for _ in range(r.count()))
-    return Welcome(version, server, graph, delta, window, shards)
+    return Welcome(version, server, graph, delta, window, shards, _get_pair(r))
 
 
 def _enc_batch(w: Writer, m: Batch) -> None:
