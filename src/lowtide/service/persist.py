@@ -311,10 +311,13 @@ class StateLog:
         log.info("snapshot", extra={"bytes": len(data), "next_wal": covered + 1})
 
     def _open_next(self) -> None:
+        """Open the next log file, then close this one: if the open fails (no descriptor
+        left), the log goes on in the file it had."""
+        fd = _open_private(self.dir / _wal_name(self._index + 1), os.O_WRONLY | os.O_APPEND)
         if self._fd >= 0:
             os.close(self._fd)
         self._index += 1
-        self._fd = _open_private(self.dir / _wal_name(self._index), os.O_WRONLY | os.O_APPEND)
+        self._fd = fd
 
     def close(self) -> None:
         if self._fd >= 0:
