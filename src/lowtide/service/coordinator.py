@@ -88,6 +88,12 @@ class CoordinatorEngine(Engine):
 
         return push
 
+    def move(self, shard: int, url: str) -> None:
+        """Shard ``shard`` restarted at ``url``: watch it there, and tell agents (in the
+        Welcome they get when they reconnect)."""
+        self.shards = (*self.shards[:shard], url, *self.shards[shard + 1 :])
+        self._lanes[shard].url = url
+
     async def aclose(self) -> None:
         for lane in self._lanes:
             await lane.close()

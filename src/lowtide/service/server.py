@@ -197,6 +197,17 @@ class TrackerServer:
         self._posted.add(task)
         task.add_done_callback(self._posted.discard)
 
+    def move_shard(self, shard: int, url: str) -> None:
+        """A coordinator's shard restarted elsewhere (its port was taken): every client
+        reconnects, and learns the new address from its Welcome."""
+
+        def move() -> None:
+            assert isinstance(self.engine, CoordinatorEngine)
+            self.engine.move(shard, url)
+            self._conns.close_all()
+
+        self.post(move)
+
     def _adopt(self, graph: SegmentGraph) -> None:
         engine = self._make_engine(graph)
         if self._wal is not None:

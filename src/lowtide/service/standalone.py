@@ -177,6 +177,8 @@ async def _serve(args: argparse.Namespace) -> None:
         config = server_config(args)
     server = config.build()
     await server.start()
+    if shards is not None:
+        shards.on_moved = server.move_shard
     print(f"lowtide serving {server.url}", flush=True)
     if server.metrics_port:
         host = config.metrics_host
