@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -85,6 +86,27 @@ def test_a_connection_flood_under_ulimit_1024_leaves_the_tracker_serving(
     log = srv.log()
     assert "tracker state step failed" not in log and "out of system resource" not in log
     assert '"event": "snapshot"' in log
+
+
+def test_a_failed_snapshot_is_retried_not_fatal(tmp_path: Path, caplog: Any) -> None:
+    """The snapshot cannot be written (here its temporary file's name is taken by a
+    directory): the tracker goes on serving, and snapshots again once it can."""
+    state = tmp_path / "state"
+    with TrackerService.start(graph(), state_dir=state, snapshot_every_ms=100) as svc, \
+            Agent.connect(svc.url, graph()) as agent:
+        agent.register_front(1, "src", 1)
+        (state / "snapshot.bin.tmp").mkdir()
+        for slot in (1, 2, 3):
+            agent.send_batch(BatchKey("q", slot, "src", 1), produced(1, slot),
+                             [Heartbeat(1, slot + 1)])
+            time.sleep(0.3)
+        assert "snapshot failed, retrying" in caplog.text
+        assert not (state / "snapshot.bin").exists()
+        (state / "snapshot.bin.tmp").rmdir()
+        agent.send_batch(BatchKey("q", 4, "src", 1), produced(1, 4), [Heartbeat(1, 5)])
+        time.sleep(1.5)
+        assert (state / "snapshot.bin").exists()
+        assert agent.status()["fronts"] == {"1": ["src", 5]}
 
 
 # ------------------------------------------------------------ point 10: slow handshakes

@@ -120,7 +120,7 @@ class Agent:
         try:
             self._call(self._link.flush_all(), timeout_s)
         except Exception as exc:  # closing must not fail
-            log.warning("close: unflushed acks", extra={"reason": repr(exc)})
+            log.warning("close: unflushed acks", extra={"url": self.url, "reason": repr(exc)})
         asyncio.run_coroutine_threadsafe(self._link.close(), self._loop).result(timeout_s)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout_s)

@@ -59,7 +59,7 @@ class CallerAgent(Agent):
         try:
             self._call(self._link.flush_all(), timeout_s)
         except Exception as exc:  # closing must not fail
-            log.warning("close: unflushed acks", extra={"reason": repr(exc)})
+            log.warning("close: unflushed acks", extra={"url": self.url, "reason": repr(exc)})
         with self._lock:
             with contextlib.suppress(Exception):
                 self._loop.run_until_complete(asyncio.wait_for(self._link.close(), timeout_s))

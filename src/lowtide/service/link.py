@@ -247,7 +247,10 @@ class Link:
                     "on: restart the process, and the work whose acks it sent"
                 )
         if isinstance(exc, Exception):
-            log.warning("flush refused", extra={"error": str(exc)})
+            log.warning("flush refused", extra={
+                "url": self.agent.url, "error": str(exc),
+                "fix": "this agent's next call raises why; a refused background flush fails "
+                       "its session: restart the process"})
             self._errors.append(exc)
 
     def check_failed(self) -> None:
@@ -352,7 +355,8 @@ class Link:
 
     def _on_push(self, msg: Message) -> None:
         if not isinstance(msg, Notify):
-            log.warning("unexpected push", extra={"type": type(msg).__name__})
+            log.warning("unexpected push, ignored", extra={"url": self.agent.url,
+                                                           "type": type(msg).__name__})
             return
         for req, update in msg.updates:
             forward = self._subs.get(req)

@@ -10,7 +10,7 @@ import logging
 from typing import Any
 
 from lowtide.core.errors import GraphError
-from lowtide.service.admission import Gate, Ticket
+from lowtide.service.admission import Gate, Ticket, fit_file_limit
 from lowtide.service.channel import Channel
 from lowtide.service.config import ServerConfig
 from lowtide.service.errors import ConnectionLost, ServiceError
@@ -18,6 +18,7 @@ from lowtide.service.handshake import server_handshake
 from lowtide.service.inbox import Admit, Gone, Item, Peer, Request
 from lowtide.service.logs import LogBudget, clip
 from lowtide.service.metrics import ServerMetrics
+from lowtide.service.net import MAX_HTTP_CONNECTIONS, Limits
 from lowtide.wire.codec import WireError
 from lowtide.wire.frames import FrameForged, FrameTooLarge
 from lowtide.wire.messages import Error, ErrorCode, Hello, Welcome, graph_of
@@ -34,6 +35,19 @@ class PeerConnections:
         self.tasks: set[asyncio.Task[Any]] = set()
         #: TCP connections; its limits are the config's, fitted to the file limit
         self.gate = Gate(config.limits)
+
+    def fit_file_limit(self) -> Limits:
+        """Lower max_connections so that connections, handshakes, HTTP requests, the log
+        and snapshots all fit under ``ulimit -n`` (see :mod:`.admission`); returns the
+        limits the server applies."""
+        cfg = self.config
+        http = MAX_HTTP_CONNECTIONS * ((cfg.metrics_port is not None) + (cfg.web_port is not None))
+        limits = fit_file_limit(cfg.limits, http=http + len(cfg.shard_urls))
+        if limits.max_connections < cfg.limits.max_connections:
+            log.info("max_connections lowered to fit the file limit (raise ulimit -n for "
+                     "more)", extra={"max_connections": limits.max_connections})
+        self.gate = Gate(limits)
+        return limits
 
     def close_all(self) -> None:
         for peer in list(self.peers):

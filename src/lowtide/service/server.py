@@ -21,7 +21,6 @@ from lowtide.core.graph import SegmentGraph
 from lowtide.core.sharding import ShardLayout
 from lowtide.core.time import Clock
 from lowtide.service import net
-from lowtide.service.admission import Gate, fit_file_limit
 from lowtide.service.channel import register_inproc, unregister_inproc
 from lowtide.service.clock import SystemClock
 from lowtide.service.config import ServerConfig
@@ -61,9 +60,6 @@ from lowtide.wire.messages import (
     graph_spec,
 )
 
-#: How soon a snapshot that failed (no descriptor or disk space left) is tried again.
-SNAPSHOT_RETRY_MS = 1_000
-
 log = logging.getLogger("lowtide.service.server")
 
 MAX_GROUP = 1024
@@ -93,7 +89,6 @@ class TrackerServer:
         self._failed: Error | None = None  # set once a step raised: fail-stop
         self._log_budget = LogBudget()  # per peer, and per segment for stuck windows
         self._conns = PeerConnections(config, self._inbox, self.metrics, self._log_budget)
-        self._snapshot_after_ms = 0  # a failed snapshot is retried from then on
 
     @property
     def url(self) -> str:
@@ -129,7 +124,7 @@ class TrackerServer:
         if graph is not None:
             self._adopt(graph)
         loop = asyncio.get_running_loop()
-        self._fit_file_limit()
+        self._standing.limits = self._conns.fit_file_limit()
         self.inproc_url = register_inproc(loop, self._conns.accept_inproc)
         if cfg.listen:
             server, self.port = await net.serve_tcp(cfg.host, cfg.port, self._conns.serve,
@@ -152,18 +147,6 @@ class TrackerServer:
                                    "max_connections": limits.max_connections,
                                    "max_handshakes": limits.max_handshakes})
 
-    def _fit_file_limit(self) -> None:
-        """Lower max_connections so that connections, handshakes, HTTP requests and the
-        log and snapshots all fit under ``ulimit -n`` (see :mod:`.admission`)."""
-        cfg = self.config
-        http = net.MAX_HTTP_CONNECTIONS * ((cfg.metrics_port is not None)
-                                           + (cfg.web_port is not None))
-        limits = fit_file_limit(cfg.limits, http=http + len(cfg.shard_urls))
-        if limits.max_connections < cfg.limits.max_connections:
-            log.info("max_connections lowered to fit the file limit (raise ulimit -n for "
-                     "more)", extra={"max_connections": limits.max_connections})
-        self._conns.gate = Gate(limits)
-        self._standing.limits = limits
     async def stop(self) -> None:
         unregister_inproc(self.inproc_url)
         for server in self._servers:
@@ -280,7 +263,8 @@ class TrackerServer:
         is closed, so clients learn why at once instead of waiting for a timeout (a
         dead state task would leave them all hanging)."""
         log.critical("tracker state step failed: refusing everything from now on",
-                     exc_info=exc)
+                     exc_info=exc, extra={"error": repr(exc), "fix": "restart the tracker (it "
+                                          "recovers from its state dir)"})
         self.metrics.error(ErrorCode.INTERNAL.name)
         self._failed = Error(0, ErrorCode.INTERNAL, f"the tracker failed: {exc!r}")
         self._refuse_group(items)
@@ -348,24 +332,16 @@ class TrackerServer:
             status = self.status()
             self.metrics.observe(status, now, self.config.grid)
             self._refresh_web(status)
-        if self._wal is not None and now >= self._snapshot_after_ms and self._wal.snapshot_due(now):
-            self._snapshot(engine, now)
-
-    def _snapshot(self, engine: Engine, now: int) -> None:
-        """A snapshot that fails is tried again: the log still holds everything since
-        the last one, so nothing is lost meanwhile, only disk space."""
-        assert self._wal is not None
-        try:
-            self._wal.snapshot(engine, now)
-        except OSError as exc:
-            self._snapshot_after_ms = now + SNAPSHOT_RETRY_MS
-            self._log_budget.warn(
-                log, "snapshot", "snapshot failed, retrying",
-                state_dir=str(self.config.state_dir), error=str(exc),
-                retry_in_ms=SNAPSHOT_RETRY_MS,
-                fix="free descriptors (ulimit -n) or disk space; the log keeps growing until "
-                    "a snapshot succeeds",
-            )
+        if self._wal is not None and self._wal.snapshot_due(now):
+            try:  # a failed snapshot is retried (see StateLog.snapshot): never fatal
+                self._wal.snapshot(engine, now)
+            except OSError as exc:
+                self._log_budget.warn(
+                    log, "snapshot", "snapshot failed, retrying", error=str(exc),
+                    state_dir=str(self.config.state_dir),
+                    fix="free descriptors (ulimit -n) or disk space; until a snapshot "
+                        "succeeds the log keeps growing",
+                )
 
     def _refresh_web(self, status: dict[str, object]) -> None:
         if self.web is not None:
