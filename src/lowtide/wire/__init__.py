@@ -7,6 +7,7 @@ from lowtide.wire.codec import WireError, decode, encode, expect
 from lowtide.wire.frames import PREAMBLE, FrameDecoder, FrameTooLarge, frame
 from lowtide.wire.messages import (
     WIRE_VERSION,
+    GraphSpec,
     Hello,
     Message,
     Notify,
@@ -22,6 +23,7 @@ __all__ = [
     "WIRE_VERSION",
     "FrameDecoder",
     "FrameTooLarge",
+    "GraphSpec",
     "Hello",
     "Message",
     "Notify",
