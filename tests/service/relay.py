@@ -7,60 +7,26 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import threading
 from collections.abc import Callable
 
-from lowtide.wire import PREAMBLE, decode, encode, frame
-from lowtide.wire.frames import HEADER
+from lowtide.wire import decode, encode
 from lowtide.wire.messages import Hello
-from tests.service.peers import _hang_up, _Listener, _read_exactly
+from tests.service.peers import FrameProxy
 
 #: Where hostile peers connect from: loopback, but not the good client's address.
 OTHER_HOST = "127.0.0.2"
 
 
-class HelloRewriter(_Listener):
-    """Forwards to ``target``; the client's first frame (its Hello) goes through
-    ``rewrite``. ``rewritten`` counts the Hellos it changed."""
+class HelloRewriter(FrameProxy):
+    """Forwards to ``target``; the client's Hello goes through ``rewrite``.
+    ``altered`` counts the Hellos it changed."""
 
     def __init__(self, target: str, rewrite: Callable[[Hello], Hello]) -> None:
-        super().__init__()
-        host, port = target.removeprefix("tcp://").rsplit(":", 1)
-        self.target = (host, int(port))
-        self.rewrite = rewrite
-        self.rewritten = 0
-        self.start(self._serve)
+        def alter(payload: bytes) -> bytes | None:
+            msg = decode(payload)
+            return encode(rewrite(msg)) if isinstance(msg, Hello) else None
 
-    def _serve(self, client: socket.socket) -> None:
-        try:
-            server = socket.create_connection(self.target)
-        except OSError:
-            client.close()
-            return
-        threading.Thread(target=_pump, args=(server, client), daemon=True).start()
-        try:
-            server.sendall(_read_exactly(client, len(PREAMBLE)))
-            head = _read_exactly(client, HEADER.size)
-            hello = decode(_read_exactly(client, HEADER.unpack(head)[0]))
-            assert isinstance(hello, Hello)
-            server.sendall(frame(encode(self.rewrite(hello))))
-            self.rewritten += 1
-            _pump(client, server)
-        except OSError:
-            pass
-        finally:
-            _hang_up(client)
-            _hang_up(server)
-
-
-def _pump(src: socket.socket, dst: socket.socket) -> None:
-    try:
-        while data := src.recv(65536):
-            dst.sendall(data)
-    except OSError:
-        pass
-    finally:
-        _hang_up(dst)
+        super().__init__(target, alter)
 
 
 def connect_from(host: str, url: str, timeout_s: float = 5.0) -> socket.socket:

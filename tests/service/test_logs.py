@@ -4,6 +4,7 @@ errors are rate limited."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -25,11 +26,12 @@ FORGED = "\n00:00:00 info    lowtide.service.server: all is well"
 EVIL_NAME = FORGED + "x" * 200_000  # within the handshake frame limit
 
 
-@pytest.fixture(params=[TextFormatter, JsonFormatter])
-def captured(request: pytest.FixtureRequest) -> Iterator[io.StringIO]:
+@contextlib.contextmanager
+def capturing(formatter: logging.Formatter) -> Iterator[io.StringIO]:
+    """Every ``lowtide`` log line, formatted by ``formatter``."""
     out = io.StringIO()
     handler = logging.StreamHandler(out)
-    handler.setFormatter(request.param())
+    handler.setFormatter(formatter)
     root = logging.getLogger("lowtide")
     saved = root.handlers[:], root.level, root.propagate
     root.handlers[:], root.propagate = [handler], False
@@ -39,6 +41,12 @@ def captured(request: pytest.FixtureRequest) -> Iterator[io.StringIO]:
     finally:
         root.handlers[:], root.propagate = saved[0], saved[2]
         root.setLevel(saved[1])
+
+
+@pytest.fixture(params=[TextFormatter, JsonFormatter])
+def captured(request: pytest.FixtureRequest) -> Iterator[io.StringIO]:
+    with capturing(request.param()) as out:
+        yield out
 
 
 @pytest.mark.socket
@@ -76,18 +84,8 @@ def test_the_budget_refills_and_counts_what_it_dropped() -> None:
 @pytest.fixture
 def plain() -> Iterator[io.StringIO]:
     """What a handler lowtide did not set up prints: the record's message alone."""
-    out = io.StringIO()
-    handler = logging.StreamHandler(out)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    root = logging.getLogger("lowtide")
-    saved = root.handlers[:], root.level, root.propagate
-    root.handlers[:], root.propagate = [handler], False
-    root.setLevel(logging.INFO)
-    try:
+    with capturing(logging.Formatter("%(message)s")) as out:
         yield out
-    finally:
-        root.handlers[:], root.propagate = saved[0], saved[2]
-        root.setLevel(saved[1])
 
 
 @pytest.mark.socket
