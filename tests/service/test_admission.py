@@ -10,6 +10,7 @@ import os
 import socket
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -176,6 +177,20 @@ def seconds_until_closed(sock: socket.socket) -> float:
         except OSError:
             break
     return time.monotonic() - started
+
+
+def test_slow_http_requests_never_lock_a_metrics_scraper_out() -> None:
+    """The same for the HTTP port (metrics, web view): it closed every connection past
+    64 at once, so 64 slow requests locked Prometheus out for 10 s."""
+    with TrackerService.start(graph(), metrics_port=0) as svc:
+        url = f"tcp://127.0.0.1:{svc.server.metrics_port}"
+        held = open_many(url, 100, data=b"GET /metrics HTTP/1.1\r\n")  # never ends
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{svc.server.metrics_port}/metrics",
+                                        timeout=3) as reply:
+                assert b"lowtide_" in reply.read()
+        finally:
+            close_all(held)
 
 
 # ------------------------------------------------------------ point 11: pre-auth memory

@@ -65,6 +65,14 @@ class Limits:
     max_subscriptions: int = 8192
 
 
+def _address(writer: asyncio.StreamWriter) -> tuple[str, str]:
+    """The peer's host and its ``host:port``."""
+    peer = writer.get_extra_info("peername")
+    if isinstance(peer, tuple):
+        return str(peer[0]), f"{peer[0]}:{peer[1]}"
+    return str(peer), str(peer)
+
+
 class StreamChannel:
     """Frames over an asyncio stream pair; sealed (see :meth:`protect`) once the
     handshake has proven a shared secret."""
@@ -77,9 +85,7 @@ class StreamChannel:
         self._idle_timeout_s: float | None = None
         self._seal: FrameSeal | None = None
         self._unseal: FrameSeal | None = None
-        peer = writer.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        self.host = str(peer[0]) if isinstance(peer, tuple) else self.peer
+        self.host, self.peer = _address(writer)
 
     def protect(self, send_key: bytes, recv_key: bytes) -> None:
         """From now on every frame carries a MAC, and one that fails ends the stream."""
@@ -249,24 +255,23 @@ async def serve_http(
     host: str, port: int, handler: HttpHandler, max_connections: int = MAX_HTTP_CONNECTIONS
 ) -> tuple[asyncio.Server, int]:
     """A minimal HTTP/1.1 responder: one request per connection, its head at most
-    :data:`MAX_HTTP_HEAD` bytes and read within ``HTTP_TIMEOUT_S``; ``handler`` makes
-    the reply (it runs on this loop, so it must not block). Connections beyond
-    ``max_connections`` are closed at once."""
-    open_now = 0
+    :data:`MAX_HTTP_HEAD` bytes and read within ``HTTP_TIMEOUT_S`` of the accept;
+    ``handler`` makes the reply (it runs on this loop, so it must not block). At most
+    ``max_connections`` at once, 8 per address: past that the oldest is dropped for
+    the new one (see :mod:`.admission`), so slow requests never lock a scraper out."""
+    gate = Gate(Limits(max_handshakes=max_connections, handshake_timeout_s=HTTP_TIMEOUT_S))
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        nonlocal open_now
-        if open_now >= max_connections:
-            writer.close()
-            return
-        open_now += 1
+        ticket = gate.arrive(_address(writer)[0], asyncio.current_task())
         try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HTTP_TIMEOUT_S)
-            request = parse_http_head(head)
-            reply = HttpReply(400, b"not an HTTP/1.x request\n")
-            writer.write(http_bytes(reply if request is None else handler(request)))
-            await writer.drain()
+            async with asyncio.timeout_at(ticket.deadline):
+                head = await reader.readuntil(b"\r\n\r\n")
+                request = parse_http_head(head)
+                reply = HttpReply(400, b"not an HTTP/1.x request\n")
+                writer.write(http_bytes(reply if request is None else handler(request)))
+                await writer.drain()
         except (
+            asyncio.CancelledError,  # dropped to make room
             asyncio.IncompleteReadError,
             asyncio.LimitOverrunError,
             ConnectionError,
@@ -274,7 +279,7 @@ async def serve_http(
         ):
             pass
         finally:
-            open_now -= 1
+            gate.leave(ticket)
             writer.close()
 
     server = await asyncio.start_server(handle, host, port, limit=MAX_HTTP_HEAD)
