@@ -43,6 +43,7 @@ from lowtide.wire.messages import (
 )
 
 GRAPH = (("src", ()), ("sink", ("src",)))
+SRC5 = MinTimeUpdate("src", 5)
 
 
 def acks(n: int) -> AckBatch:
@@ -71,6 +72,7 @@ SAMPLES = [
     Ok(7, True),
     Error(8, ErrorCode.ACK_BEHIND_HEAD, "late"),
     Notify(((1, MinTimeUpdate("src", 5)), (2, MinTimeUpdate(None, 4)))),
+    Notify(((3, SRC5), (1, SRC5), (2, SRC5), (4, MinTimeUpdate(None, 4)))),  # a run of one
     Status(9, '{"a": 1}'),
     WatchShard(10),
     ShardReportFrame(ShardReport(1, (3, 4), ((7, 2), (8, 1)), ((7, 2, 30),))),

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from itertools import groupby, repeat
+from operator import itemgetter
 from typing import Any, TypeVar
 
 import numpy as np
@@ -205,17 +207,23 @@ def _dec_front(r: Reader) -> FrontOp:
 
 
 def _enc_notify(w: Writer, m: Notify) -> None:
-    w.pack("I", len(m.updates))
-    for sub, u in m.updates:
-        w.pack("Qq", sub, u.time)
+    """Runs of one update (a peer's many subscriptions to one segment) are written
+    once, their subscription ids as a packed column: a server's cost per step grows
+    with the updates it sends, hardly with the subscriptions."""
+    runs = [(u, [sub for sub, _u in run]) for u, run in groupby(m.updates, itemgetter(1))]
+    w.pack("I", len(runs))
+    for u, subs in runs:
+        w.pack("qI", u.time, len(subs))
         w.opt_text(u.segment)
+        w.array(np.array(subs, dtype=np.uint64), np.dtype("<u8"))
 
 
 def _dec_notify(r: Reader) -> Notify:
-    out = []
+    out: list[tuple[int, MinTimeUpdate]] = []
     for _ in range(r.count()):
-        sub, time = r.unpack("Qq")
-        out.append((sub, MinTimeUpdate(r.opt_text(), time)))
+        time, n = r.unpack("qI")
+        update = MinTimeUpdate(r.opt_text(), time)
+        out.extend(zip(r.array(n, np.dtype("<u8"), np.uint64).tolist(), repeat(update)))
     return Notify(tuple(out))
 
 
