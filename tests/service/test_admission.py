@@ -7,7 +7,10 @@ file limit, real sockets; the hostile peers connect from another loopback addres
 from __future__ import annotations
 
 import os
+import resource
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -108,6 +111,19 @@ def test_a_failed_snapshot_is_retried_not_fatal(tmp_path: Path, caplog: Any) -> 
         time.sleep(1.5)
         assert (state / "snapshot.bin").exists()
         assert agent.status()["fronts"] == {"1": ["src", 5]}
+
+
+def test_a_file_limit_too_small_for_the_tracker_is_refused_in_one_line(tmp_path: Path) -> None:
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (200, 200))
+
+    done = subprocess.run(
+        [sys.executable, "-m", "lowtide.cli", "serve", "--port", "0",
+         "--graph", str(write_graph(tmp_path))],
+        capture_output=True, text=True, timeout=60, preexec_fn=limit, check=False,
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and "raise it (ulimit -n 4096)" in done.stderr
 
 
 # ------------------------------------------------------------ point 10: slow handshakes

@@ -146,6 +146,9 @@ def run_serve(args: argparse.Namespace) -> int:
     except StateDirError as exc:
         print(f"lowtide serve: {exc}", file=sys.stderr)
         return exc.exit_code
+    except ValueError as exc:  # a file limit too small for the tracker
+        print(f"lowtide serve: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
         print(f"lowtide serve: {why_not_serving(args, exc)}", file=sys.stderr)
         return 1
