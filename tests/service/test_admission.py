@@ -6,6 +6,7 @@ file limit, real sockets; the hostile peers connect from another loopback addres
 
 from __future__ import annotations
 
+import logging
 import os
 import resource
 import socket
@@ -16,7 +17,6 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -26,6 +26,7 @@ from lowtide.service.net import Limits
 from lowtide.wire import PREAMBLE
 from lowtide.wire.frames import HEADER
 from tests.service.conftest import SECRET
+from tests.service.logged import capturing
 from tests.service.procs import graph, produced, serve, write_graph
 from tests.service.relay import OTHER_HOST, close_all, connect_from
 
@@ -92,19 +93,20 @@ def test_a_connection_flood_under_ulimit_1024_leaves_the_tracker_serving(
     assert '"event": "snapshot"' in log
 
 
-def test_a_failed_snapshot_is_retried_not_fatal(tmp_path: Path, caplog: Any) -> None:
+def test_a_failed_snapshot_is_retried_not_fatal(tmp_path: Path) -> None:
     """The snapshot cannot be written (here its temporary file's name is taken by a
     directory): the tracker goes on serving, and snapshots again once it can."""
     state = tmp_path / "state"
-    with TrackerService.start(graph(), state_dir=state, snapshot_every_ms=100) as svc, \
-            Agent.connect(svc.url, graph()) as agent:
+    with (capturing(logging.Formatter("%(message)s")) as logged,
+          TrackerService.start(graph(), state_dir=state, snapshot_every_ms=100) as svc,
+          Agent.connect(svc.url, graph()) as agent):
         agent.register_front(1, "src", 1)
         (state / "snapshot.bin.tmp").mkdir()
         for slot in (1, 2, 3):
             agent.send_batch(BatchKey("q", slot, "src", 1), produced(1, slot),
                              [Heartbeat(1, slot + 1)])
             time.sleep(0.3)
-        assert "snapshot failed, retrying" in caplog.text
+        assert "snapshot failed, retrying: error=" in logged.getvalue()
         assert not (state / "snapshot.bin").exists()
         (state / "snapshot.bin.tmp").rmdir()
         agent.send_batch(BatchKey("q", 4, "src", 1), produced(1, 4), [Heartbeat(1, 5)])

@@ -4,7 +4,6 @@ errors are rate limited."""
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import logging
@@ -20,27 +19,11 @@ from lowtide.service import Agent, TrackerService
 from lowtide.service.logs import MAX_FIELD, JsonFormatter, LogBudget, TextFormatter
 from lowtide.wire.frames import HEADER
 from lowtide.wire.messages import WIRE_VERSION, Error, Hello, Role, Welcome
+from tests.service.logged import capturing
 from tests.service.raw import RawClient
 
 FORGED = "\n00:00:00 info    lowtide.service.server: all is well"
 EVIL_NAME = FORGED + "x" * 200_000  # within the handshake frame limit
-
-
-@contextlib.contextmanager
-def capturing(formatter: logging.Formatter) -> Iterator[io.StringIO]:
-    """Every ``lowtide`` log line, formatted by ``formatter``."""
-    out = io.StringIO()
-    handler = logging.StreamHandler(out)
-    handler.setFormatter(formatter)
-    root = logging.getLogger("lowtide")
-    saved = root.handlers[:], root.level, root.propagate
-    root.handlers[:], root.propagate = [handler], False
-    root.setLevel(logging.INFO)
-    try:
-        yield out
-    finally:
-        root.handlers[:], root.propagate = saved[0], saved[2]
-        root.setLevel(saved[1])
 
 
 @pytest.fixture(params=[TextFormatter, JsonFormatter])
