@@ -73,3 +73,17 @@ def test_an_agent_that_expects_a_grid_is_refused_by_a_tracker_with_another(
         assert "delta_ms 100" in str(info.value)
         with Agent.connect(svc.url, graph) as agent:  # one that expects nothing learns it
             assert agent.grid == TimeGrid(100, 1)
+
+
+def test_an_agent_keeps_the_grid_it_learnt_across_a_tracker_restart(graph: SegmentGraph) -> None:
+    """It labels and merges by the first tracker's grid: a tracker restarted on its port
+    with another grid is refused, not taken silently."""
+    first = TrackerService.start(graph, grid=TimeGrid(100, 1))
+    port = first.server.port
+    with Agent.connect(first.url, graph, connect_timeout_s=2) as agent:
+        assert agent.grid == TimeGrid(100, 1)
+        first.stop()
+        with TrackerService.start(graph, grid=TimeGrid(10, 1), port=port):
+            with pytest.raises(ServiceError) as info:
+                agent.register_front(1, "src", 5, timeout_s=10)
+            assert info.value.code == ErrorCode.GRID_MISMATCH

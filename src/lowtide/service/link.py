@@ -127,10 +127,12 @@ class Link:
 
     def _hello(self, shard: tuple[int, int] | None) -> Hello:
         """What this agent relies on the tracker to be: its graph, the grid it was
-        told to expect (if any), and, on a shard's lane, which shard."""
+        told to expect or learnt in its first handshake (a tracker restarted with
+        another is refused), and, on a shard's lane, which shard."""
         config = self.agent.config
         name = config.name or f"agent-{os.getpid()}"
-        grid = None if config.grid is None else (config.grid.delta_ms, config.grid.window_slots)
+        expected = config.grid or self.grid
+        grid = None if expected is None else (expected.delta_ms, expected.window_slots)
         return Hello(WIRE_VERSION, Role.AGENT, nonce(), name, graph_spec(self.agent.graph),
                      grid, shard)
 
