@@ -49,7 +49,7 @@ class Limits:
 
     max_frame: int = DEFAULT_MAX_FRAME
     max_buffer: int = 64 << 20
-    #: a Hello of 5,000 segments with 20-character names fits
+    #: a Hello of 4,000 segments with 20-character names fits
     max_handshake_frame: int = 256 << 10
     handshake_timeout_s: float = 5.0
     max_handshakes: int = 64
