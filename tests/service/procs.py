@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import select
 import signal
 import subprocess
@@ -55,8 +56,16 @@ def write_graph(tmp: Path) -> Path:
 
 
 @contextmanager
-def serve(tmp: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[ServerProcess]:
-    """``lowtide serve`` in a subprocess; yields once it prints its URL(s)."""
+def serve(
+    tmp: Path, *args: str, env: dict[str, str] | None = None, nofile: int | None = None
+) -> Iterator[ServerProcess]:
+    """``lowtide serve`` in a subprocess; yields once it prints its URL(s). ``nofile``:
+    its file limit, as ``ulimit -n`` would set it (soft and hard)."""
+
+    def limit() -> None:  # in the child, before it runs the server
+        if nofile is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
     log_path = tmp / f"serve-{time.monotonic_ns()}.log"
     cmd = [sys.executable, "-m", "lowtide.cli", "serve", "--log-format", "json", *args]
     if "--port" not in args:
@@ -68,6 +77,7 @@ def serve(tmp: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[
             stderr=log_file,
             text=True,
             env={**os.environ, **(env or {})},
+            preexec_fn=limit,
         )
     try:
         lines = [read_line(proc, 30)]

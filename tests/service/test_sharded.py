@@ -102,7 +102,7 @@ def _split_batch_is_completed_by_a_retry(agent: Agent) -> None:
     shard0 = agent.status()["shards"][0]["url"]
     dying = RawClient.open(shard0)
     try:
-        assert isinstance(dying.hello(), Welcome)
+        assert isinstance(dying.hello(shard=(0, 2)), Welcome)
         part = batch.take(batch.time == 40)
         dying.send(Batch(1, 424242, key.text(), part, (), stream_time(key, 40)))
         assert dying.recv() == Ok(1)

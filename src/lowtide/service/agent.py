@@ -31,6 +31,7 @@ from typing import Any, ClassVar, TypeVar
 
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import AckBatch, Heartbeat, MinTimeUpdate
+from lowtide.core.time import TimeGrid
 from lowtide.service.batches import BatchKey, Outcome, PendingBatch
 from lowtide.service.lane import LaneConfig
 from lowtide.service.link import Link, timed
@@ -48,6 +49,9 @@ class AgentConfig:
     secret: bytes | None = None
     connect_timeout_s: float = 5.0
     name: str = ""
+    #: the grid this process labels with; a tracker with another refuses the agent
+    #: (GRID_MISMATCH). None: take the tracker's (:attr:`Agent.grid`).
+    grid: TimeGrid | None = None
 
     def lane(self) -> LaneConfig:
         return LaneConfig(secret=self.secret, connect_timeout_s=self.connect_timeout_s)
@@ -57,7 +61,7 @@ class AgentConfig:
 
 
 class Agent:
-    _shared: ClassVar[dict[tuple[str, str], Agent]] = {}
+    _shared: ClassVar[dict[tuple[str, str, TimeGrid | None], Agent]] = {}
     # Class-wide, and replaced in a forked child (see _fresh_locks): a lock that some
     # other thread of the parent held at fork time would never be released there.
     _shared_lock: ClassVar[threading.Lock] = threading.Lock()
@@ -77,13 +81,15 @@ class Agent:
         return cls(url, graph, AgentConfig(secret=secret, **options))
 
     @classmethod
-    def shared(cls, url: str, graph: SegmentGraph, *, secret: bytes | None = None) -> Agent:
-        """This process's agent for ``url`` and ``graph``, created on first use."""
-        key = (url, graph.fingerprint())
+    def shared(cls, url: str, graph: SegmentGraph, *, secret: bytes | None = None,
+               grid: TimeGrid | None = None) -> Agent:
+        """This process's agent for ``url``, ``graph`` and ``grid`` (None: the
+        tracker's), created on first use."""
+        key = (url, graph.fingerprint(), grid)
         with cls._shared_lock:
             agent = cls._shared.get(key)
             if agent is None:
-                agent = cls._shared[key] = cls.connect(url, graph, secret=secret)
+                agent = cls._shared[key] = cls.connect(url, graph, secret=secret, grid=grid)
             return agent
 
     # ------------------------------------------------------------ lifecycle
@@ -114,7 +120,7 @@ class Agent:
         try:
             self._call(self._link.flush_all(), timeout_s)
         except Exception as exc:  # closing must not fail
-            log.warning("close: unflushed acks", extra={"reason": repr(exc)})
+            log.warning("close: unflushed acks", extra={"url": self.url, "reason": repr(exc)})
         asyncio.run_coroutine_threadsafe(self._link.close(), self._loop).result(timeout_s)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout_s)
@@ -131,6 +137,13 @@ class Agent:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @property
+    def grid(self) -> TimeGrid:
+        """The tracker's time grid, as the handshake agreed it (waits up to 30 s for
+        the first one): label with this grid, never with a default."""
+        self._ensure()
+        return self._call(self._link.tracker_grid(), 30.0)
 
     # ------------------------------------------------------------ blocking calls
     def _spawn(self, coro: Awaitable[T], timeout_s: float) -> Outcome[T]:

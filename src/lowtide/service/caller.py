@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import ClassVar, Generic, NoReturn, TypeVar
 
 from lowtide.core.messages import AckBatch, MinTimeUpdate
+from lowtide.core.time import TimeGrid
 from lowtide.service.agent import Agent
 from lowtide.service.batches import Outcome
 from lowtide.service.link import Link, timed
@@ -34,7 +35,7 @@ class CallerAgent(Agent):
     inside a running asyncio loop. Buffered acks, heartbeats and subscriptions need a
     loop that always runs: they are refused here (use :class:`Agent`)."""
 
-    _shared: ClassVar[dict[tuple[str, str], Agent]] = {}
+    _shared: ClassVar[dict[tuple[str, str, TimeGrid | None], Agent]] = {}
 
     def _boot(self) -> None:
         self._pid = os.getpid()
@@ -58,7 +59,7 @@ class CallerAgent(Agent):
         try:
             self._call(self._link.flush_all(), timeout_s)
         except Exception as exc:  # closing must not fail
-            log.warning("close: unflushed acks", extra={"reason": repr(exc)})
+            log.warning("close: unflushed acks", extra={"url": self.url, "reason": repr(exc)})
         with self._lock:
             with contextlib.suppress(Exception):
                 self._loop.run_until_complete(asyncio.wait_for(self._link.close(), timeout_s))

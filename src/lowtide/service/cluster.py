@@ -5,6 +5,13 @@ restarts a shard that dies on the same port and state directory (agents and the
 coordinator reconnect and resend; the shard recovers from its log), and stops them
 all when it stops. Shards exit by themselves when the coordinator disappears, even
 by ``kill -9``: they watch their stdin, a pipe only the coordinator holds.
+
+A dead shard's port may be taken by another process before the shard is back. Then
+the shard starts on another port and ``on_moved`` tells the coordinator, which
+watches it there and makes every client reconnect to learn the new address. Whoever
+holds the old port is never believed meanwhile: clients ask for "shard K of N" of
+their graph and grid in their Hello (covered by the secret's proofs) and refuse any
+other answer.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from lowtide.service.persist import StateDirRefused
@@ -20,6 +28,10 @@ from lowtide.service.persist import StateDirRefused
 log = logging.getLogger("lowtide.service.cluster")
 
 START_TIMEOUT_S = 30.0
+#: Tries on a dead shard's own port before it moves to another.
+SAME_PORT_TRIES = 5
+#: Tries on a free port (a previous shard may still hold the state dir while it exits).
+FREE_PORT_TRIES = 50
 
 
 class ShardProcesses:
@@ -31,6 +43,8 @@ class ShardProcesses:
         self._procs: list[asyncio.subprocess.Process | None] = [None] * count
         self.urls: list[str] = [""] * count
         self._watch: asyncio.Task[None] | None = None
+        #: called with (shard, url) when a restarted shard had to take another port
+        self.on_moved: Callable[[int, str], None] = lambda _k, _url: None
 
     async def start(self) -> tuple[str, ...]:
         for k in range(self.count):
@@ -73,13 +87,34 @@ class ShardProcesses:
                 k = waits[fut]
                 log.warning("shard died; restarting", extra={"shard": k, "code": fut.result()})
                 port = int(self.urls[k].rsplit(":", 1)[1])
-                await self._restart(k, port)
+                try:
+                    await self._restart(k, port)
+                except (RuntimeError, StateDirRefused) as exc:  # never a silent dead watch
+                    log.critical("shard cannot be restarted: its min times stay where they "
+                                 "are; stop the tracker and see the shard's log above",
+                                 extra={"shard": k, "error": str(exc)})
+                    self._procs[k] = None
+            if not any(self._procs):
+                return
 
     async def _restart(self, k: int, port: int) -> None:
-        for attempt in range(50):
+        """Start shard ``k`` on ``port`` (0: a free one); if its own port stays taken,
+        on another, and tell :attr:`on_moved`."""
+        if port and await self._tries(k, port, SAME_PORT_TRIES):
+            return
+        if not await self._tries(k, 0, FREE_PORT_TRIES):
+            raise RuntimeError(f"shard {k} cannot be restarted")
+        if port:
+            log.warning("shard port taken by another process: shard moved",
+                        extra={"shard": k, "port": port, "url": self.urls[k],
+                               "fix": "find what took the port; clients follow the shard"})
+            self.on_moved(k, self.urls[k])
+
+    async def _tries(self, k: int, port: int, tries: int) -> bool:
+        for attempt in range(tries):
             try:
                 await self._spawn(k, port)
-                return
+                return True
             except StateDirRefused:
                 raise
             except (RuntimeError, TimeoutError) as exc:  # port or state dir still held
@@ -87,7 +122,7 @@ class ShardProcesses:
                     "shard restart failed", extra={"shard": k, "try": attempt, "error": str(exc)}
                 )
                 await asyncio.sleep(0.2)
-        raise RuntimeError(f"shard {k} cannot be restarted")
+        return False
 
     async def stop(self) -> None:
         if self._watch is not None:

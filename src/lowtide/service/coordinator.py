@@ -65,16 +65,20 @@ class CoordinatorEngine(Engine):
         self._next_release_ms = 0
         self._reqs = iter(range(_WATCH_REQ + 1, 1 << 62))
         self._lanes = [
-            Lane(url, self._hello, lane, lambda _w: None, self._pusher(k))
+            Lane(url, self._hello(k), lane, lambda _w: None, self._pusher(k))
             for k, url in enumerate(shard_urls)
         ]
         for shard_lane in self._lanes:
             shard_lane.start()
             shard_lane.stand(_WATCH_REQ, WatchShard(_WATCH_REQ))
 
-    def _hello(self) -> Hello:
-        name = f"coordinator-{os.getpid()}"
-        return Hello(WIRE_VERSION, Role.COORDINATOR, nonce(), name, graph_spec(self.graph))
+    def _hello(self, shard: int) -> Callable[[], Hello]:
+        """Shard ``shard``'s Hello: its graph, grid and place, which the shard checks and
+        its Welcome must echo (a shard's port taken over by another server is refused)."""
+        name, graph = f"coordinator-{os.getpid()}", graph_spec(self.graph)
+        grid = (self.config.grid.delta_ms, self.config.grid.window_slots)
+        where = (shard, len(self.shards))
+        return lambda: Hello(WIRE_VERSION, Role.COORDINATOR, nonce(), name, graph, grid, where)
 
     def _pusher(self, shard: int) -> Callable[[Message], None]:
         def push(msg: Message) -> None:
@@ -83,6 +87,12 @@ class CoordinatorEngine(Engine):
                 self._post(lambda: self.receive(report))
 
         return push
+
+    def move(self, shard: int, url: str) -> None:
+        """Shard ``shard`` restarted at ``url``: watch it there, and tell agents (in the
+        Welcome they get when they reconnect)."""
+        self.shards = (*self.shards[:shard], url, *self.shards[shard + 1 :])
+        self._lanes[shard].url = url
 
     async def aclose(self) -> None:
         for lane in self._lanes:

@@ -3,6 +3,8 @@ raised again on the client side as the same core exception classes."""
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from lowtide.core.errors import (
     AckBehindHead,
     FrontOwned,
@@ -15,6 +17,8 @@ from lowtide.core.errors import (
 )
 from lowtide.wire.codec import WireError
 from lowtide.wire.messages import Error, ErrorCode
+
+E = TypeVar("E", bound=BaseException)
 
 # Most specific first: the first match wins.
 _CORE: tuple[tuple[type[ProtocolError], ErrorCode], ...] = (
@@ -58,6 +62,15 @@ class SessionFailed(ServiceError):
 
 class ConnectionLost(LowtideError, ConnectionError):
     """The channel to a peer closed; the agent reconnects and resends."""
+
+
+def fresh(exc: E) -> E:
+    """A copy of ``exc`` with no traceback, to raise again: raising the one object
+    kept for later calls adds each raise's frames to its traceback, without bound."""
+    new = type(exc).__new__(type(exc))  # BaseException.__new__: __init__ is not rerun
+    new.args = exc.args
+    new.__dict__.update(exc.__dict__)
+    return new
 
 
 def error_of(req: int, exc: Exception) -> Error:

@@ -24,7 +24,9 @@ first attempt emitted is then emitted by a later batch instead of by the retry).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterable
+import heapq
+import itertools
+from collections.abc import Iterable
 from typing import Generic, TypeVar
 
 from lowtide.core.messages import MinTimeUpdate
@@ -71,25 +73,42 @@ class MinTimeHistory:
 
 
 class MinTimeQuestions(Generic[A]):
-    """``MinTimeAt`` questions waiting for the server's clock to pass their time."""
+    """``MinTimeAt`` questions waiting for the server's clock to pass their time, in a
+    heap by that time: a step answers what is due without looking at the rest (a
+    flood of questions about the far future costs nothing per step).
+
+    >>> q = MinTimeQuestions[str]()
+    >>> q.ask("a", MinTimeAt(1, None, 200)); q.ask("b", MinTimeAt(2, None, 100))
+    >>> q.ask("a", MinTimeAt(3, None, 900))
+    >>> [(who, r.req) for who, r in q.answer(201, MinTimeHistory())], q.forget("a"), len(q)
+    ([('b', 2), ('a', 1)], 1, 0)
+    """
 
     def __init__(self) -> None:
-        self._waiting: list[tuple[A, MinTimeAt]] = []
+        self._waiting: list[tuple[int, int, A, MinTimeAt]] = []  # (at_ms, order, ...)
+        self._order = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._waiting)
 
     def ask(self, asker: A, question: MinTimeAt) -> None:
-        self._waiting.append((asker, question))
+        heapq.heappush(self._waiting, (question.at_ms, next(self._order), asker, question))
 
-    def answer(self, now_ms: int, history: MinTimeHistory,
-               alive: Callable[[A], bool]) -> list[tuple[A, MinTimeAtReply]]:
+    def answer(self, now_ms: int, history: MinTimeHistory) -> list[tuple[A, MinTimeAtReply]]:
         """Final answers to the questions whose time has passed (call after the step
-        recorded at ``now_ms``); questions of askers no longer alive are dropped."""
-        if not self._waiting:
-            return []
-        out, waiting = [], []
-        for asker, q in self._waiting:
-            if now_ms > q.at_ms:
-                out.append((asker, MinTimeAtReply(q.req, history.at(q.segment, q.at_ms))))
-            elif alive(asker):
-                waiting.append((asker, q))
-        self._waiting = waiting
+        recorded at ``now_ms``), earliest first."""
+        out = []
+        waiting = self._waiting
+        while waiting and waiting[0][0] < now_ms:
+            _at, _order, asker, q = heapq.heappop(waiting)
+            out.append((asker, MinTimeAtReply(q.req, history.at(q.segment, q.at_ms))))
         return out
+
+    def forget(self, asker: A) -> int:
+        """Drop the questions of an asker that is gone; returns how many."""
+        kept = [entry for entry in self._waiting if entry[2] != asker]
+        dropped = len(self._waiting) - len(kept)
+        if dropped:
+            heapq.heapify(kept)
+            self._waiting = kept
+        return dropped

@@ -5,38 +5,54 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from lowtide.core.graph import SegmentGraph
 from lowtide.service.channel import Channel
-from lowtide.wire.messages import Error, ErrorCode, Hello, Message, MinTimeAt, Subscribe, Welcome
+from lowtide.wire.messages import (
+    Batch,
+    Error,
+    ErrorCode,
+    FrontOp,
+    Hello,
+    Message,
+    MinTimeAt,
+    Role,
+    ShardReleaseFrame,
+    StatusRequest,
+    Subscribe,
+    Unsubscribe,
+    WatchShard,
+    Welcome,
+)
 
-if TYPE_CHECKING:
-    from lowtide.service.net import Limits
+#: What each role may ask of a server; anything else is refused (FORBIDDEN). An agent
+#: reports acks and fronts and reads; a status client only reads; a coordinator
+#: watches its shards and releases their old windows.
+RIGHTS: dict[Role, tuple[type[Message], ...]] = {
+    Role.AGENT: (Batch, FrontOp, Subscribe, Unsubscribe, MinTimeAt, StatusRequest),
+    Role.STATUS: (StatusRequest, Subscribe, Unsubscribe, MinTimeAt),
+    Role.COORDINATOR: (WatchShard, ShardReleaseFrame, StatusRequest),
+}
 
 
 @dataclass(eq=False)
 class Peer:
+    """An admitted connection: its channel, its name and role (from its Hello, which
+    the handshake proved), its address, and its standing requests."""
+
     channel: Channel
     name: str = ""
+    role: Role = Role.AGENT
+    host: str = ""
     subs: dict[int, int] = field(default_factory=dict)  # request id -> subscriber id
     questions: int = 0  # MinTimeAt requests not answered yet
 
-    def over_quota(self, msg: Subscribe | MinTimeAt, limits: Limits) -> Error | None:
-        """The refusal of a standing request this peer may not add, else None."""
-        if isinstance(msg, Subscribe):
-            quota = limits.max_subscriptions_per_peer
-            if len(self.subs) < quota or msg.req in self.subs:  # the same number replaces
-                return None
-            text = f"{quota} subscriptions are open on this connection, the limit "
-            text += "(Limits.max_subscriptions_per_peer): unsubscribe first"
-        else:
-            quota = limits.max_questions_per_peer
-            if self.questions < quota:
-                return None
-            text = f"{quota} MinTimeAt questions wait on this connection, the limit "
-            text += "(Limits.max_questions_per_peer): wait for their answers"
-        return Error(msg.req, ErrorCode.LIMIT, text)
+    def forbidden(self, msg: Message) -> Error | None:
+        """The refusal of a request this peer's role may not make, else None."""
+        if isinstance(msg, RIGHTS[self.role]):
+            return None
+        return Error(getattr(msg, "req", 0), ErrorCode.FORBIDDEN,
+                     f"a {self.role.name.lower()} may not send {type(msg).__name__}")
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,20 @@ from dataclasses import dataclass
 
 from lowtide.service import net
 from lowtide.service.channel import Address, Channel, dial_inproc
-from lowtide.service.errors import ConnectionLost, ServiceError
+from lowtide.service.errors import ConnectionLost, ServiceError, fresh
+from lowtide.service.handshake import client_handshake
 from lowtide.service.logs import LogBudget
 from lowtide.wire.codec import WireError
-from lowtide.wire.messages import Error, Hello, Message, MinTimeAtReply, Ok, Status, Welcome
+from lowtide.wire.messages import (
+    Error,
+    ErrorCode,
+    Hello,
+    Message,
+    MinTimeAtReply,
+    Ok,
+    Status,
+    Welcome,
+)
 
 log = logging.getLogger("lowtide.service.lane")
 
@@ -127,11 +137,9 @@ class Lane:
             except (ConnectionLost, WireError, OSError) as exc:
                 self.last_error, self.last_failure = repr(exc), exc
                 log.debug("lane down", extra={"url": self.url, "reason": str(exc)})
-            except ServiceError as exc:  # refused at handshake: tell the waiters
+            except ServiceError as exc:  # refused at handshake
                 self.last_error, self.last_failure = repr(exc), exc
-                log.warning("lane refused", extra={"url": self.url, "reason": str(exc)})
-                self._fail_all(exc)
-                self._on_refused(exc)
+                self._refused(exc)
             except Exception as exc:  # a bug here must not leave a dead lane behind
                 self.last_error = repr(exc)
                 log.exception("lane failed", extra={"url": self.url})
@@ -143,10 +151,21 @@ class Lane:
             await asyncio.sleep(pause)
             pause = min(pause * 2, longest)
 
+    def _refused(self, exc: ServiceError) -> None:
+        """A server that is full (LIMIT) may take us on the next try: the waiters wait
+        on. Any other refusal (secret, graph, grid, shard) they learn at once."""
+        if exc.code == ErrorCode.LIMIT:
+            self._log_budget.warn(log, self.url, "tracker full, retrying", url=self.url,
+                                  reason=str(exc))
+            return
+        log.warning("lane refused", extra={"url": self.url, "reason": str(exc)})
+        self._fail_all(exc)
+        self._on_refused(exc)
+
     async def _session(self) -> None:
         channel = await self._dial()
         welcome = await asyncio.wait_for(
-            net.client_handshake(channel, self._hello(), self._config.secret),
+            client_handshake(channel, self._hello(), self._config.secret),
             self._config.connect_timeout_s,
         )
         self._on_welcome(welcome)
@@ -197,8 +216,10 @@ class Lane:
             fut.set_result(msg)
 
     def _fail_all(self, exc: ServiceError) -> None:
-        """The server refused us (secret, graph): whoever waits learns why. Requests
-        stay pending, in case an operator fixes the server and it comes back."""
+        """The server refused us (secret, graph): whoever waits learns why, each with an
+        exception of its own (one object raised in many places would pile up all their
+        tracebacks). Requests stay pending, in case an operator fixes the server and it
+        comes back."""
         for _sent, fut in self._pending.values():
             if fut is not None and not fut.done():
-                fut.set_exception(exc)
+                fut.set_exception(fresh(exc))

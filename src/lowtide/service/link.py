@@ -21,7 +21,7 @@ from lowtide.core.time import TimeGrid
 from lowtide.service.auth import nonce
 from lowtide.service.batches import BatchKey, stream_time
 from lowtide.service.clock import SystemClock
-from lowtide.service.errors import ServiceError, SessionFailed, exception_of
+from lowtide.service.errors import ServiceError, SessionFailed, exception_of, fresh
 from lowtide.service.lane import Lane, Reply
 from lowtide.service.subscribe import Forward
 from lowtide.wire.messages import (
@@ -82,12 +82,15 @@ class Link:
         self.router: ShardRouter | None = None
         self.layout: ShardLayout | None = None
         self.ready = asyncio.Event()
+        #: the tracker's grid, from its first Welcome (read from any thread once ready)
+        self.grid: TimeGrid | None = None
         self.refused: ServiceError | None = None
         self._changed = asyncio.Event()  # set on each welcome or refusal of the main lane
         self._subs: dict[int, Forward] = {}
         self._inflight: set[asyncio.Future[Reply]] = set()
         self._errors: list[Exception] = []
         #: set once the tracker refused a background flush: every later call raises it
+        #: (a fresh copy each time, see :func:`~lowtide.service.errors.fresh`)
         self.failed: SessionFailed | None = None
         self._timer: asyncio.TimerHandle | None = None
 
@@ -99,9 +102,11 @@ class Link:
         lanes = [*([self.main] if self.main else []), *self.shards]
         return "; ".join(lane.describe() for lane in lanes) or "not started"
 
-    def _lane(self, url: str, on_welcome: Callable[[Welcome], None]) -> Lane:
+    def _lane(self, url: str, on_welcome: Callable[[Welcome], None],
+              shard: tuple[int, int] | None = None) -> Lane:
         config = self.agent.config.lane()
-        return Lane(url, self._hello, config, on_welcome, self._on_push, self._on_refused)
+        return Lane(url, lambda: self._hello(shard), config, on_welcome, self._on_push,
+                    self._on_refused)
 
     def _on_refused(self, exc: ServiceError) -> None:
         self.refused = exc
@@ -111,13 +116,25 @@ class Link:
         """Wait for the first welcome; raise why the server refused us, if it did."""
         while not self.ready.is_set():
             if self.refused is not None:
-                raise self.refused
+                raise fresh(self.refused)
             self._changed.clear()
             await self._changed.wait()
 
-    def _hello(self) -> Hello:
-        name = self.agent.config.name or f"agent-{os.getpid()}"
-        return Hello(WIRE_VERSION, Role.AGENT, nonce(), name, graph_spec(self.agent.graph))
+    async def tracker_grid(self) -> TimeGrid:
+        await self._ready()
+        assert self.grid is not None
+        return self.grid
+
+    def _hello(self, shard: tuple[int, int] | None) -> Hello:
+        """What this agent relies on the tracker to be: its graph, the grid it was
+        told to expect or learnt in its first handshake (a tracker restarted with
+        another is refused), and, on a shard's lane, which shard."""
+        config = self.agent.config
+        name = config.name or f"agent-{os.getpid()}"
+        expected = config.grid or self.grid
+        grid = None if expected is None else (expected.delta_ms, expected.window_slots)
+        return Hello(WIRE_VERSION, Role.AGENT, nonce(), name, graph_spec(self.agent.graph),
+                     grid, shard)
 
     async def close(self) -> None:
         if self._timer is not None:
@@ -132,19 +149,21 @@ class Link:
         if self.ready.is_set():
             self._retarget(welcome.shards)
             return
-        if welcome.shards:
-            self.layout = ShardLayout(len(welcome.shards), welcome.window_slots)
+        count = len(welcome.shards)
+        if count:
+            self.layout = ShardLayout(count, welcome.window_slots)
             self.router = ShardRouter(self.layout, self.session)
-            self.shards = [self._lane(url, lambda _w: None) for url in welcome.shards]
+            self.shards = [self._lane(url, lambda _w: None, (k, count))
+                           for k, url in enumerate(welcome.shards)]
             for lane in self.shards:
                 lane.start()
+        self.grid = TimeGrid(welcome.delta_ms, welcome.window_slots)
         self.ready.set()
         # Acks buffered before we knew the server's window size were merged per slot;
         # send them as they are, then merge by the server's windows from now on.
         self._send_flush(self.local.flush())
-        grid = TimeGrid(welcome.delta_ms, welcome.window_slots)
         self._local_config = LocalTrackerConfig(
-            grid, self._local_config.max_age_ms, self._local_config.max_entries
+            self.grid, self._local_config.max_age_ms, self._local_config.max_entries
         )
         self.local = self._local_config.build(self.session)
 
@@ -230,12 +249,15 @@ class Link:
                     "on: restart the process, and the work whose acks it sent"
                 )
         if isinstance(exc, Exception):
-            log.warning("flush refused", extra={"error": str(exc)})
+            log.warning("flush refused", extra={
+                "url": self.agent.url, "error": str(exc),
+                "fix": "this agent's next call raises why; a refused background flush fails "
+                       "its session: restart the process"})
             self._errors.append(exc)
 
     def check_failed(self) -> None:
         if self.failed is not None:
-            raise self.failed
+            raise fresh(self.failed)
 
     async def flush_all(self) -> None:
         await self._ready()
@@ -244,7 +266,7 @@ class Link:
             await asyncio.wait(list(self._inflight))
         errors, self._errors = self._errors, []
         if errors:
-            raise errors[0]
+            raise fresh(errors[0])
         self.check_failed()
 
     # ------------------------------------------------------------ requests
@@ -335,7 +357,8 @@ class Link:
 
     def _on_push(self, msg: Message) -> None:
         if not isinstance(msg, Notify):
-            log.warning("unexpected push", extra={"type": type(msg).__name__})
+            log.warning("unexpected push, ignored", extra={"url": self.agent.url,
+                                                           "type": type(msg).__name__})
             return
         for req, update in msg.updates:
             forward = self._subs.get(req)

@@ -1,6 +1,6 @@
-"""The server's connection side: handshakes, reading a peer's frames into the state
-task's inbox, refusing bad input. It never touches the tracker's state: everything it
-learns goes through the inbox, in order."""
+"""The server's connection side: admission (see :mod:`.admission`), handshakes,
+reading a peer's frames into the state task's inbox, refusing bad input. It never
+touches the tracker's state: everything it learns goes through the inbox, in order."""
 
 from __future__ import annotations
 
@@ -10,13 +10,15 @@ import logging
 from typing import Any
 
 from lowtide.core.errors import GraphError
-from lowtide.service import net
+from lowtide.service.admission import Gate, Ticket, fit_file_limit
 from lowtide.service.channel import Channel
 from lowtide.service.config import ServerConfig
 from lowtide.service.errors import ConnectionLost, ServiceError
+from lowtide.service.handshake import server_handshake
 from lowtide.service.inbox import Admit, Gone, Item, Peer, Request
 from lowtide.service.logs import LogBudget, clip
 from lowtide.service.metrics import ServerMetrics
+from lowtide.service.net import MAX_HTTP_CONNECTIONS, Limits
 from lowtide.wire.codec import WireError
 from lowtide.wire.frames import FrameForged, FrameTooLarge
 from lowtide.wire.messages import Error, ErrorCode, Hello, Welcome, graph_of
@@ -31,6 +33,21 @@ class PeerConnections:
         self._log_budget = log_budget
         self.peers: set[Peer] = set()
         self.tasks: set[asyncio.Task[Any]] = set()
+        #: TCP connections; its limits are the config's, fitted to the file limit
+        self.gate = Gate(config.limits)
+
+    def fit_file_limit(self) -> Limits:
+        """Lower max_connections so that connections, handshakes, HTTP requests, the log
+        and snapshots all fit under ``ulimit -n`` (see :mod:`.admission`); returns the
+        limits the server applies."""
+        cfg = self.config
+        http = MAX_HTTP_CONNECTIONS * ((cfg.metrics_port is not None) + (cfg.web_port is not None))
+        limits = fit_file_limit(cfg.limits, http=http + len(cfg.shard_urls))
+        if limits.max_connections < cfg.limits.max_connections:
+            log.info("max_connections lowered to fit the file limit (raise ulimit -n for "
+                     "more)", extra={"max_connections": limits.max_connections})
+        self.gate = Gate(limits)
+        return limits
 
     def close_all(self) -> None:
         for peer in list(self.peers):
@@ -39,24 +56,34 @@ class PeerConnections:
     def accept_inproc(self, channel: Channel) -> None:
         asyncio.get_running_loop().create_task(self.serve(channel))
 
-    async def serve(self, channel: Channel) -> None:
+    async def serve(self, channel: Channel, ticket: Ticket | None = None) -> None:
+        """Serve one connection: a TCP one with its ``ticket`` from :attr:`gate`, an
+        in-process one without (no descriptor, nobody outside this process)."""
         # Kept so stop() can end it; this also holds the strong reference that
         # the loop (which keeps tasks weakly) does not.
         task = asyncio.current_task()
         assert task is not None
         self.tasks.add(task)
         try:
-            await self._serve_peer(channel)
+            await self._serve_peer(channel, ticket)
         finally:
             self.tasks.discard(task)
 
-    async def _serve_peer(self, channel: Channel) -> None:
-        cfg = self.config
-        hello = await net.server_handshake(channel, cfg.secret, self._admit, cfg.limits)
+    async def _serve_peer(self, channel: Channel, ticket: Ticket | None) -> None:
+        limits, gate = self.gate.limits, self.gate
+        if ticket is None:
+            deadline = asyncio.get_running_loop().time() + limits.handshake_timeout_s
+            hello = await server_handshake(channel, self.config.secret, self._admit, deadline,
+                                           limits.idle_timeout_s)
+        else:
+            hello = await server_handshake(channel, self.config.secret, self._admit,
+                                           ticket.deadline, limits.idle_timeout_s,
+                                           lambda: gate.admit(ticket))
         if hello is None:
             self.metrics.refused.inc()
             return
-        peer = Peer(channel, clip(hello.name, 128))
+        host = ticket.host if ticket is not None else "inproc"
+        peer = Peer(channel, clip(hello.name, 128), hello.role, host)
         self.peers.add(peer)
         self.metrics.connections.inc()
         try:

@@ -44,6 +44,7 @@ STATE = "state.json"
 LOCK = "lock"
 #: Bumped when the log or snapshot format changes; a state dir of another is refused.
 FORMAT_VERSION = 2
+SNAPSHOT_RETRY_MS = 1_000
 WAY_OUT = (
     "restore the state dir from a backup, or move it away and start with an empty one "
     "(then re-run the queries from their start)"
@@ -185,6 +186,7 @@ class StateLog:
         self._index = 0
         self._records = 0
         self._last_snapshot_ms: int | None = None
+        self._retry_ms = 0  # after a failed snapshot, none is due before this
         self._broken: str | None = None
         _private_dir(state_dir)
         _state_file(state_dir)  # refuse a directory of another format before anything
@@ -290,7 +292,7 @@ class StateLog:
     def snapshot_due(self, now_ms: int) -> bool:
         if self._last_snapshot_ms is None:
             self._last_snapshot_ms = now_ms
-        if self._records == 0:
+        if self._records == 0 or now_ms < self._retry_ms:
             return False
         return (
             self._records >= self.snapshot_every_records
@@ -299,12 +301,18 @@ class StateLog:
 
     def snapshot(self, engine: Engine, now_ms: int) -> None:
         """Call between groups (nothing pending): the state then covers every log file
-        before the one this opens."""
+        before the one this opens. One that fails (no descriptor or disk space left)
+        raises OSError and is due again :data:`SNAPSHOT_RETRY_MS` later; meanwhile the
+        log holds everything since the last snapshot, so nothing is lost."""
         covered = self._index
-        self._open_next()
-        meta, arrays = engine.export()
-        data = encode_snapshot({"engine": meta, "next_wal": covered + 1}, arrays)
-        _atomic_write(self.dir / SNAPSHOT, data, fsync=True)
+        try:
+            self._open_next()
+            meta, arrays = engine.export()
+            data = encode_snapshot({"engine": meta, "next_wal": covered + 1}, arrays)
+            _atomic_write(self.dir / SNAPSHOT, data, fsync=True)
+        except OSError:
+            self._retry_ms = now_ms + SNAPSHOT_RETRY_MS
+            raise
         for index, path in self._wal_files():
             if index <= covered:
                 path.unlink(missing_ok=True)
@@ -312,10 +320,13 @@ class StateLog:
         log.info("snapshot", extra={"bytes": len(data), "next_wal": covered + 1})
 
     def _open_next(self) -> None:
+        """Open the next log file, then close this one: if the open fails (no descriptor
+        left), the log goes on in the file it had."""
+        fd = _open_private(self.dir / _wal_name(self._index + 1), os.O_WRONLY | os.O_APPEND)
         if self._fd >= 0:
             os.close(self._fd)
         self._index += 1
-        self._fd = _open_private(self.dir / _wal_name(self._index), os.O_WRONLY | os.O_APPEND)
+        self._fd = fd
 
     def close(self) -> None:
         if self._fd >= 0:

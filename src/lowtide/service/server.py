@@ -27,15 +27,16 @@ from lowtide.service.config import ServerConfig
 from lowtide.service.coordinator import CoordinatorEngine
 from lowtide.service.engine import Engine, StateRequest, StepResult
 from lowtide.service.errors import ConnectionLost, ServiceError, error_of
-from lowtide.service.history import MinTimeHistory, MinTimeQuestions
+from lowtide.service.handshake import shard_mismatch
+from lowtide.service.history import MinTimeHistory
 from lowtide.service.inbox import Admit, Call, Gone, Item, Outbox, Peer, Request, Tick
 from lowtide.service.lane import LaneConfig
-from lowtide.service.logs import LogBudget, clip
+from lowtide.service.logs import LogBudget
 from lowtide.service.metrics import ServerMetrics
 from lowtide.service.peers import PeerConnections
 from lowtide.service.persist import StateLog, store_graph, stored_graph
 from lowtide.service.shard import ShardEngine
-from lowtide.service.subscribers import Subscribers
+from lowtide.service.standing import StandingRequests
 from lowtide.service.web import WebApp
 from lowtide.service.webview import WebView
 from lowtide.wire.messages import (
@@ -72,7 +73,7 @@ class TrackerServer:
         self.engine: Engine | None = None
         self.metrics = ServerMetrics(config.pipeline)
         self._inbox: asyncio.Queue[Item] = asyncio.Queue(INBOX)
-        self._subscribers = Subscribers()
+        self._standing = StandingRequests(config.limits)
         self._watchers: set[Peer] = set()
         self._posted: set[asyncio.Task[None]] = set()
         self._wal: StateLog | None = None
@@ -84,10 +85,9 @@ class TrackerServer:
         self.web_port = 0
         self._next_metrics_ms = 0
         self._history = MinTimeHistory()
-        self._questions: MinTimeQuestions[Peer] = MinTimeQuestions()
         self.inproc_url = ""
         self._failed: Error | None = None  # set once a step raised: fail-stop
-        self._log_budget = LogBudget()  # per peer
+        self._log_budget = LogBudget()  # per peer, and per segment for stuck windows
         self._conns = PeerConnections(config, self._inbox, self.metrics, self._log_budget)
 
     @property
@@ -124,10 +124,11 @@ class TrackerServer:
         if graph is not None:
             self._adopt(graph)
         loop = asyncio.get_running_loop()
+        self._standing.limits = self._conns.fit_file_limit()
         self.inproc_url = register_inproc(loop, self._conns.accept_inproc)
         if cfg.listen:
             server, self.port = await net.serve_tcp(cfg.host, cfg.port, self._conns.serve,
-                                                   cfg.limits)
+                                                   self._conns.gate)
             self._servers.append(server)
         if cfg.metrics_port is not None:
             http, self.metrics_port = await net.serve_http(
@@ -141,7 +142,10 @@ class TrackerServer:
                                                       self.web.respond)
             self._servers.append(web)
         self._tasks = [loop.create_task(self._state_loop()), loop.create_task(self._ticker())]
-        log.info("serving", extra={"url": self.url, "state_dir": str(cfg.state_dir or "")})
+        limits = self._conns.gate.limits
+        log.info("serving", extra={"url": self.url, "state_dir": str(cfg.state_dir or ""),
+                                   "max_connections": limits.max_connections,
+                                   "max_handshakes": limits.max_handshakes})
 
     async def stop(self) -> None:
         unregister_inproc(self.inproc_url)
@@ -176,6 +180,17 @@ class TrackerServer:
         self._posted.add(task)
         task.add_done_callback(self._posted.discard)
 
+    def move_shard(self, shard: int, url: str) -> None:
+        """A coordinator's shard restarted elsewhere (its port was taken): every client
+        reconnects, and learns the new address from its Welcome."""
+
+        def move() -> None:
+            assert isinstance(self.engine, CoordinatorEngine)
+            self.engine.move(shard, url)
+            self._conns.close_all()
+
+        self.post(move)
+
     def _adopt(self, graph: SegmentGraph) -> None:
         engine = self._make_engine(graph)
         if self._wal is not None:
@@ -208,12 +223,18 @@ class TrackerServer:
                 f"client graph {graph.fingerprint()} ({len(graph)} segments) differs from "
                 f"the tracker's {self.engine.graph.fingerprint()} ({len(self.engine.graph)})",
             )
+        cfg = self.config
+        grid = (cfg.grid.delta_ms, cfg.grid.window_slots)
+        if hello.grid is not None and hello.grid != grid:
+            raise ServiceError(ErrorCode.GRID_MISMATCH,
+                               f"this tracker's grid is delta_ms {grid[0]}, window_slots "
+                               f"{grid[1]}; the client expects {hello.grid[0]}, "
+                               f"{hello.grid[1]}: use the tracker's grid")
+        wrong_shard = shard_mismatch(hello.role, hello.shard, cfg.shard)
+        if wrong_shard is not None:
+            raise ServiceError(ErrorCode.SHARD_MISMATCH, wrong_shard)
         mine = graph_spec(self.engine.graph)
-        grid = self.config.grid
-        shards = self.engine.shards
-        return Welcome(
-            WIRE_VERSION, self.config.name, mine, grid.delta_ms, grid.window_slots, shards
-        )
+        return Welcome(WIRE_VERSION, cfg.name, mine, *grid, self.engine.shards, cfg.shard)
 
     # ------------------------------------------------------------ state task
     async def _ticker(self) -> None:
@@ -242,7 +263,8 @@ class TrackerServer:
         is closed, so clients learn why at once instead of waiting for a timeout (a
         dead state task would leave them all hanging)."""
         log.critical("tracker state step failed: refusing everything from now on",
-                     exc_info=exc)
+                     exc_info=exc, extra={"error": repr(exc), "fix": "restart the tracker (it "
+                                          "recovers from its state dir)"})
         self.metrics.error(ErrorCode.INTERNAL.name)
         self._failed = Error(0, ErrorCode.INTERNAL, f"the tracker failed: {exc!r}")
         self._refuse_group(items)
@@ -273,7 +295,7 @@ class TrackerServer:
             elif isinstance(item, Admit):
                 self._admit_now(item)
             elif isinstance(item, Gone):
-                self._subscribers.drop(item.peer)
+                self._standing.gone(item.peer)
                 self._watchers.discard(item.peer)
                 self._log_budget.forget(item.peer)
             elif isinstance(item, Call):
@@ -289,10 +311,7 @@ class TrackerServer:
         self._send(out)
         step = engine.step(now)
         self._history.observe(now, step.updates)
-        answers = self._questions.answer(now, self._history, self._conns.peers.__contains__)
-        for peer, _reply in answers:
-            peer.questions -= 1
-        self._send(answers)
+        self._send(self._standing.answers(now, self._history))
         self._publish(step)
         if ticked:
             self._tick(engine, now)
@@ -314,7 +333,15 @@ class TrackerServer:
             self.metrics.observe(status, now, self.config.grid)
             self._refresh_web(status)
         if self._wal is not None and self._wal.snapshot_due(now):
-            self._wal.snapshot(engine, now)
+            try:  # a failed snapshot is retried (see StateLog.snapshot): never fatal
+                self._wal.snapshot(engine, now)
+            except OSError as exc:
+                self._log_budget.warn(
+                    log, "snapshot", "snapshot failed, retrying", error=str(exc),
+                    state_dir=str(self.config.state_dir),
+                    fix="free descriptors (ulimit -n) or disk space; until a snapshot "
+                        "succeeds the log keeps growing",
+                )
 
     def _refresh_web(self, status: dict[str, object]) -> None:
         if self.web is not None:
@@ -324,19 +351,15 @@ class TrackerServer:
         engine = self.engine
         if engine is None:
             out.append((peer, Error(0, ErrorCode.BAD_REQUEST, "no pipeline graph yet")))
+        elif (forbidden := peer.forbidden(msg)) is not None:
+            self._log_budget.warn(log, peer, "refused request", code=forbidden.code.name,
+                                  error=forbidden.message, client=peer.name,
+                                  peer=peer.channel.peer)
+            out.append((peer, forbidden))
         elif isinstance(msg, Batch | FrontOp):
             out.append((peer, self._apply(engine, peer, msg, now)))
-        elif isinstance(msg, Subscribe | MinTimeAt) and (
-            refusal := peer.over_quota(msg, self.config.limits)
-        ):
-            out.append((peer, refusal))
-        elif isinstance(msg, Subscribe):
-            self._subscribe(engine, peer, msg, out)
-        elif isinstance(msg, Unsubscribe):
-            self._subscribers.unsubscribe(peer, msg.req)
-            out.append((peer, Ok(msg.req)))
-        elif isinstance(msg, MinTimeAt):
-            self._ask(engine, peer, msg, out)
+        elif isinstance(msg, Subscribe | Unsubscribe | MinTimeAt):
+            self._standing.request(engine, peer, msg, out)
         elif isinstance(msg, StatusRequest):
             out.append((peer, Status(msg.req, json.dumps(self.status()))))
         elif isinstance(msg, ShardReleaseFrame | WatchShard):
@@ -372,31 +395,20 @@ class TrackerServer:
         except ServiceError as exc:
             out.append((peer, error_of(getattr(msg, "req", 0), exc)))
 
-    def _ask(self, engine: Engine, peer: Peer, msg: MinTimeAt, out: Outbox) -> None:
-        if msg.segment is not None and msg.segment not in engine.graph:
-            out.append((peer, Error(msg.req, ErrorCode.UNKNOWN_SEGMENT, clip(msg.segment))))
-        else:
-            peer.questions += 1
-            self._questions.ask(peer, msg)
-
-    def _subscribe(self, engine: Engine, peer: Peer, msg: Subscribe, out: Outbox) -> None:
-        try:
-            current = engine.current(msg.segment)
-        except ProtocolError as exc:
-            out.append((peer, error_of(msg.req, exc)))
-            return
-        out.append((peer, Ok(msg.req)))
-        out.append((peer, self._subscribers.subscribe(peer, msg.req, msg.segment, current)))
-
     def _publish(self, step: StepResult) -> None:
         if step.report is not None:
             self._send([(peer, ShardReportFrame(step.report)) for peer in self._watchers])
-        for stuck in step.stuck:
-            log.warning("stuck window", extra={"detail": stuck.describe()})
+        for stuck in step.stuck:  # a few lines a minute per segment, with a count of the rest
+            self._log_budget.warn(
+                log, ("stuck", stuck.segment), "stuck window", detail=stuck.describe(),
+                after_ms=self.config.stuck_after_ms,
+                fix=f"items of segment {stuck.segment!r} were lost or are still being "
+                    "processed: see `lowtide status` (stuck) and the operator that receives them",
+            )
         if not step.updates:
             return
         self.metrics.updates(step.updates, self.clock.now_ms(), self.config.grid)
-        self._send(self._subscribers.notifies(step.updates))
+        self._send(self._standing.notifies(step.updates))
 
     def _send(self, out: Outbox) -> None:
         for peer, msg in out:

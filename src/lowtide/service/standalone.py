@@ -146,6 +146,9 @@ def run_serve(args: argparse.Namespace) -> int:
     except StateDirError as exc:
         print(f"lowtide serve: {exc}", file=sys.stderr)
         return exc.exit_code
+    except ValueError as exc:  # a file limit too small for the tracker
+        print(f"lowtide serve: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
         print(f"lowtide serve: {why_not_serving(args, exc)}", file=sys.stderr)
         return 1
@@ -177,6 +180,8 @@ async def _serve(args: argparse.Namespace) -> None:
         config = server_config(args)
     server = config.build()
     await server.start()
+    if shards is not None:
+        shards.on_moved = server.move_shard
     print(f"lowtide serving {server.url}", flush=True)
     if server.metrics_port:
         host = config.metrics_host

@@ -1,5 +1,12 @@
-"""The server's subscribers: which peer's request each subscription answers, and the
-Notify frames a step's updates make for each peer."""
+"""The server's subscribers: which peer's requests each subscription answers, and the
+Notify frames a step's updates make for each peer.
+
+A peer's subscriptions to one segment form one subscriber of the core's
+:class:`~lowtide.core.subscriptions.Subscriptions`, so a step's routing costs one
+entry per peer and segment, however many subscriptions a peer holds; its requests are
+then listed in C (``zip``/``repeat``), and the Notify codec writes each run of one
+update once (see :mod:`lowtide.wire.codec`).
+"""
 
 from __future__ import annotations
 
@@ -16,7 +23,9 @@ from lowtide.wire.messages import Notify
 class Subscribers:
     def __init__(self) -> None:
         self._subs = Subscriptions()
-        self._owner: dict[int, tuple[Peer, int]] = {}  # subscriber id -> (peer, request)
+        #: subscriber -> (peer, segment, its requests in order)
+        self._groups: dict[int, tuple[Peer, str | None, dict[int, None]]] = {}
+        self._group_of: dict[tuple[Peer, str | None], int] = {}
         self._ids = itertools.count(1)
 
     def subscribe(self, peer: Peer, req: int, segment: str | None,
@@ -24,30 +33,39 @@ class Subscribers:
         """Register ``peer``'s request ``req`` (replacing one of the same number);
         returns the first update to send."""
         self.unsubscribe(peer, req)
-        sub = next(self._ids)
+        sub = self._group_of.get((peer, segment))
+        if sub is None:
+            sub = self._group_of[(peer, segment)] = next(self._ids)
+            self._groups[sub] = (peer, segment, {})
+            self._subs.subscribe(sub, segment, current)
+        self._groups[sub][2][req] = None
         peer.subs[req] = sub
-        self._owner[sub] = (peer, req)
-        return Notify(((req, self._subs.subscribe(sub, segment, current)),))
+        return Notify(((req, current),))
 
     def unsubscribe(self, peer: Peer, req: int) -> None:
         sub = peer.subs.pop(req, None)
-        if sub is not None:
+        if sub is None:
+            return
+        reqs = self._groups[sub][2]
+        del reqs[req]
+        if not reqs:
             self._forget(sub)
 
     def drop(self, peer: Peer) -> None:
         """A peer is gone: forget all its subscriptions."""
-        for sub in peer.subs.values():
+        for sub in set(peer.subs.values()):
             self._forget(sub)
         peer.subs.clear()
 
     def _forget(self, sub: int) -> None:
         self._subs.unsubscribe(sub, everywhere=True)
-        self._owner.pop(sub, None)
+        peer, segment, _reqs = self._groups.pop(sub)
+        del self._group_of[(peer, segment)]
 
     def notifies(self, updates: Iterable[MinTimeUpdate]) -> Outbox:
         """One Notify per peer with every update its subscriptions asked for."""
         per_peer: dict[Peer, list[tuple[int, MinTimeUpdate]]] = defaultdict(list)
         for sub, update in self._subs.route(updates):
-            peer, req = self._owner[sub]
-            per_peer[peer].append((req, update))
+            peer, _segment, reqs = self._groups[sub]
+            per_peer[peer].extend(zip(reqs, itertools.repeat(update)))
         return [(peer, Notify(tuple(ups))) for peer, ups in per_peer.items()]

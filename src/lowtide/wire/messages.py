@@ -24,7 +24,9 @@ from lowtide.core.messages import (
 #: Bumped on any incompatible change of the byte format; checked at handshake.
 #: 2: FrontOp carries its owner; error codes FRONT_OWNED, SESSION_FAILED; Challenge
 #:    carries the server's proof of the secret (mutual authentication).
-WIRE_VERSION = 2
+#: 3: both proofs cover the whole Hello; Hello names the grid and shard it expects,
+#:    Welcome the shard it is; error codes GRID_MISMATCH, SHARD_MISMATCH, FORBIDDEN.
+WIRE_VERSION = 3
 
 #: A graph as plain data: ((name, (inbound names...)), ...) in topological order.
 GraphSpec = tuple[tuple[str, tuple[str, ...]], ...]
@@ -42,7 +44,9 @@ def graph_of(spec: GraphSpec) -> SegmentGraph:
 
 
 class Role(IntEnum):
-    """Who opens a connection: decides nothing about rights, only logs and metrics."""
+    """Who opens a connection, and so which requests it may make (see
+    :data:`lowtide.service.inbox.RIGHTS`): an agent reports acks and fronts, a status
+    client only reads, a coordinator watches and releases shards."""
 
     AGENT = 1
     STATUS = 2
@@ -56,6 +60,9 @@ class ErrorCode(IntEnum):
     GRAPH_MISMATCH = 4
     BAD_REQUEST = 5
     LIMIT = 6
+    GRID_MISMATCH = 7
+    SHARD_MISMATCH = 8
+    FORBIDDEN = 9
     PROTOCOL = 10
     UNKNOWN_SEGMENT = 11
     UNKNOWN_FRONT = 12
@@ -68,16 +75,26 @@ class ErrorCode(IntEnum):
 
 
 # ----------------------------------------------------------------- handshake
+#: (delta_ms, window_slots) of a time grid; (index, count) of a shard.
+GridSpec = tuple[int, int]
+ShardSpec = tuple[int, int]
+
+
 @dataclass(frozen=True)
 class Hello:
     """First frame of a client. ``graph`` lets a fresh standalone server adopt the
-    pipeline; a server that has one refuses a client whose graph differs."""
+    pipeline; a server that has one refuses a client whose graph differs. ``grid``
+    and ``shard`` (None: any, not a shard) are what the client expects the server to
+    be; it is refused otherwise. With a secret, both proofs cover the whole Hello
+    (see :mod:`lowtide.service.auth`), so nobody on the way can change a field."""
 
     version: int
     role: Role
     nonce: bytes
     name: str
     graph: GraphSpec | None
+    grid: GridSpec | None = None
+    shard: ShardSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -96,7 +113,9 @@ class Auth:
 
 @dataclass(frozen=True)
 class Welcome:
-    """``shards``: in a sharded deployment, the shard URLs agents send acks to."""
+    """What the server agreed to: its graph and grid, and which shard it is (None: not
+    a shard); the client checks them against its Hello. ``shards``: in a sharded
+    deployment, the shard URLs agents send acks to."""
 
     version: int
     server: str
@@ -104,6 +123,7 @@ class Welcome:
     delta_ms: int
     window_slots: int
     shards: tuple[str, ...] = ()
+    shard: ShardSpec | None = None
 
 
 # ------------------------------------------------------------ agent -> server

@@ -39,8 +39,13 @@ SCENARIOS = (
     Scenario("full disk", (faults.full_disk,)),
     Scenario("refused flush", rogue=True),
     Scenario("skewed clocks", skew=((1, 300),)),
-    Scenario("hostile peers", hostile=True),
+    Scenario("hostile peers", attacks=("fuzz", "flood", "hijack", "replay")),
     Scenario("fake server", probe=hostile.fooled_by_fake_server),
+    Scenario("hello rewritten", probe=hostile.fooled_by_rewritten_hello),
+    Scenario("fd exhaustion", attacks=("connections",), nofile=512),
+    Scenario("slow handshakes", (faults.kill_tracker,), attacks=("slow handshakes",),
+             serve_args=("--max-connections", "64")),
+    Scenario("subscription flood", attacks=("subscriptions",)),
 )
 
 
@@ -83,7 +88,8 @@ def summary(results: list[Result]) -> dict[str, Any]:
         "notify_p50_ms_attacked": p50("hostile peers"),
         "notify_p99_ms_attacked": p99("hostile peers"),
         "scenarios": {r.name: {"faults": r.faults, "premature": len(r.premature),
-                               "lost": r.lost, "refused_starts": r.refused_starts}
+                               "lost": r.lost, "refused_starts": r.refused_starts,
+                               "notify_p99_ms": p99(r.name)}
                       for r in results},
     }
 

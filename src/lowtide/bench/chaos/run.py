@@ -34,7 +34,9 @@ class Scenario:
     shards: int = 0
     skew: tuple[tuple[int, int], ...] = ()  # (front, slots its clock is off)
     rogue: bool = False  # a front whose refused flush must hold the min times back
-    hostile: bool = False  # fuzzed and replayed frames, floods, a front takeover
+    attacks: tuple[str, ...] = ()  # hostile peers while the work runs (see hostile.Attack)
+    nofile: int | None = None  # the tracker's file limit (ulimit -n), snapshots often
+    serve_args: tuple[str, ...] = ()  # more `lowtide serve` options
     probe: Callable[[bytes | None], bool] | None = None  # True: the probe was fooled
 
     @property
@@ -60,7 +62,8 @@ class Run:
 
     def __init__(self, tmp: Path, work: Workload, scenario: Scenario, secret_file: Path) -> None:
         self.tmp, self.work, self.scenario = tmp, work, scenario
-        self.tracker = TrackerProcess(tmp, shards=scenario.shards, secret_file=secret_file)
+        self.tracker = TrackerProcess(tmp, shards=scenario.shards, secret_file=secret_file,
+                                      nofile=scenario.nofile, args=scenario.serve_args)
         self.journal = tmp / "journal"
         self.journal.mkdir()
         self.ctx = multiprocessing.get_context("spawn")
@@ -139,7 +142,7 @@ def run_scenario(tmp: Path, work: Workload, scenario: Scenario, secret_file: Pat
     started = time.monotonic()
     if scenario.probe is not None:
         fooled = scenario.probe(work.secret)
-        premature = ["an agent believed a server without the secret"] if fooled else []
+        premature = [f"{scenario.name}: believed a peer without the secret"] if fooled else []
         return Result(scenario.name, faults=1, premature=premature,
                       seconds=time.monotonic() - started)
     run = Run(tmp, work, scenario, secret_file)
@@ -153,16 +156,22 @@ def run_scenario(tmp: Path, work: Workload, scenario: Scenario, secret_file: Pat
         run.start_fronts()
         run.start_consumer()
         run.faults += scenario.rogue + bool(scenario.skew)
-        if scenario.hostile:
-            attack = hostile.Attack(run.tracker.url, work.secret)
+        if scenario.attacks:
+            attack = hostile.Attack(run.tracker.url, work.secret, scenario.attacks)
             attack.start()
-            run.faults += 4  # fuzz, replay, flood, front takeover
+            run.faults += len(scenario.attacks)
         fronts = len(work.fronts) + scenario.rogue
-        _wait(lambda: run.done_slots() >= fronts * work.slots // 3, 60, "a third of the work")
-        for fault in scenario.faults:
-            fault(run)
-            time.sleep(0.3)
-        lost = _finish(run, watcher, scenario)
+        try:
+            _wait(lambda: run.done_slots() >= fronts * work.slots // 3, 60,
+                  "a third of the work")
+        except TimeoutError as exc:  # the tracker stopped serving: that run is lost
+            run.say(str(exc))
+            lost = 1
+        else:
+            for fault in scenario.faults:
+                fault(run)
+                time.sleep(0.3)
+            lost = _finish(run, watcher, scenario)
     finally:
         if attack is not None:
             attack.stop()

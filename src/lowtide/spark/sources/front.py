@@ -150,10 +150,14 @@ class Front:
             self._thread.start()
 
     def _connect(self, tracker: TrackerRef | AgentLike, grid: TimeGrid | None) -> None:
-        if isinstance(tracker, TrackerRef):
+        if isinstance(tracker, TrackerRef):  # its agent's handshake checks the grid
             self._agent, self.grid = connect(tracker), grid or tracker.grid
-        else:
-            self._agent, self.grid = tracker, grid or TimeGrid()
+        else:  # the tracker's grid, as the agent's handshake learnt it
+            self._agent, told = tracker, getattr(tracker, "grid", None) or TimeGrid()
+            if grid is not None and grid != told:
+                raise ValueError(f"grid {grid} is not the tracker's {told}: label with "
+                                 "the tracker's grid (pass none to use it)")
+            self.grid = told
         graph = tracker.graph if isinstance(tracker, TrackerRef) else getattr(
             tracker, "graph", None)
         if graph is None:

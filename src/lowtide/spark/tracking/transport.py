@@ -123,7 +123,8 @@ def connect(ref: TrackerRef) -> AgentLike:
     secret = text.strip().encode() if text else None
     # a task only makes calls, and blocks on them: its own thread runs the agent's loop
     kind = CallerAgent if _in_task() else Agent
-    agent: AgentLike = kind.shared(ref.url, ref.graph, secret=secret)
+    # the grid is part of the handshake: a tracker with another refuses the agent
+    agent: AgentLike = kind.shared(ref.url, ref.graph, secret=secret, grid=ref.grid)
     return agent
 
 
