@@ -152,3 +152,23 @@ def consumer(
                     release.wait(60)
                 agent.send_batch(BatchKey("q", slot, "out", front), second)
             time.sleep(0.03)
+
+
+def wait_until(check: Any, timeout_s: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise TimeoutError("condition not met")
+
+
+def shard_pids(agent: Agent) -> list[int]:
+    def pids() -> list[int] | None:
+        shards = agent.status()["shards"]
+        if all(s["status"] for s in shards):
+            return [s["status"]["pid"] for s in shards]
+        return None
+
+    return wait_until(pids)

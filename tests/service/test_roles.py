@@ -31,9 +31,16 @@ from lowtide.wire.messages import (
     StatusRequest,
     WatchShard,
 )
-from tests.service.procs import consumer, graph, producer, serve, write_graph
+from tests.service.procs import (
+    consumer,
+    graph,
+    producer,
+    serve,
+    shard_pids,
+    wait_until,
+    write_graph,
+)
 from tests.service.raw import RawClient
-from tests.service.test_sharded import shard_pids, wait_until
 
 pytestmark = pytest.mark.socket
 

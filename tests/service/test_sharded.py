@@ -16,7 +16,17 @@ from lowtide.core.messages import Ack, AckBatch, Heartbeat, MinTimeUpdate
 from lowtide.service import Agent, BatchKey
 from lowtide.service.batches import stream_time
 from lowtide.wire.messages import Batch, Ok, Welcome
-from tests.service.procs import consumed, consumer, graph, produced, producer, serve, write_graph
+from tests.service.procs import (
+    consumed,
+    consumer,
+    graph,
+    produced,
+    producer,
+    serve,
+    shard_pids,
+    wait_until,
+    write_graph,
+)
 from tests.service.raw import RawClient
 
 pytestmark = pytest.mark.socket
@@ -24,26 +34,6 @@ pytestmark = pytest.mark.socket
 SLOTS = 12
 HELD = 6
 FRONTS = (0, 1)
-
-
-def wait_until(check: Any, timeout_s: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise TimeoutError("condition not met")
-
-
-def shard_pids(agent: Agent) -> list[int]:
-    def pids() -> list[int] | None:
-        shards = agent.status()["shards"]
-        if all(s["status"] for s in shards):
-            return [s["status"]["pid"] for s in shards]
-        return None
-
-    return wait_until(pids)
 
 
 def test_sharded_cluster_survives_a_shard_kill(tmp_path: Path) -> None:
