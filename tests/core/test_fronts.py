@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from lowtide.core.errors import FrontOwned, NonMonotonicHeartbeat, ProtocolError, UnknownFront
-from lowtide.core.fronts import FrontTable, check_time
+from lowtide.core.errors import (
+    FrontBehind,
+    FrontOwned,
+    NonMonotonicHeartbeat,
+    ProtocolError,
+    UnknownFront,
+)
+from lowtide.core.fronts import NEVER, Declared, FrontTable, check_time
 from lowtide.core.time import TIME_LIMIT
 
 
@@ -147,7 +153,10 @@ def test_only_the_owner_may_move_or_unregister_a_front() -> None:
         fronts.register(1, 0, 500, floor=0, owner=8)  # would pass the owner's items
     with pytest.raises(FrontOwned):
         fronts.unregister(1, owner=8)
-    fronts.heartbeat(1, 12)  # heartbeats are not ownership
+    with pytest.raises(FrontOwned):  # issue 29 point 4: a heartbeat moves the front too
+        fronts.heartbeat(1, 500, owner=8)
+    assert fronts.bound(0) == 10
+    fronts.heartbeat(1, 12, owner=7)
     assert fronts.bound(0) == 12
     fronts.register(1, 0, 20, floor=0, owner=7)  # the owner (or its successor) may
     assert fronts.bound(0) == 20
@@ -158,3 +167,72 @@ def test_only_the_owner_may_move_or_unregister_a_front() -> None:
         copy.unregister(1, owner=8)
     copy.unregister(1, owner=7)
     assert len(copy) == 0
+
+
+# ------------------------------------------------ issue 29 point 1: declared fronts
+def test_a_declared_front_holds_its_segment_until_it_registers() -> None:
+    fronts = FrontTable(n_segments=2)
+    fronts.register(1, 0, 100, floor=0)
+    fronts.declare(4, 0, 50, floor=0)  # a gateway that uploads its first batch late
+    fronts.heartbeat(1, 400)
+    assert fronts.bound(0) == 50  # held: front 4 may still send items at 50
+    assert fronts.bound(1) == 0  # other segments are not held
+    with pytest.raises(UnknownFront, match="declared, not yet registered"):
+        fronts.heartbeat(4, 60)
+    fronts.register(4, 0, 70, floor=50, owner=9)  # whoever registers it owns it
+    assert fronts.bound(0) == 70
+    with pytest.raises(FrontOwned):
+        fronts.heartbeat(4, 500)
+    fronts.heartbeat(4, 500, owner=9)
+    assert fronts.bound(0) == 400
+
+
+def test_a_declaration_never_undercuts_the_floor_nor_revives_a_front() -> None:
+    fronts = FrontTable(n_segments=1)
+    fronts.declare(4, 0, 10, floor=30)
+    assert fronts.bound(0) == 30 and fronts.declared()[4].time == 30
+    fronts.declare(4, 0, 0, floor=0)  # declared already: unchanged
+    assert fronts.bound(0) == 30
+    fronts.register(4, 0, 40, floor=30)
+    fronts.declare(4, 0, 35, floor=0)  # live: unchanged
+    assert fronts.live() == {4: (0, 40)} and fronts.declared() == {}
+    fronts.unregister(4)
+    fronts.declare(4, 0, 35, floor=0)  # done: a pipeline restart declares it again
+    assert fronts.declared() == {} and fronts.bound(0) == 40
+
+
+def test_a_front_that_was_not_declared_and_registers_behind_is_refused() -> None:
+    fronts = FrontTable(n_segments=1)
+    with pytest.raises(FrontBehind, match="declare every front"):
+        fronts.register(4, 0, 10, floor=30)
+    assert issubclass(FrontBehind, ProtocolError)
+
+
+def test_retire_by_hand_and_by_deadline() -> None:
+    fronts = FrontTable(n_segments=1)
+    fronts.register(1, 0, 100, floor=0)
+    fronts.declare(4, 0, 50, floor=0, owner=3)
+    fronts.declare(5, 0, 60, floor=0, retire_at_ms=1_000)
+    with pytest.raises(FrontOwned):
+        fronts.retire(4, owner=8)
+    fronts.retire(4, owner=3)
+    assert fronts.bound(0) == 60
+    with pytest.raises(UnknownFront):
+        fronts.retire(4, owner=3)
+    assert fronts.expire(999) == [] and fronts.bound(0) == 60
+    assert fronts.expire(1_000) == [Declared(5, 0, 60, 0, 1_000)]
+    assert fronts.bound(0) == 100
+    with pytest.raises(FrontBehind):  # retired, then late after all: refused, visibly
+        fronts.register(5, 0, 70, floor=100)
+
+
+def test_declared_fronts_survive_export_restore() -> None:
+    fronts = FrontTable(n_segments=1)
+    fronts.declare(4, 0, 50, floor=0, owner=3, retire_at_ms=NEVER)
+    fronts.register(1, 0, 10, floor=0)
+    fronts.unregister(1)
+    copy = FrontTable(n_segments=1)
+    copy.restore(*fronts.export(), *fronts.export_declared())
+    assert copy.declared() == fronts.declared() and copy.bound(0) == 50
+    copy.declare(1, 0, 60, floor=0)  # still known as done
+    assert copy.declared().keys() == {4}

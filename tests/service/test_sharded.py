@@ -16,7 +16,16 @@ from lowtide.core.messages import Ack, AckBatch, Heartbeat, MinTimeUpdate
 from lowtide.service import Agent, BatchKey
 from lowtide.service.batches import stream_time
 from lowtide.wire.messages import Batch, Ok, Welcome
-from tests.service.procs import consumed, consumer, graph, produced, producer, serve, write_graph
+from tests.service.procs import (
+    FRONT_OWNER,
+    consumed,
+    consumer,
+    graph,
+    produced,
+    producer,
+    serve,
+    write_graph,
+)
 from tests.service.raw import RawClient
 
 pytestmark = pytest.mark.socket
@@ -58,7 +67,7 @@ def test_sharded_cluster_survives_a_shard_kill(tmp_path: Path) -> None:
         watcher = Agent.connect(url, graph())
         try:
             for front in FRONTS:
-                watcher.register_front(front, "src", 1)
+                watcher.register_front(front, "src", 1, owner=FRONT_OWNER)
             watcher.on_update(seen.append, None)
             victim = shard_pids(watcher)[1]
             procs = [ctx.Process(target=producer, args=(url, f, SLOTS)) for f in FRONTS]

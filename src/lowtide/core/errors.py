@@ -24,7 +24,13 @@ class NonMonotonicHeartbeat(ProtocolError):
 
 
 class FrontOwned(ProtocolError):
-    """A register or unregister of a live front by someone other than its owner."""
+    """A register, heartbeat, unregister or retire of a front by someone other than
+    its owner."""
+
+
+class FrontBehind(ProtocolError):
+    """A new front that registers below what its segment already announced: it
+    started too late, and nobody had declared it (its records would be passed)."""
 
 
 class AckBehindHead(ProtocolError):

@@ -34,10 +34,12 @@ class Ack:
 
 @dataclass(frozen=True)
 class Heartbeat:
-    """The front will never again emit an item with slot < time."""
+    """The front will never again emit an item with slot < time. ``owner``: the
+    front's owner id (see :class:`RegisterFront`); anyone else's heartbeat is refused."""
 
     front: int
     time: int
+    owner: int = 0
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,27 @@ class RegisterFront:
 @dataclass(frozen=True)
 class UnregisterFront:
     """The front is done: it no longer holds its segment's bound back."""
+
+    front: int
+    owner: int = 0
+
+
+@dataclass(frozen=True)
+class DeclareFront:
+    """A front that may still produce into source segment ``segment`` from slot
+    ``time`` on: the segment's bound waits for it until it registers or is retired
+    (by ``owner``, or once ``retire_after_ms`` of tracker time passed; None: never)."""
+
+    front: int
+    segment: str
+    time: int
+    owner: int = 0
+    retire_after_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class RetireFront:
+    """The declaring owner gives up on a declared front that never registered."""
 
     front: int
     owner: int = 0

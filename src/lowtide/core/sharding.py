@@ -40,15 +40,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lowtide.core.errors import ProtocolError
+from lowtide.core.errors import FrontBehind
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import (
     AckBatch,
+    DeclareFront,
     Flush,
     Heartbeat,
     MinTimeUpdate,
     NodeTime,
     RegisterFront,
+    RetireFront,
     ShardFlush,
     ShardRelease,
     ShardReport,
@@ -114,7 +116,7 @@ class ShardRouter:
             rounded = self.layout.shard_bound(shard, hb.time)
             if rounded > sent.get(hb.front, -1):
                 sent[hb.front] = rounded
-                out.append(Heartbeat(hb.front, hb.time))
+                out.append(hb)
         return tuple(out)
 
 
@@ -143,11 +145,24 @@ class TrackerShard:
         floor = self._reported[self.tracker.graph.index(msg.segment)]
         if time < floor and msg.front not in self.tracker.fronts():
             # a report saying "nothing below floor" may be announced (or on its way)
-            raise ProtocolError(
+            raise FrontBehind(
                 f"front {msg.front} registers at {msg.time}, below min time {floor} "
-                f"that shard {self.index} reported"
+                f"that shard {self.index} reported: declare every front that may still "
+                "produce with the pipeline"
             )
         self.tracker.register_front(RegisterFront(msg.front, msg.segment, time, msg.owner))
+
+    def declare_front(self, msg: DeclareFront, now_ms: int = 0) -> None:
+        """Held at the shard's rounding of ``time``, like a heartbeat there; never
+        below what the shard reported."""
+        time = self.layout.shard_bound(self.index, msg.time)
+        floor = self._reported[self.tracker.graph.index(msg.segment)]
+        self.tracker.declare_front(
+            DeclareFront(msg.front, msg.segment, max(time, floor), msg.owner,
+                         msg.retire_after_ms), now_ms)
+
+    def retire_front(self, msg: RetireFront) -> None:
+        self.tracker.retire_front(msg)
 
     def unregister_front(self, msg: UnregisterFront) -> None:
         self.tracker.unregister_front(msg)
@@ -155,7 +170,7 @@ class TrackerShard:
     def receive(self, flush: ShardFlush) -> None:
         """Node time, acks and heartbeats of one flush, all or nothing."""
         heartbeats = [
-            Heartbeat(h.front, self.layout.shard_bound(self.index, h.time))
+            Heartbeat(h.front, self.layout.shard_bound(self.index, h.time), h.owner)
             for h in flush.heartbeats
         ]
         nt = flush.node_time

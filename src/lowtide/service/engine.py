@@ -9,19 +9,23 @@ through the same path after a crash.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from lowtide.core.diagnostics import StuckWindow
 from lowtide.core.errors import ProtocolError
+from lowtide.core.fronts import Declared
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import (
     AckBatch,
+    DeclareFront,
     MinTimeUpdate,
     RegisterFront,
+    RetireFront,
     ShardReport,
     UnregisterFront,
 )
@@ -34,6 +38,7 @@ from lowtide.wire.messages import (
     Batch,
     Error,
     ErrorCode,
+    FrontAction,
     FrontOp,
     Ok,
     Refused,
@@ -68,6 +73,40 @@ class EngineConfig:
         return CentralEngine(self)
 
 
+@dataclass
+class FrontEvents:
+    """What happened to fronts that a consumer must see, not only a producer's
+    exception: registrations refused for being behind their segment (a producer that
+    started late and was not declared), and declared fronts retired by their deadline.
+    Counted since the state dir began (snapshots and the log keep them)."""
+
+    RECENT = 20
+
+    behind: int = 0
+    retired: int = 0
+    recent: deque[str] = field(default_factory=lambda: deque(maxlen=FrontEvents.RECENT))
+
+    def refused(self, refused: Refused) -> None:
+        if refused.code == ErrorCode.FRONT_BEHIND:
+            self.behind += 1
+            self.recent.append(f"refused: {refused.message}")
+
+    def retire(self, fronts: tuple[Declared, ...], graph: SegmentGraph) -> None:
+        for d in fronts:
+            self.retired += 1
+            self.recent.append(
+                f"retired: front {d.front} was declared on {graph.names[d.segment]!r} and "
+                f"did not register by its deadline; its segment no longer waits for it")
+
+    def export(self) -> dict[str, Any]:
+        return {"behind": self.behind, "retired": self.retired, "recent": list(self.recent)}
+
+    def load(self, doc: dict[str, Any] | None) -> None:
+        doc = doc or {}
+        self.behind, self.retired = int(doc.get("behind", 0)), int(doc.get("retired", 0))
+        self.recent = deque(doc.get("recent", ()), maxlen=self.RECENT)
+
+
 @dataclass(frozen=True)
 class StepResult:
     """What one step produced: updates for subscribers, stuck windows to report, and
@@ -95,6 +134,9 @@ class Engine(ABC):
         #: told of every refusal, to log it (the write-ahead log sets it after replay)
         self.on_refused: Callable[[Refused], None] | None = None
         self._expired_ms = -1
+        #: the clock of the request being handled (declarations count deadlines from it)
+        self.now_ms = 0
+        self.front_events = FrontEvents()
 
     def handle(self, msg: StateRequest, now_ms: int) -> Ok | Error:
         """Apply a request at most once; the reply says what happened. A refusal is
@@ -109,6 +151,7 @@ class Engine(ABC):
             failed = self.dedup.failure(msg.session)
             if failed is not None:
                 raise ServiceError(ErrorCode.SESSION_FAILED, failed)
+            self.now_ms = now_ms
             self._apply(msg)
         except (ProtocolError, ServiceError) as exc:
             return self._refuse(msg, exc, now_ms)
@@ -150,6 +193,7 @@ class Engine(ABC):
                 f"flush refused with {err.code.name}: {err.message}",
             )
         self.hold = min(self.hold, refused.hold)
+        self.front_events.refused(refused)
 
     def _count_rows(self, acks: AckBatch) -> None:
         """Counts are +1 per send, -1 per receive: positive entries are rows sent into
@@ -180,6 +224,7 @@ class Engine(ABC):
         for seg, received, sent in zip(body["segments"], self.received, self.sent, strict=True):
             seg.setdefault("received", int(received))
             seg.setdefault("sent", int(sent))
+        body.setdefault("front_events", self.front_events.export())
         return body
 
     def tick(self, now_ms: int) -> None:  # noqa: B027 (optional hook)
@@ -230,11 +275,18 @@ class Engine(ABC):
             self.handle(msg, now_ms)
 
 
-def apply_front_op(tracker: Tracker | TrackerShard, msg: FrontOp) -> None:
-    if msg.register:
+def apply_front_op(tracker: Tracker | TrackerShard, msg: FrontOp, now_ms: int = 0) -> None:
+    """``now_ms``: the request's clock (a declaration's deadline counts from it)."""
+    if msg.action == FrontAction.REGISTER:
         tracker.register_front(RegisterFront(msg.front, msg.segment, msg.time, msg.owner))
-    else:
+    elif msg.action == FrontAction.UNREGISTER:
         tracker.unregister_front(UnregisterFront(msg.front, msg.owner))
+    elif msg.action == FrontAction.DECLARE:
+        after = None if msg.retire_after_ms < 0 else msg.retire_after_ms
+        tracker.declare_front(
+            DeclareFront(msg.front, msg.segment, msg.time, msg.owner, after), now_ms)
+    else:
+        tracker.retire_front(RetireFront(msg.front, msg.owner))
 
 
 def tracker_status(tracker: Tracker, graph: SegmentGraph) -> dict[str, Any]:
@@ -257,6 +309,10 @@ def tracker_status(tracker: Tracker, graph: SegmentGraph) -> dict[str, Any]:
         "global_min": tracker.min_time(None),
         "segments": segments,
         "fronts": {str(f): list(v) for f, v in sorted(tracker.fronts().items())},
+        "fronts_declared": {
+            str(f): [graph.names[d.segment], d.time, d.retire_at_ms]
+            for f, d in sorted(tracker.declared_fronts().items())
+        },
         "stuck": [s.describe() for s in stuck],
         "stuck_detail": [stuck_detail(s) for s in stuck],
     }
@@ -282,6 +338,9 @@ def export_tracker(snap: TrackerSnapshot) -> tuple[dict[str, Any], dict[str, np.
         "fingerprint": snap.graph_fingerprint,
         "window_slots": snap.window_slots,
         "fronts": [list(f) for f in snap.fronts],
+        "declared": [[d.front, d.segment, d.time, d.owner, d.retire_at_ms]
+                     for d in snap.declared],
+        "done_fronts": list(snap.done_fronts),
         "done_bounds": list(snap.done_bounds),
         "min_times": list(snap.min_times),
         "global_min": snap.global_min,
@@ -314,6 +373,8 @@ def import_tracker(
         tuple(meta["done_bounds"]),
         tuple(meta["min_times"]),
         meta["global_min"],
+        tuple(Declared(*map(int, d)) for d in meta.get("declared", ())),
+        tuple(int(f) for f in meta.get("done_fronts", ())),
     )
 
 
@@ -326,7 +387,7 @@ class CentralEngine(Engine):
 
     def _apply(self, msg: StateRequest) -> None:
         if isinstance(msg, FrontOp):
-            apply_front_op(self.tracker, msg)
+            apply_front_op(self.tracker, msg, self.now_ms)
             return
         if msg.node_time is not None:
             raise ServiceError(
@@ -336,6 +397,7 @@ class CentralEngine(Engine):
 
     def step(self, now_ms: int) -> StepResult:
         step = self.tracker.step(now_ms)
+        self.front_events.retire(step.retired, self.graph)
         return StepResult(step.updates, step.stuck)
 
     def current(self, segment: str | None) -> MinTimeUpdate:
@@ -346,8 +408,11 @@ class CentralEngine(Engine):
 
     def export(self) -> tuple[dict[str, Any], dict[str, np.ndarray[Any, Any]]]:
         meta, arrays = export_tracker(self.tracker.snapshot())
-        return {"tracker": meta, "dedup": self.dedup.export()}, arrays
+        doc = {"tracker": meta, "dedup": self.dedup.export(),
+               "front_events": self.front_events.export()}
+        return doc, arrays
 
     def restore(self, meta: dict[str, Any], arrays: dict[str, np.ndarray[Any, Any]]) -> None:
         self.tracker.restore(import_tracker(meta["tracker"], arrays))
         self.dedup.load(meta["dedup"])
+        self.front_events.load(meta.get("front_events"))

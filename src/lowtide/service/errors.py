@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from lowtide.core.errors import (
     AckBehindHead,
+    FrontBehind,
     FrontOwned,
     NonMonotonicHeartbeat,
     ProtocolError,
@@ -20,6 +21,7 @@ _CORE: tuple[tuple[type[ProtocolError], ErrorCode], ...] = (
     (UnknownSegment, ErrorCode.UNKNOWN_SEGMENT),
     (UnknownFront, ErrorCode.UNKNOWN_FRONT),
     (FrontOwned, ErrorCode.FRONT_OWNED),
+    (FrontBehind, ErrorCode.FRONT_BEHIND),
     (NonMonotonicHeartbeat, ErrorCode.NON_MONOTONIC_HEARTBEAT),
     (AckBehindHead, ErrorCode.ACK_BEHIND_HEAD),
     (TableOverflow, ErrorCode.TABLE_OVERFLOW),
