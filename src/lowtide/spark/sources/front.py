@@ -128,7 +128,9 @@ class Front:
     :func:`default_owner`); ``confirm``: durable send-acks (see the module docstring);
     ``max_ahead_ms``: the range check of event times (None: no clock check);
     ``start_ms`` (event time): register at this time now, instead of at the first
-    batch's earliest time (records below it are late).
+    batch's earliest time (records below it are late); ``confirm_timeout_s``: how long
+    :meth:`label` waits for the tracker's confirmation (then TimeoutError: do not write
+    the batch, its records show as missing).
     """
 
     def __init__(
@@ -150,6 +152,7 @@ class Front:
         rotate_bytes: int | None = 64 << 20,
         owner: str | None = None,
         max_ahead_ms: int | None = MAX_AHEAD_MS,
+        confirm_timeout_s: float = 30.0,
     ) -> None:
         self.segments = (segment,) if isinstance(segment, str) else tuple(segment)
         if not self.segments:
@@ -157,6 +160,7 @@ class Front:
         self.segment = self.segments[0]
         self.front = front
         self.confirm = confirm
+        self.confirm_timeout_s = confirm_timeout_s
         self.time_from = time_from
         self.owner = owner or default_owner(log_dir)
         if max_ahead_ms is not None and max_ahead_ms < 0:
@@ -279,40 +283,44 @@ class Front:
     def _label(self, records: Any) -> Labelled:
         if self._closed:
             raise RuntimeError(f"front {self.front} is closed")
-        n = rec.count(records)
-        if self.time_from is None:
-            times = np.full(n, max(self._now_slot(), self._max_label, self._last_beat),
-                            np.int64)
-            keep, rejected = records, None
-        else:
-            slots = rec.event_times_ms(records, self.time_from) // self.grid.delta_ms
-            limit = None if self._ahead_slots is None else self._now_slot() + self._ahead_slots
-            valid = self._late.in_range(slots, limit)
-            if not self.registered and valid.any():  # the first batch: where event time starts
-                self._register(max(int(slots[valid].min()) - self._late.lag_slots, 0))
-            times, kept = self._late.apply(slots, self._last_beat, self.late_stats, limit)
-            keep = records if kept is None else rec.take(records, kept)
-            rejected = None if kept is None else rec.take(
-                records, np.setdiff1d(np.arange(n), kept))
+        times, keep, rejected = self._times(records)
         k = len(times)
-        seq = np.arange(self._next_seq, self._next_seq + k, dtype=np.uint64)
-        acks = root_acks(self.front, seq)
+        first_seq = self._next_seq
+        acks = root_acks(self.front, np.arange(first_seq, first_seq + k, dtype=np.uint64))
+        # in flight (heartbeats stop below it) and numbered before the acks leave: a
+        # batch whose confirmation fails stays in flight, its ack values never reused
+        token = next(self._tokens)
+        self._in_flight[token] = (int(times.min()) if k else self._last_beat, k)
+        self._next_seq += k
         if k:
             acc = AckAccumulator()
             for index in self._segment_index:
                 acc.add(index, times, acks, +1)
             self._agent.add_acks(acc.build(self.grid.window_slots))
-            if self.confirm:
-                self.flush()
             self._max_label = max(self._max_label, int(times.max()))
-        token = next(self._tokens)
-        self._in_flight[token] = (int(times.min()) if k else self._last_beat, k)
+            if self.confirm:
+                self.flush()  # durable send-acks: the tracker has them before the write
         labels = as_label(acks)
-        batch = Labelled(rec.with_labels(keep, times, labels), times, labels,
-                         self._next_seq, rejected, token)
-        self._next_seq += k
         self.late_stats.labelled += k
-        return batch
+        return Labelled(rec.with_labels(keep, times, labels), times, labels, first_seq,
+                        rejected, token)
+
+    def _times(self, records: Any) -> tuple[npt.NDArray[np.int64], Any, Any]:
+        """(labels of the kept records, the kept records, the records handed back)."""
+        n = rec.count(records)
+        if self.time_from is None:
+            now = max(self._now_slot(), self._max_label, self._last_beat)
+            return np.full(n, now, np.int64), records, None
+        slots = rec.event_times_ms(records, self.time_from) // self.grid.delta_ms
+        limit = None if self._ahead_slots is None else self._now_slot() + self._ahead_slots
+        valid = self._late.in_range(slots, limit)
+        if not self.registered and valid.any():  # the first batch: where event time starts
+            self._register(max(int(slots[valid].min()) - self._late.lag_slots, 0))
+        times, kept = self._late.apply(slots, self._last_beat, self.late_stats, limit)
+        if kept is None:
+            return times, records, None
+        rejected = rec.take(records, np.setdiff1d(np.arange(n), kept))
+        return times, rec.take(records, kept), rejected
 
     def written(self, batch: Labelled) -> None:
         """The producer's write of ``batch`` is confirmed: heartbeats may pass it."""
@@ -342,7 +350,7 @@ class Front:
         what it refused."""
         flush = getattr(self._agent, "flush", None)
         if flush is not None:
-            flush()
+            flush(self.confirm_timeout_s)
 
     def _send_beat(self, slot: int) -> int:
         for fid in self.front_ids():
