@@ -11,7 +11,7 @@ from lowtide.core.errors import (
     ProtocolError,
     UnknownFront,
 )
-from lowtide.core.fronts import NEVER, Declared, FrontTable, check_time
+from lowtide.core.fronts import AT_START, NEVER, Declared, FrontTable, check_time
 from lowtide.core.time import TIME_LIMIT
 
 
@@ -236,3 +236,18 @@ def test_declared_fronts_survive_export_restore() -> None:
     assert copy.declared() == fronts.declared() and copy.bound(0) == 50
     copy.declare(1, 0, 60, floor=0)  # still known as done
     assert copy.declared().keys() == {4}
+
+
+def test_a_front_declared_at_the_start_holds_where_its_segment_starts() -> None:
+    fronts = FrontTable(n_segments=1)
+    fronts.declare(4, 0, AT_START, floor=0)  # before any front: not known yet
+    assert fronts.bound(0) == 0 and fronts.declared()[4].time == AT_START
+    fronts.register(1, 0, 1_000, floor=0)  # the first registration says where it starts
+    assert fronts.declared()[4].time == 1_000
+    fronts.heartbeat(1, 5_000)
+    assert fronts.bound(0) == 1_000  # held there, not at 0 (the table spans a window)
+    fronts.declare(5, 0, AT_START, floor=900)  # declared later: where the fronts are now
+    assert fronts.declared()[5].time == 1_000
+    fronts.register(4, 0, 1_000, floor=900)
+    fronts.register(5, 0, 1_200, floor=900)
+    assert fronts.bound(0) == 1_000

@@ -17,6 +17,12 @@ becomes its owner) or is retired, explicitly by the declaring owner or when its
 ``retire_at_ms`` passes. A declaration never undercuts what the segment announced, and
 declaring a front that is live, declared or done already changes nothing.
 
+Its time may be :data:`AT_START`: where its segment starts. The checksum table only
+spans a window of times above the segment's head, so a front held at 0 would refuse
+every real ack; instead it holds where the segment's fronts are when it is declared,
+or, declared before any of them registered, at the first one's registration (a late
+producer's records from the start on are waited for; older ones are behind).
+
 >>> fronts = FrontTable(n_segments=1)
 >>> fronts.register(1, 0, 100, floor=0); fronts.register(2, 0, 90, floor=0)
 >>> fronts.bound(0)
@@ -33,7 +39,7 @@ declaring a front that is live, declared or done already changes nothing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from lowtide.core.errors import (
     FrontBehind,
@@ -46,6 +52,8 @@ from lowtide.core.time import TIME_LIMIT
 
 #: ``retire_at_ms`` of a declared front that waits until it registers or is retired
 NEVER = -1
+#: the ``time`` of a declared front that holds where its segment starts
+AT_START = -1
 
 
 def check_time(time: int, what: str) -> None:
@@ -59,7 +67,7 @@ class Declared:
 
     front: int
     segment: int
-    time: int
+    time: int  # AT_START: not yet known (no front of the segment registered yet)
     owner: int  # the declaring owner: it alone may retire the front by hand
     retire_at_ms: int = NEVER
 
@@ -107,18 +115,26 @@ class FrontTable:
         self._time[front] = time
         self._owner[front] = owner
         self._live[segment].add(front)
+        for d in list(self._declared.values()):  # the segment's start is known now
+            if d.segment == segment and d.time == AT_START:
+                self._declared[d.front] = replace(d, time=time)
 
     def declare(
         self, front: int, segment: int, time: int, floor: int, owner: int = 0,
         retire_at_ms: int = NEVER,
     ) -> None:
-        """``front`` may still produce into ``segment`` from ``time`` on: hold the bound
-        there (at ``floor`` if the segment announced more) until it registers or is
-        retired. A front that is live, declared or done already is left as it is."""
-        check_time(time, "declare")
+        """``front`` may still produce into ``segment`` from ``time`` (or
+        :data:`AT_START`) on: hold the bound there (at ``floor`` if the segment
+        announced more) until it registers or is retired. A front that is live,
+        declared or done already is left as it is."""
+        if time != AT_START:
+            check_time(time, "declare")
         if front in self._time or front in self._declared or front in self._done:
             return
-        self._declared[front] = Declared(front, segment, max(time, floor), owner, retire_at_ms)
+        if time == AT_START and self._live[segment]:
+            time = self.bound(segment)  # where the segment's fronts are now
+        hold = time if time == AT_START else max(time, floor)
+        self._declared[front] = Declared(front, segment, hold, owner, retire_at_ms)
 
     def retire(self, front: int, owner: int = 0) -> None:
         """The declaring owner gives up on a declared front that never registered."""
@@ -179,7 +195,8 @@ class FrontTable:
 
     def bound(self, segment: int) -> int:
         times = [self._time[f] for f in self._live[segment]]
-        times += [d.time for d in self._declared.values() if d.segment == segment]
+        times += [d.time for d in self._declared.values()
+                  if d.segment == segment and d.time != AT_START]
         return min(times) if times else self._done_bound[segment]
 
     def time_of(self, front: int) -> int | None:

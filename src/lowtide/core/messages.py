@@ -64,8 +64,9 @@ class UnregisterFront:
 @dataclass(frozen=True)
 class DeclareFront:
     """A front that may still produce into source segment ``segment`` from slot
-    ``time`` on: the segment's bound waits for it until it registers or is retired
-    (by ``owner``, or once ``retire_after_ms`` of tracker time passed; None: never)."""
+    ``time`` on (-1: where the segment starts, see :mod:`lowtide.core.fronts`): the
+    segment's bound waits for it until it registers or is retired (by ``owner``, or
+    once ``retire_after_ms`` of tracker time passed; None: never)."""
 
     front: int
     segment: str

@@ -41,6 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lowtide.core.errors import FrontBehind
+from lowtide.core.fronts import AT_START
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import (
     AckBatch,
@@ -155,11 +156,12 @@ class TrackerShard:
     def declare_front(self, msg: DeclareFront, now_ms: int = 0) -> None:
         """Held at the shard's rounding of ``time``, like a heartbeat there; never
         below what the shard reported."""
-        time = self.layout.shard_bound(self.index, msg.time)
-        floor = self._reported[self.tracker.graph.index(msg.segment)]
+        time = msg.time
+        if time != AT_START:
+            floor = self._reported[self.tracker.graph.index(msg.segment)]
+            time = max(self.layout.shard_bound(self.index, time), floor)
         self.tracker.declare_front(
-            DeclareFront(msg.front, msg.segment, max(time, floor), msg.owner,
-                         msg.retire_after_ms), now_ms)
+            DeclareFront(msg.front, msg.segment, time, msg.owner, msg.retire_after_ms), now_ms)
 
     def retire_front(self, msg: RetireFront) -> None:
         self.tracker.retire_front(msg)

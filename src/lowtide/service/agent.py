@@ -171,21 +171,23 @@ class Agent:
         self._call(self._link.front_op(FrontAction.UNREGISTER, front, "", 0, owner), timeout_s)
 
     def declare_front(
-        self, front: int, segment: str, time: int = 0, timeout_s: float = 30.0, *,
+        self, front: int, segment: str, time: int | None = None, timeout_s: float = 30.0, *,
         owner: str = "", retire_after_ms: int | None = None,
     ) -> None:
-        """``front`` may still produce into ``segment`` from slot ``time`` on: the
-        segment's min time waits for it until it registers (whoever registers it owns
-        it) or is retired, by :meth:`retire_front` with the same ``owner``, or by the
-        tracker once ``retire_after_ms`` passed (None: never). Declaring a front that is
-        live or done already changes nothing."""
+        """``front`` may still produce into ``segment`` from slot ``time`` on (None:
+        from where the segment's fronts start): the segment's min time waits for it
+        until it registers (whoever registers it owns it) or is retired, by
+        :meth:`retire_front` with the same ``owner``, or by the tracker once
+        ``retire_after_ms`` passed (None: never). Declaring a front that is live or
+        done already changes nothing."""
         self._ensure()
         self.graph.index(segment)
         after = -1 if retire_after_ms is None else retire_after_ms
         if retire_after_ms is not None and retire_after_ms < 0:
             raise ValueError("retire_after_ms must be >= 0 (None: never)")
-        self._call(self._link.front_op(FrontAction.DECLARE, front, segment, time, owner,
-                                       after), timeout_s)
+        at = -1 if time is None else time
+        self._call(self._link.front_op(FrontAction.DECLARE, front, segment, at, owner, after),
+                   timeout_s)
 
     def retire_front(self, front: int, timeout_s: float = 30.0, *, owner: str = "") -> None:
         """Stop waiting for a declared front that never registered (``owner``: the name

@@ -7,6 +7,7 @@ head, and no min time passed a written record before the consumer read it."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -23,19 +24,20 @@ from lowtide.core.time import TimeGrid
 from lowtide.service import Agent, BatchKey
 from lowtide.spark.sources.front import Front
 from lowtide.spark.sources.labels import from_label
-from lowtide.spark.tracking.transport import TrackerRef
+from lowtide.spark.tracking.transport import TrackerRef, connect
 from tests.service.procs import serve, write_graph
 
 pytestmark = pytest.mark.socket
 GRID = TimeGrid(delta_ms=10)
 GRAPH = SegmentGraph.of(("src", ()), ("sink", ("src",)))
 OWNER = "gateway-1"
+_BATCHES = itertools.count()
 
 # The first producer: writes each labelled batch to the topic file, then "written".
 PRODUCER = """
 import json, os, signal, sys
 from lowtide.spark.sources.front import Front
-from lowtide.spark.tracking.transport import TrackerRef
+from lowtide.spark.tracking.transport import TrackerRef, connect
 ref, topic, how = TrackerRef.from_option(sys.argv[1]), sys.argv[2], sys.argv[3]
 front = Front(None, 1, ref, segment="src", heartbeat_ms=5, owner="gateway-1",
               confirm_timeout_s=2)
@@ -76,8 +78,10 @@ def consume(agent: Agent, times: np.ndarray, acks: np.ndarray) -> None:
     child = child_acks(acks, operator=1, child_index=np.zeros(len(acks), np.uint64))
     first = AckBatch.concat([AckBatch.from_columns(1, times, child, 1),
                              AckBatch.from_columns(0, times, acks, -1)])
-    agent.send_batch(BatchKey("consumer", 0, "src", 0), first)
-    agent.send_batch(BatchKey("consumer", 0, "sink", 0), AckBatch.from_columns(1, times, child, -1))
+    batch = next(_BATCHES)
+    agent.send_batch(BatchKey("consumer", batch, "src", 0), first)
+    agent.send_batch(BatchKey("consumer", batch, "sink", 0),
+                     AckBatch.from_columns(1, times, child, -1))
 
 
 def src_min(agent: Agent) -> int:
@@ -107,6 +111,7 @@ def check_successor(ref: TrackerRef, agent: Agent, topic: Path) -> None:
         assert wait_for_min(agent, 1, int(times.max())) > int(times.max())
     finally:
         successor.close()
+        connect(ref).close()  # the fronts' agent, before the tracker stops
 
 
 def test_a_producer_killed_inside_the_flush_interval(tmp_path: Path) -> None:
