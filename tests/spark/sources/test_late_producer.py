@@ -1,4 +1,7 @@
-"""Issue 29 point 1: a producer that starts late, against a real tracker service.
+"""Issue 29 points 1, 2 (two producers of one front) and 3 (one bad timestamp),
+against a real tracker service.
+
+Point 1, a producer that starts late.
 
 Four gateways produce with event time; one uploads its first batch (old events) after
 the others moved on. Declared with the pipeline, the late front holds the ingest
@@ -12,14 +15,16 @@ import time
 from collections.abc import Iterator
 
 import pandas as pd
+import pyarrow as pa
 import pytest
 
-from lowtide.core.errors import FrontBehind
+from lowtide.core.errors import FrontBehind, FrontOwned
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.time import TimeGrid
 from lowtide.service import Agent, TrackerService
 from lowtide.service.clock import wall_ms
 from lowtide.spark.sources.front import Front, Labelled
+from lowtide.spark.sources.lateness import TimesOutOfRange
 from lowtide.spark.tracking.transport import TrackerRef, connect
 from tests.spark.sources.test_producer_restarts import consume, wait_for_min
 
@@ -43,6 +48,11 @@ def gateway(ref: TrackerRef, front: int) -> Front:
 
 def events(t0_ms: int, *offsets_ms: int) -> pd.DataFrame:
     return pd.DataFrame({"ts": pd.to_datetime([t0_ms + o for o in offsets_ms], unit="ms")})
+
+
+def millis(*ts_ms: int) -> pa.Table:
+    """Event times as plain int64 milliseconds (a far-future one fits no datetime)."""
+    return pa.table({"ts": pa.array(ts_ms, pa.int64())})
 
 
 def produce(front: Front, frame: pd.DataFrame) -> Labelled:
@@ -119,3 +129,55 @@ def test_a_declared_front_that_never_comes_is_retired_by_its_deadline(
         assert "front 4 was declared" in status["front_events"]["recent"][-1]
         for f in fronts:
             f.close()
+
+
+# ---------------------------------------------- issue 29 point 3: one bad timestamp
+def test_one_far_future_time_is_found_before_label_returns(service: TrackerService) -> None:
+    """A unit mix-up (microseconds as milliseconds) in one record: label() hands it
+    back and counts it, the good records are labelled, and no flush is refused after
+    the producer wrote them (before: the whole flush was refused once label() had
+    returned, and the good records were orphaned)."""
+    ref = TrackerRef(service.url, GRAPH, GRID)
+    t0 = wall_ms() - 60_000
+    front = gateway(ref, 1)
+    with Agent.connect(service.url, GRAPH) as consumer:
+        batch = front.label(millis(t0, t0 + 10, t0 * 1000))  # the last one in microseconds
+        assert len(batch) == 2 and len(batch.rejected) == 1
+        assert front.status()["out_of_range"] == 1
+        front.written(batch)
+        front.flush()  # the tracker took every ack: nothing refused
+        consume(consumer, batch.times, batch.acks)
+        done = front.close()
+        assert wait_for_min(consumer, 1, done - 1) == done
+
+
+def test_under_raise_a_bad_time_refuses_the_batch_before_any_ack(
+    service: TrackerService,
+) -> None:
+    ref = TrackerRef(service.url, GRAPH, GRID)
+    t0 = wall_ms() - 60_000
+    front = Front(None, 1, ref, segment="src", time_from="ts", heartbeat_ms=5,
+                  owner="gateway-1", late="raise")
+    produce(front, events(t0, 0))
+    with pytest.raises(TimesOutOfRange, match="unit mix-up"):
+        front.label(millis(t0 + 10, t0 * 1000))
+    assert front.status()["out_of_range"] == 1
+    front.flush()
+    assert service.status()["segments"][0]["sent"] == 1  # only the first batch's ack
+    front.close()
+
+
+# --------------------------------- issue 29 point 2: two producers of one front id
+def test_a_second_producer_of_one_front_is_refused(service: TrackerService, tmp_path) -> None:
+    ref = TrackerRef(service.url, GRAPH, GRID)
+    first = Front(tmp_path / "a", 1, ref, segment="src", heartbeat_ms=5)
+    first.send([b"x"])
+    with pytest.raises(FrontOwned, match="two producers configured with one front id"):
+        Front(tmp_path / "b", 1, ref, segment="src", heartbeat_ms=5)  # another log, owner
+    before = service.status()["fronts"]["1"][1]
+    time.sleep(0.1)
+    assert service.status()["fronts"]["1"][1] >= before  # the first one still owns it
+    first.close()
+    successor = Front(tmp_path / "a", 1, ref, segment="src", heartbeat_ms=5)  # its log
+    assert successor.end_offset == 1
+    successor.close()
