@@ -6,6 +6,7 @@ import pytest
 
 from lowtide.core.errors import (
     FrontBehind,
+    FrontHeld,
     FrontOwned,
     NonMonotonicHeartbeat,
     ProtocolError,
@@ -251,3 +252,36 @@ def test_a_front_declared_at_the_start_holds_where_its_segment_starts() -> None:
     fronts.register(4, 0, 1_000, floor=900)
     fronts.register(5, 0, 1_200, floor=900)
     assert fronts.bound(0) == 1_000
+
+
+# ---------------------- issue 29 point 2: one live producer per front (the holder)
+def test_a_second_live_session_of_the_owner_is_refused() -> None:
+    fronts = FrontTable(n_segments=1, lease_ms=1_000)
+    fronts.register(1, 0, 10, floor=0, owner=7, session=100, now_ms=0)
+    fronts.heartbeat(1, 20, owner=7, session=100, now_ms=800)  # the holder is live
+    with pytest.raises(FrontHeld, match="Two producers configured with one front id"):
+        fronts.register(1, 0, 500, floor=0, owner=7, session=200, now_ms=1_500)
+    with pytest.raises(FrontHeld):
+        fronts.unregister(1, owner=7, session=200, now_ms=1_500)
+    with pytest.raises(FrontOwned, match="taken the front over"):  # its own heartbeats
+        fronts.heartbeat(1, 500, owner=7, session=200, now_ms=1_500)
+    fronts.heartbeat(1, 30, owner=7, session=None, now_ms=1_500)  # a keyed batch's
+    assert fronts.bound(0) == 30 and fronts.holders.holder(1) == 100
+    assert issubclass(FrontHeld, FrontOwned)
+
+
+def test_a_successor_takes_over_once_the_holder_is_silent_and_fences_it() -> None:
+    fronts = FrontTable(n_segments=1, lease_ms=1_000)
+    fronts.register(1, 0, 10, floor=0, owner=7, session=100, now_ms=0)
+    fronts.heartbeat(1, 20, owner=7, session=100, now_ms=500)
+    fronts.register(1, 0, 40, floor=0, owner=7, session=200, now_ms=1_500)  # the successor
+    assert fronts.holders.holder(1) == 200 and fronts.bound(0) == 40
+    with pytest.raises(FrontOwned):  # the predecessor, alive after all, is fenced
+        fronts.heartbeat(1, 50, owner=7, session=100, now_ms=1_600)
+    live, done = fronts.export()
+    copy = FrontTable(n_segments=1, lease_ms=1_000)
+    copy.restore(live, done, *fronts.export_declared(), fronts.holders.export())
+    with pytest.raises(FrontHeld):  # holders survive a snapshot
+        copy.register(1, 0, 60, floor=0, owner=7, session=100, now_ms=2_000)
+    copy.unregister(1, owner=7, session=200, now_ms=2_000)
+    assert len(copy) == 0 and copy.holders.holder(1) is None

@@ -130,7 +130,8 @@ def test_refused_batch_changes_nothing_and_others_are_served(
     with pytest.raises(UnknownSegment):
         agent.send_batch(BatchKey("q", 1, "src", 1), AckBatch.of([send(7, 12, 0x1)]))
     with Agent.connect(service.url, graph) as other, other.subscribe("sink") as sub:
-        other.heartbeat(1, 20, owner="producer")  # another process proving the owner
+        other.send_batch(BatchKey("task", 0, "src", 9), AckBatch.empty(), [Heartbeat(1, 20)],
+                         owner="producer")  # another process (a Spark task) proving it
         assert sub.wait_for(20, 5).time == 20
         # the refused key was not remembered: a corrected batch under it is applied
         assert other.send_batch(BatchKey("q", 1, "src", 0), AckBatch.of([send(0, 25, 0x1)]))

@@ -69,7 +69,8 @@ def test_protocol_errors_leave_the_state_unchanged(
     for field in ("segments", "fronts", "global_min", "acks_applied", "dedup_keys"):
         assert after[field] == before[field]
     with Agent.connect(service.url, graph) as good, good.subscribe("sink") as sub:
-        good.heartbeat(1, 30, owner="producer")
+        good.send_batch(BatchKey("task", 0, "src", 9), AckBatch.empty(), [Heartbeat(1, 30)],
+                        owner="producer")
         assert sub.wait_for(30, 5).time == 30
 
 

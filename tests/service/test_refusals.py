@@ -4,12 +4,13 @@
 
 from __future__ import annotations
 
+import time
 from contextlib import closing
 from pathlib import Path
 
 import pytest
 
-from lowtide.core.errors import FrontOwned, TableOverflow
+from lowtide.core.errors import FrontHeld, FrontOwned, TableOverflow
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import Ack, AckBatch, Heartbeat
 from lowtide.service import Agent, BatchKey, SessionFailed, TrackerService
@@ -160,6 +161,9 @@ def test_a_successor_with_the_same_owner_name_takes_over(
     with Agent.connect(service.url, graph) as first:
         first.register_front(1, "src", 5, owner="ingest")
     with Agent.connect(service.url, graph) as successor:  # a restarted process
+        with pytest.raises(FrontHeld):  # the first one was seen less than a lease ago
+            successor.register_front(1, "src", 9, owner="ingest")
+        time.sleep(1.1)  # EngineConfig.front_lease_ms: a live producer keeps its front
         successor.register_front(1, "src", 9, owner="ingest")
         assert service_fronts(successor) == {"1": ["src", 9]}
         successor.unregister_front(1, owner="ingest")

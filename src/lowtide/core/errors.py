@@ -28,6 +28,11 @@ class FrontOwned(ProtocolError):
     its owner."""
 
 
+class FrontHeld(FrontOwned):
+    """A register or unregister of a front by its owner's other session while the
+    session holding it is live (seen within the lease): a second producer."""
+
+
 class FrontBehind(ProtocolError):
     """A new front that registers below what its segment already announced: it
     started too late, and nobody had declared it (its records would be passed)."""

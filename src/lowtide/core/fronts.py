@@ -8,7 +8,9 @@ A front has an owner (an opaque id: the registering session, or an id its succes
 can prove): only the owner may move it (re-register, heartbeat) or unregister it.
 Anyone else would let the bound pass items the owner still has in flight, so they are
 refused (:class:`FrontOwned`). A Spark task that heartbeats a front on the channel of
-its acks (rule 3) proves the same owner id as the driver that registered it.
+its acks (rule 3) proves the same owner id as the driver that registered it. Within an
+owner, one session at a time holds the front (:mod:`lowtide.core.holders`): a second
+live producer with the same owner is refused too.
 
 Declared fronts. A front that may still produce but has not registered yet (a producer
 that starts late) is *declared* with the time it may start at: it holds its segment's
@@ -48,6 +50,7 @@ from lowtide.core.errors import (
     ProtocolError,
     UnknownFront,
 )
+from lowtide.core.holders import HolderRow, Holders
 from lowtide.core.time import TIME_LIMIT
 
 #: ``retire_at_ms`` of a declared front that waits until it registers or is retired
@@ -76,7 +79,13 @@ FrontRow = tuple[int, int, int, int]  # (front, segment, time, owner)
 
 
 class FrontTable:
-    def __init__(self, n_segments: int) -> None:
+    """Fronts per source segment; ``lease_ms``: how long a silent holder keeps its
+    front from another session of its owner (:class:`~lowtide.core.holders.Holders`).
+    ``session``/``now_ms`` name who moves a front and when (0: the core's own callers,
+    one session); a heartbeat's ``session`` None is a keyed batch's (not bound to it)."""
+
+    def __init__(self, n_segments: int, lease_ms: int = 0) -> None:
+        self.holders = Holders(lease_ms)
         self._segment_of: dict[int, int] = {}
         self._time: dict[int, int] = {}
         self._owner: dict[int, int] = {}
@@ -88,16 +97,20 @@ class FrontTable:
     def __len__(self) -> int:
         return len(self._time)
 
-    def register(self, front: int, segment: int, time: int, floor: int, owner: int = 0) -> None:
+    def register(self, front: int, segment: int, time: int, floor: int, owner: int = 0,
+                 session: int = 0, now_ms: int = 0) -> None:
         """Start (or resume) a front at ``time``; ``floor`` is what its segment already
         announced, which a new front may not undercut. Its owner re-registering it on
-        the same segment acts as a heartbeat, so a restarted source can say hello again.
-        A declared front is claimed by the first owner that registers it."""
+        the same segment acts as a heartbeat, so a restarted source can say hello again
+        (once the session holding it is silent). A declared front is claimed by the
+        first owner that registers it."""
         check_time(time, "register")
         if front in self._time:
             if self._segment_of[front] != segment:
                 raise ProtocolError(f"front {front} is already registered on another segment")
-            self.heartbeat(front, time, owner, "register")
+            self.check_heartbeat(front, time, owner, what="register")
+            self.holders.claim(front, session, now_ms)
+            self._time[front] = time
             return
         declared = self._declared.get(front)
         if declared is not None and declared.segment != segment:
@@ -115,6 +128,7 @@ class FrontTable:
         self._time[front] = time
         self._owner[front] = owner
         self._live[segment].add(front)
+        self.holders.claim(front, session, now_ms)
         for d in list(self._declared.values()):  # the segment's start is known now
             if d.segment == segment and d.time == AT_START:
                 self._declared[d.front] = replace(d, time=time)
@@ -166,7 +180,7 @@ class FrontTable:
             )
 
     def check_heartbeat(self, front: int, time: int, owner: int, last: int | None = None,
-                        what: str = "heartbeat") -> None:
+                        what: str = "heartbeat", session: int | None = None) -> None:
         """Raise what :meth:`heartbeat` would refuse; ``last``: the front's time so far
         (default: its current one)."""
         check_time(time, what)
@@ -174,18 +188,23 @@ class FrontTable:
             known = "declared, not yet registered" if front in self._declared else "unregistered"
             raise UnknownFront(f"{what} from {known} front {front}")
         self._check_owner(front, owner, what)
+        self.holders.check_beat(front, session)
         last = self._time[front] if last is None else last
         if time < last:
             raise NonMonotonicHeartbeat(f"front {front} went back from {last} to {time}")
 
-    def heartbeat(self, front: int, time: int, owner: int = 0, what: str = "heartbeat") -> None:
-        self.check_heartbeat(front, time, owner, what=what)
+    def heartbeat(self, front: int, time: int, owner: int = 0, session: int | None = None,
+                  now_ms: int = 0) -> None:
+        self.check_heartbeat(front, time, owner, session=session)
         self._time[front] = time
+        self.holders.seen(front, session, now_ms)
 
-    def unregister(self, front: int, owner: int = 0) -> None:
+    def unregister(self, front: int, owner: int = 0, session: int = 0, now_ms: int = 0) -> None:
         if front not in self._time:
             raise UnknownFront(f"unregister of unknown front {front}")
         self._check_owner(front, owner, "unregister")
+        self.holders.check_claim(front, session, now_ms, "unregister")
+        self.holders.drop(front)
         del self._owner[front]
         segment = self._segment_of.pop(front)
         time = self._time.pop(front)
@@ -217,7 +236,9 @@ class FrontTable:
     def restore(
         self, live: tuple[FrontRow, ...], done: tuple[int, ...],
         declared: tuple[Declared, ...] = (), done_fronts: tuple[int, ...] = (),
+        holders: tuple[HolderRow, ...] = (),
     ) -> None:
+        self.holders.restore(holders)
         self._segment_of, self._time, self._owner = {}, {}, {}
         self._live = [set() for _ in done]
         self._done_bound = list(done)

@@ -45,12 +45,14 @@ class Heartbeat:
 @dataclass(frozen=True)
 class RegisterFront:
     """A front starts feeding source segment ``segment`` with items of slot >= time.
-    ``owner``: an opaque id; only the same owner may move or unregister the front."""
+    ``owner``: an opaque id; only the same owner may move or unregister the front.
+    ``session``: who registers it (one live session of an owner holds a front)."""
 
     front: int
     segment: str
     time: int
     owner: int = 0
+    session: int = 0
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class UnregisterFront:
 
     front: int
     owner: int = 0
+    session: int = 0
 
 
 @dataclass(frozen=True)

@@ -141,7 +141,7 @@ class TrackerShard:
         self._last_report: ShardReport | None = None
         self._reported = [0] * len(config.graph)  # highest min time reported, per segment
 
-    def register_front(self, msg: RegisterFront) -> None:
+    def register_front(self, msg: RegisterFront, now_ms: int = 0) -> None:
         time = self.layout.shard_bound(self.index, msg.time)
         floor = self._reported[self.tracker.graph.index(msg.segment)]
         if time < floor and msg.front not in self.tracker.fronts():
@@ -151,7 +151,8 @@ class TrackerShard:
                 f"that shard {self.index} reported: declare every front that may still "
                 "produce with the pipeline"
             )
-        self.tracker.register_front(RegisterFront(msg.front, msg.segment, time, msg.owner))
+        self.tracker.register_front(
+            RegisterFront(msg.front, msg.segment, time, msg.owner, msg.session), now_ms)
 
     def declare_front(self, msg: DeclareFront, now_ms: int = 0) -> None:
         """Held at the shard's rounding of ``time``, like a heartbeat there; never
@@ -166,11 +167,12 @@ class TrackerShard:
     def retire_front(self, msg: RetireFront) -> None:
         self.tracker.retire_front(msg)
 
-    def unregister_front(self, msg: UnregisterFront) -> None:
-        self.tracker.unregister_front(msg)
+    def unregister_front(self, msg: UnregisterFront, now_ms: int = 0) -> None:
+        self.tracker.unregister_front(msg, now_ms)
 
-    def receive(self, flush: ShardFlush) -> None:
-        """Node time, acks and heartbeats of one flush, all or nothing."""
+    def receive(self, flush: ShardFlush, session: int | None = None, now_ms: int = 0) -> None:
+        """Node time, acks and heartbeats of one flush, all or nothing (``session``:
+        as for :meth:`Tracker.apply_flush`)."""
         heartbeats = [
             Heartbeat(h.front, self.layout.shard_bound(self.index, h.time), h.owner)
             for h in flush.heartbeats
@@ -178,7 +180,7 @@ class TrackerShard:
         nt = flush.node_time
         if nt is not None and nt.counter <= self._node_times.get(nt.node, 0):
             return  # a resent flush: already applied
-        self.tracker.apply_flush(flush.acks, heartbeats)
+        self.tracker.apply_flush(flush.acks, heartbeats, session, now_ms)
         if nt is not None:
             self._node_times[nt.node] = nt.counter
             self._applied.append((nt.node, nt.counter, nt.min_time))

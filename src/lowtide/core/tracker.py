@@ -7,6 +7,7 @@ topological order and returns the min time updates and stuck windows as data.
 Worked example, two segments, one front, window = 1 slot:
 
 >>> from lowtide.core.graph import SegmentGraph
+from lowtide.core.holders import HolderRow
 >>> from lowtide.core.messages import Ack, AckBatch, Heartbeat, RegisterFront
 >>> tr = TrackerConfig(SegmentGraph.of(("src", ()), ("out", ("src",)))).build()
 >>> tr.register_front(RegisterFront(front=1, segment="src", time=10))
@@ -32,6 +33,7 @@ from lowtide.core.diagnostics import StuckDetector, StuckWindow
 from lowtide.core.errors import ProtocolError, UnknownSegment
 from lowtide.core.fronts import NEVER, Declared, FrontRow, FrontTable, check_time
 from lowtide.core.graph import SegmentGraph
+from lowtide.core.holders import HolderRow
 from lowtide.core.messages import (
     I32,
     I64,
@@ -57,6 +59,9 @@ class TrackerConfig:
     max_windows: int = 1 << 20
     stuck_after_ms: int = 5_000
     stuck_check_ms: int = 100
+    #: how long a silent session keeps its front from another session of its owner
+    #: (:mod:`lowtide.core.holders`); 0: a successor takes over at once
+    front_lease_ms: int = 0
 
     def build(self) -> Tracker:
         return Tracker(self)
@@ -77,6 +82,7 @@ class TrackerSnapshot:
     global_min: int
     declared: tuple[Declared, ...] = ()
     done_fronts: tuple[int, ...] = ()
+    holders: tuple[HolderRow, ...] = ()  # (front, session, seen_ms)
 
 
 @dataclass(frozen=True)
@@ -124,7 +130,7 @@ class Tracker:
             owned_every=owned_every,
             owned_index=owned_index,
         )
-        self._fronts = FrontTable(n)
+        self._fronts = FrontTable(n, config.front_lease_ms)
         self._mins = [0] * n
         self._limits = [0] * n
         self._global = 0
@@ -138,14 +144,14 @@ class Tracker:
             raise ProtocolError(f"front {front}: {name!r} has inbound segments")
         return segment
 
-    def register_front(self, msg: RegisterFront) -> None:
+    def register_front(self, msg: RegisterFront, now_ms: int = 0) -> None:
+        """``now_ms``: the clock :meth:`step` gets (the holder's lease counts in it)."""
         segment = self._source(msg.front, msg.segment)
-        self._fronts.register(
-            msg.front, segment, msg.time, floor=self._floor(segment), owner=msg.owner
-        )
+        self._fronts.register(msg.front, segment, msg.time, self._floor(segment), msg.owner,
+                              msg.session, now_ms)
 
-    def unregister_front(self, msg: UnregisterFront) -> None:
-        self._fronts.unregister(msg.front, msg.owner)
+    def unregister_front(self, msg: UnregisterFront, now_ms: int = 0) -> None:
+        self._fronts.unregister(msg.front, msg.owner, msg.session, now_ms)
 
     def declare_front(self, msg: DeclareFront, now_ms: int = 0) -> None:
         """``now_ms``: the clock that :meth:`step` gets, for ``retire_after_ms``."""
@@ -168,17 +174,20 @@ class Tracker:
         windows, bounds = self._windows(batch)
         self._table.apply(batch.segment, windows, batch.xor, batch.count, bounds=bounds)
 
-    def apply_flush(self, acks: AckBatch, heartbeats: Iterable[Heartbeat] = ()) -> None:
-        """Acks, then heartbeats (rule 3), validated together before any is applied."""
+    def apply_flush(self, acks: AckBatch, heartbeats: Iterable[Heartbeat] = (),
+                    session: int | None = None, now_ms: int = 0) -> None:
+        """Acks, then heartbeats (rule 3), validated together before any is applied.
+        ``session``: the sender's own flush (its heartbeats must come from the session
+        holding their fronts); None: a keyed batch (they prove the owner only)."""
         hbs = list(heartbeats)
         windows, bounds = self._windows(acks)
         checked = self._table.check(acks.segment, windows, bounds)
-        self._check_heartbeats(hbs)
+        self._check_heartbeats(hbs, session)
         self._table.apply(
             acks.segment, windows, acks.xor, acks.count, checked=checked, bounds=bounds
         )
         for hb in hbs:
-            self._fronts.heartbeat(hb.front, hb.time, hb.owner)
+            self._fronts.heartbeat(hb.front, hb.time, hb.owner, session, now_ms)
 
     def receive_flush(self, flush: Flush) -> None:
         self.apply_flush(flush.acks, flush.heartbeats)
@@ -214,6 +223,7 @@ class Tracker:
     def snapshot(self) -> TrackerSnapshot:
         live, done = self._fronts.export()
         declared, done_fronts = self._fronts.export_declared()
+        holders = self._fronts.holders.export()
         return TrackerSnapshot(
             self.graph.fingerprint(),
             self._w,
@@ -225,6 +235,7 @@ class Tracker:
             self._global,
             declared,
             done_fronts,
+            holders,
         )
 
     def restore(self, snap: TrackerSnapshot) -> None:
@@ -232,7 +243,8 @@ class Tracker:
         if snap.graph_fingerprint != self.graph.fingerprint() or snap.window_slots != self._w:
             raise ProtocolError("snapshot was taken from a different graph or window size")
         self._table.load(snap.bases, snap.cells)
-        self._fronts.restore(snap.fronts, snap.done_bounds, snap.declared, snap.done_fronts)
+        self._fronts.restore(snap.fronts, snap.done_bounds, snap.declared, snap.done_fronts,
+                             snap.holders)
         self._mins = list(snap.min_times)
         self._global = snap.global_min
 
@@ -287,10 +299,11 @@ class Tracker:
         windows = batch.time if w == 1 else batch.time // w
         return windows, (low // w, high // w)
 
-    def _check_heartbeats(self, heartbeats: list[Heartbeat]) -> None:
+    def _check_heartbeats(self, heartbeats: list[Heartbeat], session: int | None) -> None:
         latest: dict[int, int] = {}
         for hb in heartbeats:
-            self._fronts.check_heartbeat(hb.front, hb.time, hb.owner, latest.get(hb.front))
+            self._fronts.check_heartbeat(hb.front, hb.time, hb.owner, latest.get(hb.front),
+                                         session=session)
             latest[hb.front] = hb.time
 
     def _check_stuck(self, now_ms: int) -> list[StuckWindow]:

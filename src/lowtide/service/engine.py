@@ -59,6 +59,9 @@ class EngineConfig:
     stuck_after_ms: int = 5_000
     dedup_retention_ms: int = 24 * 3_600_000
     max_keys: int = 1_000_000
+    #: a live producer keeps its front from its owner's other sessions while seen within
+    #: this long (:mod:`lowtide.core.holders`)
+    front_lease_ms: int = 1_000
 
     def tracker_config(self) -> TrackerConfig:
         return TrackerConfig(
@@ -67,6 +70,7 @@ class EngineConfig:
             initial_windows=self.initial_windows,
             max_windows=self.max_windows,
             stuck_after_ms=self.stuck_after_ms,
+            front_lease_ms=self.front_lease_ms,
         )
 
     def build(self) -> CentralEngine:
@@ -275,12 +279,20 @@ class Engine(ABC):
             self.handle(msg, now_ms)
 
 
+def flush_session(msg: Batch) -> int | None:
+    """Whose own heartbeats a batch carries: its session's for a fire-and-forget flush
+    (bound to the session holding their fronts), None for a keyed batch (a Spark task
+    heartbeating for its driver proves the owner only)."""
+    return None if msg.key else msg.session
+
+
 def apply_front_op(tracker: Tracker | TrackerShard, msg: FrontOp, now_ms: int = 0) -> None:
     """``now_ms``: the request's clock (a declaration's deadline counts from it)."""
     if msg.action == FrontAction.REGISTER:
-        tracker.register_front(RegisterFront(msg.front, msg.segment, msg.time, msg.owner))
+        tracker.register_front(
+            RegisterFront(msg.front, msg.segment, msg.time, msg.owner, msg.session), now_ms)
     elif msg.action == FrontAction.UNREGISTER:
-        tracker.unregister_front(UnregisterFront(msg.front, msg.owner))
+        tracker.unregister_front(UnregisterFront(msg.front, msg.owner, msg.session), now_ms)
     elif msg.action == FrontAction.DECLARE:
         after = None if msg.retire_after_ms < 0 else msg.retire_after_ms
         tracker.declare_front(
@@ -341,6 +353,7 @@ def export_tracker(snap: TrackerSnapshot) -> tuple[dict[str, Any], dict[str, np.
         "declared": [[d.front, d.segment, d.time, d.owner, d.retire_at_ms]
                      for d in snap.declared],
         "done_fronts": list(snap.done_fronts),
+        "holders": [list(h) for h in snap.holders],
         "done_bounds": list(snap.done_bounds),
         "min_times": list(snap.min_times),
         "global_min": snap.global_min,
@@ -375,6 +388,7 @@ def import_tracker(
         meta["global_min"],
         tuple(Declared(*map(int, d)) for d in meta.get("declared", ())),
         tuple(int(f) for f in meta.get("done_fronts", ())),
+        tuple((int(f), int(s), int(t)) for f, s, t in meta.get("holders", ())),
     )
 
 
@@ -393,7 +407,7 @@ class CentralEngine(Engine):
             raise ServiceError(
                 ErrorCode.BAD_REQUEST, "node times go to shards, not a central tracker"
             )
-        self.tracker.apply_flush(msg.acks, msg.heartbeats)
+        self.tracker.apply_flush(msg.acks, msg.heartbeats, flush_session(msg), self.now_ms)
 
     def step(self, now_ms: int) -> StepResult:
         step = self.tracker.step(now_ms)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from lowtide.core.errors import (
     AckBehindHead,
     FrontBehind,
+    FrontHeld,
     FrontOwned,
     NonMonotonicHeartbeat,
     ProtocolError,
@@ -20,6 +21,7 @@ from lowtide.wire.messages import Error, ErrorCode
 _CORE: tuple[tuple[type[ProtocolError], ErrorCode], ...] = (
     (UnknownSegment, ErrorCode.UNKNOWN_SEGMENT),
     (UnknownFront, ErrorCode.UNKNOWN_FRONT),
+    (FrontHeld, ErrorCode.FRONT_HELD),
     (FrontOwned, ErrorCode.FRONT_OWNED),
     (FrontBehind, ErrorCode.FRONT_BEHIND),
     (NonMonotonicHeartbeat, ErrorCode.NON_MONOTONIC_HEARTBEAT),

@@ -41,6 +41,7 @@ from lowtide.service.engine import (
     StepResult,
     apply_front_op,
     export_tracker,
+    flush_session,
     import_tracker,
     tracker_status,
 )
@@ -68,7 +69,8 @@ class ShardEngine(Engine):
                 ErrorCode.BAD_REQUEST,
                 f"batch {msg.key} arrives after a later batch of its stream (node {nt.node})",
             )
-        self.shard.receive(ShardFlush(self.index, nt, msg.acks, msg.heartbeats))
+        flush = ShardFlush(self.index, nt, msg.acks, msg.heartbeats)
+        self.shard.receive(flush, flush_session(msg), self.now_ms)
         if nt is not None:
             self._retained[(nt.node, nt.counter)] = nt.min_time
 

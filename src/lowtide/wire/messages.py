@@ -25,7 +25,8 @@ from lowtide.core.messages import (
 #: 2: FrontOp carries its owner; error codes FRONT_OWNED, SESSION_FAILED; Challenge
 #:    carries the server's proof of the secret (mutual authentication).
 #: 3: heartbeats carry their front's owner id; FrontOp carries an action (register,
-#:    unregister, declare, retire) and a retirement deadline; error code FRONT_BEHIND.
+#:    unregister, declare, retire) and a retirement deadline; error codes FRONT_BEHIND,
+#:    FRONT_HELD.
 WIRE_VERSION = 3
 
 #: A graph as plain data: ((name, (inbound names...)), ...) in topological order.
@@ -66,6 +67,7 @@ class ErrorCode(IntEnum):
     TABLE_OVERFLOW = 15
     FRONT_OWNED = 16
     FRONT_BEHIND = 17
+    FRONT_HELD = 18
     INTERNAL = 20
     SESSION_FAILED = 21
 

@@ -152,3 +152,38 @@ def test_a_producer_that_exits_while_the_tracker_is_down(tmp_path: Path) -> None
             ref = TrackerRef(second.url, GRAPH, GRID)
             with Agent.connect(second.url, GRAPH) as agent:
                 check_successor(ref, agent, topic)
+
+
+LIVE_PRODUCER = """
+import sys, time
+from lowtide.spark.sources.front import Front
+from lowtide.spark.tracking.transport import TrackerRef
+front = Front(None, 1, TrackerRef.from_option(sys.argv[1]), segment="src", heartbeat_ms=5,
+              owner="gateway-1")
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_second_live_producer_with_the_same_owner_is_refused() -> None:
+    """Two producers started with one front id and the same owner name (one program
+    run twice on one host derives the same owner): while the first is live, the second
+    is refused; once the first is gone, a successor takes over."""
+    from lowtide.core.errors import FrontHeld
+    from lowtide.service import TrackerService
+
+    with TrackerService.start(GRAPH, grid=GRID) as svc:
+        ref = TrackerRef(svc.url, GRAPH, GRID)
+        first = subprocess.Popen([sys.executable, "-c", LIVE_PRODUCER, ref.to_option()],
+                                 stdout=subprocess.PIPE, text=True)
+        try:
+            assert first.stdout is not None and first.stdout.readline().strip() == "ready"
+            with Agent.connect(svc.url, GRAPH) as second, pytest.raises(FrontHeld):
+                second.register_front(1, "src", 10**12, owner=OWNER)
+            assert svc.status()["fronts"]["1"][1] < 10**12  # the first keeps its front
+        finally:
+            first.kill()
+            first.wait(10)
+        successor = Front(None, 1, ref, segment="src", heartbeat_ms=5, owner=OWNER)
+        successor.close()
+        connect(ref).close()

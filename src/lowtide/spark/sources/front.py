@@ -58,6 +58,7 @@ import os
 import socket
 import sys
 import threading
+import time as _time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -66,7 +67,7 @@ import numpy as np
 import numpy.typing as npt
 
 from lowtide.core.acks import root_acks
-from lowtide.core.errors import FrontOwned, NonMonotonicHeartbeat
+from lowtide.core.errors import FrontHeld, FrontOwned, NonMonotonicHeartbeat
 from lowtide.core.time import Clock, TimeGrid
 from lowtide.service.clock import SystemClock
 from lowtide.spark.sources import records as rec
@@ -77,7 +78,7 @@ from lowtide.spark.sources.retention import retain
 from lowtide.spark.tracking.column import AckAccumulator
 from lowtide.spark.tracking.transport import AgentLike, TrackerRef, connect
 
-__all__ = ["CONSUMER_STRIDE", "Front", "Labelled", "default_owner"]
+__all__ = ["CONSUMER_STRIDE", "Front", "Labelled", "default_owner", "register_when_free"]
 
 #: Front ids of one front's registrations on its 2nd, 3rd, ... consumer segment.
 CONSUMER_STRIDE = 1 << 32
@@ -87,6 +88,27 @@ SEQ_PER_MS = 1 << 20
 #: how far ahead of its clock an event time may be (a unit mix-up is years ahead); well
 #: inside a default tracker's window (2**20 windows of 10 ms: 2.9 hours)
 MAX_AHEAD_MS = 3_600_000
+
+
+#: how long a successor retries while its predecessor still holds the front: the
+#: tracker's lease (1 s by default) must lapse; a second live producer is refused then
+HELD_WAIT_S = 5.0
+
+
+def register_when_free(agent: AgentLike, front: int, segment: str, time: int, owner: str,
+                       wait_s: float = HELD_WAIT_S) -> None:
+    """``agent.register_front``, retried while another session of ``owner`` holds the
+    front (``FrontHeld``): a restarted producer waits for its predecessor's lease to
+    lapse; a second producer that is live all along is refused after ``wait_s``."""
+    deadline = _time.monotonic() + wait_s
+    while True:
+        try:
+            agent.register_front(front, segment, time, owner=owner)
+            return
+        except FrontHeld:
+            if _time.monotonic() > deadline:
+                raise
+            _time.sleep(0.1)
 
 
 def default_owner(log_dir: str | os.PathLike[str] | None) -> str:
@@ -224,11 +246,14 @@ class Front:
         ``slot``; a successor whose front already promised more resumes there."""
         try:
             for fid, segment in zip(self.front_ids(), self.segments, strict=True):
-                self._agent.register_front(fid, segment, slot, owner=self.owner)
+                register_when_free(self._agent, fid, segment, slot, self.owner)
         except NonMonotonicHeartbeat:
             slot = max(slot, self._promised())
             for fid, segment in zip(self.front_ids(), self.segments, strict=True):
-                self._agent.register_front(fid, segment, slot, owner=self.owner)
+                register_when_free(self._agent, fid, segment, slot, self.owner)
+        except FrontHeld as exc:
+            raise FrontHeld(f"front {self.front}: a live producer with the same owner "
+                            f"{self.owner!r} holds it ({exc})") from None
         except FrontOwned:
             raise FrontOwned(
                 f"front {self.front} belongs to another producer (this one is owner "

@@ -27,6 +27,7 @@ import numpy as np
 from lowtide.core.acks import root_acks
 from lowtide.core.errors import NonMonotonicHeartbeat
 from lowtide.core.messages import AckBatch, Heartbeat
+from lowtide.spark.sources.front import register_when_free
 from lowtide.spark.sources.ingest import IngestReader, list_fronts
 from lowtide.spark.sources.retention import commit_consumer, register_consumer, retain
 from lowtide.spark.tracking.column import (
@@ -88,7 +89,7 @@ def ensure_front(agent: AgentLike, front: int, segment: str, time: int) -> None:
     committed), which is fine: the front stays where it is. The owner name makes any
     driver of this pipeline (with its secret) the front's successor (a restart)."""
     try:
-        agent.register_front(front, segment, time, owner=source_owner(segment))
+        register_when_free(agent, front, segment, time, source_owner(segment))
     except NonMonotonicHeartbeat:
         return
 
