@@ -9,9 +9,8 @@ through the same path after a crash.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,6 +33,7 @@ from lowtide.core.time import TIME_LIMIT, TimeGrid
 from lowtide.core.tracker import Tracker, TrackerConfig, TrackerSnapshot
 from lowtide.service.dedup import Dedup
 from lowtide.service.errors import ServiceError, Unproven, error_of
+from lowtide.service.front_events import FrontEvents
 from lowtide.wire.messages import (
     Batch,
     Error,
@@ -75,40 +75,6 @@ class EngineConfig:
 
     def build(self) -> CentralEngine:
         return CentralEngine(self)
-
-
-@dataclass
-class FrontEvents:
-    """What happened to fronts that a consumer must see, not only a producer's
-    exception: registrations refused for being behind their segment (a producer that
-    started late and was not declared), and declared fronts retired by their deadline.
-    Counted since the state dir began (snapshots and the log keep them)."""
-
-    RECENT = 20
-
-    behind: int = 0
-    retired: int = 0
-    recent: deque[str] = field(default_factory=lambda: deque(maxlen=FrontEvents.RECENT))
-
-    def refused(self, refused: Refused) -> None:
-        if refused.code == ErrorCode.FRONT_BEHIND:
-            self.behind += 1
-            self.recent.append(f"refused: {refused.message}")
-
-    def retire(self, fronts: tuple[Declared, ...], graph: SegmentGraph) -> None:
-        for d in fronts:
-            self.retired += 1
-            self.recent.append(
-                f"retired: front {d.front} was declared on {graph.names[d.segment]!r} and "
-                f"did not register by its deadline; its segment no longer waits for it")
-
-    def export(self) -> dict[str, Any]:
-        return {"behind": self.behind, "retired": self.retired, "recent": list(self.recent)}
-
-    def load(self, doc: dict[str, Any] | None) -> None:
-        doc = doc or {}
-        self.behind, self.retired = int(doc.get("behind", 0)), int(doc.get("retired", 0))
-        self.recent = deque(doc.get("recent", ()), maxlen=self.RECENT)
 
 
 @dataclass(frozen=True)
