@@ -7,7 +7,6 @@ topological order and returns the min time updates and stuck windows as data.
 Worked example, two segments, one front, window = 1 slot:
 
 >>> from lowtide.core.graph import SegmentGraph
-from lowtide.core.holders import HolderRow
 >>> from lowtide.core.messages import Ack, AckBatch, Heartbeat, RegisterFront
 >>> tr = TrackerConfig(SegmentGraph.of(("src", ()), ("out", ("src",)))).build()
 >>> tr.register_front(RegisterFront(front=1, segment="src", time=10))

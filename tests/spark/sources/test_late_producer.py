@@ -108,6 +108,12 @@ def test_an_undeclared_late_producer_is_refused_and_the_consumer_sees_it(
         events_doc = consumer.status()["front_events"]
         assert events_doc["behind"] == 1
         assert "front 4 registers at" in events_doc["recent"][-1]
+        deadline = time.monotonic() + 10  # the metrics refresh once a second
+        while b"lowtide_fronts_refused_total{pipeline=\"default\"} 1.0" not in (
+                service.server.metrics.render()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert b'lowtide_fronts_refused_total{pipeline="default"} 1.0' in (
+            service.server.metrics.render())
         for f in fronts:
             f.close()
 
