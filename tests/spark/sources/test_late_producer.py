@@ -61,12 +61,15 @@ def produce(front: Front, frame: pd.DataFrame) -> Labelled:
     return batch
 
 
-def early_gateways(ref: TrackerRef, t0: int) -> tuple[list[Front], list[Labelled]]:
-    """Gateways 1-3 produce 2 s of events and heartbeat past them."""
+def early_gateways(ref: TrackerRef, consumer: Agent, t0: int) -> list[Front]:
+    """Gateways 1-3 produce 2 s of events and heartbeat past them; the consumer reads
+    them."""
     fronts = [gateway(ref, f) for f in GATEWAYS[:3]]
     batches = [produce(f, events(t0, 0, 1_000, 2_000)) for f in fronts]
     time.sleep(0.3)
-    return fronts, batches
+    for b in batches:
+        consume(consumer, b.times, b.acks)
+    return fronts
 
 
 def test_a_declared_late_producer_is_waited_for(service: TrackerService) -> None:
@@ -75,9 +78,7 @@ def test_a_declared_late_producer_is_waited_for(service: TrackerService) -> None
     with Agent.connect(service.url, GRAPH) as consumer:
         for f in GATEWAYS:  # what Pipeline.read_stream(df, fronts=[1, 2, 3, 4]) does
             consumer.declare_front(f, "src", owner="pipeline")
-        fronts, batches = early_gateways(ref, t0)
-        for b in batches:
-            consume(consumer, b.times, b.acks)
+        fronts = early_gateways(ref, consumer, t0)
         time.sleep(0.2)
         t0_slot = t0 // GRID.delta_ms
         assert consumer.status()["fronts_declared"] == {"4": ["src", t0_slot, -1]}
@@ -98,9 +99,7 @@ def test_an_undeclared_late_producer_is_refused_and_the_consumer_sees_it(
     ref = TrackerRef(service.url, GRAPH, GRID)
     t0 = wall_ms() - 60_000
     with Agent.connect(service.url, GRAPH) as consumer:
-        fronts, batches = early_gateways(ref, t0)
-        for b in batches:
-            consume(consumer, b.times, b.acks)
+        fronts = early_gateways(ref, consumer, t0)
         wait_for_min(consumer, 0, t0 // 10)
         late = gateway(ref, 4)
         with pytest.raises(FrontBehind, match="declare every front"):
@@ -125,9 +124,7 @@ def test_a_declared_front_that_never_comes_is_retired_by_its_deadline(
     t0 = wall_ms() - 60_000
     with Agent.connect(service.url, GRAPH) as consumer:
         consumer.declare_front(4, "src", owner="pipeline", retire_after_ms=1_000)
-        fronts, batches = early_gateways(ref, t0)
-        for b in batches:
-            consume(consumer, b.times, b.acks)
+        fronts = early_gateways(ref, consumer, t0)
         assert int(consumer.status()["segments"][0]["min_time"]) == t0 // 10  # waits for 4
         assert wait_for_min(consumer, 1, t0 // 10) > t0 // 10  # ... until its deadline
         status = consumer.status()
