@@ -129,12 +129,18 @@ def graph() -> SegmentGraph:
     return SegmentGraph.of(*((n, tuple(u)) for n, u in GRAPH_SPEC))
 
 
+#: the owner name the watcher registers the fronts with, proven by their producers
+FRONT_OWNER = "producers"
+
+
 def producer(url: str, front: int, slots: int) -> None:
-    """A front: each slot's items under a Spark-like key, heartbeat with them."""
+    """A front: each slot's items under a Spark-like key, heartbeat with them (proving
+    the owner the fronts were registered with, as a Spark source's tasks do)."""
     with Agent.connect(url, graph()) as agent:
         for slot in range(1, slots + 1):
             key = BatchKey("q", slot, "src", front)
-            agent.send_batch(key, produced(front, slot), [Heartbeat(front, slot + 1)])
+            agent.send_batch(key, produced(front, slot), [Heartbeat(front, slot + 1)],
+                             owner=FRONT_OWNER)
             time.sleep(0.03)
 
 

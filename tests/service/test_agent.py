@@ -124,13 +124,14 @@ def test_async_iterator_and_callback(agent: Agent) -> None:
 def test_refused_batch_changes_nothing_and_others_are_served(
     service: TrackerService, agent: Agent, graph: SegmentGraph
 ) -> None:
-    agent.register_front(1, "src", 10)
+    agent.register_front(1, "src", 10, owner="producer")
     with pytest.raises(AckBehindHead):
         agent.send_batch(BatchKey("q", 1, "src", 0), AckBatch.of([send(0, 3, 0x1)]))
     with pytest.raises(UnknownSegment):
         agent.send_batch(BatchKey("q", 1, "src", 1), AckBatch.of([send(7, 12, 0x1)]))
     with Agent.connect(service.url, graph) as other, other.subscribe("sink") as sub:
-        other.heartbeat(1, 20)
+        other.send_batch(BatchKey("task", 0, "src", 9), AckBatch.empty(), [Heartbeat(1, 20)],
+                         owner="producer")  # another process (a Spark task) proving it
         assert sub.wait_for(20, 5).time == 20
         # the refused key was not remembered: a corrected batch under it is applied
         assert other.send_batch(BatchKey("q", 1, "src", 0), AckBatch.of([send(0, 25, 0x1)]))

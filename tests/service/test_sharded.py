@@ -17,6 +17,7 @@ from lowtide.service import Agent, BatchKey
 from lowtide.service.batches import stream_time
 from lowtide.wire.messages import Batch, Ok, Welcome
 from tests.service.procs import (
+    FRONT_OWNER,
     consumed,
     consumer,
     graph,
@@ -48,7 +49,7 @@ def test_sharded_cluster_survives_a_shard_kill(tmp_path: Path) -> None:
         watcher = Agent.connect(url, graph())
         try:
             for front in FRONTS:
-                watcher.register_front(front, "src", 1)
+                watcher.register_front(front, "src", 1, owner=FRONT_OWNER)
             watcher.on_update(seen.append, None)
             victim = shard_pids(watcher)[1]
             procs = [ctx.Process(target=producer, args=(url, f, SLOTS)) for f in FRONTS]

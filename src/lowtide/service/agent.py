@@ -36,6 +36,7 @@ from lowtide.service.batches import BatchKey, Outcome, PendingBatch
 from lowtide.service.lane import LaneConfig
 from lowtide.service.link import Link, timed
 from lowtide.service.subscribe import AsyncSubscription, Subscription
+from lowtide.wire.messages import FrontAction
 
 log = logging.getLogger("lowtide.service.agent")
 
@@ -164,17 +165,48 @@ class Agent:
         self, front: int, segment: str, time: int, timeout_s: float = 30.0, *, owner: str = ""
     ) -> None:
         """The front feeds source segment ``segment`` with items of slot >= time. It
-        belongs to this agent: no other session may move or unregister it (FrontOwned),
-        unless it names the same ``owner`` (with the same secret): a restarted process
-        that takes over its fronts."""
+        belongs to this agent: no other session may move (re-register, heartbeat) or
+        unregister it (FrontOwned), unless it names the same ``owner`` (with the same
+        secret): a restarted process that takes over its fronts, or a Spark task that
+        heartbeats for the driver. A front that registers below what its segment
+        announced is refused (FrontBehind) unless it was declared."""
         self._ensure()
         self.graph.index(segment)
-        self._call(self._link.front_op(True, front, segment, time, owner), timeout_s)
+        self._call(self._link.front_op(FrontAction.REGISTER, front, segment, time, owner),
+                   timeout_s)
 
-    def unregister_front(self, front: int, timeout_s: float = 30.0, *, owner: str = "") -> None:
-        """The front is done; ``owner``: the name it was registered with, if any."""
+    def unregister_front(
+        self, front: int, timeout_s: float = 30.0, *, owner: str | None = None
+    ) -> None:
+        """The front is done; ``owner``: the name it was registered with (None: the one
+        this agent registered it with)."""
         self._ensure()
-        self._call(self._link.front_op(False, front, "", 0, owner), timeout_s)
+        self._call(self._link.front_op(FrontAction.UNREGISTER, front, "", 0, owner), timeout_s)
+
+    def declare_front(
+        self, front: int, segment: str, time: int | None = None, timeout_s: float = 30.0, *,
+        owner: str = "", retire_after_ms: int | None = None,
+    ) -> None:
+        """``front`` may still produce into ``segment`` from slot ``time`` on (None:
+        from where the segment's fronts start): the segment's min time waits for it
+        until it registers (whoever registers it owns it) or is retired, by
+        :meth:`retire_front` with the same ``owner``, or by the tracker once
+        ``retire_after_ms`` passed (None: never). Declaring a front that is live or
+        done already changes nothing."""
+        self._ensure()
+        self.graph.index(segment)
+        after = -1 if retire_after_ms is None else retire_after_ms
+        if retire_after_ms is not None and retire_after_ms < 0:
+            raise ValueError("retire_after_ms must be >= 0 (None: never)")
+        at = -1 if time is None else time
+        self._call(self._link.front_op(FrontAction.DECLARE, front, segment, at, owner, after),
+                   timeout_s)
+
+    def retire_front(self, front: int, timeout_s: float = 30.0, *, owner: str = "") -> None:
+        """Stop waiting for a declared front that never registered (``owner``: the name
+        it was declared with)."""
+        self._ensure()
+        self._call(self._link.front_op(FrontAction.RETIRE, front, "", 0, owner), timeout_s)
 
     def send_batch(
         self,
@@ -182,12 +214,17 @@ class Agent:
         acks: AckBatch,
         heartbeats: Iterable[Heartbeat] = (),
         timeout_s: float = 30.0,
+        *,
+        owner: str | None = None,
     ) -> bool:
         """Apply ``acks`` then ``heartbeats`` at most once under ``key``; returns once
         the tracker confirmed (after logging). True if applied now, False if it had
         been applied before (a retry). Raises the core ProtocolError the tracker
-        raised, or TimeoutError (then retry with the same key: it is safe)."""
-        return self.submit_batch(key, acks, heartbeats, timeout_s).wait()
+        raised, or TimeoutError (then retry with the same key: it is safe).
+        ``owner``: the name the heartbeats' fronts were registered with (None: as this
+        agent registered them, else this session), unless a heartbeat carries its
+        owner id."""
+        return self.submit_batch(key, acks, heartbeats, timeout_s, owner=owner).wait()
 
     def submit_batch(
         self,
@@ -195,6 +232,8 @@ class Agent:
         acks: AckBatch,
         heartbeats: Iterable[Heartbeat] = (),
         timeout_s: float = 30.0,
+        *,
+        owner: str | None = None,
     ) -> PendingBatch:
         """:meth:`send_batch` without waiting: the caller goes on (a Spark task emits
         its last rows) while the batch travels, and calls ``wait()`` before it may
@@ -203,7 +242,7 @@ class Agent:
         self._ensure()
         if key.batch_id < 0:
             raise ValueError(f"batch ids start at 0, got {key.batch_id}")
-        fut = self._spawn(self._link.keyed(key, acks, tuple(heartbeats)), timeout_s)
+        fut = self._spawn(self._link.keyed(key, acks, tuple(heartbeats), owner), timeout_s)
         return PendingBatch(fut, self._result)
 
     def flush(self, timeout_s: float = 30.0) -> None:
@@ -235,12 +274,14 @@ class Agent:
         self._link.check_failed()
         self._loop.call_soon_threadsafe(self._link.add_acks, acks)
 
-    def heartbeat(self, front: int, time: int) -> None:
+    def heartbeat(self, front: int, time: int, *, owner: str | None = None) -> None:
         """Buffer a heartbeat; it travels after every ack buffered before it (rule 3).
-        Raises :class:`SessionFailed` once the tracker refused an earlier flush."""
+        ``owner``: as for :meth:`send_batch` (another owner's heartbeat is refused, and
+        fails this agent's session). Raises :class:`SessionFailed` once the tracker
+        refused an earlier flush."""
         self._ensure()
         self._link.check_failed()
-        self._loop.call_soon_threadsafe(self._link.add_heartbeat, Heartbeat(front, time))
+        self._loop.call_soon_threadsafe(self._link.add_heartbeat, Heartbeat(front, time), owner)
 
     # ------------------------------------------------------------ subscriptions
     def subscribe(self, segment: str | None = None, timeout_s: float = 30.0) -> Subscription:

@@ -73,7 +73,7 @@ class CallerAgent(Agent):
     def add_acks(self, acks: AckBatch) -> None:
         self._refuse("add_acks")
 
-    def heartbeat(self, front: int, time: int) -> None:
+    def heartbeat(self, front: int, time: int, *, owner: str | None = None) -> None:
         self._refuse("heartbeat")
 
     def subscribe(self, segment: str | None = None, timeout_s: float = 30.0) -> Subscription:

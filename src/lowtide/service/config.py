@@ -36,6 +36,9 @@ class ServerConfig:
     max_windows: int = 1 << 20
     dedup_retention_ms: int = 24 * 3_600_000
     max_keys: int = 1_000_000
+    #: a live producer keeps its front from its owner's other sessions while seen
+    #: within this long (lowtide.core.holders); 0: a successor takes over at once
+    front_lease_ms: int = 1_000
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"  # unauthenticated: loopback unless asked
     web_port: int | None = None  # the web view (service.web): None off, 0 a free port
@@ -65,6 +68,7 @@ class ServerConfig:
             stuck_after_ms=self.stuck_after_ms,
             dedup_retention_ms=self.dedup_retention_ms,
             max_keys=self.max_keys,
+            front_lease_ms=self.front_lease_ms,
         )
 
     def build(self, clock: Clock | None = None) -> TrackerServer:

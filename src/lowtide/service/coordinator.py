@@ -182,6 +182,9 @@ class CoordinatorEngine(Engine):
             "dedup_keys": sum(k.get("dedup_keys", 0) for k in known),
             "segments": segments,
             "fronts": known[0]["fronts"] if known else {},
+            # every shard sees every front operation: shard 0 speaks for them
+            "fronts_declared": known[0].get("fronts_declared", {}) if known else {},
+            "front_events": known[0].get("front_events", {}) if known else {},
             "stuck": sorted({w for k in known for w in k["stuck"]}),
             "stuck_detail": sorted(
                 (d for k in known for d in k.get("stuck_detail", [])),

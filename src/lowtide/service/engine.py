@@ -17,11 +17,14 @@ import numpy as np
 
 from lowtide.core.diagnostics import StuckWindow
 from lowtide.core.errors import ProtocolError
+from lowtide.core.fronts import Declared
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import (
     AckBatch,
+    DeclareFront,
     MinTimeUpdate,
     RegisterFront,
+    RetireFront,
     ShardReport,
     UnregisterFront,
 )
@@ -30,10 +33,12 @@ from lowtide.core.time import TIME_LIMIT, TimeGrid
 from lowtide.core.tracker import Tracker, TrackerConfig, TrackerSnapshot
 from lowtide.service.dedup import Dedup
 from lowtide.service.errors import ServiceError, Unproven, error_of
+from lowtide.service.front_events import FrontEvents
 from lowtide.wire.messages import (
     Batch,
     Error,
     ErrorCode,
+    FrontAction,
     FrontOp,
     Ok,
     Refused,
@@ -54,6 +59,9 @@ class EngineConfig:
     stuck_after_ms: int = 5_000
     dedup_retention_ms: int = 24 * 3_600_000
     max_keys: int = 1_000_000
+    #: a live producer keeps its front from its owner's other sessions while seen within
+    #: this long (:mod:`lowtide.core.holders`)
+    front_lease_ms: int = 1_000
 
     def tracker_config(self) -> TrackerConfig:
         return TrackerConfig(
@@ -62,6 +70,7 @@ class EngineConfig:
             initial_windows=self.initial_windows,
             max_windows=self.max_windows,
             stuck_after_ms=self.stuck_after_ms,
+            front_lease_ms=self.front_lease_ms,
         )
 
     def build(self) -> CentralEngine:
@@ -95,6 +104,9 @@ class Engine(ABC):
         #: told of every refusal, to log it (the write-ahead log sets it after replay)
         self.on_refused: Callable[[Refused], None] | None = None
         self._expired_ms = -1
+        #: the clock of the request being handled (declarations count deadlines from it)
+        self.now_ms = 0
+        self.front_events = FrontEvents()
 
     def handle(self, msg: StateRequest, now_ms: int) -> Ok | Error:
         """Apply a request at most once; the reply says what happened. A refusal is
@@ -109,6 +121,7 @@ class Engine(ABC):
             failed = self.dedup.failure(msg.session)
             if failed is not None:
                 raise ServiceError(ErrorCode.SESSION_FAILED, failed)
+            self.now_ms = now_ms
             self._apply(msg)
         except (ProtocolError, ServiceError) as exc:
             return self._refuse(msg, exc, now_ms)
@@ -150,6 +163,7 @@ class Engine(ABC):
                 f"flush refused with {err.code.name}: {err.message}",
             )
         self.hold = min(self.hold, refused.hold)
+        self.front_events.refused(refused)
 
     def _count_rows(self, acks: AckBatch) -> None:
         """Counts are +1 per send, -1 per receive: positive entries are rows sent into
@@ -180,6 +194,7 @@ class Engine(ABC):
         for seg, received, sent in zip(body["segments"], self.received, self.sent, strict=True):
             seg.setdefault("received", int(received))
             seg.setdefault("sent", int(sent))
+        body.setdefault("front_events", self.front_events.export())
         return body
 
     def tick(self, now_ms: int) -> None:  # noqa: B027 (optional hook)
@@ -230,11 +245,26 @@ class Engine(ABC):
             self.handle(msg, now_ms)
 
 
-def apply_front_op(tracker: Tracker | TrackerShard, msg: FrontOp) -> None:
-    if msg.register:
-        tracker.register_front(RegisterFront(msg.front, msg.segment, msg.time, msg.owner))
+def flush_session(msg: Batch) -> int | None:
+    """Whose own heartbeats a batch carries: its session's for a fire-and-forget flush
+    (bound to the session holding their fronts), None for a keyed batch (a Spark task
+    heartbeating for its driver proves the owner only)."""
+    return None if msg.key else msg.session
+
+
+def apply_front_op(tracker: Tracker | TrackerShard, msg: FrontOp, now_ms: int = 0) -> None:
+    """``now_ms``: the request's clock (a declaration's deadline counts from it)."""
+    if msg.action == FrontAction.REGISTER:
+        tracker.register_front(
+            RegisterFront(msg.front, msg.segment, msg.time, msg.owner, msg.session), now_ms)
+    elif msg.action == FrontAction.UNREGISTER:
+        tracker.unregister_front(UnregisterFront(msg.front, msg.owner, msg.session), now_ms)
+    elif msg.action == FrontAction.DECLARE:
+        after = None if msg.retire_after_ms < 0 else msg.retire_after_ms
+        tracker.declare_front(
+            DeclareFront(msg.front, msg.segment, msg.time, msg.owner, after), now_ms)
     else:
-        tracker.unregister_front(UnregisterFront(msg.front, msg.owner))
+        tracker.retire_front(RetireFront(msg.front, msg.owner))
 
 
 def tracker_status(tracker: Tracker, graph: SegmentGraph) -> dict[str, Any]:
@@ -257,6 +287,10 @@ def tracker_status(tracker: Tracker, graph: SegmentGraph) -> dict[str, Any]:
         "global_min": tracker.min_time(None),
         "segments": segments,
         "fronts": {str(f): list(v) for f, v in sorted(tracker.fronts().items())},
+        "fronts_declared": {
+            str(f): [graph.names[d.segment], d.time, d.retire_at_ms]
+            for f, d in sorted(tracker.declared_fronts().items())
+        },
         "stuck": [s.describe() for s in stuck],
         "stuck_detail": [stuck_detail(s) for s in stuck],
     }
@@ -282,6 +316,10 @@ def export_tracker(snap: TrackerSnapshot) -> tuple[dict[str, Any], dict[str, np.
         "fingerprint": snap.graph_fingerprint,
         "window_slots": snap.window_slots,
         "fronts": [list(f) for f in snap.fronts],
+        "declared": [[d.front, d.segment, d.time, d.owner, d.retire_at_ms]
+                     for d in snap.declared],
+        "done_fronts": list(snap.done_fronts),
+        "holders": [list(h) for h in snap.holders],
         "done_bounds": list(snap.done_bounds),
         "min_times": list(snap.min_times),
         "global_min": snap.global_min,
@@ -314,6 +352,9 @@ def import_tracker(
         tuple(meta["done_bounds"]),
         tuple(meta["min_times"]),
         meta["global_min"],
+        tuple(Declared(*map(int, d)) for d in meta.get("declared", ())),
+        tuple(int(f) for f in meta.get("done_fronts", ())),
+        tuple((int(f), int(s), int(t)) for f, s, t in meta.get("holders", ())),
     )
 
 
@@ -326,16 +367,17 @@ class CentralEngine(Engine):
 
     def _apply(self, msg: StateRequest) -> None:
         if isinstance(msg, FrontOp):
-            apply_front_op(self.tracker, msg)
+            apply_front_op(self.tracker, msg, self.now_ms)
             return
         if msg.node_time is not None:
             raise ServiceError(
                 ErrorCode.BAD_REQUEST, "node times go to shards, not a central tracker"
             )
-        self.tracker.apply_flush(msg.acks, msg.heartbeats)
+        self.tracker.apply_flush(msg.acks, msg.heartbeats, flush_session(msg), self.now_ms)
 
     def step(self, now_ms: int) -> StepResult:
         step = self.tracker.step(now_ms)
+        self.front_events.retire(step.retired, self.graph)
         return StepResult(step.updates, step.stuck)
 
     def current(self, segment: str | None) -> MinTimeUpdate:
@@ -346,8 +388,11 @@ class CentralEngine(Engine):
 
     def export(self) -> tuple[dict[str, Any], dict[str, np.ndarray[Any, Any]]]:
         meta, arrays = export_tracker(self.tracker.snapshot())
-        return {"tracker": meta, "dedup": self.dedup.export()}, arrays
+        doc = {"tracker": meta, "dedup": self.dedup.export(),
+               "front_events": self.front_events.export()}
+        return doc, arrays
 
     def restore(self, meta: dict[str, Any], arrays: dict[str, np.ndarray[Any, Any]]) -> None:
         self.tracker.restore(import_tracker(meta["tracker"], arrays))
         self.dedup.load(meta["dedup"])
+        self.front_events.load(meta.get("front_events"))

@@ -7,6 +7,8 @@ from typing import TypeVar
 
 from lowtide.core.errors import (
     AckBehindHead,
+    FrontBehind,
+    FrontHeld,
     FrontOwned,
     LowtideError,
     NonMonotonicHeartbeat,
@@ -24,7 +26,9 @@ E = TypeVar("E", bound=BaseException)
 _CORE: tuple[tuple[type[ProtocolError], ErrorCode], ...] = (
     (UnknownSegment, ErrorCode.UNKNOWN_SEGMENT),
     (UnknownFront, ErrorCode.UNKNOWN_FRONT),
+    (FrontHeld, ErrorCode.FRONT_HELD),
     (FrontOwned, ErrorCode.FRONT_OWNED),
+    (FrontBehind, ErrorCode.FRONT_BEHIND),
     (NonMonotonicHeartbeat, ErrorCode.NON_MONOTONIC_HEARTBEAT),
     (AckBehindHead, ErrorCode.ACK_BEHIND_HEAD),
     (TableOverflow, ErrorCode.TABLE_OVERFLOW),

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from lowtide.core.local import LocalTrackerConfig, merge_acks
@@ -28,6 +29,7 @@ from lowtide.wire.messages import (
     WIRE_VERSION,
     Batch,
     Error,
+    FrontAction,
     FrontOp,
     Hello,
     Message,
@@ -93,6 +95,8 @@ class Link:
         #: (a fresh copy each time, see :func:`~lowtide.service.errors.fresh`)
         self.failed: SessionFailed | None = None
         self._timer: asyncio.TimerHandle | None = None
+        #: front -> the owner id this agent registered it with (its heartbeats prove it)
+        self._owners: dict[int, int] = {}
 
     def start(self) -> None:
         self.main = self._lane(self.agent.url, self._on_welcome)
@@ -185,9 +189,9 @@ class Link:
         self.local.add_acks(acks, self.clock.now_ms())
         self._poll()
 
-    def add_heartbeat(self, hb: Heartbeat) -> None:
+    def add_heartbeat(self, hb: Heartbeat, owner: str | None = None) -> None:
         try:
-            self.local.add_heartbeat(hb, self.clock.now_ms())
+            self.local.add_heartbeat(self.owned(hb, owner), self.clock.now_ms())
         except ValueError as exc:
             self._errors.append(exc)
             return
@@ -270,17 +274,26 @@ class Link:
         self.check_failed()
 
     # ------------------------------------------------------------ requests
-    def owner_id(self, front: int, owner: str) -> int:
+    def owner_id(self, front: int, owner: str | None) -> int:
         """Who a front belongs to: this session, or (``owner`` named) whoever knows the
-        name and the secret, so that a restarted process is the front's successor."""
+        name and the secret, so that a restarted process is the front's successor.
+        None: the owner this agent registered ``front`` with (else this session)."""
+        if owner is None:
+            return self._owners.get(front, self.session)
         if not owner:
             return self.session
         key = (self.agent.config.secret or b"")[:64]
         text = f"{owner}\0{front}".encode()
         return int.from_bytes(hashlib.blake2b(text, key=key, digest_size=8).digest(), "little")
 
+    def owned(self, hb: Heartbeat, owner: str | None) -> Heartbeat:
+        """``hb`` with its front's owner id, unless it carries one: a heartbeat moves
+        its front, so it proves the owner like a registration does (rule 10)."""
+        return hb if hb.owner else replace(hb, owner=self.owner_id(hb.front, owner))
+
     async def front_op(
-        self, register: bool, front: int, segment: str, time: int, owner: str
+        self, action: FrontAction, front: int, segment: str, time: int, owner: str | None,
+        retire_after_ms: int = -1,
     ) -> None:
         await self._ready()
         self.check_failed()
@@ -289,17 +302,25 @@ class Link:
         futs = [
             self._submit(
                 lane,
-                FrontOp(next(self._reqs), self.session, register, front, segment, time, owner_id),
+                FrontOp(next(self._reqs), self.session, action, front, segment, time, owner_id,
+                        retire_after_ms),
             )
             for lane in self._state_lanes()
         ]
         for reply in await asyncio.gather(*futs):
             _check(reply)
+        if action == FrontAction.REGISTER:
+            self._owners[front] = owner_id
+        elif action == FrontAction.UNREGISTER:
+            self._owners.pop(front, None)
 
-    async def keyed(self, key: BatchKey, acks: AckBatch, hbs: tuple[Heartbeat, ...]) -> bool:
+    async def keyed(
+        self, key: BatchKey, acks: AckBatch, hbs: tuple[Heartbeat, ...], owner: str | None
+    ) -> bool:
         await self._ready()
         self.check_failed()
         self._send_flush(self.local.flush())
+        hbs = tuple(self.owned(hb, owner) for hb in hbs)
         merged = merge_acks(acks, self._local_config.grid.window_slots)
         text = key.text()
         if self.layout is None:

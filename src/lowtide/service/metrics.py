@@ -65,6 +65,18 @@ class ServerMetrics:
         self.notifications = self._counter(
             "lowtide_min_time_updates", "min time updates announced", one
         ).labels(pipeline)
+        self.fronts_refused = self._counter(
+            "lowtide_fronts_refused",
+            "fronts refused for registering behind their segment (started late, undeclared)",
+            one,
+        ).labels(pipeline)
+        self.fronts_retired = self._counter(
+            "lowtide_fronts_retired", "declared fronts retired by their deadline", one
+        ).labels(pipeline)
+        self.fronts_waiting = self._gauge(
+            "lowtide_fronts_waiting", "declared fronts not yet registered (they hold their "
+            "segment)", one
+        ).labels(pipeline)
         self._gauge(  # the "info" convention: a dashboard shows which version runs
             "lowtide_build_info", "lowtide's version (the value is always 1)",
             [*one, "version"],
@@ -105,6 +117,10 @@ class ServerMetrics:
         self.stuck.labels(p, GLOBAL).set(len(status["stuck"]))
         self._catch_up(self.acks, ("acks",), int(status.get("acks_applied", 0)))
         self._catch_up(self.dedup_hits, ("dedup_hits",), int(status.get("dedup_hits", 0)))
+        events = status.get("front_events", {})
+        self._catch_up(self.fronts_refused, ("fronts_refused",), int(events.get("behind", 0)))
+        self._catch_up(self.fronts_retired, ("fronts_retired",), int(events.get("retired", 0)))
+        self.fronts_waiting.set(len(status.get("fronts_declared", {})))
 
     def _catch_up(self, counter: Any, key: tuple[str, ...], total: int) -> None:
         """Counters follow the engine's own totals: one source, whatever the role. A

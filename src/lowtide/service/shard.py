@@ -41,6 +41,7 @@ from lowtide.service.engine import (
     StepResult,
     apply_front_op,
     export_tracker,
+    flush_session,
     import_tracker,
     tracker_status,
 )
@@ -57,7 +58,7 @@ class ShardEngine(Engine):
 
     def _apply(self, msg: StateRequest) -> None:
         if isinstance(msg, FrontOp):
-            apply_front_op(self.shard, msg)
+            apply_front_op(self.shard, msg, self.now_ms)
             return
         self._prove(msg)
         nt = msg.node_time
@@ -68,7 +69,8 @@ class ShardEngine(Engine):
                 ErrorCode.BAD_REQUEST,
                 f"batch {msg.key} arrives after a later batch of its stream (node {nt.node})",
             )
-        self.shard.receive(ShardFlush(self.index, nt, msg.acks, msg.heartbeats))
+        flush = ShardFlush(self.index, nt, msg.acks, msg.heartbeats)
+        self.shard.receive(flush, flush_session(msg), self.now_ms)
         if nt is not None:
             self._retained[(nt.node, nt.counter)] = nt.min_time
 
@@ -133,6 +135,7 @@ class ShardEngine(Engine):
             "node_times": sorted(self.shard.node_times().items()),
             "retained": [[n, c, t] for (n, c), t in sorted(self._retained.items())],
             "hold": self.hold,
+            "front_events": self.front_events.export(),
         }
         return {"tracker": meta, "dedup": self.dedup.export(), **extra}, arrays
 
@@ -141,6 +144,7 @@ class ShardEngine(Engine):
         self.dedup.load(meta["dedup"])
         self._retained = {(int(n), int(c)): int(t) for n, c, t in meta["retained"]}
         self.hold = int(meta["hold"])
+        self.front_events.load(meta.get("front_events"))
         # The core has no setter for node times: an empty flush per node sets them.
         # It is also reported, harmlessly: complete flushes drop out of the cap at once.
         for node, counter in meta["node_times"]:

@@ -147,6 +147,15 @@ def render(
         state = "up" if shard["connected"] else "DOWN"
         shard_min = (shard.get("status") or {}).get("global_min", "?")
         parts.append(Text(f"shard {shard['url']}: {state}, local min {shard_min}"))
+    for front, (segment, t, *_r) in sorted(status.get("fronts_declared", {}).items()):
+        parts.append(Text(f"front {front} declared on {segment}, not registered: "
+                          f"holds it at {t}", style="yellow"))
+    events = status.get("front_events", {})
+    if events.get("behind"):
+        parts.append(Text(f"fronts refused as behind their segment: {events['behind']} "
+                          "(a producer that started late, not declared)", style="bold red"))
+    for event in events.get("recent", []):
+        parts.append(Text(f"front: {event}", style="yellow"))
     for stuck in status.get("stuck", []):
         parts.append(Text(f"stuck: {stuck}", style="bold yellow"))
     return Group(*parts)

@@ -217,7 +217,7 @@ function render(view) {
     [count(w.extra)], [lag(view.now_ms - w.since_ms)], [w.text, "what"]]]));
   fill("fronts", view.fronts.map(f => [f.stalled ? "stalled" : "", [
     [String(f.front)], [f.segment], [String(f.heartbeat)], [lag(f.heartbeat_lag_ms)],
-    [f.stalled ? "STALLED" : "ok"]]]));
+    [f.declared ? "declared, waiting" : f.stalled ? "STALLED" : "ok"]]]));
   document.getElementById("shards-section").hidden = view.shards.length === 0;
   fill("shards", view.shards.map(s => [s.connected ? "" : "stalled", [
     [s.url], [s.connected ? "up" : "DOWN"]]]));

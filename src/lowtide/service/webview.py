@@ -63,7 +63,9 @@ def view_document(
         "acks_applied": status.get("acks_applied", 0),
         "segments": _segments(status, graph, rates or RowRates(), now, delta),
         "stuck": list(status.get("stuck_detail", [])),
-        "fronts": _fronts(status.get("fronts", {}), now, delta),
+        "fronts": _fronts(status.get("fronts", {}), now, delta)
+        + _declared(status.get("fronts_declared", {}), now, delta),
+        "front_events": status.get("front_events", {}),
         "shards": [
             {"url": s["url"], "connected": bool(s["connected"])} for s in status.get("shards", [])
         ],
@@ -112,6 +114,22 @@ def _fronts(fronts: dict[str, Any], now: int, delta: int) -> list[dict[str, Any]
             "stalled": int(front) in stalled,
         }
         for front, (segment, t) in sorted(fronts.items(), key=lambda kv: int(kv[0]))
+    ]
+
+
+def _declared(declared: dict[str, Any], now: int, delta: int) -> list[dict[str, Any]]:
+    """Declared fronts that have not registered: rows of the fronts table that hold
+    their segment where they were declared (-1: where it starts, not known yet)."""
+    return [
+        {
+            "front": int(front),
+            "segment": segment,
+            "heartbeat": int(t),
+            "heartbeat_lag_ms": now - int(t) * delta if int(t) >= 0 else None,
+            "stalled": False,
+            "declared": True,
+        }
+        for front, (segment, t, *_rest) in sorted(declared.items(), key=lambda kv: int(kv[0]))
     ]
 
 

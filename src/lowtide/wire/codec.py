@@ -39,6 +39,7 @@ from lowtide.wire.messages import (
     Commit,
     Error,
     ErrorCode,
+    FrontAction,
     FrontOp,
     GraphSpec,
     Hello,
@@ -185,6 +186,7 @@ def _enc_batch(w: Writer, m: Batch) -> None:
         w.pack("qqq", nt.node, nt.counter, nt.min_time)
     _put_acks(w, m.acks)
     _put_pairs(w, [(h.front, h.time) for h in m.heartbeats])
+    w.array(np.array([h.owner for h in m.heartbeats], np.uint64), np.dtype("<u8"))
 
 
 def _dec_batch(r: Reader) -> Batch:
@@ -192,18 +194,25 @@ def _dec_batch(r: Reader) -> Batch:
     key = r.text()
     nt = NodeTime(*r.unpack("qqq")) if r.one("B") else None
     acks = _get_acks(r)
-    heartbeats = tuple(Heartbeat(f, t) for f, t in _get_pairs(r))
+    pairs = _get_pairs(r)
+    owners = r.array(len(pairs), np.dtype("<u8"), np.uint64).tolist()
+    heartbeats = tuple(Heartbeat(f, t, o) for (f, t), o in zip(pairs, owners, strict=True))
     return Batch(req, session, key, acks, heartbeats, nt)
 
 
 def _enc_front(w: Writer, m: FrontOp) -> None:
-    w.pack("QQBqqQ", m.req, m.session, m.register, m.front, m.time, m.owner)
+    w.pack("QQBqqQq", m.req, m.session, m.action, m.front, m.time, m.owner,
+           m.retire_after_ms)
     w.text(m.segment)
 
 
 def _dec_front(r: Reader) -> FrontOp:
-    req, session, register, front, time, owner = r.unpack("QQBqqQ")
-    return FrontOp(req, session, bool(register), front, r.text(), time, owner)
+    req, session, action, front, time, owner, after = r.unpack("QQBqqQq")
+    try:
+        kind = FrontAction(action)
+    except ValueError as exc:
+        raise WireError(f"unknown front action {action}") from exc
+    return FrontOp(req, session, kind, front, r.text(), time, owner, after)
 
 
 def _enc_notify(w: Writer, m: Notify) -> None:

@@ -26,6 +26,9 @@ from lowtide.core.messages import (
 #:    carries the server's proof of the secret (mutual authentication).
 #: 3: both proofs cover the whole Hello; Hello names the grid and shard it expects,
 #:    Welcome the shard it is; error codes GRID_MISMATCH, SHARD_MISMATCH, FORBIDDEN.
+#:    Heartbeats carry their front's owner id; FrontOp carries an action (register,
+#:    unregister, declare, retire) and a retirement deadline; error codes FRONT_BEHIND,
+#:    FRONT_HELD.
 WIRE_VERSION = 3
 
 #: A graph as plain data: ((name, (inbound names...)), ...) in topological order.
@@ -70,6 +73,8 @@ class ErrorCode(IntEnum):
     ACK_BEHIND_HEAD = 14
     TABLE_OVERFLOW = 15
     FRONT_OWNED = 16
+    FRONT_BEHIND = 17
+    FRONT_HELD = 18
     INTERNAL = 20
     SESSION_FAILED = 21
 
@@ -145,18 +150,30 @@ class Batch:
     node_time: NodeTime | None = None
 
 
+class FrontAction(IntEnum):
+    """What a :class:`FrontOp` does (False and True still mean unregister, register)."""
+
+    UNREGISTER = 0
+    REGISTER = 1
+    DECLARE = 2  # the front may still produce from ``time`` on: hold the segment there
+    RETIRE = 3  # the declaring owner gives up on a declared front
+
+
 @dataclass(frozen=True)
 class FrontOp:
-    """Register (``time`` >= 0) or unregister (``register`` False) a front.
-    ``owner``: who may unregister or move it (see :mod:`lowtide.core.fronts`)."""
+    """Register, unregister, declare or retire a front (``action``, a
+    :class:`FrontAction`). ``owner``: who may move, unregister or retire it (see
+    :mod:`lowtide.core.fronts`); ``retire_after_ms`` (declare only, -1: never): the
+    tracker retires the declared front if it has not registered by then."""
 
     req: int
     session: int
-    register: bool
+    action: int
     front: int
     segment: str
     time: int
     owner: int = 0
+    retire_after_ms: int = -1
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,9 @@ SCENARIOS = (
     Scenario("slow handshakes", (faults.kill_tracker,), attacks=("slow handshakes",),
              serve_args=("--max-connections", "64")),
     Scenario("subscription flood", attacks=("subscriptions",)),
+    Scenario("producer crash", (faults.crash_producer,), producer="crash"),
+    Scenario("tracker outage under a producer", (faults.outage_under_producer,),
+             producer="pause"),
 )
 
 
@@ -95,12 +98,12 @@ def summary(results: list[Result]) -> dict[str, Any]:
 
 
 def print_table(results: list[Result]) -> None:
-    print(f"{'scenario':<18} {'faults':>6} {'refused':>7} {'premature':>9} {'lost':>4}"
+    print(f"{'scenario':<32} {'faults':>6} {'refused':>7} {'premature':>9} {'lost':>4}"
           f" {'notify p50/p99 ms':>18}")
     for r in results:
         lat = (f"{percentile(r.delays_ms, 50):.1f}/{percentile(r.delays_ms, 99):.1f}"
                if r.delays_ms else "-")
-        print(f"{r.name:<18} {r.faults:>6} {r.refused_starts:>7} {len(r.premature):>9}"
+        print(f"{r.name:<32} {r.faults:>6} {r.refused_starts:>7} {len(r.premature):>9}"
               f" {r.lost:>4} {lat:>18}")
         for line in [*r.premature[:3], *r.notes[:3]]:
             print(f"    {line}")

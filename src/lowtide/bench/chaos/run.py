@@ -12,6 +12,7 @@ from typing import Any
 
 from lowtide.bench.chaos import hostile
 from lowtide.bench.chaos.faults import Fault
+from lowtide.bench.chaos.producer import producer_process, tell
 from lowtide.bench.chaos.tracker import TrackerProcess
 from lowtide.bench.chaos.workload import (
     GRAPH,
@@ -25,6 +26,7 @@ from lowtide.core.messages import MinTimeUpdate
 from lowtide.service import Agent
 
 ROGUE_FRONT = 7
+PRODUCER_FRONT = 5
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,9 @@ class Scenario:
     attacks: tuple[str, ...] = ()  # hostile peers while the work runs (see hostile.Attack)
     nofile: int | None = None  # the tracker's file limit (ulimit -n), snapshots often
     serve_args: tuple[str, ...] = ()  # more `lowtide serve` options
+    #: a lowtide.Front producer writing a topic (producer.py), armed with "crash" or
+    #: "pause" at its middle line for the faults; "": no producer
+    producer: str = ""
     probe: Callable[[bytes | None], bool] | None = None  # True: the probe was fooled
 
     @property
@@ -75,6 +80,8 @@ class Run:
         self.refused_starts = 0
         self.notes: list[str] = []
         self.skew = dict(scenario.skew)
+        self.producer: Any = None
+        self.producer_front = PRODUCER_FRONT
 
     def say(self, note: str) -> None:
         self.notes.append(note)
@@ -84,9 +91,17 @@ class Run:
             self.refused_starts += 1
             self.say(f"the tracker would not restart: see {self.tracker.log_path}")
 
+    def start_producer(self) -> None:
+        """The Front producer (again: a successor takes over its front and topic)."""
+        self.producer = self.ctx.Process(target=producer_process, args=(
+            self.tracker.url, self.work, self.producer_front, str(self.journal), self.go))
+        self.producer.start()
+        self.procs.append(self.producer)
+
     def start_consumer(self) -> None:
         fronts = (*self.work.fronts, *((ROGUE_FRONT,) if self.scenario.rogue else ()))
-        work = replace(self.work, fronts=fronts)
+        producers = (PRODUCER_FRONT,) if self.scenario.producer else ()
+        work = replace(self.work, fronts=fronts, producers=producers)
         self.consumer = self.ctx.Process(
             target=consumer_process, args=(self.tracker.url, work, self.skew, str(self.journal)))
         self.consumer.start()
@@ -119,6 +134,12 @@ class Run:
             self.procs.append(self.ctx.Process(target=target, args=args))
             self.procs[-1].start()
             _wait(lambda: self._registered() == len(self.procs), 60, "fronts to register",
+                  self.procs, self.journal)
+        if self.scenario.producer:
+            tell(self.journal, self.producer_front,
+                 f"{self.scenario.producer}@{self.work.slots // 2}")
+            self.start_producer()
+            _wait(lambda: self._registered() == len(self.procs), 60, "the producer",
                   self.procs, self.journal)
         self.go.set()
 
@@ -160,7 +181,7 @@ def run_scenario(tmp: Path, work: Workload, scenario: Scenario, secret_file: Pat
             attack = hostile.Attack(run.tracker.url, work.secret, scenario.attacks)
             attack.start()
             run.faults += len(scenario.attacks)
-        fronts = len(work.fronts) + scenario.rogue
+        fronts = len(work.fronts) + scenario.rogue + bool(scenario.producer)
         try:
             _wait(lambda: run.done_slots() >= fronts * work.slots // 3, 60,
                   "a third of the work")

@@ -44,6 +44,8 @@ class AgentLike(Protocol):
         acks: AckBatch,
         heartbeats: Iterable[Heartbeat] = (),
         timeout_s: float = 30.0,
+        *,
+        owner: str | None = None,
     ) -> Any: ...
 
     def submit_batch(
@@ -52,11 +54,13 @@ class AgentLike(Protocol):
         acks: AckBatch,
         heartbeats: Iterable[Heartbeat] = (),
         timeout_s: float = 30.0,
+        *,
+        owner: str | None = None,
     ) -> Pending: ...
 
     def add_acks(self, acks: AckBatch) -> None: ...
 
-    def heartbeat(self, front: int, time: int) -> None: ...
+    def heartbeat(self, front: int, time: int, *, owner: str | None = None) -> None: ...
 
 
 @dataclass(frozen=True)
