@@ -32,6 +32,7 @@ from lowtide.wire.messages import (
     WatchShard,
 )
 from tests.service.procs import (
+    FRONT_OWNER,
     consumer,
     graph,
     producer,
@@ -126,7 +127,7 @@ def test_a_shard_whose_port_was_taken_moves_and_everyone_follows(tmp_path: Path)
     with serve(tmp_path, *args) as coordinator, Agent.connect(coordinator.url, graph()) as watcher:
         try:
             for front in FRONTS:
-                watcher.register_front(front, "src", 1)
+                watcher.register_front(front, "src", 1, owner=FRONT_OWNER)
             procs = [ctx.Process(target=producer, args=(coordinator.url, f, SLOTS))
                      for f in FRONTS]
             procs.append(ctx.Process(target=consumer, args=(

@@ -26,7 +26,7 @@ from lowtide.service.clock import wall_ms
 from lowtide.spark.sources.front import Front, Labelled
 from lowtide.spark.sources.lateness import TimesOutOfRange
 from lowtide.spark.tracking.transport import TrackerRef, connect
-from tests.spark.sources.test_producer_restarts import consume, wait_for_min
+from tests.spark.sources.helpers import consume, wait_for_min
 
 pytestmark = pytest.mark.socket
 GRID = TimeGrid(delta_ms=10)

@@ -7,7 +7,6 @@ head, and no min time passed a written record before the consumer read it."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import subprocess
 import sys
@@ -17,21 +16,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lowtide.core.acks import child_acks
 from lowtide.core.graph import SegmentGraph
-from lowtide.core.messages import AckBatch
 from lowtide.core.time import TimeGrid
-from lowtide.service import Agent, BatchKey
+from lowtide.service import Agent
 from lowtide.spark.sources.front import Front
 from lowtide.spark.sources.labels import from_label
 from lowtide.spark.tracking.transport import TrackerRef, connect
 from tests.service.procs import serve, write_graph
+from tests.spark.sources.helpers import consume, wait_for_min
 
 pytestmark = pytest.mark.socket
 GRID = TimeGrid(delta_ms=10)
 GRAPH = SegmentGraph.of(("src", ()), ("sink", ("src",)))
 OWNER = "gateway-1"
-_BATCHES = itertools.count()
 
 # The first producer: writes each labelled batch to the topic file, then "written".
 PRODUCER = """
@@ -72,30 +69,8 @@ def written(topic: Path) -> tuple[np.ndarray, np.ndarray]:
     return times, acks
 
 
-def consume(agent: Agent, times: np.ndarray, acks: np.ndarray) -> None:
-    """Receive the records out of src and their children out of sink (keyed, rule 6):
-    raises AckBehindHead if a min time had passed them."""
-    child = child_acks(acks, operator=1, child_index=np.zeros(len(acks), np.uint64))
-    first = AckBatch.concat([AckBatch.from_columns(1, times, child, 1),
-                             AckBatch.from_columns(0, times, acks, -1)])
-    batch = next(_BATCHES)
-    agent.send_batch(BatchKey("consumer", batch, "src", 0), first)
-    agent.send_batch(BatchKey("consumer", batch, "sink", 0),
-                     AckBatch.from_columns(1, times, child, -1))
-
-
 def src_min(agent: Agent) -> int:
     return int(agent.status()["segments"][0]["min_time"])
-
-
-def wait_for_min(agent: Agent, segment: int, above: int, timeout_s: float = 20) -> int:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = int(agent.status()["segments"][segment]["min_time"])
-        if got > above:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"segment {segment} stayed at or below {above}")
 
 
 def check_successor(ref: TrackerRef, agent: Agent, topic: Path) -> None:
