@@ -13,9 +13,9 @@ MODULES = [
     "lowtide.wire.frames",
     "lowtide.wire.log",
     "lowtide.service.auth",
-    "lowtide.service.dedup",
+    "lowtide.service.engine.dedup",
     "lowtide.service.progress",
-    "lowtide.service.webview",
+    "lowtide.service.web.view",
     "lowtide.bench.stats",
 ]
 

@@ -21,10 +21,10 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from lowtide.service.admission import Gate, Ticket
 from lowtide.service.channel import Address
 from lowtide.service.errors import ConnectionLost
 from lowtide.service.handshake import log_refusal
+from lowtide.service.server.admission import Gate, Ticket
 from lowtide.wire.codec import decode, encode
 from lowtide.wire.frames import (
     DEFAULT_MAX_FRAME,

@@ -13,10 +13,10 @@ from typing import ClassVar, Generic, NoReturn, TypeVar
 
 from lowtide.core.messages import AckBatch, MinTimeUpdate
 from lowtide.core.time import TimeGrid
-from lowtide.service.agent import Agent
-from lowtide.service.batches import Outcome
-from lowtide.service.link import Link, timed
-from lowtide.service.subscribe import AsyncSubscription, Subscription
+from lowtide.service.client.agent import Agent
+from lowtide.service.client.agent_loop import Link, timed
+from lowtide.service.client.batches import Outcome
+from lowtide.service.client.subscription import AsyncSubscription, Subscription
 
 log = logging.getLogger("lowtide.service.agent")
 

@@ -31,9 +31,9 @@ from lowtide.core.messages import (
 from lowtide.core.sharding import TrackerShard
 from lowtide.core.time import TIME_LIMIT, TimeGrid
 from lowtide.core.tracker import Tracker, TrackerConfig, TrackerSnapshot
-from lowtide.service.dedup import Dedup
+from lowtide.service.engine.dedup import Dedup
+from lowtide.service.engine.front_events import FrontEvents
 from lowtide.service.errors import ServiceError, Unproven, error_of
-from lowtide.service.front_events import FrontEvents
 from lowtide.wire.messages import (
     Batch,
     Error,

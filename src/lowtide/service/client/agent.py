@@ -32,10 +32,10 @@ from typing import Any, ClassVar, TypeVar
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import AckBatch, Heartbeat, MinTimeUpdate
 from lowtide.core.time import TimeGrid
-from lowtide.service.batches import BatchKey, Outcome, PendingBatch
-from lowtide.service.lane import LaneConfig
-from lowtide.service.link import Link, timed
-from lowtide.service.subscribe import AsyncSubscription, Subscription
+from lowtide.service.client.agent_loop import Link, timed
+from lowtide.service.client.batches import BatchKey, Outcome, PendingBatch
+from lowtide.service.client.connection import LaneConfig
+from lowtide.service.client.subscription import AsyncSubscription, Subscription
 from lowtide.wire.messages import FrontAction
 
 log = logging.getLogger("lowtide.service.agent")

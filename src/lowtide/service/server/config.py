@@ -10,10 +10,10 @@ from lowtide.core.graph import SegmentGraph
 from lowtide.core.time import Clock, TimeGrid
 from lowtide.service import net
 from lowtide.service.auth import is_loopback
-from lowtide.service.engine import EngineConfig
+from lowtide.service.engine.base import EngineConfig
 
 if TYPE_CHECKING:
-    from lowtide.service.server import TrackerServer
+    from lowtide.service.server.tracker_server import TrackerServer
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,6 @@ class ServerConfig:
         )
 
     def build(self, clock: Clock | None = None) -> TrackerServer:
-        from lowtide.service.server import TrackerServer
+        from lowtide.service.server.tracker_server import TrackerServer
 
         return TrackerServer(self, clock)

@@ -20,11 +20,11 @@ from lowtide.core.messages import AckBatch, Flush, Heartbeat, MinTimeUpdate, Nod
 from lowtide.core.sharding import ShardLayout, ShardRouter
 from lowtide.core.time import TimeGrid
 from lowtide.service.auth import nonce
-from lowtide.service.batches import BatchKey, stream_time
+from lowtide.service.client.batches import BatchKey, stream_time
+from lowtide.service.client.connection import Lane, Reply
+from lowtide.service.client.subscription import Forward
 from lowtide.service.clock import SystemClock
 from lowtide.service.errors import ServiceError, SessionFailed, exception_of, fresh
-from lowtide.service.lane import Lane, Reply
-from lowtide.service.subscribe import Forward
 from lowtide.wire.messages import (
     WIRE_VERSION,
     Batch,
@@ -47,7 +47,7 @@ from lowtide.wire.messages import (
 )
 
 if TYPE_CHECKING:
-    from lowtide.service.agent import Agent
+    from lowtide.service.client.agent import Agent
 
 log = logging.getLogger("lowtide.service.agent")
 

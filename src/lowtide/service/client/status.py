@@ -27,8 +27,8 @@ from lowtide.core.errors import ProtocolError
 from lowtide.core.time import TimeGrid
 from lowtide.service.auth import load_secret, nonce
 from lowtide.service.channel import Address
+from lowtide.service.client.connection import Lane, LaneConfig, Reply
 from lowtide.service.errors import ConnectionLost, ServiceError, exception_of
-from lowtide.service.lane import Lane, LaneConfig, Reply
 from lowtide.service.progress import RowRates, stalled_fronts
 from lowtide.wire.messages import WIRE_VERSION, Error, Hello, Role, Status, StatusRequest
 

@@ -34,7 +34,7 @@ from lowtide.core.messages import (
 )
 from lowtide.core.sharding import ShardLayout, TrackerShard
 from lowtide.core.time import TIME_LIMIT
-from lowtide.service.engine import (
+from lowtide.service.engine.base import (
     Engine,
     EngineConfig,
     StateRequest,

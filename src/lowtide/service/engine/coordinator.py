@@ -23,9 +23,9 @@ import numpy as np
 from lowtide.core.messages import MinTimeUpdate, ShardReport
 from lowtide.core.sharding import ShardAggregator
 from lowtide.service.auth import nonce
-from lowtide.service.engine import Engine, EngineConfig, StateRequest, StepResult
+from lowtide.service.client.connection import Lane, LaneConfig, Reply
+from lowtide.service.engine.base import Engine, EngineConfig, StateRequest, StepResult
 from lowtide.service.errors import ServiceError
-from lowtide.service.lane import Lane, LaneConfig, Reply
 from lowtide.wire.messages import (
     WIRE_VERSION,
     ErrorCode,

@@ -22,23 +22,23 @@ from lowtide.core.sharding import ShardLayout
 from lowtide.core.time import Clock
 from lowtide.service import net
 from lowtide.service.channel import register_inproc, unregister_inproc
+from lowtide.service.client.connection import LaneConfig
 from lowtide.service.clock import SystemClock
-from lowtide.service.config import ServerConfig
-from lowtide.service.coordinator import CoordinatorEngine
-from lowtide.service.engine import Engine, StateRequest, StepResult
+from lowtide.service.engine.base import Engine, StateRequest, StepResult
+from lowtide.service.engine.coordinator import CoordinatorEngine
+from lowtide.service.engine.shard import ShardEngine
 from lowtide.service.errors import ConnectionLost, ServiceError, error_of
 from lowtide.service.handshake import shard_mismatch
-from lowtide.service.history import MinTimeHistory
-from lowtide.service.inbox import Admit, Call, Gone, Item, Outbox, Peer, Request, Tick
-from lowtide.service.lane import LaneConfig
 from lowtide.service.logs import LogBudget
-from lowtide.service.metrics import ServerMetrics
-from lowtide.service.peers import PeerConnections
-from lowtide.service.persist import StateLog, store_graph, stored_graph
-from lowtide.service.shard import ShardEngine
-from lowtide.service.standing import StandingRequests
-from lowtide.service.web import WebApp
-from lowtide.service.webview import WebView
+from lowtide.service.persistence.state_log import StateLog, store_graph, stored_graph
+from lowtide.service.server.config import ServerConfig
+from lowtide.service.server.history import MinTimeHistory
+from lowtide.service.server.inbox import Admit, Call, Gone, Item, Outbox, Peer, Request, Tick
+from lowtide.service.server.metrics import ServerMetrics
+from lowtide.service.server.peers import PeerConnections
+from lowtide.service.server.standing import StandingRequests
+from lowtide.service.web.app import WebApp
+from lowtide.service.web.view import WebView
 from lowtide.wire.messages import (
     WIRE_VERSION,
     Batch,
