@@ -32,9 +32,9 @@ from typing import Any, ClassVar, TypeVar
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import AckBatch, Heartbeat, MinTimeUpdate
 from lowtide.core.time import TimeGrid
-from lowtide.service.client.agent_loop import Link, timed
+from lowtide.service.client.agent_state import AgentState, timed
 from lowtide.service.client.batches import BatchKey, Outcome, PendingBatch
-from lowtide.service.client.connection import LaneConfig
+from lowtide.service.client.connection import ConnectionConfig
 from lowtide.service.client.subscription import AsyncSubscription, Subscription
 from lowtide.wire.messages import FrontAction
 
@@ -54,8 +54,8 @@ class AgentConfig:
     #: (GRID_MISMATCH). None: take the tracker's (:attr:`Agent.grid`).
     grid: TimeGrid | None = None
 
-    def lane(self) -> LaneConfig:
-        return LaneConfig(secret=self.secret, connect_timeout_s=self.connect_timeout_s)
+    def connection(self) -> ConnectionConfig:
+        return ConnectionConfig(secret=self.secret, connect_timeout_s=self.connect_timeout_s)
 
     def build(self, url: str, graph: SegmentGraph) -> Agent:
         return Agent(url, graph, self)
@@ -95,16 +95,16 @@ class Agent:
 
     # ------------------------------------------------------------ lifecycle
     def _boot(self) -> None:
-        """Fresh state for this process: session, loop thread, link."""
+        """Fresh state for this process: session, loop thread, loop-side state."""
         self._pid = os.getpid()
         self.session = secrets.randbits(62) + 1
         self._loop = asyncio.new_event_loop()
-        self._link = Link(self, self.session)
+        self._state = AgentState(self, self.session)
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="lowtide-agent", daemon=True
         )
         self._thread.start()
-        self._loop.call_soon_threadsafe(self._link.start)
+        self._loop.call_soon_threadsafe(self._state.start)
 
     def _ensure(self) -> None:
         if os.getpid() == self._pid:
@@ -119,10 +119,10 @@ class Agent:
         if os.getpid() != self._pid or not self._thread.is_alive():
             return
         try:
-            self._call(self._link.flush_all(), timeout_s)
+            self._call(self._state.flush_all(), timeout_s)
         except Exception as exc:  # closing must not fail
             log.warning("close: unflushed acks", extra={"url": self.url, "reason": repr(exc)})
-        asyncio.run_coroutine_threadsafe(self._link.close(), self._loop).result(timeout_s)
+        asyncio.run_coroutine_threadsafe(self._state.close(), self._loop).result(timeout_s)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout_s)
         self._forget()
@@ -144,7 +144,7 @@ class Agent:
         """The tracker's time grid, as the handshake agreed it (waits up to 30 s for
         the first one): label with this grid, never with a default."""
         self._ensure()
-        return self._call(self._link.tracker_grid(), 30.0)
+        return self._call(self._state.tracker_grid(), 30.0)
 
     # ------------------------------------------------------------ blocking calls
     def _spawn(self, coro: Awaitable[T], timeout_s: float) -> Outcome[T]:
@@ -156,7 +156,7 @@ class Agent:
         try:
             return fut.result()
         except TimeoutError as exc:
-            raise TimeoutError(f"{exc} ({self._link.describe()})") from None
+            raise TimeoutError(f"{exc} ({self._state.describe()})") from None
 
     def _call(self, coro: Awaitable[T], timeout_s: float) -> T:
         return self._result(self._spawn(coro, timeout_s))
@@ -172,7 +172,7 @@ class Agent:
         announced is refused (FrontBehind) unless it was declared."""
         self._ensure()
         self.graph.index(segment)
-        self._call(self._link.front_op(FrontAction.REGISTER, front, segment, time, owner),
+        self._call(self._state.front_op(FrontAction.REGISTER, front, segment, time, owner),
                    timeout_s)
 
     def unregister_front(
@@ -181,7 +181,7 @@ class Agent:
         """The front is done; ``owner``: the name it was registered with (None: the one
         this agent registered it with)."""
         self._ensure()
-        self._call(self._link.front_op(FrontAction.UNREGISTER, front, "", 0, owner), timeout_s)
+        self._call(self._state.front_op(FrontAction.UNREGISTER, front, "", 0, owner), timeout_s)
 
     def declare_front(
         self, front: int, segment: str, time: int | None = None, timeout_s: float = 30.0, *,
@@ -199,14 +199,14 @@ class Agent:
         if retire_after_ms is not None and retire_after_ms < 0:
             raise ValueError("retire_after_ms must be >= 0 (None: never)")
         at = -1 if time is None else time
-        self._call(self._link.front_op(FrontAction.DECLARE, front, segment, at, owner, after),
+        self._call(self._state.front_op(FrontAction.DECLARE, front, segment, at, owner, after),
                    timeout_s)
 
     def retire_front(self, front: int, timeout_s: float = 30.0, *, owner: str = "") -> None:
         """Stop waiting for a declared front that never registered (``owner``: the name
         it was declared with)."""
         self._ensure()
-        self._call(self._link.front_op(FrontAction.RETIRE, front, "", 0, owner), timeout_s)
+        self._call(self._state.front_op(FrontAction.RETIRE, front, "", 0, owner), timeout_s)
 
     def send_batch(
         self,
@@ -242,18 +242,18 @@ class Agent:
         self._ensure()
         if key.batch_id < 0:
             raise ValueError(f"batch ids start at 0, got {key.batch_id}")
-        fut = self._spawn(self._link.keyed(key, acks, tuple(heartbeats), owner), timeout_s)
+        fut = self._spawn(self._state.keyed(key, acks, tuple(heartbeats), owner), timeout_s)
         return PendingBatch(fut, self._result)
 
     def flush(self, timeout_s: float = 30.0) -> None:
         """Send what the local tracker holds and wait until every earlier request is
         confirmed; raises the first error a fire-and-forget flush met since last time."""
         self._ensure()
-        self._call(self._link.flush_all(), timeout_s)
+        self._call(self._state.flush_all(), timeout_s)
 
     def status(self, timeout_s: float = 10.0) -> dict[str, Any]:
         self._ensure()
-        return self._call(self._link.status(), timeout_s)
+        return self._call(self._state.status(), timeout_s)
 
     def min_time_at(self, segment: str | None, at_ms: int, timeout_s: float = 30.0) -> int:
         """``segment``'s min time (None: global) as it was at the tracker's wall time
@@ -264,15 +264,15 @@ class Agent:
         self._ensure()
         if segment is not None:
             self.graph.index(segment)
-        return self._call(self._link.min_time_at(segment, at_ms), timeout_s)
+        return self._call(self._state.min_time_at(segment, at_ms), timeout_s)
 
     # ------------------------------------------------------------ fire and forget
     def add_acks(self, acks: AckBatch) -> None:
         """Buffer acks in the local tracker; sent within ``max_age_ms``. Raises
         :class:`SessionFailed` once the tracker refused an earlier flush."""
         self._ensure()
-        self._link.check_failed()
-        self._loop.call_soon_threadsafe(self._link.add_acks, acks)
+        self._state.check_failed()
+        self._loop.call_soon_threadsafe(self._state.add_acks, acks)
 
     def heartbeat(self, front: int, time: int, *, owner: str | None = None) -> None:
         """Buffer a heartbeat; it travels after every ack buffered before it (rule 3).
@@ -280,8 +280,8 @@ class Agent:
         fails this agent's session). Raises :class:`SessionFailed` once the tracker
         refused an earlier flush."""
         self._ensure()
-        self._link.check_failed()
-        self._loop.call_soon_threadsafe(self._link.add_heartbeat, Heartbeat(front, time), owner)
+        self._state.check_failed()
+        self._loop.call_soon_threadsafe(self._state.add_heartbeat, Heartbeat(front, time), owner)
 
     # ------------------------------------------------------------ subscriptions
     def subscribe(self, segment: str | None = None, timeout_s: float = 30.0) -> Subscription:
@@ -295,7 +295,7 @@ class Agent:
         """Like :meth:`subscribe`, as an asyncio iterator on the caller's loop."""
         self._ensure()
         sub = AsyncSubscription(lambda: None, asyncio.get_running_loop())
-        fut = asyncio.run_coroutine_threadsafe(self._link.subscribe(segment, sub.put), self._loop)
+        fut = asyncio.run_coroutine_threadsafe(self._state.subscribe(segment, sub.put), self._loop)
         req = await asyncio.wrap_future(fut)
         sub._cancel = self._canceller(req)
         return sub
@@ -313,12 +313,12 @@ class Agent:
     ) -> Callable[[], None]:
         if segment is not None:
             self.graph.index(segment)
-        req = self._call(self._link.subscribe(segment, deliver), timeout_s)
+        req = self._call(self._state.subscribe(segment, deliver), timeout_s)
         return self._canceller(req)
 
     def _canceller(self, req: int) -> Callable[[], None]:
         def cancel() -> None:
-            self._loop.call_soon_threadsafe(self._link.unsubscribe, req)
+            self._loop.call_soon_threadsafe(self._state.unsubscribe, req)
 
         return cancel
 

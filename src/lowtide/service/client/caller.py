@@ -14,7 +14,7 @@ from typing import ClassVar, Generic, NoReturn, TypeVar
 from lowtide.core.messages import AckBatch, MinTimeUpdate
 from lowtide.core.time import TimeGrid
 from lowtide.service.client.agent import Agent
-from lowtide.service.client.agent_loop import Link, timed
+from lowtide.service.client.agent_state import AgentState, timed
 from lowtide.service.client.batches import Outcome
 from lowtide.service.client.subscription import AsyncSubscription, Subscription
 
@@ -41,10 +41,10 @@ class CallerAgent(Agent):
         self._pid = os.getpid()
         self.session = secrets.randbits(62) + 1
         self._loop = asyncio.new_event_loop()
-        self._link = Link(self, self.session)
+        self._state = AgentState(self, self.session)
         self._thread = None  # type: ignore[assignment]
         self._lock = threading.Lock()
-        self._loop.call_soon(self._link.start)
+        self._loop.call_soon(self._state.start)
 
     def _spawn(self, coro: Awaitable[T], timeout_s: float) -> Outcome[T]:
         with self._lock:
@@ -57,12 +57,12 @@ class CallerAgent(Agent):
         if os.getpid() != self._pid or self._loop.is_closed():
             return
         try:
-            self._call(self._link.flush_all(), timeout_s)
+            self._call(self._state.flush_all(), timeout_s)
         except Exception as exc:  # closing must not fail
             log.warning("close: unflushed acks", extra={"url": self.url, "reason": repr(exc)})
         with self._lock:
             with contextlib.suppress(Exception):
-                self._loop.run_until_complete(asyncio.wait_for(self._link.close(), timeout_s))
+                self._loop.run_until_complete(asyncio.wait_for(self._state.close(), timeout_s))
             self._loop.close()
         self._forget()
 

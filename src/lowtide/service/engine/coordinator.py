@@ -23,7 +23,7 @@ import numpy as np
 from lowtide.core.messages import MinTimeUpdate, ShardReport
 from lowtide.core.sharding import ShardAggregator
 from lowtide.service.auth import nonce
-from lowtide.service.client.connection import Lane, LaneConfig, Reply
+from lowtide.service.client.connection import ConnectionConfig, Reply, ServerConnection
 from lowtide.service.engine.base import Engine, EngineConfig, StateRequest, StepResult
 from lowtide.service.errors import ServiceError
 from lowtide.wire.messages import (
@@ -50,7 +50,7 @@ _WATCH_REQ = 1
 
 class CoordinatorEngine(Engine):
     def __init__(
-        self, config: EngineConfig, shard_urls: tuple[str, ...], lane: LaneConfig, post: Post
+        self, config: EngineConfig, shard_urls: tuple[str, ...], lane: ConnectionConfig, post: Post
     ) -> None:
         super().__init__(config)
         self.shards = shard_urls
@@ -65,12 +65,12 @@ class CoordinatorEngine(Engine):
         self._next_release_ms = 0
         self._reqs = iter(range(_WATCH_REQ + 1, 1 << 62))
         self._lanes = [
-            Lane(url, self._hello(k), lane, lambda _w: None, self._pusher(k))
+            ServerConnection(url, self._hello(k), lane, lambda _w: None, self._pusher(k))
             for k, url in enumerate(shard_urls)
         ]
         for shard_lane in self._lanes:
             shard_lane.start()
-            shard_lane.stand(_WATCH_REQ, WatchShard(_WATCH_REQ))
+            shard_lane.submit_standing(_WATCH_REQ, WatchShard(_WATCH_REQ))
 
     def _hello(self, shard: int) -> Callable[[], Hello]:
         """Shard ``shard``'s Hello: its graph, grid and place, which the shard checks and
@@ -145,7 +145,7 @@ class CoordinatorEngine(Engine):
         self._sent_mins = mins
         self._sent_reached.update(reached)
 
-    def _ask_status(self, shard: int, lane: Lane) -> None:
+    def _ask_status(self, shard: int, lane: ServerConnection) -> None:
         req = next(self._reqs)
         fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         lane.submit(req, StatusRequest(req), fut)

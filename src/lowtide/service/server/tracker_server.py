@@ -22,7 +22,7 @@ from lowtide.core.sharding import ShardLayout
 from lowtide.core.time import Clock
 from lowtide.service import net
 from lowtide.service.channel import register_inproc, unregister_inproc
-from lowtide.service.client.connection import LaneConfig
+from lowtide.service.client.connection import ConnectionConfig
 from lowtide.service.clock import SystemClock
 from lowtide.service.engine.base import Engine, StateRequest, StepResult
 from lowtide.service.engine.coordinator import CoordinatorEngine
@@ -170,7 +170,7 @@ class TrackerServer:
             index, count = cfg.shard
             return ShardEngine(engine_config, ShardLayout(count, cfg.grid.window_slots), index)
         if cfg.shard_urls:
-            lane = LaneConfig(secret=cfg.secret, limits=cfg.limits)
+            lane = ConnectionConfig(secret=cfg.secret, limits=cfg.limits)
             return CoordinatorEngine(engine_config, cfg.shard_urls, lane, self.post)
         return engine_config.build()
 
