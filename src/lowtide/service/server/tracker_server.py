@@ -25,6 +25,7 @@ from lowtide.service.channel import register_inproc, unregister_inproc
 from lowtide.service.client.connection import ConnectionConfig
 from lowtide.service.clock import SystemClock
 from lowtide.service.engine.base import Engine, StateRequest, StepResult
+from lowtide.service.engine.central import CentralEngine
 from lowtide.service.engine.coordinator import CoordinatorEngine
 from lowtide.service.engine.shard import ShardEngine
 from lowtide.service.errors import ConnectionLost, ServiceError, error_of
@@ -172,7 +173,7 @@ class TrackerServer:
         if cfg.shard_urls:
             lane = ConnectionConfig(secret=cfg.secret, limits=cfg.limits)
             return CoordinatorEngine(engine_config, cfg.shard_urls, lane, self.post)
-        return engine_config.build()
+        return CentralEngine(engine_config)
 
     def post(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` in the state task, after what is already queued (same loop only)."""
