@@ -13,8 +13,12 @@ MODULES = [
     "lowtide.wire.frames",
     "lowtide.wire.log",
     "lowtide.service.auth",
+    "lowtide.service.engine.coordinator",
     "lowtide.service.engine.dedup",
+    "lowtide.service.logs",
     "lowtide.service.progress",
+    "lowtide.service.server.admission",
+    "lowtide.service.server.history",
     "lowtide.service.web.view",
     "lowtide.bench.stats",
 ]

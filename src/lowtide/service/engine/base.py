@@ -71,16 +71,19 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class StepResult:
-    """What one step produced: updates for subscribers, stuck windows to report, and
-    (on a shard) a report for the coordinator."""
+    """What one step (or tick) produced: updates for subscribers, stuck windows to
+    report, (on a shard) a report for the coordinator, and (on a coordinator) a
+    release for every shard."""
 
     updates: tuple[MinTimeUpdate, ...] = ()
     stuck: tuple[StuckWindow, ...] = ()
     report: ShardReport | None = None
+    release: ShardReleaseFrame | None = None
 
 
 class Engine(ABC):
-    """Dedup and error handling shared by the central tracker and a shard."""
+    """Dedup and error handling shared by the central tracker, a shard and a
+    coordinator."""
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -189,9 +192,10 @@ class Engine(ABC):
         body.setdefault("front_events", self.front_events.export())
         return body
 
-    def tick(self, now_ms: int) -> None:  # noqa: B027 (optional hook)
-        """Periodic work between requests (the coordinator's); none in the state, so
-        that a replay of the log, which has no ticks, repeats the state exactly."""
+    def tick(self, now_ms: int) -> StepResult:
+        """Periodic work between requests (the coordinator's releases); none in the
+        state, so that a replay of the log, which has no ticks, repeats it exactly."""
+        return StepResult()
 
     @abstractmethod
     def _apply(self, msg: StateRequest) -> None: ...
@@ -222,9 +226,6 @@ class Engine(ABC):
     def watch(self) -> ShardReport:
         """A report covering every flush not yet known complete (shard only)."""
         raise ServiceError(ErrorCode.BAD_REQUEST, "only shards send reports")
-
-    async def aclose(self) -> None:  # noqa: B027 (optional hook, most engines hold nothing)
-        """Release what the engine holds beyond its state (the coordinator's lanes)."""
 
     def apply_logged(self, msg: Logged, now_ms: int) -> None:
         """Replay one logged request; it was valid when logged, so it is valid now (and
