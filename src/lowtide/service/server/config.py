@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.sharding import ShardLayout
@@ -15,9 +14,7 @@ from lowtide.service.engine.base import Engine, EngineConfig
 from lowtide.service.engine.central import CentralEngine
 from lowtide.service.engine.coordinator import CoordinatorEngine
 from lowtide.service.engine.shard import ShardEngine
-
-if TYPE_CHECKING:
-    from lowtide.service.server.tracker_server import TrackerServer
+from lowtide.service.server.tracker_server import TrackerServer
 
 
 @dataclass(frozen=True)
@@ -84,6 +81,4 @@ class ServerConfig:
         return CentralEngine(config)
 
     def build(self, clock: Clock | None = None) -> TrackerServer:
-        from lowtide.service.server.tracker_server import TrackerServer
-
         return TrackerServer(self, clock)

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from lowtide.core.errors import ProtocolError
 from lowtide.core.graph import SegmentGraph
@@ -29,7 +30,6 @@ from lowtide.service.errors import ConnectionLost, ServiceError, error_of
 from lowtide.service.handshake import shard_mismatch
 from lowtide.service.logs import LogBudget
 from lowtide.service.persistence.state_log import StateLog, store_graph, stored_graph
-from lowtide.service.server.config import ServerConfig
 from lowtide.service.server.history import MinTimeHistory
 from lowtide.service.server.inbox import Admit, Call, Gone, Item, Outbox, Peer, Request, Tick
 from lowtide.service.server.metrics import ServerMetrics
@@ -58,6 +58,9 @@ from lowtide.wire.messages import (
     Welcome,
     graph_spec,
 )
+
+if TYPE_CHECKING:
+    from lowtide.service.server.config import ServerConfig  # its build() makes us
 
 log = logging.getLogger("lowtide.service.server")
 
