@@ -4,7 +4,8 @@
 """
 
 from lowtide.service.auth import load_secret
-from lowtide.service.client.agent import Agent, AgentConfig
+from lowtide.service.client.agent import Agent
+from lowtide.service.client.agent_state import AgentConfig
 from lowtide.service.client.batches import BatchKey, PendingBatch
 from lowtide.service.client.caller import CallerAgent
 from lowtide.service.client.subscription import AsyncSubscription, Subscription

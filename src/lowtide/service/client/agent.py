@@ -2,269 +2,59 @@
 
 It holds the process's local tracker: ``add_acks`` and ``heartbeat`` are merged and
 flushed by age or size in rule-2 order; ``send_batch`` carries a Spark task's output
-under its rule-6 key and returns once the tracker has applied (and logged) it.
+under its rule-6 key and returns once the tracker has applied (and logged) it (the
+calls every agent makes: :mod:`.base_agent`).
 
 Threads: the public methods may be called from any thread. They hand work to a
 background thread that runs the agent's own event loop; all state (local tracker,
-connections, pending requests) lives there, so it needs no locks. Processes: the
-agent notices a fork (pid change) and starts afresh in the child, with a new session;
-the parent keeps whatever it had in flight. Connections are made lazily, in the
-background, and remade after any failure; every unanswered request is then resent in
-order, and servers apply each one at most once.
-
-Ordering: one agent sends everything to a server over one connection, in the order
-it was issued; before any front operation or keyed batch, acks and heartbeats still
-waiting in the local tracker go first, so they are never overtaken (rules 2 and 3).
+connections, pending requests: :class:`~.agent_state.AgentState`) lives there, so it
+needs no locks. Processes: the agent notices a fork (pid change) and starts afresh in
+the child, with a new session; the parent keeps whatever it had in flight.
+Connections are made lazily, in the background, and remade after any failure; every
+unanswered request is then resent in order, and servers apply each one at most once.
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
-import logging
-import os
-import secrets
 import threading
-from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
-from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import AckBatch, Heartbeat, MinTimeUpdate
-from lowtide.core.time import TimeGrid
-from lowtide.service.client.agent_state import AgentState, timed
-from lowtide.service.client.batches import BatchKey, Outcome, PendingBatch
-from lowtide.service.client.connection import ConnectionConfig
+from lowtide.service.client.agent_state import timed
+from lowtide.service.client.base_agent import BaseAgent
+from lowtide.service.client.batches import Outcome
 from lowtide.service.client.subscription import AsyncSubscription, Subscription
-from lowtide.wire.messages import FrontAction
-
-log = logging.getLogger("lowtide.service.agent")
 
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class AgentConfig:
-    max_age_ms: int = 5
-    max_entries: int = 65_536
-    secret: bytes | None = None
-    connect_timeout_s: float = 5.0
-    name: str = ""
-    #: the grid this process labels with; a tracker with another refuses the agent
-    #: (GRID_MISMATCH). None: take the tracker's (:attr:`Agent.grid`).
-    grid: TimeGrid | None = None
+class Agent(BaseAgent):
+    """An agent whose event loop always runs, on a thread of its own: besides the
+    calls every agent makes, it buffers acks and heartbeats (flushed within
+    ``max_age_ms``) and delivers subscriptions."""
 
-    def connection(self) -> ConnectionConfig:
-        return ConnectionConfig(secret=self.secret, connect_timeout_s=self.connect_timeout_s)
-
-    def build(self, url: str, graph: SegmentGraph) -> Agent:
-        return Agent(url, graph, self)
-
-
-class Agent:
-    _shared: ClassVar[dict[tuple[str, str, TimeGrid | None], Agent]] = {}
-    # Class-wide, and replaced in a forked child (see _fresh_locks): a lock that some
-    # other thread of the parent held at fork time would never be released there.
-    _shared_lock: ClassVar[threading.Lock] = threading.Lock()
-    _boot_lock: ClassVar[threading.Lock] = threading.Lock()
-
-    def __init__(self, url: str, graph: SegmentGraph, config: AgentConfig | None = None) -> None:
-        self.url = url
-        self.graph = graph
-        self.config = config or AgentConfig()
-        self._pid = -1
-        self._boot()
-
-    @classmethod
-    def connect(
-        cls, url: str, graph: SegmentGraph, *, secret: bytes | None = None, **options: Any
-    ) -> Agent:
-        return cls(url, graph, AgentConfig(secret=secret, **options))
-
-    @classmethod
-    def shared(cls, url: str, graph: SegmentGraph, *, secret: bytes | None = None,
-               grid: TimeGrid | None = None) -> Agent:
-        """This process's agent for ``url``, ``graph`` and ``grid`` (None: the
-        tracker's), created on first use."""
-        key = (url, graph.fingerprint(), grid)
-        with cls._shared_lock:
-            agent = cls._shared.get(key)
-            if agent is None:
-                agent = cls._shared[key] = cls.connect(url, graph, secret=secret, grid=grid)
-            return agent
-
-    # ------------------------------------------------------------ lifecycle
-    def _boot(self) -> None:
-        """Fresh state for this process: session, loop thread, loop-side state."""
-        self._pid = os.getpid()
-        self.session = secrets.randbits(62) + 1
-        self._loop = asyncio.new_event_loop()
-        self._state = AgentState(self, self.session)
+    # ------------------------------------------------------------ its loop
+    def _start_loop(self) -> None:
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="lowtide-agent", daemon=True
         )
         self._thread.start()
         self._loop.call_soon_threadsafe(self._state.start)
 
-    def _ensure(self) -> None:
-        if os.getpid() == self._pid:
-            return
-        with Agent._boot_lock:
-            if os.getpid() != self._pid:  # another thread of this child may have won
-                log.info("fork detected: new agent session", extra={"pid": os.getpid()})
-                self._boot()
+    def _running(self) -> bool:
+        return self._thread.is_alive()
 
-    def close(self, timeout_s: float = 5.0) -> None:
-        """Flush what is buffered (best effort within ``timeout_s``) and disconnect."""
-        if os.getpid() != self._pid or not self._thread.is_alive():
-            return
-        try:
-            self._call(self._state.flush_all(), timeout_s)
-        except Exception as exc:  # closing must not fail
-            log.warning("close: unflushed acks", extra={"url": self.url, "reason": repr(exc)})
+    def _stop_loop(self, timeout_s: float) -> None:
         asyncio.run_coroutine_threadsafe(self._state.close(), self._loop).result(timeout_s)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout_s)
-        self._forget()
 
-    def _forget(self) -> None:
-        with Agent._shared_lock:
-            shared = type(self)._shared
-            for key in [k for k, a in shared.items() if a is self]:
-                del shared[key]
-
-    def __enter__(self) -> Agent:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    @property
-    def grid(self) -> TimeGrid:
-        """The tracker's time grid, as the handshake agreed it (waits up to 30 s for
-        the first one): label with this grid, never with a default."""
-        self._ensure()
-        return self._call(self._state.tracker_grid(), 30.0)
-
-    # ------------------------------------------------------------ blocking calls
     def _spawn(self, coro: Awaitable[T], timeout_s: float) -> Outcome[T]:
         if threading.current_thread() is self._thread:
             raise RuntimeError("blocking agent call on the agent's own thread (from a callback?)")
         return asyncio.run_coroutine_threadsafe(timed(coro, timeout_s), self._loop)
-
-    def _result(self, fut: Outcome[T]) -> T:
-        try:
-            return fut.result()
-        except TimeoutError as exc:
-            raise TimeoutError(f"{exc} ({self._state.describe()})") from None
-
-    def _call(self, coro: Awaitable[T], timeout_s: float) -> T:
-        return self._result(self._spawn(coro, timeout_s))
-
-    def register_front(
-        self, front: int, segment: str, time: int, timeout_s: float = 30.0, *, owner: str = ""
-    ) -> None:
-        """The front feeds source segment ``segment`` with items of slot >= time. It
-        belongs to this agent: no other session may move (re-register, heartbeat) or
-        unregister it (FrontOwned), unless it names the same ``owner`` (with the same
-        secret): a restarted process that takes over its fronts, or a Spark task that
-        heartbeats for the driver. A front that registers below what its segment
-        announced is refused (FrontBehind) unless it was declared."""
-        self._ensure()
-        self.graph.index(segment)
-        self._call(self._state.front_op(FrontAction.REGISTER, front, segment, time, owner),
-                   timeout_s)
-
-    def unregister_front(
-        self, front: int, timeout_s: float = 30.0, *, owner: str | None = None
-    ) -> None:
-        """The front is done; ``owner``: the name it was registered with (None: the one
-        this agent registered it with)."""
-        self._ensure()
-        self._call(self._state.front_op(FrontAction.UNREGISTER, front, "", 0, owner), timeout_s)
-
-    def declare_front(
-        self, front: int, segment: str, time: int | None = None, timeout_s: float = 30.0, *,
-        owner: str = "", retire_after_ms: int | None = None,
-    ) -> None:
-        """``front`` may still produce into ``segment`` from slot ``time`` on (None:
-        from where the segment's fronts start): the segment's min time waits for it
-        until it registers (whoever registers it owns it) or is retired, by
-        :meth:`retire_front` with the same ``owner``, or by the tracker once
-        ``retire_after_ms`` passed (None: never). Declaring a front that is live or
-        done already changes nothing."""
-        self._ensure()
-        self.graph.index(segment)
-        after = -1 if retire_after_ms is None else retire_after_ms
-        if retire_after_ms is not None and retire_after_ms < 0:
-            raise ValueError("retire_after_ms must be >= 0 (None: never)")
-        at = -1 if time is None else time
-        self._call(self._state.front_op(FrontAction.DECLARE, front, segment, at, owner, after),
-                   timeout_s)
-
-    def retire_front(self, front: int, timeout_s: float = 30.0, *, owner: str = "") -> None:
-        """Stop waiting for a declared front that never registered (``owner``: the name
-        it was declared with)."""
-        self._ensure()
-        self._call(self._state.front_op(FrontAction.RETIRE, front, "", 0, owner), timeout_s)
-
-    def send_batch(
-        self,
-        key: BatchKey,
-        acks: AckBatch,
-        heartbeats: Iterable[Heartbeat] = (),
-        timeout_s: float = 30.0,
-        *,
-        owner: str | None = None,
-    ) -> bool:
-        """Apply ``acks`` then ``heartbeats`` at most once under ``key``; returns once
-        the tracker confirmed (after logging). True if applied now, False if it had
-        been applied before (a retry). Raises the core ProtocolError the tracker
-        raised, or TimeoutError (then retry with the same key: it is safe).
-        ``owner``: the name the heartbeats' fronts were registered with (None: as this
-        agent registered them, else this session), unless a heartbeat carries its
-        owner id."""
-        return self.submit_batch(key, acks, heartbeats, timeout_s, owner=owner).wait()
-
-    def submit_batch(
-        self,
-        key: BatchKey,
-        acks: AckBatch,
-        heartbeats: Iterable[Heartbeat] = (),
-        timeout_s: float = 30.0,
-        *,
-        owner: str | None = None,
-    ) -> PendingBatch:
-        """:meth:`send_batch` without waiting: the caller goes on (a Spark task emits
-        its last rows) while the batch travels, and calls ``wait()`` before it may
-        report success. Batches go out in the order they were submitted, after
-        everything submitted or buffered before them; ``timeout_s`` counts from now."""
-        self._ensure()
-        if key.batch_id < 0:
-            raise ValueError(f"batch ids start at 0, got {key.batch_id}")
-        fut = self._spawn(self._state.keyed(key, acks, tuple(heartbeats), owner), timeout_s)
-        return PendingBatch(fut, self._result)
-
-    def flush(self, timeout_s: float = 30.0) -> None:
-        """Send what the local tracker holds and wait until every earlier request is
-        confirmed; raises the first error a fire-and-forget flush met since last time."""
-        self._ensure()
-        self._call(self._state.flush_all(), timeout_s)
-
-    def status(self, timeout_s: float = 10.0) -> dict[str, Any]:
-        self._ensure()
-        return self._call(self._state.status(), timeout_s)
-
-    def min_time_at(self, segment: str | None, at_ms: int, timeout_s: float = 30.0) -> int:
-        """``segment``'s min time (None: global) as it was at the tracker's wall time
-        ``at_ms``. The tracker answers once its clock has passed ``at_ms``, so every
-        caller asking the same question gets the same answer (deterministic decisions
-        in retried Spark tasks). 0 for times older than the tracker's history (10
-        minutes, in memory: a restarted tracker has none before its restart)."""
-        self._ensure()
-        if segment is not None:
-            self.graph.index(segment)
-        return self._call(self._state.min_time_at(segment, at_ms), timeout_s)
 
     # ------------------------------------------------------------ fire and forget
     def add_acks(self, acks: AckBatch) -> None:
@@ -321,21 +111,3 @@ class Agent:
             self._loop.call_soon_threadsafe(self._state.unsubscribe, req)
 
         return cancel
-
-
-def _fresh_locks() -> None:
-    Agent._shared_lock = threading.Lock()
-    Agent._boot_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_fresh_locks)
-
-
-@atexit.register
-def _close_shared() -> None:
-    """Flush the process's shared agents on the way out: what ``add_acks`` buffered in
-    the last milliseconds would otherwise die with the daemon thread."""
-    with Agent._shared_lock:
-        agents = [a for cls in (Agent, *Agent.__subclasses__()) for a in cls._shared.values()]
-    for agent in agents:
-        agent.close(timeout_s=2.0)

@@ -1,7 +1,8 @@
-"""An agent's loop-side state: its local tracker (rule 2), the connections to the tracker
-or its shards, requests in flight and subscriptions. Everything here runs on the
-agent's event loop, so it needs no locks; :class:`~lowtide.service.agent.Agent` hands
-work to it from any thread."""
+"""An agent's state on its event loop: its local tracker (rule 2), the connections to
+the tracker or its shards, requests in flight and subscriptions, and the agent's
+config. Everything here runs on the agent's event loop, so it needs no locks; the
+agents (:mod:`lowtide.service.client.agent`) hand work to it from any thread. It
+knows nothing of them: what it needs is given (URL, graph, session, config)."""
 
 from __future__ import annotations
 
@@ -12,16 +13,17 @@ import json
 import logging
 import os
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any, TypeVar
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
+from lowtide.core.graph import SegmentGraph
 from lowtide.core.local import LocalTrackerConfig, merge_acks
 from lowtide.core.messages import AckBatch, Flush, Heartbeat, MinTimeUpdate, NodeTime
 from lowtide.core.sharding import ShardLayout, ShardRouter
 from lowtide.core.time import TimeGrid
 from lowtide.service.auth import nonce
 from lowtide.service.client.batches import BatchKey, stream_time
-from lowtide.service.client.connection import Reply, ServerConnection
+from lowtide.service.client.connection import ConnectionConfig, Reply, ServerConnection
 from lowtide.service.client.subscription import Forward
 from lowtide.service.clock import SystemClock
 from lowtide.service.errors import ServiceError, SessionFailed, exception_of, fresh
@@ -46,9 +48,6 @@ from lowtide.wire.messages import (
     graph_spec,
 )
 
-if TYPE_CHECKING:
-    from lowtide.service.client.agent import Agent
-
 log = logging.getLogger("lowtide.service.agent")
 
 T = TypeVar("T")
@@ -67,16 +66,34 @@ def _check(reply: Reply) -> Reply:
     return reply
 
 
-class AgentState:
-    """The agent's loop-side state: local tracker, connections, subscriptions."""
+@dataclass(frozen=True)
+class AgentConfig:
+    """An agent's settings: its local tracker's flush age and size, the shared secret,
+    how long a connection may take, its name in Hellos (default ``agent-PID``)."""
 
-    def __init__(self, agent: Agent, session: int) -> None:
-        self.agent = agent
+    max_age_ms: int = 5
+    max_entries: int = 65_536
+    secret: bytes | None = None
+    connect_timeout_s: float = 5.0
+    name: str = ""
+    #: the grid this process labels with; a tracker with another refuses the agent
+    #: (GRID_MISMATCH). None: take the tracker's (:attr:`Agent.grid`).
+    grid: TimeGrid | None = None
+
+    def connection(self) -> ConnectionConfig:
+        return ConnectionConfig(secret=self.secret, connect_timeout_s=self.connect_timeout_s)
+
+
+class AgentState:
+    """The agent's state on its loop: local tracker, connections, subscriptions."""
+
+    def __init__(self, url: str, graph: SegmentGraph, session: int, config: AgentConfig) -> None:
+        self.url, self.graph, self.config = url, graph, config
         self.session = session
         self.clock = SystemClock()
         self._reqs = itertools.count(1)
         self._local_config = LocalTrackerConfig(
-            TimeGrid(window_slots=1), agent.config.max_age_ms, agent.config.max_entries
+            TimeGrid(window_slots=1), config.max_age_ms, config.max_entries
         )
         self.local = self._local_config.build(session)
         self.main: ServerConnection | None = None
@@ -99,7 +116,7 @@ class AgentState:
         self._owners: dict[int, int] = {}
 
     def start(self) -> None:
-        self.main = self._connect(self.agent.url, self._on_welcome)
+        self.main = self._connect(self.url, self._on_welcome)
         self.main.start()
 
     def describe(self) -> str:
@@ -108,7 +125,7 @@ class AgentState:
 
     def _connect(self, url: str, on_welcome: Callable[[Welcome], None],
               shard: tuple[int, int] | None = None) -> ServerConnection:
-        config = self.agent.config.connection()
+        config = self.config.connection()
         return ServerConnection(url, lambda: self._hello(shard), config, on_welcome, self._on_push,
                     self._on_refused)
 
@@ -133,11 +150,11 @@ class AgentState:
         """What this agent relies on the tracker to be: its graph, the grid it was
         told to expect or learnt in its first handshake (a tracker restarted with
         another is refused), and, on a connection to a shard, which shard."""
-        config = self.agent.config
+        config = self.config
         name = config.name or f"agent-{os.getpid()}"
         expected = config.grid or self.grid
         grid = None if expected is None else (expected.delta_ms, expected.window_slots)
-        return Hello(WIRE_VERSION, Role.AGENT, nonce(), name, graph_spec(self.agent.graph),
+        return Hello(WIRE_VERSION, Role.AGENT, nonce(), name, graph_spec(self.graph),
                      grid, shard)
 
     async def close(self) -> None:
@@ -254,7 +271,7 @@ class AgentState:
                 )
         if isinstance(exc, Exception):
             log.warning("flush refused", extra={
-                "url": self.agent.url, "error": str(exc),
+                "url": self.url, "error": str(exc),
                 "fix": "this agent's next call raises why; a refused background flush fails "
                        "its session: restart the process"})
             self._errors.append(exc)
@@ -282,7 +299,7 @@ class AgentState:
             return self._owners.get(front, self.session)
         if not owner:
             return self.session
-        key = (self.agent.config.secret or b"")[:64]
+        key = (self.config.secret or b"")[:64]
         text = f"{owner}\0{front}".encode()
         return int.from_bytes(hashlib.blake2b(text, key=key, digest_size=8).digest(), "little")
 
@@ -378,7 +395,7 @@ class AgentState:
 
     def _on_push(self, msg: Message) -> None:
         if not isinstance(msg, Notify):
-            log.warning("unexpected push, ignored", extra={"url": self.agent.url,
+            log.warning("unexpected push, ignored", extra={"url": self.url,
                                                            "type": type(msg).__name__})
             return
         for req, update in msg.updates:
