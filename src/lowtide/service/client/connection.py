@@ -19,7 +19,7 @@ from lowtide.service.channel import Address, Channel, dial_inproc
 from lowtide.service.errors import ConnectionLost, ServiceError, fresh
 from lowtide.service.handshake import client_handshake
 from lowtide.service.logs import LogBudget
-from lowtide.wire.codec import WireError
+from lowtide.wire.buffers import WireError
 from lowtide.wire.messages import (
     Error,
     ErrorCode,

@@ -32,7 +32,7 @@ from typing import Any
 from lowtide.core.errors import LowtideError
 from lowtide.core.graph import SegmentGraph
 from lowtide.service.engine.base import Engine, Logged
-from lowtide.wire.codec import WireError
+from lowtide.wire.buffers import WireError
 from lowtide.wire.log import decode_snapshot, encode_snapshot, read_records, record, torn_at
 from lowtide.wire.messages import Commit, graph_of, graph_spec
 

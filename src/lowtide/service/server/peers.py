@@ -18,7 +18,7 @@ from lowtide.service.net import MAX_HTTP_CONNECTIONS, Limits
 from lowtide.service.server.admission import Gate, Ticket, fit_file_limit
 from lowtide.service.server.inbox import Admit, Gone, Item, Peer, Request
 from lowtide.service.server.metrics import ServerMetrics
-from lowtide.wire.codec import WireError
+from lowtide.wire.buffers import WireError
 from lowtide.wire.frames import FrameForged, FrameTooLarge
 from lowtide.wire.messages import Error, ErrorCode, Hello, Welcome, graph_of
 
