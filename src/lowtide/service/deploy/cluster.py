@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from lowtide.service.persistence.state_log import StateDirRefused
+from lowtide.service.persistence.state_dir import StateDirRefused
 
 log = logging.getLogger("lowtide.service.cluster")
 

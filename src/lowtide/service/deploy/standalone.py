@@ -22,7 +22,7 @@ from lowtide.service.auth import load_secret
 from lowtide.service.channel import MAX_PORT
 from lowtide.service.deploy.cluster import ShardProcesses
 from lowtide.service.net import Limits
-from lowtide.service.persistence.state_log import StateDirError
+from lowtide.service.persistence.state_dir import StateDirError
 from lowtide.service.server.config import ServerConfig
 
 

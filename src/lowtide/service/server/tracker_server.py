@@ -29,7 +29,8 @@ from lowtide.service.engine.coordinator import CoordinatorEngine
 from lowtide.service.errors import ConnectionLost, ServiceError, error_of
 from lowtide.service.handshake import shard_mismatch
 from lowtide.service.logs import LogBudget
-from lowtide.service.persistence.state_log import StateLog, store_graph, stored_graph
+from lowtide.service.persistence.state_dir import store_graph, stored_graph
+from lowtide.service.persistence.state_log import StateLog
 from lowtide.service.server.history import MinTimeHistory
 from lowtide.service.server.inbox import Admit, Call, Gone, Item, Outbox, Peer, Request, Tick
 from lowtide.service.server.metrics import ServerMetrics
