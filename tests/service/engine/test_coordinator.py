@@ -31,6 +31,15 @@ class Cluster:
         self._local = LocalTrackerConfig(CONFIG.grid, max_age_ms=5).build(7)
         self._router = ShardRouter(LAYOUT, 7)
 
+    def register_front(self, front: int, at: int) -> None:
+        """Every shard registers the front (at time 0); their reports reach the
+        coordinator."""
+        for shard in self.shards:
+            shard.handle(self.agent.register(front, "src", at), 0)
+            report = shard.step(0).report
+            assert report is not None
+            self.coordinator.receive(report)
+
     def flush(self, *acks: Ack, heartbeats: tuple[Heartbeat, ...] = ()) -> list[ShardFlush]:
         """The agent's next flush, one part per shard (each with the flush's node time)."""
         self._local.add_acks(AckBatch.of(list(acks)), 0)
@@ -64,11 +73,7 @@ def test_a_flush_half_applied_across_shards_announces_nothing() -> None:
     way to shard 1. The flush's node time, which shard 0 reports and shard 1 has not,
     caps what the coordinator announces (rule 8)."""
     cluster = Cluster()
-    for shard in cluster.shards:
-        shard.handle(cluster.agent.register(1, "src", 10), 0)
-        report = shard.step(0).report
-        assert report is not None
-        cluster.coordinator.receive(report)
+    cluster.register_front(1, at=10)
     assert cluster.announced(0) == {"src": 10, "sink": 10, None: 10}
     for part in cluster.flush(send(SRC, 10, 0xA), heartbeats=(cluster.agent.beat(1, 12),)):
         cluster.deliver(part, 1)
@@ -91,11 +96,7 @@ def test_releases_go_out_when_something_moved() -> None:
     tells the shards the announced min times and, per node, the flush every shard
     reached, so they stop keeping it."""
     cluster = Cluster()
-    for shard in cluster.shards:
-        shard.handle(cluster.agent.register(1, "src", 10), 0)
-        report = shard.step(0).report
-        assert report is not None
-        cluster.coordinator.receive(report)
+    cluster.register_front(1, at=10)
     first = cluster.coordinator.step(0).release
     assert first is not None and first.release.min_times == (10, 10) and first.complete == ()
     for part in cluster.flush(send(SRC, 10, 0xA), heartbeats=(cluster.agent.beat(1, 20),)):
