@@ -23,6 +23,7 @@ from lowtide.wire.frames import FrameForged, FrameTooLarge
 from lowtide.wire.messages import Error, ErrorCode, Hello, Welcome, graph_of
 
 if TYPE_CHECKING:
+    # for types only: ServerConfig.build() imports the server, which imports this module
     from lowtide.service.server.config import ServerConfig
 
 log = logging.getLogger("lowtide.service.server")

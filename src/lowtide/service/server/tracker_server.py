@@ -61,7 +61,8 @@ from lowtide.wire.messages import (
 )
 
 if TYPE_CHECKING:
-    from lowtide.service.server.config import ServerConfig  # its build() makes us
+    # for types only: ServerConfig.build() imports this module
+    from lowtide.service.server.config import ServerConfig
 
 log = logging.getLogger("lowtide.service.server")
 
