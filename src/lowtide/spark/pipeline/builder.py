@@ -97,7 +97,7 @@ def _with_tracking(schema: Any) -> Any:
                              f"{type(schema).__name__}")
 
 
-def _arrow_half(step: Step | EntrySpec) -> bool:
+def _ends_in_arrow_map(step: Step | EntrySpec) -> bool:
     """Does ``step`` end in a tracked ``mapInArrow`` (to chain the next ones into)?"""
     return isinstance(step, OpSpec | EntrySpec) or (isinstance(step, FrameSpec) and step.tracked)
 
@@ -374,7 +374,7 @@ class Pipeline:
         while steps:
             # tracked Arrow steps that follow each other directly share one task
             n = 1
-            if _arrow_half(steps[0]):
+            if _ends_in_arrow_map(steps[0]):
                 while n < len(steps) and isinstance(steps[n], OpSpec):
                     n += 1
             group, steps = steps[:n], steps[n:]

@@ -15,30 +15,30 @@ import json
 import logging
 import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from lowtide.core.errors import ProtocolError
 from lowtide.core.graph import SegmentGraph
-from lowtide.core.sharding import ShardLayout
 from lowtide.core.time import Clock
 from lowtide.service import net
 from lowtide.service.channel import register_inproc, unregister_inproc
+from lowtide.service.client.connection import ConnectionConfig
 from lowtide.service.clock import SystemClock
-from lowtide.service.config import ServerConfig
-from lowtide.service.coordinator import CoordinatorEngine
-from lowtide.service.engine import Engine, StateRequest, StepResult
+from lowtide.service.engine.base import Engine, StateRequest, StepResult
+from lowtide.service.engine.coordinator import CoordinatorEngine
 from lowtide.service.errors import ConnectionLost, ServiceError, error_of
 from lowtide.service.handshake import shard_mismatch
-from lowtide.service.history import MinTimeHistory
-from lowtide.service.inbox import Admit, Call, Gone, Item, Outbox, Peer, Request, Tick
-from lowtide.service.lane import LaneConfig
 from lowtide.service.logs import LogBudget
-from lowtide.service.metrics import ServerMetrics
-from lowtide.service.peers import PeerConnections
-from lowtide.service.persist import StateLog, store_graph, stored_graph
-from lowtide.service.shard import ShardEngine
-from lowtide.service.standing import StandingRequests
-from lowtide.service.web import WebApp
-from lowtide.service.webview import WebView
+from lowtide.service.persistence.state_dir import store_graph, stored_graph
+from lowtide.service.persistence.state_log import StateLog
+from lowtide.service.server.history import MinTimeHistory
+from lowtide.service.server.inbox import Admit, Call, Gone, Item, Outbox, Peer, Request, Tick
+from lowtide.service.server.metrics import ServerMetrics
+from lowtide.service.server.peers import PeerConnections
+from lowtide.service.server.shard_watch import ShardWatch
+from lowtide.service.server.standing import StandingRequests
+from lowtide.service.web.app import WebApp
+from lowtide.service.web.view import WebView
 from lowtide.wire.messages import (
     WIRE_VERSION,
     Batch,
@@ -60,6 +60,10 @@ from lowtide.wire.messages import (
     graph_spec,
 )
 
+if TYPE_CHECKING:
+    # for types only: ServerConfig.build() imports this module
+    from lowtide.service.server.config import ServerConfig
+
 log = logging.getLogger("lowtide.service.server")
 
 MAX_GROUP = 1024
@@ -71,6 +75,8 @@ class TrackerServer:
         self.config = config
         self.clock = clock or SystemClock()
         self.engine: Engine | None = None
+        #: a coordinator's connections to its shards
+        self.shard_watch: ShardWatch | None = None
         self.metrics = ServerMetrics(config.pipeline)
         self._inbox: asyncio.Queue[Item] = asyncio.Queue(INBOX)
         self._standing = StandingRequests(config.limits)
@@ -158,21 +164,10 @@ class TrackerServer:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        if self.engine is not None:
-            await self.engine.aclose()
+        if self.shard_watch is not None:
+            await self.shard_watch.close()
         if self._wal is not None:
             self._wal.close()
-
-    def _make_engine(self, graph: SegmentGraph) -> Engine:
-        cfg = self.config
-        engine_config = cfg.engine_config(graph)
-        if cfg.shard is not None:
-            index, count = cfg.shard
-            return ShardEngine(engine_config, ShardLayout(count, cfg.grid.window_slots), index)
-        if cfg.shard_urls:
-            lane = LaneConfig(secret=cfg.secret, limits=cfg.limits)
-            return CoordinatorEngine(engine_config, cfg.shard_urls, lane, self.post)
-        return engine_config.build()
 
     def post(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` in the state task, after what is already queued (same loop only)."""
@@ -185,14 +180,17 @@ class TrackerServer:
         reconnects, and learns the new address from its Welcome."""
 
         def move() -> None:
-            assert isinstance(self.engine, CoordinatorEngine)
-            self.engine.move(shard, url)
+            assert self.shard_watch is not None
+            self.shard_watch.move(shard, url)
             self._conns.close_all()
 
         self.post(move)
 
     def _adopt(self, graph: SegmentGraph) -> None:
-        engine = self._make_engine(graph)
+        engine = self.config.engine(graph)
+        if isinstance(engine, CoordinatorEngine):
+            connection = ConnectionConfig(secret=self.config.secret, limits=self.config.limits)
+            self.shard_watch = ShardWatch(engine, connection, self.post)
         if self._wal is not None:
             assert self.config.state_dir is not None
             store_graph(self.config.state_dir, graph)
@@ -326,7 +324,9 @@ class TrackerServer:
             item.reply.set_exception(exc)
 
     def _tick(self, engine: Engine, now: int) -> None:
-        engine.tick(now)
+        self._publish(engine.tick(now))
+        if self.shard_watch is not None:
+            self.shard_watch.tick(now)
         if now >= self._next_metrics_ms:  # a full status walks every open window: not each tick
             self._next_metrics_ms = now + self.config.metrics_every_ms
             status = self.status()
@@ -398,6 +398,8 @@ class TrackerServer:
     def _publish(self, step: StepResult) -> None:
         if step.report is not None:
             self._send([(peer, ShardReportFrame(step.report)) for peer in self._watchers])
+        if step.release is not None and self.shard_watch is not None:
+            self.shard_watch.release(step.release)
         for stuck in step.stuck:  # a few lines a minute per segment, with a count of the rest
             self._log_budget.warn(
                 log, ("stuck", stuck.segment), "stuck window", detail=stuck.describe(),
@@ -432,6 +434,8 @@ class TrackerServer:
             body["dedup_keys"] = len(engine.dedup)
             body["dedup_hits"] = engine.dedup.hits
             body.update(engine.status_document())
+            if self.shard_watch is not None:
+                self.shard_watch.annotate(body)
             body["delta_ms"] = self.config.grid.delta_ms
             body["now_ms"] = self.clock.now_ms()
         return body

@@ -5,167 +5,46 @@ Commit marker, writes it out (and fsyncs, if asked) and only then confirms the
 requests and sends the notifications their step produced. Recovery loads the newest
 snapshot and replays every complete group after it through the engine's normal path.
 
-Files: ``state.json`` (format version and graph fingerprint), ``graph.json``,
-``snapshot.bin`` (engine state, and the number of the first log file it does not
-cover) and ``wal-NNNNNNNN.log``. A snapshot starts a new log file first, then replaces
-``snapshot.bin`` atomically, then deletes the log files it covers: a crash at any
-point leaves a snapshot plus the consecutive logs that follow it. The directory is
-created 0700 and every file 0600.
+The files (:mod:`.state_dir`): ``snapshot.bin`` and ``wal-NNNNNNNN.log`` here. A
+snapshot starts a new log file first, then replaces ``snapshot.bin`` atomically, then
+deletes the log files it covers: a crash at any point leaves a snapshot plus the
+consecutive logs that follow it.
 
 Recovery trusts nothing it cannot prove (rule 10). Only the tail of the *last* log
 file after its last Commit may be dropped, and only if a crash tore it (see
 :func:`lowtide.wire.log.torn_at`): nothing there was confirmed, its senders resend it.
 Any other damage (a flipped byte before a Commit, a bad first file, a missing log
 file or snapshot, a state dir of another graph or format) refuses to start with
-:class:`StateDirRefused`, one line naming the file and offset, and the way out.
+:class:`~.state_dir.StateDirRefused`, one line naming the file and offset, and the way
+out.
 """
 
 from __future__ import annotations
 
-import fcntl
-import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
 
-from lowtide.core.errors import LowtideError
-from lowtide.core.graph import SegmentGraph
-from lowtide.service.engine import Engine, Logged
-from lowtide.wire.codec import WireError
+from lowtide.service.engine.base import Engine, Logged
+from lowtide.service.persistence.state_dir import (
+    SNAPSHOT,
+    atomic_write,
+    bind,
+    lock_dir,
+    open_private,
+    private_dir,
+    refusal,
+    state_file,
+    wal_name,
+    write_all,
+)
+from lowtide.wire.buffers import WireError
 from lowtide.wire.log import decode_snapshot, encode_snapshot, read_records, record, torn_at
-from lowtide.wire.messages import Commit, graph_of, graph_spec
+from lowtide.wire.messages import Commit
 
 log = logging.getLogger("lowtide.service.persist")
 
-SNAPSHOT = "snapshot.bin"
-GRAPH = "graph.json"
-STATE = "state.json"
-LOCK = "lock"
-#: Bumped when the log or snapshot format changes; a state dir of another is refused.
-FORMAT_VERSION = 2
 SNAPSHOT_RETRY_MS = 1_000
-WAY_OUT = (
-    "restore the state dir from a backup, or move it away and start with an empty one "
-    "(then re-run the queries from their start)"
-)
-
-
-class StateDirError(LowtideError, RuntimeError):
-    """The state directory cannot be used; the message is one line. ``exit_code``:
-    what `lowtide serve` exits with."""
-
-    exit_code = 1
-
-
-class StateDirInUse(StateDirError):
-    """Another live server holds this state directory (it may be on its way out)."""
-
-
-class StateDirRefused(StateDirError):
-    """Recovery cannot prove the state it would load: it refuses to start, for good."""
-
-    exit_code = 3
-
-
-def _wal_name(index: int) -> str:
-    return f"wal-{index:08d}.log"
-
-
-def stored_graph(state_dir: Path) -> SegmentGraph | None:
-    path = state_dir / GRAPH
-    if not path.exists():
-        return None
-    spec = json.loads(path.read_text())
-    return graph_of(tuple((name, tuple(ups)) for name, ups in spec))
-
-
-def store_graph(state_dir: Path, graph: SegmentGraph) -> None:
-    """Bind ``state_dir`` to ``graph`` (and this format), or refuse if it belongs to
-    another graph or format, or holds state without saying whose."""
-    _private_dir(state_dir)
-    _bind(state_dir, graph.fingerprint())
-    _atomic_write(state_dir / GRAPH, json.dumps(graph_spec(graph)).encode(), fsync=True)
-
-
-def _bind(state_dir: Path, fingerprint: str, identity: dict[str, Any] | None = None) -> None:
-    """Check ``state.json`` against this graph and (``identity``) this engine's time
-    grid and shard layout, recording what it does not say yet."""
-    found = _state_file(state_dir)
-    state = found or {"format": FORMAT_VERSION, "graph": fingerprint}
-    if state["graph"] != fingerprint:
-        raise StateDirRefused(
-            f"{state_dir} holds the state of another pipeline graph (fingerprint "
-            f"{state['graph']}, this one {fingerprint}): use the graph it was written for, "
-            f"or another state dir"
-        )
-    earlier = state.get("engine")
-    if identity is not None and earlier is not None and earlier != identity:
-        raise StateDirRefused(
-            f"{state_dir} was written by a tracker with {earlier}, this one has {identity}: "
-            "start it with the same grid (--delta-ms, --window-slots) and shard layout, or "
-            "use another state dir"
-        )
-    if found is None or (identity is not None and earlier is None):
-        state = {**state, "engine": identity} if identity is not None else state
-        _atomic_write(state_dir / STATE, json.dumps(state).encode(), fsync=True)
-
-
-def _state_file(state_dir: Path) -> dict[str, Any] | None:
-    """``state.json``, checked; None in a directory that holds no state yet. A
-    directory with a log or snapshot but no readable state.json is refused."""
-    path = state_dir / STATE
-    if not path.exists():
-        if (state_dir / SNAPSHOT).exists() or any(state_dir.glob("wal-*.log")):
-            raise _refused(path, 0, "missing, so the log and snapshot here cannot be checked")
-        return None
-    try:
-        found: dict[str, Any] = json.loads(path.read_bytes())
-        fmt = int(found["format"])
-        str(found["graph"])
-    except (ValueError, KeyError, TypeError):
-        raise _refused(path, 0, "damaged") from None
-    if fmt != FORMAT_VERSION:
-        raise _refused(path, 0, f"written in format {fmt}, this lowtide reads {FORMAT_VERSION}")
-    return found
-
-
-def _refused(path: Path, offset: int, what: str) -> StateDirRefused:
-    return StateDirRefused(f"{path}: {what} (at byte {offset}); recovery refuses to start: "
-                           f"{WAY_OUT}")
-
-
-def _private_dir(path: Path) -> None:
-    """Create ``path`` and any missing parents 0700 (mkdir's ``parents`` would leave
-    the parents to the umask); directories that exist are left as they are."""
-    missing = []
-    while not path.exists():
-        missing.append(path)
-        path = path.parent
-    for directory in reversed(missing):
-        directory.mkdir(mode=0o700, exist_ok=True)
-
-
-def _open_private(path: Path, flags: int) -> int:
-    return os.open(path, flags | os.O_CREAT, 0o600)
-
-
-def _atomic_write(path: Path, data: bytes, fsync: bool) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    fd = _open_private(tmp, os.O_WRONLY | os.O_TRUNC)
-    try:
-        _write_all(fd, data)
-        if fsync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 class StateLog:
@@ -188,16 +67,16 @@ class StateLog:
         self._last_snapshot_ms: int | None = None
         self._retry_ms = 0  # after a failed snapshot, none is due before this
         self._broken: str | None = None
-        _private_dir(state_dir)
-        _state_file(state_dir)  # refuse a directory of another format before anything
-        self._lock = _lock_dir(state_dir)
+        private_dir(state_dir)
+        state_file(state_dir)  # refuse a directory of another format before anything
+        self._lock = lock_dir(state_dir)
 
     # ---------------------------------------------------------------- recover
     def recover(self, engine: Engine) -> int:
         """Load the snapshot and replay the logs into ``engine``; returns the number of
         groups replayed. Opens a fresh log file for what follows, and from then on
         logs the engine's refusals too."""
-        _bind(self.dir, engine.graph.fingerprint(), engine.identity())
+        bind(self.dir, engine.graph.fingerprint(), engine.identity())
         first = 1
         snap = self.dir / SNAPSHOT
         if snap.exists():
@@ -206,14 +85,14 @@ class StateLog:
                 engine.restore(meta["engine"], arrays)
                 first = int(meta["next_wal"])
             except (WireError, KeyError, TypeError, ValueError) as exc:
-                raise _refused(snap, 0, f"unreadable snapshot ({exc})") from None
+                raise refusal(snap, 0, f"unreadable snapshot ({exc})") from None
         files = [(i, p) for i, p in self._wal_files() if i >= first]
         for expected, (index, _path) in enumerate(files, start=first):
             if index != expected:
-                missing = self.dir / _wal_name(expected)
-                raise _refused(missing, 0, "missing log file (or the snapshot covering it)")
+                missing = self.dir / wal_name(expected)
+                raise refusal(missing, 0, "missing log file (or the snapshot covering it)")
         if not files and first > 1:
-            raise _refused(self.dir / _wal_name(first), 0, "missing log file")
+            raise refusal(self.dir / wal_name(first), 0, "missing log file")
         groups = 0
         for n, (index, path) in enumerate(files):
             groups += self._replay(path, engine, last=n == len(files) - 1)
@@ -237,14 +116,14 @@ class StateLog:
             elif isinstance(msg, Logged):
                 group.append(msg)
             else:
-                raise _refused(path, stop, f"unexpected {type(msg).__name__} record")
+                raise refusal(path, stop, f"unexpected {type(msg).__name__} record")
         if confirmed == len(data):
             return groups
         if not last:
-            raise _refused(path, confirmed, "damaged or unconfirmed records in a log file "
+            raise refusal(path, confirmed, "damaged or unconfirmed records in a log file "
                            "that is not the last")
         if stop < len(data) and not torn_at(data, stop):
-            raise _refused(path, stop, "damaged record (not the torn tail of a crash)")
+            raise refusal(path, stop, "damaged record (not the torn tail of a crash)")
         # A crash tore the last write: nothing from here on was confirmed. Cut it off,
         # so that this file ends on a Commit once a new file follows it.
         log.warning("dropped unconfirmed log tail",
@@ -278,7 +157,7 @@ class StateLog:
         records, data, self._pending = len(self._pending), b"".join(self._pending), []
         start = os.lseek(self._fd, 0, os.SEEK_END)
         try:
-            _write_all(self._fd, data)
+            write_all(self._fd, data)
             if self.fsync:
                 os.fsync(self._fd)
         except OSError as exc:
@@ -309,7 +188,7 @@ class StateLog:
             self._open_next()
             meta, arrays = engine.export()
             data = encode_snapshot({"engine": meta, "next_wal": covered + 1}, arrays)
-            _atomic_write(self.dir / SNAPSHOT, data, fsync=True)
+            atomic_write(self.dir / SNAPSHOT, data, fsync=True)
         except OSError:
             self._retry_ms = now_ms + SNAPSHOT_RETRY_MS
             raise
@@ -322,7 +201,7 @@ class StateLog:
     def _open_next(self) -> None:
         """Open the next log file, then close this one: if the open fails (no descriptor
         left), the log goes on in the file it had."""
-        fd = _open_private(self.dir / _wal_name(self._index + 1), os.O_WRONLY | os.O_APPEND)
+        fd = open_private(self.dir / wal_name(self._index + 1), os.O_WRONLY | os.O_APPEND)
         if self._fd >= 0:
             os.close(self._fd)
         self._index += 1
@@ -335,16 +214,3 @@ class StateLog:
         if self._lock >= 0:
             os.close(self._lock)  # releases the lock
             self._lock = -1
-
-
-def _lock_dir(state_dir: Path) -> int:
-    """An exclusive lock for this process's life: two servers appending to one log
-    would lose confirmed batches. The kernel drops it when the holder dies, even by
-    ``kill -9``, so a restart never waits for a stale lock."""
-    fd = _open_private(state_dir / LOCK, os.O_RDWR)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise StateDirInUse(f"{state_dir} is in use by another lowtide server") from None
-    return fd

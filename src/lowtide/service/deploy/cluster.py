@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from lowtide.service.persist import StateDirRefused
+from lowtide.service.persistence.state_dir import StateDirRefused
 
 log = logging.getLogger("lowtide.service.cluster")
 
@@ -53,7 +53,7 @@ class ShardProcesses:
         return tuple(self.urls)
 
     def _command(self, k: int, port: int) -> list[str]:
-        cmd = [sys.executable, "-m", "lowtide.service.standalone", *self._args]
+        cmd = [sys.executable, "-m", "lowtide.service.deploy.standalone", *self._args]
         cmd += ["--shard", f"{k}/{self.count}", "--port", str(port), "--watch-stdin"]
         if self._state_dir is not None:
             cmd += ["--state-dir", str(self._state_dir / f"shard-{k}")]

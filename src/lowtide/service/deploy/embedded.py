@@ -16,9 +16,9 @@ from typing import Any
 
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.time import TimeGrid
-from lowtide.service.agent import Agent
-from lowtide.service.config import ServerConfig
-from lowtide.service.server import TrackerServer
+from lowtide.service.client.agent import Agent
+from lowtide.service.server.config import ServerConfig
+from lowtide.service.server.tracker_server import TrackerServer
 
 DEFAULT_GRID = TimeGrid()
 

@@ -1,9 +1,11 @@
-"""The state behind a server: a core tracker plus dedup, fed by decoded requests.
+"""What every engine does: dedup, refusals and row counts around a core tracker (a
+central one, a shard) or the shards' aggregate (a coordinator), fed decoded requests.
 
-Plain objects, no asyncio: the server's state task is their only caller, and tests
-can drive them directly. Every state change goes through :meth:`Engine.handle`, so the
-write-ahead log can record exactly the requests that were applied and replay them
-through the same path after a crash.
+Plain objects, no asyncio, no sockets: the server's state task is their only caller,
+and tests drive them directly with messages and the clock (tests/service/engine/).
+Every state change goes through :meth:`Engine.handle`, so the write-ahead log can
+record exactly the requests that were applied and replay them through the same path
+after a crash.
 """
 
 from __future__ import annotations
@@ -17,28 +19,21 @@ import numpy as np
 
 from lowtide.core.diagnostics import StuckWindow
 from lowtide.core.errors import ProtocolError
-from lowtide.core.fronts import Declared
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import (
     AckBatch,
-    DeclareFront,
     MinTimeUpdate,
-    RegisterFront,
-    RetireFront,
     ShardReport,
-    UnregisterFront,
 )
-from lowtide.core.sharding import TrackerShard
 from lowtide.core.time import TIME_LIMIT, TimeGrid
-from lowtide.core.tracker import Tracker, TrackerConfig, TrackerSnapshot
-from lowtide.service.dedup import Dedup
+from lowtide.core.tracker import TrackerConfig
+from lowtide.service.engine.dedup import Dedup
+from lowtide.service.engine.front_events import FrontEvents
 from lowtide.service.errors import ServiceError, Unproven, error_of
-from lowtide.service.front_events import FrontEvents
 from lowtide.wire.messages import (
     Batch,
     Error,
     ErrorCode,
-    FrontAction,
     FrontOp,
     Ok,
     Refused,
@@ -73,22 +68,22 @@ class EngineConfig:
             front_lease_ms=self.front_lease_ms,
         )
 
-    def build(self) -> CentralEngine:
-        return CentralEngine(self)
-
 
 @dataclass(frozen=True)
 class StepResult:
-    """What one step produced: updates for subscribers, stuck windows to report, and
-    (on a shard) a report for the coordinator."""
+    """What one step (or tick) produced: updates for subscribers, stuck windows to
+    report, (on a shard) a report for the coordinator, and (on a coordinator) a
+    release for every shard."""
 
     updates: tuple[MinTimeUpdate, ...] = ()
     stuck: tuple[StuckWindow, ...] = ()
     report: ShardReport | None = None
+    release: ShardReleaseFrame | None = None
 
 
 class Engine(ABC):
-    """Dedup and error handling shared by the central tracker and a shard."""
+    """Dedup and error handling shared by the central tracker, a shard and a
+    coordinator."""
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -197,9 +192,10 @@ class Engine(ABC):
         body.setdefault("front_events", self.front_events.export())
         return body
 
-    def tick(self, now_ms: int) -> None:  # noqa: B027 (optional hook)
-        """Periodic work between requests (the coordinator's); none in the state, so
-        that a replay of the log, which has no ticks, repeats the state exactly."""
+    def tick(self, now_ms: int) -> StepResult:
+        """Periodic work between requests (the coordinator's releases); none in the
+        state, so that a replay of the log, which has no ticks, repeats it exactly."""
+        return StepResult()
 
     @abstractmethod
     def _apply(self, msg: StateRequest) -> None: ...
@@ -231,9 +227,6 @@ class Engine(ABC):
         """A report covering every flush not yet known complete (shard only)."""
         raise ServiceError(ErrorCode.BAD_REQUEST, "only shards send reports")
 
-    async def aclose(self) -> None:  # noqa: B027 (optional hook, most engines hold nothing)
-        """Release what the engine holds beyond its state (the coordinator's lanes)."""
-
     def apply_logged(self, msg: Logged, now_ms: int) -> None:
         """Replay one logged request; it was valid when logged, so it is valid now (and
         a refused one stays refused)."""
@@ -243,156 +236,3 @@ class Engine(ABC):
             self.remember(msg, now_ms)
         else:
             self.handle(msg, now_ms)
-
-
-def flush_session(msg: Batch) -> int | None:
-    """Whose own heartbeats a batch carries: its session's for a fire-and-forget flush
-    (bound to the session holding their fronts), None for a keyed batch (a Spark task
-    heartbeating for its driver proves the owner only)."""
-    return None if msg.key else msg.session
-
-
-def apply_front_op(tracker: Tracker | TrackerShard, msg: FrontOp, now_ms: int = 0) -> None:
-    """``now_ms``: the request's clock (a declaration's deadline counts from it)."""
-    if msg.action == FrontAction.REGISTER:
-        tracker.register_front(
-            RegisterFront(msg.front, msg.segment, msg.time, msg.owner, msg.session), now_ms)
-    elif msg.action == FrontAction.UNREGISTER:
-        tracker.unregister_front(UnregisterFront(msg.front, msg.owner, msg.session), now_ms)
-    elif msg.action == FrontAction.DECLARE:
-        after = None if msg.retire_after_ms < 0 else msg.retire_after_ms
-        tracker.declare_front(
-            DeclareFront(msg.front, msg.segment, msg.time, msg.owner, after), now_ms)
-    else:
-        tracker.retire_front(RetireFront(msg.front, msg.owner))
-
-
-def tracker_status(tracker: Tracker, graph: SegmentGraph) -> dict[str, Any]:
-    """Per segment min time, bound and open windows; fronts; stuck windows."""
-    segments = []
-    stuck = tracker.stuck()
-    for name in graph.names:
-        windows, _x, counts = tracker.open_windows(name)
-        segments.append(
-            {
-                "segment": name,
-                "min_time": tracker.min_time(name),
-                "bound": tracker.bound(name),
-                "open_windows": len(windows),
-                "in_flight": int(counts.sum()),
-                "stuck_windows": sum(1 for w in stuck if w.segment == name),
-            }
-        )
-    return {
-        "global_min": tracker.min_time(None),
-        "segments": segments,
-        "fronts": {str(f): list(v) for f, v in sorted(tracker.fronts().items())},
-        "fronts_declared": {
-            str(f): [graph.names[d.segment], d.time, d.retire_at_ms]
-            for f, d in sorted(tracker.declared_fronts().items())
-        },
-        "stuck": [s.describe() for s in stuck],
-        "stuck_detail": [stuck_detail(s) for s in stuck],
-    }
-
-
-def stuck_detail(window: StuckWindow) -> dict[str, Any]:
-    """A stuck window as data (the web view shows its counts): ``missing`` items were
-    sent and never received, ``extra`` ones received more often than sent."""
-    return {
-        "segment": window.segment,
-        "window_start": window.window_start,
-        "window_end": window.window_end,
-        "missing": window.missing,
-        "extra": window.extra,
-        "since_ms": window.since_ms,
-        "text": window.describe(),
-    }
-
-
-def export_tracker(snap: TrackerSnapshot) -> tuple[dict[str, Any], dict[str, np.ndarray[Any, Any]]]:
-    windows, xors, counts, segments = snap.cells
-    meta = {
-        "fingerprint": snap.graph_fingerprint,
-        "window_slots": snap.window_slots,
-        "fronts": [list(f) for f in snap.fronts],
-        "declared": [[d.front, d.segment, d.time, d.owner, d.retire_at_ms]
-                     for d in snap.declared],
-        "done_fronts": list(snap.done_fronts),
-        "holders": [list(h) for h in snap.holders],
-        "done_bounds": list(snap.done_bounds),
-        "min_times": list(snap.min_times),
-        "global_min": snap.global_min,
-    }
-    arrays: dict[str, np.ndarray[Any, Any]] = {
-        "bases": snap.bases,
-        "windows": windows,
-        "xors": xors,
-        "counts": counts,
-        "segments": segments,
-    }
-    return meta, arrays
-
-
-def import_tracker(
-    meta: dict[str, Any], arrays: dict[str, np.ndarray[Any, Any]]
-) -> TrackerSnapshot:
-    cells = (
-        arrays["windows"].astype(np.int64),
-        arrays["xors"].astype(np.uint64),
-        arrays["counts"].astype(np.int64),
-        arrays["segments"].astype(np.int32),
-    )
-    return TrackerSnapshot(
-        meta["fingerprint"],
-        meta["window_slots"],
-        arrays["bases"],
-        cells,
-        tuple((int(f), int(s), int(t), int(o)) for f, s, t, o in meta["fronts"]),
-        tuple(meta["done_bounds"]),
-        tuple(meta["min_times"]),
-        meta["global_min"],
-        tuple(Declared(*map(int, d)) for d in meta.get("declared", ())),
-        tuple(int(f) for f in meta.get("done_fronts", ())),
-        tuple((int(f), int(s), int(t)) for f, s, t in meta.get("holders", ())),
-    )
-
-
-class CentralEngine(Engine):
-    """One tracker for the whole pipeline."""
-
-    def __init__(self, config: EngineConfig) -> None:
-        super().__init__(config)
-        self.tracker = config.tracker_config().build()
-
-    def _apply(self, msg: StateRequest) -> None:
-        if isinstance(msg, FrontOp):
-            apply_front_op(self.tracker, msg, self.now_ms)
-            return
-        if msg.node_time is not None:
-            raise ServiceError(
-                ErrorCode.BAD_REQUEST, "node times go to shards, not a central tracker"
-            )
-        self.tracker.apply_flush(msg.acks, msg.heartbeats, flush_session(msg), self.now_ms)
-
-    def step(self, now_ms: int) -> StepResult:
-        step = self.tracker.step(now_ms)
-        self.front_events.retire(step.retired, self.graph)
-        return StepResult(step.updates, step.stuck)
-
-    def current(self, segment: str | None) -> MinTimeUpdate:
-        return MinTimeUpdate(segment, self.tracker.min_time(segment))
-
-    def status(self) -> dict[str, Any]:
-        return tracker_status(self.tracker, self.graph)
-
-    def export(self) -> tuple[dict[str, Any], dict[str, np.ndarray[Any, Any]]]:
-        meta, arrays = export_tracker(self.tracker.snapshot())
-        doc = {"tracker": meta, "dedup": self.dedup.export(),
-               "front_events": self.front_events.export()}
-        return doc, arrays
-
-    def restore(self, meta: dict[str, Any], arrays: dict[str, np.ndarray[Any, Any]]) -> None:
-        self.tracker.restore(import_tracker(meta["tracker"], arrays))
-        self.dedup.load(meta["dedup"])
-        self.front_events.load(meta.get("front_events"))

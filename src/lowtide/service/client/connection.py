@@ -19,7 +19,7 @@ from lowtide.service.channel import Address, Channel, dial_inproc
 from lowtide.service.errors import ConnectionLost, ServiceError, fresh
 from lowtide.service.handshake import client_handshake
 from lowtide.service.logs import LogBudget
-from lowtide.wire.codec import WireError
+from lowtide.wire.buffers import WireError
 from lowtide.wire.messages import (
     Error,
     ErrorCode,
@@ -31,25 +31,29 @@ from lowtide.wire.messages import (
     Welcome,
 )
 
-log = logging.getLogger("lowtide.service.lane")
+log = logging.getLogger("lowtide.service.connection")
 
 Reply = Ok | Error | Status | MinTimeAtReply
 
 
 @dataclass(frozen=True)
-class LaneConfig:
+class ConnectionConfig:
     secret: bytes | None = None
     limits: net.Limits = net.Limits()
     connect_timeout_s: float = 5.0
     backoff_s: tuple[float, float] = (0.02, 1.0)  # first and longest pause between attempts
 
 
-class Lane:
+class ServerConnection:
+    """A client's connection to one server, kept alive (see the module docstring);
+    its messages travel over a :class:`~lowtide.service.channel.Channel`, a new one
+    for each connection made."""
+
     def __init__(
         self,
         url: str,
         hello: Callable[[], Hello],
-        config: LaneConfig,
+        config: ConnectionConfig,
         on_welcome: Callable[[Welcome], None],
         on_push: Callable[[Message], None],
         on_refused: Callable[[ServiceError], None] = lambda _exc: None,
@@ -76,7 +80,7 @@ class Lane:
     async def close(self) -> None:
         task = self._task
         # Cancel until it ends: Python 3.11's wait_for drops a cancellation that meets
-        # its inner future's completion (fixed in 3.12), and the lane would run on.
+        # its inner future's completion (fixed in 3.12), and the connection would run on.
         while task is not None and not task.done():
             task.cancel()
             await asyncio.wait([task], timeout=0.1)
@@ -87,7 +91,7 @@ class Lane:
             self._channel.close()
         for _msg, fut in self._pending.values():
             if fut is not None and not fut.done():
-                fut.set_exception(ConnectionLost(f"lane to {self.url} closed"))
+                fut.set_exception(ConnectionLost(f"connection to {self.url} closed"))
 
     def submit(self, req: int, msg: Message, fut: asyncio.Future[Reply] | None = None) -> None:
         """Send now if connected, else on the next connection; ``fut`` gets the reply."""
@@ -98,12 +102,16 @@ class Lane:
         """Send if connected, forget otherwise: for requests whose loss is harmless."""
         self._send(msg)
 
-    def stand(self, req: int, msg: Message, fut: asyncio.Future[Reply] | None = None) -> None:
-        """A request to repeat on every connection (answered once each time)."""
+    def submit_standing(
+        self, req: int, msg: Message, fut: asyncio.Future[Reply] | None = None
+    ) -> None:
+        """A standing request (a subscription, a shard watch): sent again on every
+        new connection, and answered each time, until :meth:`end_standing`."""
         self._standing[req] = msg
         self.submit(req, msg, fut)
 
-    def sit(self, req: int) -> None:
+    def end_standing(self, req: int) -> None:
+        """Stop sending ``req`` again on new connections."""
         self._standing.pop(req, None)
 
     def unanswered(self) -> int:
@@ -136,13 +144,13 @@ class Lane:
                 pause = self._config.backoff_s[0]
             except (ConnectionLost, WireError, OSError) as exc:
                 self.last_error, self.last_failure = repr(exc), exc
-                log.debug("lane down", extra={"url": self.url, "reason": str(exc)})
+                log.debug("connection down", extra={"url": self.url, "reason": str(exc)})
             except ServiceError as exc:  # refused at handshake
                 self.last_error, self.last_failure = repr(exc), exc
                 self._refused(exc)
-            except Exception as exc:  # a bug here must not leave a dead lane behind
+            except Exception as exc:  # a bug here must not leave a dead connection behind
                 self.last_error = repr(exc)
-                log.exception("lane failed", extra={"url": self.url})
+                log.exception("connection failed", extra={"url": self.url})
             finally:
                 self.connected.clear()
                 if self._channel is not None:
@@ -158,7 +166,7 @@ class Lane:
             self._log_budget.warn(log, self.url, "tracker full, retrying", url=self.url,
                                   reason=str(exc))
             return
-        log.warning("lane refused", extra={"url": self.url, "reason": str(exc)})
+        log.warning("connection refused", extra={"url": self.url, "reason": str(exc)})
         self._fail_all(exc)
         self._on_refused(exc)
 

@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING
 from lowtide.core.errors import ProtocolError
 from lowtide.core.messages import MinTimeUpdate
 from lowtide.service.errors import error_of
-from lowtide.service.history import MinTimeHistory, MinTimeQuestions
-from lowtide.service.inbox import Outbox, Peer
 from lowtide.service.logs import clip
-from lowtide.service.subscribers import Subscribers
+from lowtide.service.server.history import MinTimeHistory, MinTimeQuestions
+from lowtide.service.server.inbox import Outbox, Peer
+from lowtide.service.server.subscribers import Subscribers
 from lowtide.wire.messages import Error, ErrorCode, MinTimeAt, Ok, Subscribe, Unsubscribe
 
 if TYPE_CHECKING:
-    from lowtide.service.engine import Engine
+    from lowtide.service.engine.base import Engine
     from lowtide.service.net import Limits
 
 SUBSCRIPTIONS, QUESTIONS = "subscriptions", "questions"

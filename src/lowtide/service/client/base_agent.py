@@ -1,16 +1,8 @@
-"""The agent: one per process, the executor's (or front's) way to the tracker.
-
-It holds the process's local tracker: ``add_acks`` and ``heartbeat`` are merged and
-flushed by age or size in rule-2 order; ``send_batch`` carries a Spark task's output
-under its rule-6 key and returns once the tracker has applied (and logged) it.
-
-Threads: the public methods may be called from any thread. They hand work to a
-background thread that runs the agent's own event loop; all state (local tracker,
-connections, pending requests) lives there, so it needs no locks. Processes: the
-agent notices a fork (pid change) and starts afresh in the child, with a new session;
-the parent keeps whatever it had in flight. Connections are made lazily, in the
-background, and remade after any failure; every unanswered request is then resent in
-order, and servers apply each one at most once.
+"""What every agent does: the calls a process makes to the tracker and waits for
+(front operations, keyed batches, flush, status, min times at a wall time), one
+agent per process and tracker (:meth:`BaseAgent.shared`), a fresh session after a
+fork. Where the agent's event loop runs is the subclass's: :class:`Agent` on a thread
+of its own, :class:`CallerAgent` on the calling thread during each call.
 
 Ordering: one agent sends everything to a server over one connection, in the order
 it was issued; before any front operation or keyed batch, acks and heartbeats still
@@ -25,48 +17,35 @@ import logging
 import os
 import secrets
 import threading
-from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Iterable
+from typing import Any, ClassVar, Self, TypeVar
 
 from lowtide.core.graph import SegmentGraph
-from lowtide.core.messages import AckBatch, Heartbeat, MinTimeUpdate
+from lowtide.core.messages import AckBatch, Heartbeat
 from lowtide.core.time import TimeGrid
-from lowtide.service.batches import BatchKey, Outcome, PendingBatch
-from lowtide.service.lane import LaneConfig
-from lowtide.service.link import Link, timed
-from lowtide.service.subscribe import AsyncSubscription, Subscription
+from lowtide.service.client.agent_state import AgentConfig, AgentState
+from lowtide.service.client.batches import BatchKey, Outcome, PendingBatch
 from lowtide.wire.messages import FrontAction
 
 log = logging.getLogger("lowtide.service.agent")
 
 T = TypeVar("T")
+SharedKey = tuple[str, str, TimeGrid | None]
 
 
-@dataclass(frozen=True)
-class AgentConfig:
-    max_age_ms: int = 5
-    max_entries: int = 65_536
-    secret: bytes | None = None
-    connect_timeout_s: float = 5.0
-    name: str = ""
-    #: the grid this process labels with; a tracker with another refuses the agent
-    #: (GRID_MISMATCH). None: take the tracker's (:attr:`Agent.grid`).
-    grid: TimeGrid | None = None
-
-    def lane(self) -> LaneConfig:
-        return LaneConfig(secret=self.secret, connect_timeout_s=self.connect_timeout_s)
-
-    def build(self, url: str, graph: SegmentGraph) -> Agent:
-        return Agent(url, graph, self)
-
-
-class Agent:
-    _shared: ClassVar[dict[tuple[str, str, TimeGrid | None], Agent]] = {}
+class BaseAgent(ABC):
+    # Each subclass has its own (see __init_subclass__): a CallerAgent is never
+    # handed out for an Agent.
+    _shared: ClassVar[dict[SharedKey, BaseAgent]] = {}
     # Class-wide, and replaced in a forked child (see _fresh_locks): a lock that some
     # other thread of the parent held at fork time would never be released there.
     _shared_lock: ClassVar[threading.Lock] = threading.Lock()
     _boot_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._shared = {}
 
     def __init__(self, url: str, graph: SegmentGraph, config: AgentConfig | None = None) -> None:
         self.url = url
@@ -78,62 +57,73 @@ class Agent:
     @classmethod
     def connect(
         cls, url: str, graph: SegmentGraph, *, secret: bytes | None = None, **options: Any
-    ) -> Agent:
+    ) -> Self:
         return cls(url, graph, AgentConfig(secret=secret, **options))
 
     @classmethod
     def shared(cls, url: str, graph: SegmentGraph, *, secret: bytes | None = None,
-               grid: TimeGrid | None = None) -> Agent:
+               grid: TimeGrid | None = None) -> Self:
         """This process's agent for ``url``, ``graph`` and ``grid`` (None: the
         tracker's), created on first use."""
         key = (url, graph.fingerprint(), grid)
-        with cls._shared_lock:
+        with BaseAgent._shared_lock:
             agent = cls._shared.get(key)
-            if agent is None:
+            if not isinstance(agent, cls):
                 agent = cls._shared[key] = cls.connect(url, graph, secret=secret, grid=grid)
             return agent
 
     # ------------------------------------------------------------ lifecycle
     def _boot(self) -> None:
-        """Fresh state for this process: session, loop thread, link."""
+        """Fresh state for this process: session, event loop, its state, and where
+        the loop runs (:meth:`_start_loop`)."""
         self._pid = os.getpid()
         self.session = secrets.randbits(62) + 1
         self._loop = asyncio.new_event_loop()
-        self._link = Link(self, self.session)
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="lowtide-agent", daemon=True
-        )
-        self._thread.start()
-        self._loop.call_soon_threadsafe(self._link.start)
+        self._state = AgentState(self.url, self.graph, self.session, self.config)
+        self._start_loop()
+
+    @abstractmethod
+    def _start_loop(self) -> None:
+        """Make the loop run (now, or during calls) and start the state's connection."""
+
+    @abstractmethod
+    def _running(self) -> bool:
+        """Whether the loop can still run calls (False once closed)."""
+
+    @abstractmethod
+    def _stop_loop(self, timeout_s: float) -> None:
+        """Close the state's connections, then stop and close the loop."""
+
+    @abstractmethod
+    def _spawn(self, coro: Awaitable[T], timeout_s: float) -> Outcome[T]:
+        """Start ``coro`` on the loop, ``timeout_s`` from now."""
 
     def _ensure(self) -> None:
         if os.getpid() == self._pid:
             return
-        with Agent._boot_lock:
+        with BaseAgent._boot_lock:
             if os.getpid() != self._pid:  # another thread of this child may have won
                 log.info("fork detected: new agent session", extra={"pid": os.getpid()})
                 self._boot()
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Flush what is buffered (best effort within ``timeout_s``) and disconnect."""
-        if os.getpid() != self._pid or not self._thread.is_alive():
+        if os.getpid() != self._pid or not self._running():
             return
         try:
-            self._call(self._link.flush_all(), timeout_s)
+            self._call(self._state.flush_all(), timeout_s)
         except Exception as exc:  # closing must not fail
             log.warning("close: unflushed acks", extra={"url": self.url, "reason": repr(exc)})
-        asyncio.run_coroutine_threadsafe(self._link.close(), self._loop).result(timeout_s)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout_s)
+        self._stop_loop(timeout_s)
         self._forget()
 
     def _forget(self) -> None:
-        with Agent._shared_lock:
+        with BaseAgent._shared_lock:
             shared = type(self)._shared
             for key in [k for k, a in shared.items() if a is self]:
                 del shared[key]
 
-    def __enter__(self) -> Agent:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -144,19 +134,14 @@ class Agent:
         """The tracker's time grid, as the handshake agreed it (waits up to 30 s for
         the first one): label with this grid, never with a default."""
         self._ensure()
-        return self._call(self._link.tracker_grid(), 30.0)
+        return self._call(self._state.tracker_grid(), 30.0)
 
     # ------------------------------------------------------------ blocking calls
-    def _spawn(self, coro: Awaitable[T], timeout_s: float) -> Outcome[T]:
-        if threading.current_thread() is self._thread:
-            raise RuntimeError("blocking agent call on the agent's own thread (from a callback?)")
-        return asyncio.run_coroutine_threadsafe(timed(coro, timeout_s), self._loop)
-
     def _result(self, fut: Outcome[T]) -> T:
         try:
             return fut.result()
         except TimeoutError as exc:
-            raise TimeoutError(f"{exc} ({self._link.describe()})") from None
+            raise TimeoutError(f"{exc} ({self._state.describe()})") from None
 
     def _call(self, coro: Awaitable[T], timeout_s: float) -> T:
         return self._result(self._spawn(coro, timeout_s))
@@ -172,7 +157,7 @@ class Agent:
         announced is refused (FrontBehind) unless it was declared."""
         self._ensure()
         self.graph.index(segment)
-        self._call(self._link.front_op(FrontAction.REGISTER, front, segment, time, owner),
+        self._call(self._state.front_op(FrontAction.REGISTER, front, segment, time, owner),
                    timeout_s)
 
     def unregister_front(
@@ -181,7 +166,7 @@ class Agent:
         """The front is done; ``owner``: the name it was registered with (None: the one
         this agent registered it with)."""
         self._ensure()
-        self._call(self._link.front_op(FrontAction.UNREGISTER, front, "", 0, owner), timeout_s)
+        self._call(self._state.front_op(FrontAction.UNREGISTER, front, "", 0, owner), timeout_s)
 
     def declare_front(
         self, front: int, segment: str, time: int | None = None, timeout_s: float = 30.0, *,
@@ -199,14 +184,14 @@ class Agent:
         if retire_after_ms is not None and retire_after_ms < 0:
             raise ValueError("retire_after_ms must be >= 0 (None: never)")
         at = -1 if time is None else time
-        self._call(self._link.front_op(FrontAction.DECLARE, front, segment, at, owner, after),
+        self._call(self._state.front_op(FrontAction.DECLARE, front, segment, at, owner, after),
                    timeout_s)
 
     def retire_front(self, front: int, timeout_s: float = 30.0, *, owner: str = "") -> None:
         """Stop waiting for a declared front that never registered (``owner``: the name
         it was declared with)."""
         self._ensure()
-        self._call(self._link.front_op(FrontAction.RETIRE, front, "", 0, owner), timeout_s)
+        self._call(self._state.front_op(FrontAction.RETIRE, front, "", 0, owner), timeout_s)
 
     def send_batch(
         self,
@@ -242,18 +227,18 @@ class Agent:
         self._ensure()
         if key.batch_id < 0:
             raise ValueError(f"batch ids start at 0, got {key.batch_id}")
-        fut = self._spawn(self._link.keyed(key, acks, tuple(heartbeats), owner), timeout_s)
+        fut = self._spawn(self._state.keyed(key, acks, tuple(heartbeats), owner), timeout_s)
         return PendingBatch(fut, self._result)
 
     def flush(self, timeout_s: float = 30.0) -> None:
         """Send what the local tracker holds and wait until every earlier request is
         confirmed; raises the first error a fire-and-forget flush met since last time."""
         self._ensure()
-        self._call(self._link.flush_all(), timeout_s)
+        self._call(self._state.flush_all(), timeout_s)
 
     def status(self, timeout_s: float = 10.0) -> dict[str, Any]:
         self._ensure()
-        return self._call(self._link.status(), timeout_s)
+        return self._call(self._state.status(), timeout_s)
 
     def min_time_at(self, segment: str | None, at_ms: int, timeout_s: float = 30.0) -> int:
         """``segment``'s min time (None: global) as it was at the tracker's wall time
@@ -264,68 +249,12 @@ class Agent:
         self._ensure()
         if segment is not None:
             self.graph.index(segment)
-        return self._call(self._link.min_time_at(segment, at_ms), timeout_s)
-
-    # ------------------------------------------------------------ fire and forget
-    def add_acks(self, acks: AckBatch) -> None:
-        """Buffer acks in the local tracker; sent within ``max_age_ms``. Raises
-        :class:`SessionFailed` once the tracker refused an earlier flush."""
-        self._ensure()
-        self._link.check_failed()
-        self._loop.call_soon_threadsafe(self._link.add_acks, acks)
-
-    def heartbeat(self, front: int, time: int, *, owner: str | None = None) -> None:
-        """Buffer a heartbeat; it travels after every ack buffered before it (rule 3).
-        ``owner``: as for :meth:`send_batch` (another owner's heartbeat is refused, and
-        fails this agent's session). Raises :class:`SessionFailed` once the tracker
-        refused an earlier flush."""
-        self._ensure()
-        self._link.check_failed()
-        self._loop.call_soon_threadsafe(self._link.add_heartbeat, Heartbeat(front, time), owner)
-
-    # ------------------------------------------------------------ subscriptions
-    def subscribe(self, segment: str | None = None, timeout_s: float = 30.0) -> Subscription:
-        """Blocking iterator of MinTimeUpdates (None: global), the current one first."""
-        self._ensure()
-        sub = Subscription(lambda: None)
-        sub._cancel = self._start_subscription(segment, sub.put, timeout_s)
-        return sub
-
-    async def subscribe_async(self, segment: str | None = None) -> AsyncSubscription:
-        """Like :meth:`subscribe`, as an asyncio iterator on the caller's loop."""
-        self._ensure()
-        sub = AsyncSubscription(lambda: None, asyncio.get_running_loop())
-        fut = asyncio.run_coroutine_threadsafe(self._link.subscribe(segment, sub.put), self._loop)
-        req = await asyncio.wrap_future(fut)
-        sub._cancel = self._canceller(req)
-        return sub
-
-    def on_update(
-        self, callback: Callable[[MinTimeUpdate], None], segment: str | None = None
-    ) -> Callable[[], None]:
-        """Call ``callback`` (on the agent's thread) with each update; returns a
-        function that cancels the subscription."""
-        self._ensure()
-        return self._start_subscription(segment, callback, 30.0)
-
-    def _start_subscription(
-        self, segment: str | None, deliver: Callable[[MinTimeUpdate], None], timeout_s: float
-    ) -> Callable[[], None]:
-        if segment is not None:
-            self.graph.index(segment)
-        req = self._call(self._link.subscribe(segment, deliver), timeout_s)
-        return self._canceller(req)
-
-    def _canceller(self, req: int) -> Callable[[], None]:
-        def cancel() -> None:
-            self._loop.call_soon_threadsafe(self._link.unsubscribe, req)
-
-        return cancel
+        return self._call(self._state.min_time_at(segment, at_ms), timeout_s)
 
 
 def _fresh_locks() -> None:
-    Agent._shared_lock = threading.Lock()
-    Agent._boot_lock = threading.Lock()
+    BaseAgent._shared_lock = threading.Lock()
+    BaseAgent._boot_lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_fresh_locks)
@@ -335,7 +264,12 @@ os.register_at_fork(after_in_child=_fresh_locks)
 def _close_shared() -> None:
     """Flush the process's shared agents on the way out: what ``add_acks`` buffered in
     the last milliseconds would otherwise die with the daemon thread."""
-    with Agent._shared_lock:
-        agents = [a for cls in (Agent, *Agent.__subclasses__()) for a in cls._shared.values()]
+    with BaseAgent._shared_lock:
+        agents = [a for cls in _kinds(BaseAgent) for a in cls._shared.values()]
     for agent in agents:
         agent.close(timeout_s=2.0)
+
+
+def _kinds(cls: type[Any]) -> list[type[BaseAgent]]:
+    """Every subclass of ``cls``, their subclasses too."""
+    return [k for sub in cls.__subclasses__() for k in (sub, *_kinds(sub))]

@@ -14,7 +14,7 @@ shard's reported min times stay below the refused acks from then on (fail closed
 only a restart from a state dir without that refusal, or a fresh one, lifts it).
 
 Nodes are agent sessions and keyed-batch streams (see
-:func:`lowtide.service.agent.stream_time`); their vector entries are kept for good, so
+:func:`lowtide.service.client.batches.stream_time`); their vector entries are kept for good, so
 that a node's absence from a vector always means "nothing applied here yet".
 """
 
@@ -34,11 +34,8 @@ from lowtide.core.messages import (
 )
 from lowtide.core.sharding import ShardLayout, TrackerShard
 from lowtide.core.time import TIME_LIMIT
-from lowtide.service.engine import (
-    Engine,
-    EngineConfig,
-    StateRequest,
-    StepResult,
+from lowtide.service.engine.base import Engine, EngineConfig, StateRequest, StepResult
+from lowtide.service.engine.tracker_state import (
     apply_front_op,
     export_tracker,
     flush_session,

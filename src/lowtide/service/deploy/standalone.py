@@ -1,5 +1,5 @@
 """The standalone tracker, ``lowtide serve``: options, the server's run loop, and the
-entry point shard processes start (``python -m lowtide.service.standalone``), which
+entry point shard processes start (``python -m lowtide.service.deploy.standalone``), which
 imports only the service (pyspark takes seconds to import and would slow every restart).
 """
 
@@ -20,10 +20,10 @@ from lowtide.core.time import TimeGrid
 from lowtide.service import logs
 from lowtide.service.auth import load_secret
 from lowtide.service.channel import MAX_PORT
-from lowtide.service.cluster import ShardProcesses
-from lowtide.service.config import ServerConfig
+from lowtide.service.deploy.cluster import ShardProcesses
 from lowtide.service.net import Limits
-from lowtide.service.persist import StateDirError
+from lowtide.service.persistence.state_dir import StateDirError
+from lowtide.service.server.config import ServerConfig
 
 
 def add_arguments(serve: argparse.ArgumentParser) -> None:
@@ -203,7 +203,7 @@ def _wait_for_eof(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lowtide.service.standalone")
+    parser = argparse.ArgumentParser(prog="python -m lowtide.service.deploy.standalone")
     add_arguments(parser)
     return run_serve(parser.parse_args(argv))
 

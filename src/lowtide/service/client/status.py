@@ -27,8 +27,8 @@ from lowtide.core.errors import ProtocolError
 from lowtide.core.time import TimeGrid
 from lowtide.service.auth import load_secret, nonce
 from lowtide.service.channel import Address
+from lowtide.service.client.connection import ConnectionConfig, Reply, ServerConnection
 from lowtide.service.errors import ConnectionLost, ServiceError, exception_of
-from lowtide.service.lane import Lane, LaneConfig, Reply
 from lowtide.service.progress import RowRates, stalled_fronts
 from lowtide.wire.messages import WIRE_VERSION, Error, Hello, Role, Status, StatusRequest
 
@@ -44,10 +44,10 @@ class NoAnswer:
         return f"connecting to {self.url} ({self.reason}), retrying"
 
 
-def why_no_answer(lane: Lane) -> str:
-    if lane.connected.is_set():
+def why_no_answer(conn: ServerConnection) -> str:
+    if conn.connected.is_set():
         return "connected, no reply yet"
-    failure = lane.last_failure
+    failure = conn.last_failure
     cause = failure.__cause__ if failure is not None and failure.__cause__ else failure
     if cause is None:
         return "no connection yet"
@@ -68,7 +68,7 @@ def answer_wait_s(interval_s: float) -> float:
 
 async def poll_status(
     url: str,
-    lane_config: LaneConfig,
+    config: ConnectionConfig,
     on_status: Callable[[dict[str, Any] | NoAnswer], bool],
     interval_s: float,
     timeout_s: float,
@@ -81,14 +81,14 @@ async def poll_status(
     def hello() -> Hello:
         return Hello(WIRE_VERSION, Role.STATUS, nonce(), f"status-{os.getpid()}", None)
 
-    lane = Lane(url, hello, lane_config, lambda _w: None, lambda _m: None)
-    lane.start()
+    conn = ServerConnection(url, hello, config, lambda _w: None, lambda _m: None)
+    conn.start()
     pending: asyncio.Future[Reply] | None = None
     try:
         for req in itertools.count(1):
             if pending is None:
                 pending = asyncio.get_running_loop().create_future()
-                lane.submit(req, StatusRequest(req), pending)
+                conn.submit(req, StatusRequest(req), pending)
             try:
                 reply: Reply | None = await asyncio.wait_for(asyncio.shield(pending), timeout_s)
                 pending = None
@@ -99,15 +99,15 @@ async def poll_status(
             if isinstance(reply, Status):
                 body: dict[str, Any] | NoAnswer = json.loads(reply.json)
             else:
-                body = NoAnswer(url, why_no_answer(lane))
+                body = NoAnswer(url, why_no_answer(conn))
             if not on_status(body):
                 return
             if reply is not None:
                 await asyncio.sleep(interval_s)
     finally:
-        if pending is not None:  # nobody will read its failure when the lane closes
+        if pending is not None:  # nobody will read its failure when the connection closes
             pending.cancel()
-        await lane.close()
+        await conn.close()
 
 
 def watch(
@@ -121,9 +121,9 @@ def watch(
     """:func:`poll_status` for a command: its exit code, and on failure one line on
     stderr saying why (a refused secret, a bad URL), never a traceback."""
     try:
-        Address.parse(url)  # a bad URL is the user's to fix, not a lane's to retry
-        lane = LaneConfig(secret=load_secret(secret_file), connect_timeout_s=timeout_s)
-        asyncio.run(poll_status(url, lane, on_status, interval_s, timeout_s))
+        Address.parse(url)  # a bad URL is the user's to fix, not a connection's to retry
+        config = ConnectionConfig(secret=load_secret(secret_file), connect_timeout_s=timeout_s)
+        asyncio.run(poll_status(url, config, on_status, interval_s, timeout_s))
     except ValueError as exc:  # the secret file or the URL
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2

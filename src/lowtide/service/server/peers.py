@@ -7,21 +7,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lowtide.core.errors import GraphError
-from lowtide.service.admission import Gate, Ticket, fit_file_limit
 from lowtide.service.channel import Channel
-from lowtide.service.config import ServerConfig
 from lowtide.service.errors import ConnectionLost, ServiceError
 from lowtide.service.handshake import server_handshake
-from lowtide.service.inbox import Admit, Gone, Item, Peer, Request
 from lowtide.service.logs import LogBudget, clip
-from lowtide.service.metrics import ServerMetrics
 from lowtide.service.net import MAX_HTTP_CONNECTIONS, Limits
-from lowtide.wire.codec import WireError
+from lowtide.service.server.admission import Gate, Ticket, fit_file_limit
+from lowtide.service.server.inbox import Admit, Gone, Item, Peer, Request
+from lowtide.service.server.metrics import ServerMetrics
+from lowtide.wire.buffers import WireError
 from lowtide.wire.frames import FrameForged, FrameTooLarge
 from lowtide.wire.messages import Error, ErrorCode, Hello, Welcome, graph_of
+
+if TYPE_CHECKING:
+    # for types only: ServerConfig.build() imports the server, which imports this module
+    from lowtide.service.server.config import ServerConfig
 
 log = logging.getLogger("lowtide.service.server")
 

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 from lowtide.core.messages import MinTimeUpdate
 from lowtide.core.subscriptions import Subscriptions
-from lowtide.service.inbox import Outbox, Peer
+from lowtide.service.server.inbox import Outbox, Peer
 from lowtide.wire.messages import Notify
 
 

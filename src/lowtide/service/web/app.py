@@ -2,7 +2,7 @@
 
 Routes (GET only; anything else is 405, nothing changes state): ``/`` the page,
 ``/app.js`` and ``/app.css`` its script and style (served here, so the page works
-offline), ``/api/view`` the view document (:mod:`lowtide.service.webview`).
+offline), ``/api/view`` the view document (:mod:`lowtide.service.web.view`).
 
 Who may look: with a shared secret, only a browser that shows the token derived from
 it (:func:`lowtide.service.auth.web_token`): once as ``/?token=T`` (the login link
@@ -20,8 +20,8 @@ from urllib.parse import parse_qs, urlsplit
 
 from lowtide.service.auth import is_loopback, web_token
 from lowtide.service.net import HttpReply, HttpRequest
-from lowtide.service.webpage import APP_CSS, APP_JS, PAGE_HTML
-from lowtide.service.webview import WebView
+from lowtide.service.web.page import APP_CSS, APP_JS, PAGE_HTML
+from lowtide.service.web.view import WebView
 
 COOKIE = "lowtide_web"
 #: The page loads only its own script, style and data, may not be framed, and sends

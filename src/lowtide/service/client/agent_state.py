@@ -1,7 +1,8 @@
-"""An agent's loop-side state: its local tracker (rule 2), the lanes to the tracker
-or its shards, requests in flight and subscriptions. Everything here runs on the
-agent's event loop, so it needs no locks; :class:`~lowtide.service.agent.Agent` hands
-work to it from any thread."""
+"""An agent's state on its event loop: its local tracker (rule 2), the connections to
+the tracker or its shards, requests in flight and subscriptions, and the agent's
+config. Everything here runs on the agent's event loop, so it needs no locks; the
+agents (:mod:`lowtide.service.client.agent`) hand work to it from any thread. It
+knows nothing of them: what it needs is given (URL, graph, session, config)."""
 
 from __future__ import annotations
 
@@ -12,19 +13,20 @@ import json
 import logging
 import os
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any, TypeVar
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
+from lowtide.core.graph import SegmentGraph
 from lowtide.core.local import LocalTrackerConfig, merge_acks
 from lowtide.core.messages import AckBatch, Flush, Heartbeat, MinTimeUpdate, NodeTime
 from lowtide.core.sharding import ShardLayout, ShardRouter
 from lowtide.core.time import TimeGrid
 from lowtide.service.auth import nonce
-from lowtide.service.batches import BatchKey, stream_time
+from lowtide.service.client.batches import BatchKey, stream_time
+from lowtide.service.client.connection import ConnectionConfig, Reply, ServerConnection
+from lowtide.service.client.subscription import Forward
 from lowtide.service.clock import SystemClock
 from lowtide.service.errors import ServiceError, SessionFailed, exception_of, fresh
-from lowtide.service.lane import Lane, Reply
-from lowtide.service.subscribe import Forward
 from lowtide.wire.messages import (
     WIRE_VERSION,
     Batch,
@@ -46,9 +48,6 @@ from lowtide.wire.messages import (
     graph_spec,
 )
 
-if TYPE_CHECKING:
-    from lowtide.service.agent import Agent
-
 log = logging.getLogger("lowtide.service.agent")
 
 T = TypeVar("T")
@@ -67,27 +66,45 @@ def _check(reply: Reply) -> Reply:
     return reply
 
 
-class Link:
-    """The agent's loop-side state: local tracker, lanes, subscriptions."""
+@dataclass(frozen=True)
+class AgentConfig:
+    """An agent's settings: its local tracker's flush age and size, the shared secret,
+    how long a connection may take, its name in Hellos (default ``agent-PID``)."""
 
-    def __init__(self, agent: Agent, session: int) -> None:
-        self.agent = agent
+    max_age_ms: int = 5
+    max_entries: int = 65_536
+    secret: bytes | None = None
+    connect_timeout_s: float = 5.0
+    name: str = ""
+    #: the grid this process labels with; a tracker with another refuses the agent
+    #: (GRID_MISMATCH). None: take the tracker's (:attr:`Agent.grid`).
+    grid: TimeGrid | None = None
+
+    def connection(self) -> ConnectionConfig:
+        return ConnectionConfig(secret=self.secret, connect_timeout_s=self.connect_timeout_s)
+
+
+class AgentState:
+    """The agent's state on its loop: local tracker, connections, subscriptions."""
+
+    def __init__(self, url: str, graph: SegmentGraph, session: int, config: AgentConfig) -> None:
+        self.url, self.graph, self.config = url, graph, config
         self.session = session
         self.clock = SystemClock()
         self._reqs = itertools.count(1)
         self._local_config = LocalTrackerConfig(
-            TimeGrid(window_slots=1), agent.config.max_age_ms, agent.config.max_entries
+            TimeGrid(window_slots=1), config.max_age_ms, config.max_entries
         )
         self.local = self._local_config.build(session)
-        self.main: Lane | None = None
-        self.shards: list[Lane] = []
+        self.main: ServerConnection | None = None
+        self.shards: list[ServerConnection] = []
         self.router: ShardRouter | None = None
         self.layout: ShardLayout | None = None
         self.ready = asyncio.Event()
         #: the tracker's grid, from its first Welcome (read from any thread once ready)
         self.grid: TimeGrid | None = None
         self.refused: ServiceError | None = None
-        self._changed = asyncio.Event()  # set on each welcome or refusal of the main lane
+        self._changed = asyncio.Event()  # set on each welcome or refusal of the main connection
         self._subs: dict[int, Forward] = {}
         self._inflight: set[asyncio.Future[Reply]] = set()
         self._errors: list[Exception] = []
@@ -99,17 +116,17 @@ class Link:
         self._owners: dict[int, int] = {}
 
     def start(self) -> None:
-        self.main = self._lane(self.agent.url, self._on_welcome)
+        self.main = self._connect(self.url, self._on_welcome)
         self.main.start()
 
     def describe(self) -> str:
-        lanes = [*([self.main] if self.main else []), *self.shards]
-        return "; ".join(lane.describe() for lane in lanes) or "not started"
+        connections = [*([self.main] if self.main else []), *self.shards]
+        return "; ".join(conn.describe() for conn in connections) or "not started"
 
-    def _lane(self, url: str, on_welcome: Callable[[Welcome], None],
-              shard: tuple[int, int] | None = None) -> Lane:
-        config = self.agent.config.lane()
-        return Lane(url, lambda: self._hello(shard), config, on_welcome, self._on_push,
+    def _connect(self, url: str, on_welcome: Callable[[Welcome], None],
+              shard: tuple[int, int] | None = None) -> ServerConnection:
+        config = self.config.connection()
+        return ServerConnection(url, lambda: self._hello(shard), config, on_welcome, self._on_push,
                     self._on_refused)
 
     def _on_refused(self, exc: ServiceError) -> None:
@@ -132,19 +149,19 @@ class Link:
     def _hello(self, shard: tuple[int, int] | None) -> Hello:
         """What this agent relies on the tracker to be: its graph, the grid it was
         told to expect or learnt in its first handshake (a tracker restarted with
-        another is refused), and, on a shard's lane, which shard."""
-        config = self.agent.config
+        another is refused), and, on a connection to a shard, which shard."""
+        config = self.config
         name = config.name or f"agent-{os.getpid()}"
         expected = config.grid or self.grid
         grid = None if expected is None else (expected.delta_ms, expected.window_slots)
-        return Hello(WIRE_VERSION, Role.AGENT, nonce(), name, graph_spec(self.agent.graph),
+        return Hello(WIRE_VERSION, Role.AGENT, nonce(), name, graph_spec(self.graph),
                      grid, shard)
 
     async def close(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        for lane in [*self.shards, *([self.main] if self.main else [])]:
-            await lane.close()
+        for conn in [*self.shards, *([self.main] if self.main else [])]:
+            await conn.close()
 
     # ------------------------------------------------------------ topology
     def _on_welcome(self, welcome: Welcome) -> None:
@@ -157,10 +174,10 @@ class Link:
         if count:
             self.layout = ShardLayout(count, welcome.window_slots)
             self.router = ShardRouter(self.layout, self.session)
-            self.shards = [self._lane(url, lambda _w: None, (k, count))
+            self.shards = [self._connect(url, lambda _w: None, (k, count))
                            for k, url in enumerate(welcome.shards)]
-            for lane in self.shards:
-                lane.start()
+            for conn in self.shards:
+                conn.start()
         self.grid = TimeGrid(welcome.delta_ms, welcome.window_slots)
         self.ready.set()
         # Acks buffered before we knew the server's window size were merged per slot;
@@ -177,10 +194,10 @@ class Link:
         if len(urls) != len(self.shards):
             log.error("shard count changed: restart the agent", extra={"shards": urls})
             return
-        for lane, url in zip(self.shards, urls, strict=True):
-            lane.url = url
+        for conn, url in zip(self.shards, urls, strict=True):
+            conn.url = url
 
-    def _state_lanes(self) -> list[Lane]:
+    def _state_connections(self) -> list[ServerConnection]:
         assert self.main is not None
         return self.shards or [self.main]
 
@@ -215,7 +232,7 @@ class Link:
             return
         if self.router is None:
             batch = self._batch("", flush.acks, flush.heartbeats)
-            self._submit(self._state_lanes()[0], batch, background=True)
+            self._submit(self._state_connections()[0], batch, background=True)
             return
         for part in self.router.route(flush):
             batch = self._batch("", part.acks, part.heartbeats, part.node_time)
@@ -227,7 +244,7 @@ class Link:
         return Batch(next(self._reqs), self.session, key, acks, hbs, nt)
 
     def _submit(
-        self, lane: Lane, msg: Batch | FrontOp, background: bool = False
+        self, conn: ServerConnection, msg: Batch | FrontOp, background: bool = False
     ) -> asyncio.Future[Reply]:
         """Send ``msg``; ``background``: nobody awaits the reply, so an error is kept
         for the next :meth:`flush_all` to raise."""
@@ -236,7 +253,7 @@ class Link:
         fut.add_done_callback(self._inflight.discard)
         if background:
             fut.add_done_callback(self._settled)
-        lane.submit(msg.req, msg, fut)
+        conn.submit(msg.req, msg, fut)
         return fut
 
     def _settled(self, fut: asyncio.Future[Reply]) -> None:
@@ -254,7 +271,7 @@ class Link:
                 )
         if isinstance(exc, Exception):
             log.warning("flush refused", extra={
-                "url": self.agent.url, "error": str(exc),
+                "url": self.url, "error": str(exc),
                 "fix": "this agent's next call raises why; a refused background flush fails "
                        "its session: restart the process"})
             self._errors.append(exc)
@@ -282,7 +299,7 @@ class Link:
             return self._owners.get(front, self.session)
         if not owner:
             return self.session
-        key = (self.agent.config.secret or b"")[:64]
+        key = (self.config.secret or b"")[:64]
         text = f"{owner}\0{front}".encode()
         return int.from_bytes(hashlib.blake2b(text, key=key, digest_size=8).digest(), "little")
 
@@ -301,11 +318,11 @@ class Link:
         owner_id = self.owner_id(front, owner)
         futs = [
             self._submit(
-                lane,
+                conn,
                 FrontOp(next(self._reqs), self.session, action, front, segment, time, owner_id,
                         retire_after_ms),
             )
-            for lane in self._state_lanes()
+            for conn in self._state_connections()
         ]
         for reply in await asyncio.gather(*futs):
             _check(reply)
@@ -324,14 +341,14 @@ class Link:
         merged = merge_acks(acks, self._local_config.grid.window_slots)
         text = key.text()
         if self.layout is None:
-            futs = [self._submit(self._state_lanes()[0], self._batch(text, merged, hbs))]
+            futs = [self._submit(self._state_connections()[0], self._batch(text, merged, hbs))]
         else:
             # merged times are window starts, so the aggregate stays on window boundaries
             nt = stream_time(key, int(merged.time.min())) if len(merged) else None
             parts = self.layout.split(merged)
             futs = [
-                self._submit(lane, self._batch(text, part, hbs, nt))
-                for lane, part in zip(self.shards, parts, strict=True)
+                self._submit(conn, self._batch(text, part, hbs, nt))
+                for conn, part in zip(self.shards, parts, strict=True)
             ]
         replies = [_check(r) for r in await asyncio.gather(*futs)]
         return any(isinstance(r, Ok) and not r.duplicate for r in replies)
@@ -362,7 +379,7 @@ class Link:
         req = next(self._reqs)
         self._subs[req] = Forward(deliver)
         fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-        self.main.stand(req, Subscribe(req, segment), fut)
+        self.main.submit_standing(req, Subscribe(req, segment), fut)
         try:
             _check(await fut)
         except Exception:
@@ -373,12 +390,12 @@ class Link:
     def unsubscribe(self, req: int) -> None:
         self._subs.pop(req, None)
         if self.main is not None:
-            self.main.sit(req)
+            self.main.end_standing(req)
             self.main.post(Unsubscribe(req))
 
     def _on_push(self, msg: Message) -> None:
         if not isinstance(msg, Notify):
-            log.warning("unexpected push, ignored", extra={"url": self.agent.url,
+            log.warning("unexpected push, ignored", extra={"url": self.url,
                                                            "type": type(msg).__name__})
             return
         for req, update in msg.updates:

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from lowtide.core.graph import SegmentGraph
+from lowtide.core.sharding import ShardLayout
 from lowtide.core.time import Clock, TimeGrid
 from lowtide.service import net
 from lowtide.service.auth import is_loopback
-from lowtide.service.engine import EngineConfig
-
-if TYPE_CHECKING:
-    from lowtide.service.server import TrackerServer
+from lowtide.service.engine.base import Engine, EngineConfig
+from lowtide.service.engine.central import CentralEngine
+from lowtide.service.engine.coordinator import CoordinatorEngine
+from lowtide.service.engine.shard import ShardEngine
+from lowtide.service.server.tracker_server import TrackerServer
 
 
 @dataclass(frozen=True)
@@ -60,8 +61,10 @@ class ServerConfig:
                 "secret (--secret-file or LOWTIDE_SECRET), or keep --web-host 127.0.0.1"
             )
 
-    def engine_config(self, graph: SegmentGraph) -> EngineConfig:
-        return EngineConfig(
+    def engine(self, graph: SegmentGraph) -> Engine:
+        """The engine of this server's role: one shard, a coordinator of shards, or a
+        central tracker."""
+        config = EngineConfig(
             graph,
             self.grid,
             max_windows=self.max_windows,
@@ -70,8 +73,12 @@ class ServerConfig:
             max_keys=self.max_keys,
             front_lease_ms=self.front_lease_ms,
         )
+        if self.shard is not None:
+            index, count = self.shard
+            return ShardEngine(config, ShardLayout(count, self.grid.window_slots), index)
+        if self.shard_urls:
+            return CoordinatorEngine(config, self.shard_urls)
+        return CentralEngine(config)
 
     def build(self, clock: Clock | None = None) -> TrackerServer:
-        from lowtide.service.server import TrackerServer
-
         return TrackerServer(self, clock)
