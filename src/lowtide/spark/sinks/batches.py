@@ -1,0 +1,113 @@
+"""A file sink's batches: which run wrote which files, and which rows they hold (rule 14:
+an output of one run never replaces, shadows or stands in for another run's).
+
+A batch's files are named after the query's id (``part-<query>-<batch>[-<part>].parquet``):
+Spark keeps the id in the checkpoint, so a restart from the checkpoint has it and a
+rerun from a new checkpoint has another, whose batch ids start at 0 again next to the
+earlier run's files. A batch whose files are all in place is recorded in
+``_lowtide_commits/<query>-<batch>.json`` with the digest of its rows' labels (per slot:
+the XOR of the acks and the count). A batch re-run after a restart finds its record:
+
+* the same digest: its files hold exactly these rows, nothing is written again;
+* another digest: the batch re-ran with other rows (a non-deterministic source or
+  step): :class:`BatchRewritten`, nothing is replaced (fail closed);
+* no record, but files of the batch: leftovers of a commit that did not finish (never
+  acked, never announced), replaced.
+
+>>> import tempfile
+>>> folder = Path(tempfile.mkdtemp())
+>>> files = BatchFiles(folder, "q1", 0)
+>>> d = digest([5], [3], [2])
+>>> files.committed(d)
+False
+>>> _ = (folder / "staged").write_text("rows")
+>>> files.publish([(folder / "staged", "00000")], d)
+>>> sorted(p.name for p in folder.glob("part-*"))
+['part-q1-0000000000-00000.parquet']
+>>> files.committed(d)
+True
+>>> BatchFiles(folder, "q2", 0).committed(d)  # a rerun from a new checkpoint: its own
+False
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+COMMITS = "_lowtide_commits"  # leading "_": Spark's file source skips it
+
+
+class BatchRewritten(RuntimeError):
+    """A batch re-ran with other rows than the files its earlier run committed."""
+
+
+def digest(times: Sequence[int], xors: Sequence[int], counts: Sequence[int]) -> str:
+    """The rows of a batch, by their labels: per slot the XOR of the acks and the
+    count, in slot order (the same rows give the same digest in any order)."""
+    t = np.asarray(times, np.int64)
+    order = np.argsort(t, kind="stable")
+    h = hashlib.sha256()
+    for column, kind in ((t, np.int64), (xors, np.uint64), (counts, np.int64)):
+        h.update(np.ascontiguousarray(np.asarray(column, kind)[order]).tobytes())
+    return h.hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class BatchFiles:
+    """Batch ``batch`` of query ``query`` in ``folder``: its names and its record."""
+
+    folder: Path
+    query: str
+    batch: int
+
+    def name(self, part: str = "") -> str:
+        tail = f"-{part}" if part else ""
+        return f"part-{self.query}-{self.batch:010d}{tail}.parquet"
+
+    @property
+    def record(self) -> Path:
+        return self.folder / COMMITS / f"{self.query}-{self.batch:010d}.json"
+
+    def committed(self, rows_digest: str) -> bool:
+        """True if this batch's files are in place and hold rows of this digest; False
+        if it was not committed (leftover files of an unfinished commit are removed);
+        :class:`BatchRewritten` if it was, with other rows."""
+        if self.record.exists():
+            earlier = json.loads(self.record.read_text())
+            if earlier["digest"] != rows_digest:
+                raise BatchRewritten(
+                    f"batch {self.batch} of query {self.query} re-ran with other rows than "
+                    f"the files it committed to {self.folder} (a non-deterministic source "
+                    "or step): they are kept; rerun with the input that batch read, or "
+                    "write to a new folder from a new checkpoint")
+            return True
+        for leftover in self.folder.glob(self.name("*")):
+            leftover.unlink()
+        with contextlib.suppress(FileNotFoundError):
+            (self.folder / self.name()).unlink()
+        return False
+
+    def publish(self, staged: Sequence[tuple[Path, str]], rows_digest: str) -> None:
+        """Rename each staged file to this batch's name for its part (local, POSIX
+        folders: atomic), then record the batch (atomically) with the digest."""
+        names = []
+        for path, part in staged:
+            os.replace(path, self.folder / self.name(part))
+            names.append(self.name(part))
+        self.record.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.record.parent / f".{self.record.name}.{uuid.uuid4().hex}"
+        tmp.write_text(json.dumps({"query": self.query, "batch": self.batch,
+                                   "digest": rows_digest, "files": names}))
+        os.replace(tmp, self.record)
+
+
+__all__ = ["COMMITS", "BatchFiles", "BatchRewritten", "digest"]
