@@ -1,6 +1,8 @@
 """Reading what a tracked table published, without Spark or the tracker: the newest
 commit carrying lowtide's metadata (at or before a version), other writers' commits
-and metadata skipped; the Parquet manifest; the module's docstring example."""
+and metadata skipped; the Parquet manifest; the module's docstring example. Several
+tracked writers: the minimum over the declared ones, nothing until each published, and
+a writer joining late never below what the table announced (its floor)."""
 
 from __future__ import annotations
 
@@ -8,8 +10,11 @@ import doctest
 import json
 from pathlib import Path
 
+import pytest
+
 from lowtide.spark.sinks import completeness
-from lowtide.spark.sinks.completeness import complete_below
+from lowtide.spark.sinks.completeness import Record, complete_below
+from lowtide.spark.sinks.table_formats import ParquetTable, RowsBelowTable, check_floor
 
 
 def commit(log: Path, version: int, meta: str | None) -> None:
@@ -47,3 +52,48 @@ def test_delta_log_newest_lowtide_commit(tmp_path: Path) -> None:
 def test_docstring_example() -> None:
     result = doctest.testmod(completeness)
     assert result.attempted > 0 and result.failed == 0
+
+
+def record(writer: str, t: int, writers: tuple[str, ...] = (), query: str = "q") -> Record:
+    return Record(writer, t, t * 10, 5, "f", writer, 0, query, writers or (writer,))
+
+
+def test_delta_two_writers_minimum_and_nothing_until_each_declared_one_published(
+        tmp_path: Path) -> None:
+    log = tmp_path / "_delta_log"
+    log.mkdir()
+    meta = [record("a", 100, ("a", "b")), record("b", 40, ("a", "b")), record("a", 180, ("a", "b")),
+            record("b", 90, ("a", "b"))]
+    for v, r in enumerate(meta):
+        commit(log, v, json.dumps({"lowtide": r.doc()}))
+    assert complete_below(tmp_path, version=0) is None  # b declared, nothing from it yet
+    at = [complete_below(tmp_path, version=v) for v in (1, 2, 3)]
+    assert [(c.complete_below, c.writer) for c in at if c] == [(40, "b"), (40, "b"), (90, "b")]
+    latest = complete_below(tmp_path)
+    assert latest is not None and latest.writers == (("a", 180), ("b", 90))
+
+
+def test_parquet_manifest_minimum_and_a_late_writer_floor(tmp_path: Path) -> None:
+    table = ParquetTable(str(tmp_path))
+    assert table.declare(None, "qa", record("a", 50)) == 0
+    table.publish(record("a", 120), floor=0)
+    assert complete_below(tmp_path).complete_below == 120  # type: ignore[union-attr]
+    # b was not declared by a: it joins at the floor of what the table announced
+    floor = table.declare(None, "qb", record("b", 30))
+    assert floor == 120
+    table.publish(record("b", 60), floor)
+    c = complete_below(tmp_path)
+    assert c is not None and c.writers == (("a", 120), ("b", 120)) and c.complete_below == 120
+    with pytest.raises(RowsBelowTable, match="below slot 120"):
+        check_floor(str(tmp_path), "b", 100, floor)
+    check_floor(str(tmp_path), "b", 120, floor)
+
+
+def test_parquet_declared_writers_hold_the_table_back(tmp_path: Path) -> None:
+    table = ParquetTable(str(tmp_path))
+    both = ("a", "b")
+    table.declare(None, "qa", record("a", 50, both))
+    table.publish(record("a", 120, both), floor=0)
+    assert complete_below(tmp_path) is None
+    assert table.declare(None, "qb", record("b", 30, both)) == 0  # nothing announced yet
+    assert complete_below(tmp_path).complete_below == 30  # type: ignore[union-attr]
