@@ -25,6 +25,7 @@ import glob
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from lowtide.apps.startup import raise_if_failed, wait_warm
+from lowtide.apps.startup import QueryFailed, raise_if_failed, wait_warm
 from lowtide.service import wall_ms
 
 WINDOW = "2 seconds"
@@ -330,17 +331,21 @@ def render(pipe: Any, lt_out: str, wm_query: Any, delay_ms: int) -> Any:
 
 
 def main(args: argparse.Namespace) -> int:
-    if getattr(args, "input", None):
-        from lowtide.apps import demo_input
-
-        return demo_input.main(args)
-    started_ms = wall_ms()
-    # Python workers start while the queries are planned
-    spark = make_session(args.master, "lowtide-demo", prewarm_workers=2)
     try:
-        doc = run(spark, args, started_ms)
-    finally:
-        spark.stop()
+        if getattr(args, "input", None):
+            from lowtide.apps import demo_input
+
+            return demo_input.main(args)
+        started_ms = wall_ms()
+        # Python workers start while the queries are planned
+        spark = make_session(args.master, "lowtide-demo", prewarm_workers=2)
+        try:
+            doc = run(spark, args, started_ms)
+        finally:
+            spark.stop()
+    except QueryFailed as failed:  # one line, not Spark's and Python's stack traces
+        print(f"lowtide demo: {failed}", file=sys.stderr)
+        return 1
     return 0 if doc["matches_batch"] else 1
 
 

@@ -4,6 +4,7 @@ and state stores start), so a user does not look at a silent terminal."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -14,10 +15,32 @@ from lowtide.spark.pipeline import startup_phase
 SAY_EVERY_S = 2.0
 
 
+#: how Spark 4.2 says a Python worker did not start in time (its 10 s wait is fixed)
+WORKER_START_FAILED = ("Python worker failed to connect back",
+                       "waiting for the Python worker to connect back")
+
+
+class QueryFailed(RuntimeError):
+    """A demo's query failed; the message is one line that says what to do."""
+
+
+def failure_line(name: str, error: BaseException) -> str:
+    """One line for a query's failure: a Python worker that did not start in time (a
+    loaded machine) says so and what to do; anything else, its first line."""
+    text = str(error).strip()
+    if any(marker in text for marker in WORKER_START_FAILED):
+        load = os.getloadavg()[0]
+        return (f"query {name} could not start: a Spark Python worker did not connect back "
+                f"in time (Spark waits 10 s; load average {load:.1f} on {os.cpu_count()} "
+                "cores): run it again when the machine is less busy")
+    first = text.splitlines()[0] if text else type(error).__name__
+    return f"query {name} failed: {first}"
+
+
 def raise_if_failed(queries: list[Any]) -> None:
     for q in queries:
         if q.exception() is not None:
-            raise RuntimeError(f"query {q.name} failed: {q.exception()}")
+            raise QueryFailed(failure_line(q.name, q.exception()))
 
 
 def phases(queries: list[Any]) -> str:

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 
 COMMITS = "_lowtide_commits"  # leading "_": Spark's file source skips it
 
@@ -50,7 +51,7 @@ class BatchRewritten(RuntimeError):
     """A batch re-ran with other rows than the files its earlier run committed."""
 
 
-def digest(times: Sequence[int], xors: Sequence[int], counts: Sequence[int]) -> str:
+def digest(times: npt.ArrayLike, xors: npt.ArrayLike, counts: npt.ArrayLike) -> str:
     """The rows of a batch, by their labels: per slot the XOR of the acks and the
     count, in slot order (the same rows give the same digest in any order)."""
     t = np.asarray(times, np.int64)
