@@ -17,7 +17,13 @@ import pyarrow.parquet as pq
 import pytest
 
 import lowtide
-from lowtide.spark.sinks.batches import COMMITS, BatchFiles, BatchRewritten, digest
+from lowtide.spark.sinks.batches import (
+    COMMITS,
+    KEPT_BATCHES,
+    BatchFiles,
+    BatchRewritten,
+    digest,
+)
 from tests.spark.sources.test_read_stream import (
     GRID,
     SCHEMA,
@@ -93,8 +99,8 @@ def test_parquet_table_rerun_from_new_checkpoint_keeps_both_runs(spark, tmp_path
 
     written, got = two_runs(spark, tmp_path, sink)
     assert ids(got) == ids(written)  # before: run 2's batches were skipped, yet acked
-    records = list((tmp_path / "out" / COMMITS).glob("*.json"))
-    assert records and all(json.loads(r.read_text())["digest"] for r in records)
+    records = [json.loads(r.read_text()) for r in (tmp_path / "out" / COMMITS).glob("*.json")]
+    assert len(records) == 2 and all(r["batches"] for r in records)  # one per run
 
 
 def test_a_rerun_batch_with_the_same_rows_is_kept_with_other_rows_refused(tmp_path: Path) -> None:
@@ -119,3 +125,16 @@ def test_leftovers_of_an_unfinished_commit_are_replaced(tmp_path: Path) -> None:
     (tmp_path / other_run.name("00000")).write_text("another run's")
     assert not files.committed(digest([1], [1], [1]))
     assert (tmp_path / other_run.name("00000")).exists()  # never touched
+
+
+def test_the_record_keeps_the_latest_batches_and_refuses_older_ones(tmp_path: Path) -> None:
+    d = digest([1], [1], [1])
+    for batch in range(KEPT_BATCHES + 2):
+        staged = tmp_path / f"staged-{batch}"
+        staged.write_text("rows")
+        BatchFiles(tmp_path, "q", batch).publish([(staged, "")], d)
+    assert len(list((tmp_path / COMMITS).iterdir())) == 1  # one file per query
+    assert BatchFiles(tmp_path, "q", KEPT_BATCHES + 1).committed(d)
+    with pytest.raises(BatchRewritten):  # never re-run by Spark: cannot be told, kept
+        BatchFiles(tmp_path, "q", 0).committed(d)
+    assert (tmp_path / BatchFiles(tmp_path, "q", 0).name()).exists()

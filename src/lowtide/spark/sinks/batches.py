@@ -5,12 +5,13 @@ A batch's files are named after the query's id (``part-<query>-<batch>[-<part>].
 Spark keeps the id in the checkpoint, so a restart from the checkpoint has it and a
 rerun from a new checkpoint has another, whose batch ids start at 0 again next to the
 earlier run's files. A batch whose files are all in place is recorded in
-``_lowtide_commits/<query>-<batch>.json`` with the digest of its rows' labels (per slot:
-the XOR of the acks and the count). A batch re-run after a restart finds its record:
+``_lowtide_commits/<query>.json`` with the digest of its rows' labels (per slot: the XOR
+of the acks and the count). A batch re-run after a restart finds its record:
 
 * the same digest: its files hold exactly these rows, nothing is written again;
 * another digest: the batch re-ran with other rows (a non-deterministic source or
-  step): :class:`BatchRewritten`, nothing is replaced (fail closed);
+  step): :class:`BatchRewritten`, nothing is replaced (fail closed); so is a batch older
+  than the record keeps (:data:`KEPT_BATCHES`), which Spark never re-runs;
 * no record, but files of the batch: leftovers of a commit that did not finish (never
   acked, never announced), replaced.
 
@@ -40,15 +41,24 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 COMMITS = "_lowtide_commits"  # leading "_": Spark's file source skips it
+KEPT_BATCHES = 100
 
 
 class BatchRewritten(RuntimeError):
-    """A batch re-ran with other rows than the files its earlier run committed."""
+    """A batch re-ran with other rows than the ones its earlier run committed."""
+
+    @classmethod
+    def of(cls, query: str, batch: int, where: object) -> BatchRewritten:
+        return cls(f"batch {batch} of query {query} re-ran with other rows than the ones "
+                   f"it committed to {where} (a non-deterministic source or step), which "
+                   "are kept: rerun with the input that batch read, or write elsewhere "
+                   "from a new checkpoint")
 
 
 def digest(times: npt.ArrayLike, xors: npt.ArrayLike, counts: npt.ArrayLike) -> str:
@@ -76,21 +86,27 @@ class BatchFiles:
 
     @property
     def record(self) -> Path:
-        return self.folder / COMMITS / f"{self.query}-{self.batch:010d}.json"
+        """The query's record: its latest :data:`KEPT_BATCHES` batches (Spark re-runs
+        only the last one after a restart), one file per query, not per batch."""
+        return self.folder / COMMITS / f"{self.query}.json"
+
+    def _recorded(self) -> dict[str, dict[str, Any]]:
+        if not self.record.exists():
+            return {}
+        batches: dict[str, dict[str, Any]] = json.loads(self.record.read_text())["batches"]
+        return batches
 
     def committed(self, rows_digest: str) -> bool:
         """True if this batch's files are in place and hold rows of this digest; False
         if it was not committed (leftover files of an unfinished commit are removed);
-        :class:`BatchRewritten` if it was, with other rows."""
-        if self.record.exists():
-            earlier = json.loads(self.record.read_text())
-            if earlier["digest"] != rows_digest:
-                raise BatchRewritten(
-                    f"batch {self.batch} of query {self.query} re-ran with other rows than "
-                    f"the files it committed to {self.folder} (a non-deterministic source "
-                    "or step): they are kept; rerun with the input that batch read, or "
-                    "write to a new folder from a new checkpoint")
+        :class:`BatchRewritten` if it was, with other rows, or is too old to tell."""
+        recorded = self._recorded()
+        earlier = recorded.get(str(self.batch))
+        if earlier is not None and earlier["digest"] == rows_digest:
             return True
+        too_old = earlier is None and recorded and self.batch < min(map(int, recorded))
+        if earlier is not None or too_old:
+            raise BatchRewritten.of(self.query, self.batch, self.folder)
         for leftover in self.folder.glob(self.name("*")):
             leftover.unlink()
         with contextlib.suppress(FileNotFoundError):
@@ -104,11 +120,14 @@ class BatchFiles:
         for path, part in staged:
             os.replace(path, self.folder / self.name(part))
             names.append(self.name(part))
+        recorded = self._recorded()
+        recorded[str(self.batch)] = {"digest": rows_digest, "files": names}
+        kept = sorted(recorded, key=int)[-KEPT_BATCHES:]
         self.record.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.record.parent / f".{self.record.name}.{uuid.uuid4().hex}"
-        tmp.write_text(json.dumps({"query": self.query, "batch": self.batch,
-                                   "digest": rows_digest, "files": names}))
+        tmp.write_text(json.dumps({"query": self.query,
+                                   "batches": {b: recorded[b] for b in kept}}))
         os.replace(tmp, self.record)
 
 
-__all__ = ["COMMITS", "BatchFiles", "BatchRewritten", "digest"]
+__all__ = ["COMMITS", "KEPT_BATCHES", "BatchFiles", "BatchRewritten", "digest"]

@@ -51,6 +51,7 @@ class Record:
     batch: int  # the sink's micro-batch that published it (-1: the declaration)
     query: str = ""  # the writing query's id (a rerun from a new checkpoint: another)
     writers: tuple[str, ...] = ()  # every writer of the table this one declares
+    digest: str = ""  # Delta: the batch's rows (lowtide.spark.sinks.batches.digest)
 
     @classmethod
     def of(cls, doc: dict[str, Any]) -> Record:
@@ -59,7 +60,7 @@ class Record:
         return cls(str(doc.get("writer", segment)), int(doc["complete_below"]),
                    int(doc["complete_below_ms"]), int(doc["wall_ms"]), str(doc["graph"]),
                    segment, int(doc["batch"]), str(doc.get("query", "")),
-                   tuple(doc.get("writers", ())))
+                   tuple(doc.get("writers", ())), str(doc.get("digest", "")))
 
     def doc(self) -> dict[str, Any]:
         return {**asdict(self), "writers": list(self.writers)}
@@ -137,7 +138,8 @@ def manifest_state(folder: Path) -> TableState:
     manifest = folder / MANIFEST
     if manifest.exists():
         doc = json.loads(manifest.read_text())[META_KEY]
-        records = [Record.of(r) for r in doc.get("writers", {}).values()]
+        legacy = [doc] if "writers" not in doc else []  # one writer, before writers
+        records = [Record.of(r) for r in [*doc.get("writers", {}).values(), *legacy]]
         state.records = {r.writer: r for r in records}
         state.declared = {w for r in records for w in (r.writer, *r.writers)}
         state.announced = int(doc.get("announced", 0))

@@ -29,7 +29,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from lowtide.spark.sinks.batches import BatchFiles
+from lowtide.spark.sinks.batches import BatchFiles, BatchRewritten
 from lowtide.spark.sinks.completeness import (
     MANIFEST,
     META_KEY,
@@ -61,6 +61,7 @@ def check_floor(path: str, writer: str, min_time: int, floor: int) -> None:
 class DeltaTable:
     def __init__(self, path: str) -> None:
         self.path = path
+        self._checked = False  # the first batch after a (re)start may be a re-run
 
     def declare(self, df: Any, query: str, record: Record) -> int:
         """Commit ``record`` (raised to what the table announced) before any row of this
@@ -74,6 +75,14 @@ class DeltaTable:
         return _replayed(log).announced
 
     def write(self, df: Any, query: str, batch_id: int, record: Record) -> None:
+        """Append the batch; Delta skips a batch its query committed already (the same
+        ``txnVersion``): only if that commit's rows have this batch's digest."""
+        if not self._checked:
+            self._checked = True
+            for _v, earlier in delta_records(Path(self.path) / "_delta_log"):
+                if (earlier.writer, earlier.query, earlier.batch) == (
+                        record.writer, query, batch_id) and earlier.digest != record.digest:
+                    raise BatchRewritten.of(query, batch_id, self.path)
         (df.write.format("delta").mode("append").option("txnAppId", query)
          .option("txnVersion", batch_id)
          .option("userMetadata", json.dumps({META_KEY: record.doc()})).save(self.path))

@@ -160,14 +160,14 @@ class TableWriter:
             self._cancel()
             self._cancel = None
 
-    def record(self, batch_id: int, query: str = "") -> Record:
+    def record(self, batch_id: int, query: str = "", rows_digest: str = "") -> Record:
         """This writer's record now: its sink's min time, never below its floor."""
         ref = self._ref
         assert ref is not None
         t = max(self.complete_below, self.floor or 0)
         return Record(self.segment, t, t * ref.grid.delta_ms, wall_ms(),
                       ref.graph.fingerprint(), self.segment, batch_id, query,
-                      self.config.writers or (self.segment,))
+                      self.config.writers or (self.segment,), rows_digest)
 
     def __call__(self, df: Any, batch_id: int) -> None:
         ref = self.start()
@@ -179,10 +179,11 @@ class TableWriter:
         if len(times):
             check_floor(self.config.path, self.segment, int(times.min()), self.floor)
         self._feed(ref, query, batch_id, times, xors, counts)
+        rows_digest = digest(times, xors, counts)
         if isinstance(self.table, DeltaTable):
-            self.table.write(df, query, batch_id, self.record(batch_id, query))
+            self.table.write(df, query, batch_id, self.record(batch_id, query, rows_digest))
         else:
-            self.table.write(df, query, batch_id, digest(times, xors, counts))
+            self.table.write(df, query, batch_id, rows_digest)
         self.committed_batch = batch_id
         self._publish_parquet()
 
