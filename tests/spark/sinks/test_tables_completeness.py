@@ -15,6 +15,7 @@ import pytest
 from lowtide.spark.sinks import completeness
 from lowtide.spark.sinks.completeness import Record, complete_below
 from lowtide.spark.sinks.table_formats import ParquetTable, RowsBelowTable, check_floor
+from lowtide.spark.sinks.tables import TableConfig
 
 
 def commit(log: Path, version: int, meta: str | None) -> None:
@@ -97,3 +98,10 @@ def test_parquet_declared_writers_hold_the_table_back(tmp_path: Path) -> None:
     assert complete_below(tmp_path) is None
     assert table.declare(None, "qb", record("b", 30, both)) == 0  # nothing announced yet
     assert complete_below(tmp_path).complete_below == 30  # type: ignore[union-attr]
+
+
+def test_a_writer_missing_from_its_own_writers_is_refused_where_described() -> None:
+    config = TableConfig("/t/events", writers=("a", "b"))
+    with pytest.raises(ValueError, match="not among writers"):
+        config.build(lambda: None, "c")  # type: ignore[arg-type, return-value]
+    assert config.build(lambda: None, "a").segment == "a"  # type: ignore[arg-type, return-value]
