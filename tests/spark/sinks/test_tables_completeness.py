@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from lowtide.spark.sinks import completeness
-from lowtide.spark.sinks.completeness import Record, complete_below
+from lowtide.spark.sinks.completeness import Record, TableState, complete_below, replay
+from lowtide.spark.sinks.delta_log import STATE_EVERY, save_state
 from lowtide.spark.sinks.table_formats import ParquetTable, RowsBelowTable, check_floor
 from lowtide.spark.sinks.tables import TableConfig
 
@@ -105,3 +106,23 @@ def test_a_writer_missing_from_its_own_writers_is_refused_where_described() -> N
     with pytest.raises(ValueError, match="not among writers"):
         config.build(lambda: None, "c")  # type: ignore[arg-type, return-value]
     assert config.build(lambda: None, "a").segment == "a"  # type: ignore[arg-type, return-value]
+
+
+def test_readers_start_from_a_saved_state_after_the_log_is_cleaned(tmp_path: Path) -> None:
+    """A writer saves the replayed state every STATE_EVERY versions; a reader replays
+    only what follows, and still knows a writer whose commits the log's cleanup removed."""
+    log = tmp_path / "_delta_log"
+    log.mkdir()
+    both = ("a", "b")
+    commit(log, 0, json.dumps({"lowtide": record("b", 7, both).doc()}))
+    for v in range(1, 2 * STATE_EVERY + 5):
+        commit(log, v, json.dumps({"lowtide": record("a", 10 + v, both).doc()}) if v % 3
+               else "someone else's commit")
+    full = replay(tmp_path, until=STATE_EVERY + 20)
+    save_state(tmp_path, full.scanned, full.doc())
+    for v in range(STATE_EVERY + 21):  # Delta's cleanup of old commit files
+        (log / f"{v:020d}.json").unlink()
+    latest = complete_below(tmp_path)
+    assert latest is not None and latest.writers == (("a", 10 + 2 * STATE_EVERY + 3), ("b", 7))
+    assert latest.complete_below == 7 and latest.writer == "b"
+    assert TableState.of(full.doc()) == full

@@ -127,8 +127,8 @@ def rerun(spark: Any, tmp: Path, sink: Callable[[Any, Path, str], Any], label: s
             query = sink(stream, out, str(tmp / f"c{run}"))
             try:
                 (end,) = produce([FilesProducerConfig(folder).build(front)], ground, rounds=3)
-                query.wait_for_min_time(end, timeout_s=300)
-                claimed = query.min_time()
+                query.wait_for_min_time(end, "sink", timeout_s=300)
+                claimed = query.min_time("sink")
             finally:
                 query.stop()
             missing = early(claimed, ground.written, rows_of(out))
@@ -162,8 +162,9 @@ def two_writers(spark: Any, tmp: Path) -> Result:
     try:
         producers = [FilesProducerConfig(tmp / n).build(f)
                      for n, f in zip(streams, fronts, strict=True)]
-        for q, end in zip(queries, produce(producers, ground, rounds=4), strict=True):
-            q.wait_for_min_time(end, timeout_s=300)
+        for (name, q), end in zip(zip(streams, queries, strict=True),
+                                  produce(producers, ground, rounds=4), strict=True):
+            q.wait_for_min_time(end, name, timeout_s=300)
     finally:
         for q in queries:
             q.stop()

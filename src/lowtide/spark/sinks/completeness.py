@@ -6,8 +6,8 @@ writers it declares (``write_table(..., writers=(...))``). The table's completen
 the minimum over every declared writer's latest record, and nothing while a declared
 writer has published none: a reader is never told "complete" past rows a slower writer
 commits later (rule 14). Delta: records in the commits' ``userMetadata``, replayed
-version by version; Parquet: one manifest, ``_lowtide_manifest.json``, updated under a
-lock by every writer.
+version by version from the newest state a writer saved (:mod:`.delta_log`); Parquet:
+one manifest, ``_lowtide_manifest.json``, updated under a lock by every writer.
 
 >>> import tempfile
 >>> folder = tempfile.mkdtemp()
@@ -27,13 +27,12 @@ True
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-#: the key commit info and manifests carry lowtide's completeness under
-META_KEY = "lowtide"
+from lowtide.spark.sinks.delta_log import META_KEY, commits, saved_state
+
 MANIFEST = "_lowtide_manifest.json"  # leading "_": Spark's file source skips it
 
 
@@ -95,12 +94,13 @@ class Completeness:
 class TableState:
     """The writers' latest records, as of a version; ``announced``: the highest
     completeness the table has shown so far (a writer joining later never writes
-    below it)."""
+    below it); ``scanned``: the last Delta version replayed."""
 
     records: dict[str, Record] = field(default_factory=dict)
     declared: set[str] = field(default_factory=set)
     announced: int = 0
     version: int | None = None
+    scanned: int = -1
 
     def apply(self, record: Record, version: int | None = None) -> None:
         self.records[record.writer] = record
@@ -116,19 +116,36 @@ class TableState:
             return None
         return Completeness.of(list(self.records.values()), self.version)
 
+    def doc(self) -> dict[str, Any]:
+        return {"records": {w: r.doc() for w, r in sorted(self.records.items())},
+                "declared": sorted(self.declared), "announced": self.announced,
+                "version": self.version, "scanned": self.scanned}
+
+    @classmethod
+    def of(cls, doc: dict[str, Any]) -> TableState:
+        return cls({w: Record.of(r) for w, r in doc["records"].items()}, set(doc["declared"]),
+                   int(doc["announced"]), doc["version"], int(doc["scanned"]))
+
+
+def replay(table: Path, until: int | None = None, state: TableState | None = None) -> TableState:
+    """A Delta table's state as of version ``until`` (None: the latest), from ``state``
+    or the newest state saved at or before it, then commit by commit."""
+    if state is None:
+        saved = saved_state(table, until)
+        state = TableState.of(saved) if saved is not None else TableState()
+    for v, docs in commits(table, state.scanned, until):
+        for doc in docs:
+            state.apply(Record.of(doc), v)
+        state.scanned = v
+    return state
+
 
 def complete_below(path: str | Path, version: int | None = None) -> Completeness | None:
     """What the tracked table at ``path`` has published (Delta: as of ``version``), over
     all its tracked writers, or None if it published nothing yet."""
     folder = Path(path)
-    log = folder / "_delta_log"
-    if log.is_dir():
-        state = TableState()
-        for v, record in delta_records(log):
-            if version is not None and v > version:
-                break
-            state.apply(record, v)
-        return state.completeness()
+    if (folder / "_delta_log").is_dir():
+        return replay(folder, version).completeness()
     return manifest_state(folder).completeness()
 
 
@@ -146,29 +163,5 @@ def manifest_state(folder: Path) -> TableState:
     return state
 
 
-def delta_records(log: Path, after: int = -1) -> Iterator[tuple[int, Record]]:
-    """(version, record) of every commit after ``after`` whose commit info carries
-    lowtide's user metadata, oldest first. Commit files stay as JSON for the log's
-    retention (30 days by default), and every batch of a tracked sink writes one."""
-    commits = sorted((int(p.stem), p) for p in log.glob("*.json") if p.stem.isdigit())
-    for v, path in commits:
-        if v <= after:
-            continue
-        for line in path.read_text().splitlines():
-            info = json.loads(line).get("commitInfo") if line.strip() else None
-            meta = info.get("userMetadata") if info else None
-            doc = _json_or_none(meta) if meta else None
-            if isinstance(doc, dict) and META_KEY in doc:
-                yield v, Record.of(doc[META_KEY])
-
-
-def _json_or_none(text: str) -> Any:
-    """Other writers' user metadata need not be JSON."""
-    try:
-        return json.loads(text)
-    except ValueError:
-        return None
-
-
 __all__ = ["MANIFEST", "META_KEY", "Completeness", "Record", "TableState", "complete_below",
-           "delta_records", "manifest_state"]
+           "manifest_state", "replay"]

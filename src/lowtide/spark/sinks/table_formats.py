@@ -10,7 +10,9 @@ was told stays true when a writer joins late or a query reruns from a new checkp
 * Delta: the declaration is an empty commit (made once per query with ``txnAppId``
   ``<query>:lowtide-declare``); each batch is an append made idempotent by ``txnAppId``
   (the query's id) and ``txnVersion`` (the batch), carrying the writer's record in its
-  ``userMetadata``, in the batch's own transaction. The floor is replayed from the log.
+  ``userMetadata``, in the batch's own transaction. The floor is replayed from the log
+  (:mod:`lowtide.spark.sinks.delta_log`), which the writer then follows commit by
+  commit, saving the replayed state every hundred versions for readers.
 * Parquet: one file per batch, named and recorded by :mod:`lowtide.spark.sinks.batches`
   (a re-run batch whose file holds exactly its rows is not written again); the manifest
   is read, changed and replaced under a lock file, every writer's record in it. Local
@@ -32,12 +34,12 @@ from typing import Any
 from lowtide.spark.sinks.batches import BatchFiles, BatchRewritten
 from lowtide.spark.sinks.completeness import (
     MANIFEST,
-    META_KEY,
     Record,
     TableState,
-    delta_records,
     manifest_state,
+    replay,
 )
+from lowtide.spark.sinks.delta_log import META_KEY, STATE_EVERY, save_state
 
 STAGING = "_lowtide_staging"
 LOCK = "_lowtide_manifest.lock"
@@ -61,31 +63,36 @@ def check_floor(path: str, writer: str, min_time: int, floor: int) -> None:
 class DeltaTable:
     def __init__(self, path: str) -> None:
         self.path = path
-        self._checked = False  # the first batch after a (re)start may be a re-run
+        self.table = Path(path)
+        self.state: TableState | None = None  # replayed up to this writer's last commit
 
     def declare(self, df: Any, query: str, record: Record) -> int:
         """Commit ``record`` (raised to what the table announced) before any row of this
         query; returns the writer's floor."""
-        log = Path(self.path) / "_delta_log"
-        before = _replayed(log) if log.is_dir() else TableState()
+        before = replay(self.table) if (self.table / "_delta_log").is_dir() else TableState()
         record = replace(record, complete_below=max(record.complete_below, before.announced))
         (df.limit(0).write.format("delta").mode("append")
          .option("txnAppId", f"{query}:lowtide-declare").option("txnVersion", 0)
          .option("userMetadata", json.dumps({META_KEY: record.doc()})).save(self.path))
-        return _replayed(log).announced
+        self.state = replay(self.table, state=before)
+        return self.state.announced
 
     def write(self, df: Any, query: str, batch_id: int, record: Record) -> None:
         """Append the batch; Delta skips a batch its query committed already (the same
-        ``txnVersion``): only if that commit's rows have this batch's digest."""
-        if not self._checked:
-            self._checked = True
-            for _v, earlier in delta_records(Path(self.path) / "_delta_log"):
-                if (earlier.writer, earlier.query, earlier.batch) == (
-                        record.writer, query, batch_id) and earlier.digest != record.digest:
-                    raise BatchRewritten.of(query, batch_id, self.path)
+        ``txnVersion``): only if that commit's rows have this batch's digest. Then
+        follow the log, saving its replayed state now and then."""
+        assert self.state is not None, "declare first"
+        earlier = self.state.records.get(record.writer)
+        if earlier is not None and (earlier.query, earlier.batch) == (query, batch_id) \
+                and earlier.digest != record.digest:
+            raise BatchRewritten.of(query, batch_id, self.path)
         (df.write.format("delta").mode("append").option("txnAppId", query)
          .option("txnVersion", batch_id)
          .option("userMetadata", json.dumps({META_KEY: record.doc()})).save(self.path))
+        saved = self.state.scanned // STATE_EVERY
+        self.state = replay(self.table, state=self.state)
+        if self.state.scanned // STATE_EVERY > saved:
+            save_state(self.table, self.state.scanned, self.state.doc())
 
 
 class ParquetTable:
@@ -124,13 +131,6 @@ class ParquetTable:
         if len(parts) != 1:
             raise RuntimeError(f"expected one Parquet file in {stage}, found {len(parts)}")
         files.publish([(parts[0], "")], rows_digest)
-
-
-def _replayed(log: Path) -> TableState:
-    state = TableState()
-    for v, record in delta_records(log):
-        state.apply(record, v)
-    return state
 
 
 @contextlib.contextmanager
