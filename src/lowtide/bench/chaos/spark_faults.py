@@ -188,10 +188,12 @@ def sinks() -> dict[str, Callable[[Any, Path, str], Any]]:
     }
 
 
-def run_spark(names: list[str] | None = None) -> list[Result]:
-    """The Spark scenarios (``names``: a subset), on one local session."""
+def run_spark(names: list[str] | None = None, spark: Any = None) -> list[Result]:
+    """The Spark scenarios (``names``: a subset), on ``spark`` or a local session of
+    their own (stopped at the end)."""
+    own = spark is None
     try:
-        spark = SessionConfig(app_name="lowtide-chaos", ui=False, delta=True).build()
+        spark = spark or SessionConfig(app_name="lowtide-chaos", ui=False, delta=True).build()
     except RuntimeError as missing:  # JarsMissing: the Delta jars `make setup` fetches
         raise SystemExit(f"lowtide bench chaos --spark: {missing}") from None
     results = []
@@ -203,7 +205,8 @@ def run_spark(names: list[str] | None = None) -> list[Result]:
             if not names or "two writers of one table" in names:
                 results.append(timed(two_writers, spark, Path(tmp) / "w"))
     finally:
-        spark.stop()
+        if own:
+            spark.stop()
     return results
 
 
