@@ -15,7 +15,12 @@ import pytest
 from lowtide.spark.sinks import completeness
 from lowtide.spark.sinks.completeness import Record, TableState, complete_below, replay
 from lowtide.spark.sinks.delta_log import STATE_EVERY, save_state
-from lowtide.spark.sinks.table_formats import ParquetTable, RowsBelowTable, check_floor
+from lowtide.spark.sinks.table_formats import (
+    ParquetTable,
+    RowsBelowTable,
+    check_floor,
+    retire_writer,
+)
 from lowtide.spark.sinks.tables import TableConfig
 
 
@@ -126,3 +131,25 @@ def test_readers_start_from_a_saved_state_after_the_log_is_cleaned(tmp_path: Pat
     assert latest is not None and latest.writers == (("a", 10 + 2 * STATE_EVERY + 3), ("b", 7))
     assert latest.complete_below == 7 and latest.writer == "b"
     assert TableState.of(full.doc()) == full
+
+
+def test_a_retired_writer_no_longer_holds_the_table_back(tmp_path: Path) -> None:
+    both = ("a", "b")
+    parquet = tmp_path / "pq"
+    table = ParquetTable(str(parquet))
+    table.declare(None, "qa", record("a", 120, both))
+    table.declare(None, "qb", record("b", 40, both))
+    assert complete_below(parquet).complete_below == 40  # type: ignore[union-attr]
+    retire_writer(str(parquet), "b")
+    assert complete_below(parquet).writers == (("a", 120),)  # type: ignore[union-attr]
+    table.publish(record("b", 130, both), floor=120)  # it publishes again: back in
+    assert complete_below(parquet).complete_below == 120  # type: ignore[union-attr]
+    delta = tmp_path / "delta"
+    (delta / "_delta_log").mkdir(parents=True)
+    retired = Record("b", 0, 0, 1, "", "b", -2, retired=True)
+    for v, r in enumerate([record("a", 90, both), record("b", 30, both), retired]):
+        commit(delta / "_delta_log", v, json.dumps({"lowtide": r.doc()}))
+    assert complete_below(delta, version=1).complete_below == 30  # type: ignore[union-attr]
+    assert complete_below(delta).writers == (("a", 90),)  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="spark="):
+        retire_writer(str(delta), "a")

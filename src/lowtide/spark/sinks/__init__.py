@@ -39,7 +39,7 @@ from lowtide.spark.sinks.foreach import (
     console_writer,
     unpacked_columns,
 )
-from lowtide.spark.sinks.table_formats import RowsBelowTable
+from lowtide.spark.sinks.table_formats import RowsBelowTable, retire_writer
 from lowtide.spark.sinks.writer import SINK_MODES, TrackedSink
 
 __all__ = [
@@ -50,5 +50,6 @@ __all__ = [
     "TrackedSink",
     "append_trace",
     "console_writer",
+    "retire_writer",
     "unpacked_columns",
 ]

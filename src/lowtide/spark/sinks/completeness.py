@@ -51,6 +51,7 @@ class Record:
     query: str = ""  # the writing query's id (a rerun from a new checkpoint: another)
     writers: tuple[str, ...] = ()  # every writer of the table this one declares
     digest: str = ""  # Delta: the batch's rows (lowtide.spark.sinks.batches.digest)
+    retired: bool = False  # the writer stopped for good (retire_writer)
 
     @classmethod
     def of(cls, doc: dict[str, Any]) -> Record:
@@ -59,7 +60,8 @@ class Record:
         return cls(str(doc.get("writer", segment)), int(doc["complete_below"]),
                    int(doc["complete_below_ms"]), int(doc["wall_ms"]), str(doc["graph"]),
                    segment, int(doc["batch"]), str(doc.get("query", "")),
-                   tuple(doc.get("writers", ())), str(doc.get("digest", "")))
+                   tuple(doc.get("writers", ())), str(doc.get("digest", "")),
+                   bool(doc.get("retired", False)))
 
     def doc(self) -> dict[str, Any]:
         return {**asdict(self), "writers": list(self.writers)}
@@ -101,10 +103,16 @@ class TableState:
     announced: int = 0
     version: int | None = None
     scanned: int = -1
+    retired: set[str] = field(default_factory=set)  # until they publish again
 
     def apply(self, record: Record, version: int | None = None) -> None:
-        self.records[record.writer] = record
-        self.declared.update({record.writer, *record.writers})
+        if record.retired:
+            self.records.pop(record.writer, None)
+            self.retired.add(record.writer)
+        else:
+            self.records[record.writer] = record
+            self.retired.discard(record.writer)
+            self.declared.update({record.writer, *record.writers})
         self.version = version
         now = self.completeness()
         if now is not None:
@@ -112,19 +120,21 @@ class TableState:
 
     def completeness(self) -> Completeness | None:
         """The minimum over the declared writers; None while one has published nothing."""
-        if not self.records or self.declared - self.records.keys():
+        if not self.records or self.declared - self.retired - self.records.keys():
             return None
         return Completeness.of(list(self.records.values()), self.version)
 
     def doc(self) -> dict[str, Any]:
         return {"records": {w: r.doc() for w, r in sorted(self.records.items())},
                 "declared": sorted(self.declared), "announced": self.announced,
-                "version": self.version, "scanned": self.scanned}
+                "version": self.version, "scanned": self.scanned,
+                "retired": sorted(self.retired)}
 
     @classmethod
     def of(cls, doc: dict[str, Any]) -> TableState:
         return cls({w: Record.of(r) for w, r in doc["records"].items()}, set(doc["declared"]),
-                   int(doc["announced"]), doc["version"], int(doc["scanned"]))
+                   int(doc["announced"]), doc["version"], int(doc["scanned"]),
+                   set(doc.get("retired", ())))
 
 
 def replay(table: Path, until: int | None = None, state: TableState | None = None) -> TableState:
@@ -160,6 +170,7 @@ def manifest_state(folder: Path) -> TableState:
         state.records = {r.writer: r for r in records}
         state.declared = {w for r in records for w in (r.writer, *r.writers)}
         state.announced = int(doc.get("announced", 0))
+        state.retired = set(doc.get("retired", ()))
     return state
 
 

@@ -31,6 +31,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from lowtide.service.clock import wall_ms
 from lowtide.spark.sinks.batches import BatchFiles, BatchRewritten
 from lowtide.spark.sinks.completeness import (
     MANIFEST,
@@ -77,6 +78,10 @@ class DeltaTable:
         self.state = replay(self.table, state=before)
         return self.state.announced
 
+    def publish(self, record: Record, floor: int | None) -> int:
+        """Nothing between batches: a record is published in its batch's commit."""
+        return floor or 0
+
     def write(self, df: Any, query: str, batch_id: int, record: Record) -> None:
         """Append the batch; Delta skips a batch its query committed already (the same
         ``txnVersion``): only if that commit's rows have this batch's digest. Then
@@ -112,25 +117,41 @@ class ParquetTable:
             floor = state.announced if floor is None else floor
             state.apply(replace(record, complete_below=max(record.complete_below, floor)))
             doc = {"writers": {w: r.doc() for w, r in state.records.items()},
-                   "announced": state.announced}
+                   "announced": state.announced, "retired": sorted(state.retired)}
             current = state.completeness()
             if current is not None:  # the top-level fields: the table's completeness
                 doc.update({k: v for k, v in asdict(current).items() if k != "writers"})
             _replace_text(self.folder / MANIFEST, json.dumps({META_KEY: doc}))
         return floor
 
-    def write(self, df: Any, query: str, batch_id: int, rows_digest: str) -> None:
+    def write(self, df: Any, query: str, batch_id: int, record: Record) -> None:
         """One Parquet file per batch, ``part-<query>-<batch>.parquet``: written aside,
         renamed in (a reader never sees half of it), recorded with its rows' digest."""
         files = BatchFiles(self.folder, query, batch_id)
-        if files.committed(rows_digest):
+        if files.committed(record.digest):
             return
         stage = self.folder / STAGING / f"{query}-{batch_id}"
         df.coalesce(1).write.mode("overwrite").parquet(str(stage))
         parts = sorted(stage.glob("part-*.parquet"))
         if len(parts) != 1:
             raise RuntimeError(f"expected one Parquet file in {stage}, found {len(parts)}")
-        files.publish([(parts[0], "")], rows_digest)
+        files.publish([(parts[0], "")], record.digest)
+
+
+def retire_writer(path: str, writer: str, spark: Any = None) -> None:
+    """Take ``writer``, stopped for good, out of the completeness of the table at
+    ``path`` (until it publishes again): the table's completeness no longer waits for
+    it. A Delta table's retirement is a commit (``spark``: a session with Delta)."""
+    record = Record(writer, 0, 0, wall_ms(), "", writer, -2, retired=True)
+    if not (Path(path) / "_delta_log").is_dir():
+        ParquetTable(path).publish(record, floor=0)
+        return
+    if spark is None:
+        raise ValueError(f"{path} is a Delta table: retire_writer(path, writer, spark=...)")
+    (spark.read.format("delta").load(path).limit(0).write.format("delta").mode("append")
+     .option("txnAppId", f"lowtide-retire:{writer}:{uuid.uuid4().hex}")
+     .option("txnVersion", 0).option("userMetadata", json.dumps({META_KEY: record.doc()}))
+     .save(path))
 
 
 @contextlib.contextmanager
@@ -149,4 +170,5 @@ def _replace_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-__all__ = ["LOCK", "STAGING", "DeltaTable", "ParquetTable", "RowsBelowTable", "check_floor"]
+__all__ = ["LOCK", "STAGING", "DeltaTable", "ParquetTable", "RowsBelowTable", "check_floor",
+           "retire_writer"]

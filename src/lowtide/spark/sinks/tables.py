@@ -152,7 +152,7 @@ class TableWriter:
             for reader in self.config.feeds:
                 agent.heartbeat(bridge_front(self.segment, reader), update.time)
             self._beaten = update.time
-        self._publish_parquet()
+        self._publish()
 
     def stop(self) -> None:
         """Stop following the sink's min time (the bridge fronts stay where they are)."""
@@ -179,13 +179,10 @@ class TableWriter:
         if len(times):
             check_floor(self.config.path, self.segment, int(times.min()), self.floor)
         self._feed(ref, query, batch_id, times, xors, counts)
-        rows_digest = digest(times, xors, counts)
-        if isinstance(self.table, DeltaTable):
-            self.table.write(df, query, batch_id, self.record(batch_id, query, rows_digest))
-        else:
-            self.table.write(df, query, batch_id, rows_digest)
+        record = self.record(batch_id, query, digest(times, xors, counts))
+        self.table.write(df, query, batch_id, record)
         self.committed_batch = batch_id
-        self._publish_parquet()
+        self._publish()
 
     def _feed(self, ref: TrackerRef, query: str, batch_id: int, times: np.ndarray,
               xors: np.ndarray, counts: np.ndarray) -> None:
@@ -198,9 +195,9 @@ class TableWriter:
         key = batch_key(query, batch_id, f"<table>{self.segment}", 0)
         connect(ref).send_batch(key, acc.build(ref.grid.window_slots))
 
-    def _publish_parquet(self) -> None:
-        """Parquet: this writer's record into the manifest (once declared)."""
-        if not isinstance(self.table, ParquetTable) or self.floor is None:
+    def _publish(self) -> None:
+        """This writer's record now (once declared): Parquet, into the manifest."""
+        if self.floor is None:
             return
         with self._lock:
             batch = -1 if self.committed_batch is None else self.committed_batch
