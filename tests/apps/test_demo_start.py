@@ -1,7 +1,8 @@
 """A query that cannot start is one line that says what to do (issue 29 point 16): on
 a loaded machine Spark's Python workers may not connect back within Spark's fixed 10 s,
-and ``lowtide demo`` ended in a Java and a Python stack trace. Forced here for real:
-every Python worker starts 12 s late (a ``PYSPARK_PYTHON`` that sleeps first)."""
+and ``lowtide demo`` ended in a Java and a Python stack trace. Now it starts again (3
+attempts) and then says so in one line. Forced here for real: every Python worker
+starts 12 s late (a ``PYSPARK_PYTHON`` that sleeps first)."""
 
 from __future__ import annotations
 

@@ -24,6 +24,10 @@ class QueryFailed(RuntimeError):
     """A demo's query failed; the message is one line that says what to do."""
 
 
+class WorkerStartFailed(QueryFailed):
+    """A query could not start: a Python worker did not connect back in time."""
+
+
 def failure_line(name: str, error: BaseException) -> str:
     """One line for a query's failure: a Python worker that did not start in time (a
     loaded machine) says so and what to do; anything else, its first line."""
@@ -39,8 +43,10 @@ def failure_line(name: str, error: BaseException) -> str:
 
 def raise_if_failed(queries: list[Any]) -> None:
     for q in queries:
-        if q.exception() is not None:
-            raise QueryFailed(failure_line(q.name, q.exception()))
+        error = q.exception()
+        if error is not None:
+            slow = any(marker in str(error) for marker in WORKER_START_FAILED)
+            raise (WorkerStartFailed if slow else QueryFailed)(failure_line(q.name, error))
 
 
 def phases(queries: list[Any]) -> str:
