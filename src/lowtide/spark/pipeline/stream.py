@@ -404,12 +404,15 @@ class Stream:
 
     def write_table(self, path: str, *, checkpoint: str, format: str = "delta",
                     name: str = "sink", feeds: tuple[str, ...] = (), trigger: str | None = None,
-                    query_name: str | None = None) -> TrackedQuery:
+                    query_name: str | None = None,
+                    writers: tuple[str, ...] = ()) -> TrackedQuery:
         """A Delta (or ``format="parquet"``) table that keeps ``lt_time``/``lt_ack``,
         publishes its completeness (``lowtide.spark.complete_below(path)``) and, for
         each ingest segment in ``feeds``, is the front of the query that reads it with
-        ``read_stream``. See :mod:`lowtide.spark.sinks.tables`."""
-        config = TableConfig(path, format, tuple(feeds))
+        ``read_stream``. ``writers``: the sink names of every tracked query writing
+        this table (its completeness is their minimum). See
+        :mod:`lowtide.spark.sinks.tables`."""
+        config = TableConfig(path, format, tuple(feeds), tuple(writers))
         if feeds:  # readers' segments must be tracked before the first batch
             try:
                 graph = self.pipeline.tracker.graph
