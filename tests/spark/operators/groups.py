@@ -1,0 +1,64 @@
+"""A group driven without Spark as the processor drives it (its state pickled between
+calls, its holds tracked from the steps' opens and releases, its row parts stored),
+for the slot logics' tests."""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from lowtide.spark.operators.slot_logic import AT_COL, GroupStep, SlotLogic, step_group
+
+NONE = np.zeros(0, np.int64)
+
+
+class Parts:
+    """Row parts as the store keeps them: written by appends, pickled, dropped."""
+
+    def __init__(self) -> None:
+        self.stored: dict[tuple[int, int], bytes] = {}
+
+    def read(self, tag: int, count: int) -> list[Any]:
+        return [pickle.loads(self.stored[(tag, i)]) for i in range(count)]
+
+    def write(self, step: GroupStep) -> None:
+        for tag, i, frame in step.appends:
+            assert (tag, i) not in self.stored, "a part written twice"
+            self.stored[(tag, i)] = pickle.dumps(frame)
+        for tag, count in step.drops:
+            for i in range(count):
+                del self.stored[(tag, i)]
+
+
+class Group:
+    """A group driven as the processor drives it: its state pickled between calls, its
+    open holds tracked from the steps' opens and releases, its row parts stored."""
+
+    def __init__(self, logic: SlotLogic) -> None:
+        self.logic = logic
+        self.data = pickle.dumps(None)
+        self.wakes = NONE
+        self.holds: set[int] = set()
+        self.parts = Parts()
+
+    def retry(self, new: pd.DataFrame | None, done: int, now_ms: int = 0) -> GroupStep:
+        """The call, without keeping its effects (an attempt that failed)."""
+        return step_group(self.logic, ("k",), pickle.loads(self.data), self.wakes, new, done,
+                          self.parts, now_ms)
+
+    def call(self, new: pd.DataFrame | None, done: int, now_ms: int = 0) -> GroupStep:
+        step = self.retry(new, done, now_ms)
+        self.parts.write(step)
+        opens, releases = set(step.opens.tolist()), set(step.releases.tolist())
+        assert not opens & self.holds, "a hold opened twice"
+        assert releases <= self.holds | opens, "a hold released that was not open"
+        self.holds = (self.holds | opens) - releases
+        assert self.holds == set(step.wakes.tolist()), "holds are not the wakes"
+        if step.out is not None:
+            assert len(step.out) == int(step.counts.sum())
+            assert set(step.out[AT_COL].tolist()) <= releases
+        self.data, self.wakes = pickle.dumps(step.state), step.wakes
+        return step
