@@ -26,11 +26,14 @@ from lowtide.spark.operators.fold import FoldLogic, time_mode_of
 from lowtide.spark.operators.frames import FrameSpec, enrich_spec
 from lowtide.spark.operators.joins import JoinSpec, check_join
 from lowtide.spark.operators.keyed_state import StatefulSpec
+from lowtide.spark.operators.running import GroupedSpec, make_grouped
+from lowtide.spark.operators.sessions import SessionSpec, make_sessions
 from lowtide.spark.operators.slot_logic import KeptRows
 from lowtide.spark.operators.tracked import OpSpec
 from lowtide.spark.operators.windows import WindowSpec, make_windowed
 from lowtide.spark.pipeline.dag import PipelineShapeError, SegmentPlan, derive
 from lowtide.spark.pipeline.describe import (
+    Aggregated,
     Keys,
     Windowed,
     described,
@@ -68,7 +71,8 @@ class TransformSpec:
         return []
 
 
-Step = OpSpec | WindowSpec | StatefulSpec | JoinSpec | TransformSpec | FrameSpec | DedupSpec
+Step = (OpSpec | WindowSpec | StatefulSpec | JoinSpec | TransformSpec | FrameSpec | DedupSpec
+        | SessionSpec | GroupedSpec)
 
 
 @dataclass(frozen=True)
@@ -179,6 +183,28 @@ class Stream:
         name = name or self._default_name("window")
         return Windowed(described(lambda: make_windowed(
             self, size, key, slide, name, poll_ms, self.pipeline.grid.delta_ms)))
+
+    def session_window(self, gap: str | int | Any, *, key: str | list[str] | tuple[str, ...],
+                       name: str | None = None, poll_ms: int = 100) -> Aggregated:
+        """Exact keyed session windows over global time (``gap`` a duration, or a Spark
+        Column of per-row gaps); finish with ``.agg(n="count", ...)``. A session is
+        emitted once no row that could join it is in flight. See
+        :mod:`lowtide.spark.operators.sessions`."""
+        name = name or self._default_name("session_window")
+        return Aggregated(described(lambda: make_sessions(
+            self, gap, key, name, poll_ms, self.pipeline.grid.delta_ms)))
+
+    def groupBy(self, *cols: str | list[str], every: str | int | None = None,
+                name: str | None = None, poll_ms: int = 100) -> Aggregated:
+        """Aggregation without a window: ``groupBy("word").count()``, ``.agg(...)``;
+        per key, the exact running result as of the end of each range of ``every``
+        (default one slot) in which it has rows, with ``as_of``. See
+        :mod:`lowtide.spark.operators.running`."""
+        name = name or self._default_name("groupBy")
+        return Aggregated(described(lambda: make_grouped(
+            self, cols, every, name, poll_ms, self.pipeline.grid.delta_ms)))
+
+    groupby = groupBy
 
     def stateful(self, fn: Callable[..., tuple[Any, Any]], schema: str, *,
                  key: str | list[str] | tuple[str, ...], name: str | None = None,
