@@ -51,6 +51,7 @@ from lowtide.core.acks import root_acks
 from lowtide.core.time import Clock, TimeGrid
 from lowtide.service.clock import SystemClock
 from lowtide.spark.sources import records as rec
+from lowtide.spark.sources.event_time import event_time_of
 from lowtide.spark.sources.ingest import IngestWriter
 from lowtide.spark.sources.labels import as_label
 from lowtide.spark.sources.lateness import LatePolicy, LateStats
@@ -109,6 +110,7 @@ class Front:
         heartbeat_ms: int | None = 20,
         confirm: bool = False,
         time_from: str | None = None,
+        time_format: str | None = None,
         late: str = "clamp",
         lag_ms: int = 0,
         start_ms: int | None = None,
@@ -120,7 +122,7 @@ class Front:
         self.segment = self.segments[0]
         self.front = front
         self.confirm = confirm
-        self.time_from = time_from
+        self.time_from = event_time_of(time_from, time_format)
         self._connect(tracker, grid)
         self._clock = clock or SystemClock()
         self._late = LatePolicy(late, self.grid.slot_of(lag_ms) if lag_ms else 0)
