@@ -5,6 +5,7 @@ for the slot logics' tests."""
 from __future__ import annotations
 
 import pickle
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -62,3 +63,26 @@ class Group:
             assert set(step.out[AT_COL].tolist()) <= releases
         self.data, self.wakes = pickle.dumps(step.state), step.wakes
         return step
+
+
+def batches(g: Group, items: list[tuple[Any, ...]], steps: list[int], rng: Any,
+            to_rows: Callable[[list[tuple[Any, ...]]], pd.DataFrame]
+            ) -> Iterator[tuple[int, pd.DataFrame]]:
+    """Drive ``g`` over ``items`` (each a tuple, its slot first) in random
+    micro-batches: the min time advances by each of ``steps`` (then past everything),
+    rows arrive before it passes them, some a while before; each call is tried once
+    and dropped (a failed attempt) first, and must return the same rows and state.
+    Yields (the call's ``done``, its output rows) of each call with output."""
+    pending, done = list(items), 0
+    for advance in [*steps, 100]:
+        nxt = done + advance
+        batch = [r for r in pending if r[0] < nxt + rng.randrange(6)]
+        pending = [r for r in pending if r not in batch]
+        new = to_rows(batch) if batch else None
+        again = g.retry(new, nxt)
+        step = g.call(new, nxt)
+        assert pickle.dumps(again.state) == g.data, "a retried call kept another state"
+        if step.out is not None:
+            pd.testing.assert_frame_equal(again.out, step.out)
+            yield nxt, step.out
+        done = nxt

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from lowtide.spark.operators.fold import FoldLogic, Timers, time_mode_of
 from lowtide.spark.operators.slot_logic import AT_COL, ID_COL, SLOT_COL, KeptRows
-from tests.spark.operators.groups import Group
+from tests.spark.operators.groups import Group, batches
 
 DELTA_MS = 10
 GAP = 5  # slots
@@ -173,20 +173,11 @@ def test_sessions_closed_by_timers_equal_the_batch_sessions(slots: list[int],
     rows and state; the holds open are the wakes; nothing is left at the end."""
     items = list(zip(slots, range(1, len(slots) + 1), strict=True))
     g = sessions()
-    pending, done, got = list(items), 0, []
-    for advance in [*steps, 100]:
-        nxt = done + advance
-        batch = [r for r in pending if r[0] < nxt + rng.randrange(6)]
-        pending = [r for r in pending if r not in batch]
-        new = rows([s for s, _ in batch], [i for _, i in batch]) if batch else None
-        again = g.retry(new, nxt)
-        step = g.call(new, nxt)
-        assert pickle.dumps(again.state) == g.data, "a retried call kept another state"
-        if step.out is not None:
-            pd.testing.assert_frame_equal(again.out, step.out)
-            for r in step.out.to_dict("records"):
-                assert r[AT_COL] * DELTA_MS == r["end"] and r[AT_COL] < nxt
-                got.append((r["start"], r["end"], r["n"]))
-        done = nxt
+    got = []
+    for done, out in batches(g, items, steps, rng, lambda b: rows(
+            [s for s, _ in b], [i for _, i in b])):
+        for r in out.to_dict("records"):
+            assert r[AT_COL] * DELTA_MS == r["end"] and r[AT_COL] < done
+            got.append((r["start"], r["end"], r["n"]))
     assert len(got) == len(set(got)) and set(got) == batch_sessions(items)
     assert not g.holds and pickle.loads(g.data) is None

@@ -5,7 +5,6 @@ rows below its ``as_of``, one per range with rows, each once."""
 
 from __future__ import annotations
 
-import pickle
 from typing import Any
 
 import numpy as np
@@ -18,7 +17,7 @@ from lowtide.spark.operators.running import AS_OF, RunningLogic, make_grouped
 from lowtide.spark.operators.slot_logic import AT_COL, ID_COL, SLOT_COL
 from lowtide.spark.operators.window_aggs import bind_aggs
 from lowtide.spark.operators.windows import parse_aggs
-from tests.spark.operators.groups import Group
+from tests.spark.operators.groups import Group, batches
 
 DELTA_MS = 10
 AGGS, _ = bind_aggs("g", parse_aggs({"n": "count", "s": ("v", "sum"), "l": ("v", "last"),
@@ -82,20 +81,8 @@ def test_running_results_equal_the_batch_aggregation_below_each_as_of(
     holds open are the pending ranges' last slots."""
     rows_in = [(s, i + 1, v) for i, (s, v) in enumerate(items)]
     g = Group(RunningLogic(every, DELTA_MS, AGGS))
-    pending, done, got = list(rows_in), 0, []
-    for advance in [*steps, 100]:
-        nxt = done + advance
-        batch = [r for r in pending if r[0] < nxt + rng.randrange(6)]
-        pending = [r for r in pending if r not in batch]
-        new = rows([s for s, _, _ in batch], [i for _, i, _ in batch],
-                   [v for _, _, v in batch]) if batch else None
-        again = g.retry(new, nxt)
-        step = g.call(new, nxt)
-        assert pickle.dumps(again.state) == g.data, "a retried call kept another state"
-        if step.out is not None:
-            pd.testing.assert_frame_equal(again.out, step.out)
-            got += outputs(step.out)
-        done = nxt
+    got = [r for _, out in batches(g, rows_in, steps, rng, lambda b: rows(
+        *(list(c) for c in zip(*b, strict=True)))) for r in outputs(out)]
     expected = []
     for end in sorted({s - s % every + every for s, _, _ in rows_in}):
         below = sorted((s, i, v) for s, i, v in rows_in if s < end)

@@ -19,7 +19,7 @@ from lowtide.spark.operators.sessions import GAP_COL, SessionLogic, make_session
 from lowtide.spark.operators.slot_logic import AT_COL, ID_COL, SLOT_COL
 from lowtide.spark.operators.window_aggs import bind_aggs
 from lowtide.spark.operators.windows import parse_aggs
-from tests.spark.operators.groups import Group
+from tests.spark.operators.groups import Group, batches
 
 DELTA_MS = 10
 AGGS, _ = bind_aggs("s", parse_aggs({"n": "count", "s": ("v", "sum"), "f": ("v", "first")}),
@@ -137,22 +137,12 @@ def test_sessions_over_random_batches_equal_the_batch_sessions(case: Any, rng: A
     open are the open sessions' ends; nothing is left at the end."""
     items, fixed, steps = case
     g = sessions(fixed)
-    pending, done, got = list(items), 0, []
-    for advance in [*steps, 100]:
-        nxt = done + advance
-        batch = [r for r in pending if r[0] < nxt + rng.randrange(6)]
-        pending = [r for r in pending if r not in batch]
-        new = rows([s for s, _, _ in batch], [i for _, i, _ in batch],
-                   None if fixed else [gap for _, _, gap in batch]) if batch else None
-        again = g.retry(new, nxt)
-        step = g.call(new, nxt)
-        assert pickle.dumps(again.state) == g.data, "a retried call kept another state"
-        if step.out is not None:
-            pd.testing.assert_frame_equal(again.out, step.out)
-            for start, end, n, total, first, at in bounds(step.out):
-                assert at == end < nxt
-                got.append((start, end, n, total, first))
-        done = nxt
+    got = []
+    for done, out in batches(g, items, steps, rng, lambda b: rows(
+            [s for s, _, _ in b], [i for _, i, _ in b], None if fixed else [gap for *_, gap in b])):
+        for start, end, n, total, first, at in bounds(out):
+            assert at == end < done
+            got.append((start, end, n, total, first))
     assert len(got) == len(set(got)), "a session emitted twice"
     assert set(got) == batch_sessions(items)
     assert not g.holds and pickle.loads(g.data) is None

@@ -28,7 +28,7 @@ from lowtide.spark.operators.slot_logic import (
 from lowtide.spark.operators.window_aggs import bind_aggs
 from lowtide.spark.operators.window_state import Pane, WindowLogic
 from lowtide.spark.operators.windows import parse_aggs
-from tests.spark.operators.groups import Group, Parts
+from tests.spark.operators.groups import Group, Parts, batches
 
 # count(*), and sum/min/first/last of a nullable long "v" (lt_agg0, lt_valid0: what
 # the JVM hands over, see window_aggs)
@@ -213,25 +213,14 @@ def test_windows_over_random_batches_equal_the_batch_windows(case: Any, rng: Any
     windows' last slots; no hold and no stored row left at the end."""
     items, size, slide, steps = case
     g = Group(kind(size, slide))
-    pending, done, got = list(items), 0, {}
-    for advance in [*steps, 100]:
-        nxt = done + advance
-        # rows arrive before the min time passes them, some a while before
-        batch = [r for r in pending if r[0] < nxt + rng.randrange(6)]
-        pending = [r for r in pending if r not in batch]
-        new = rows([s for s, _, _ in batch], [i for _, i, _ in batch],
-                   [v for _, _, v in batch]) if batch else None
-        again = g.retry(new, nxt)
-        step = g.call(new, nxt)
-        assert pickle.dumps(again.state) == g.data, "a retried call kept another state"
-        if step.out is not None:
-            pd.testing.assert_frame_equal(again.out, step.out)
-            for r in step.out.to_dict("records"):
-                start = r["window_start"].value // 10_000_000
-                assert start not in got, "a window twice"
-                got[start] = [r["n"], *(None if pd.isna(r[c]) else r[c]
-                                        for c in ("s", "lo", "f", "l"))]
-                assert r[AT_COL] == start + size - 1 < nxt
-        done = nxt
+    got: dict[int, list[Any]] = {}
+    for done, out in batches(g, items, steps, rng,
+                             lambda b: rows(*(list(c) for c in zip(*b, strict=True)))):
+        for r in out.to_dict("records"):
+            start = r["window_start"].value // 10_000_000
+            assert start not in got, "a window twice"
+            got[start] = [r["n"], *(None if pd.isna(r[c]) else r[c]
+                                    for c in ("s", "lo", "f", "l"))]
+            assert r[AT_COL] == start + size - 1 < done
     assert got == batch_windows(items, size, slide)
     assert not g.holds and pickle.loads(g.data) is None and not g.parts.stored
