@@ -1,6 +1,6 @@
 """A group driven without Spark as the processor drives it (its state pickled between
 calls, its holds tracked from the steps' opens and releases, its row parts stored),
-for the slot logics' tests."""
+for the slot logics' tests; and a stream as a step description sees it."""
 
 from __future__ import annotations
 
@@ -14,6 +14,13 @@ import pandas as pd
 from lowtide.spark.operators.slot_logic import AT_COL, GroupStep, SlotLogic, step_group
 
 NONE = np.zeros(0, np.int64)
+
+
+class Described:
+    """A stream as a description's ``agg`` sees it: the step it is given."""
+
+    def _then(self, spec: Any) -> Any:
+        return spec
 
 
 class Parts:

@@ -17,7 +17,7 @@ from lowtide.spark.operators.running import AS_OF, RunningLogic, make_grouped
 from lowtide.spark.operators.slot_logic import AT_COL, ID_COL, SLOT_COL
 from lowtide.spark.operators.window_aggs import bind_aggs
 from lowtide.spark.operators.windows import parse_aggs
-from tests.spark.operators.groups import Group, batches
+from tests.spark.operators.groups import Described, Group, batches
 
 DELTA_MS = 10
 AGGS, _ = bind_aggs("g", parse_aggs({"n": "count", "s": ("v", "sum"), "l": ("v", "last"),
@@ -55,15 +55,17 @@ def test_the_running_result_per_completed_range() -> None:
 
 
 def test_group_by_descriptions() -> None:
-    grouped = make_grouped(None, (["word", "lang"],), None, "g", 100, 10)
-    assert grouped.keys == ("word", "lang") and grouped.every_ms == 10
-    assert make_grouped(None, ("word",), "1 second", "g", 100, 10).every_ms == 1000
+    grouping = make_grouped(Described(), (["word", "lang"],), None, "g", 100, 10)
+    spec = grouping.agg(n="count")
+    assert spec.keys == ("word", "lang") and spec.every_ms == 10
+    assert make_grouped(Described(), ("w",), "1 second", "g", 100, 10).agg(
+        n="count").every_ms == 1000
     with pytest.raises(ValueError, match="give the key columns"):
-        make_grouped(None, (), None, "g", 100, 10)
+        make_grouped(Described(), (), None, "g", 100, 10)
     with pytest.raises(ValueError, match="every='15 ms' must be a positive multiple"):
-        make_grouped(None, ("w",), "15 ms", "g", 100, 10)
+        make_grouped(Described(), ("w",), "15 ms", "g", 100, 10)
     with pytest.raises(ValueError, match="aggregate name 'as_of' is taken"):
-        grouped.agg(as_of="count")
+        grouping.agg(as_of="count")
 
 
 # ------------------------------------------------------------------ property

@@ -19,7 +19,7 @@ from lowtide.spark.operators.sessions import GAP_COL, SessionLogic, make_session
 from lowtide.spark.operators.slot_logic import AT_COL, ID_COL, SLOT_COL
 from lowtide.spark.operators.window_aggs import bind_aggs
 from lowtide.spark.operators.windows import parse_aggs
-from tests.spark.operators.groups import Group, batches
+from tests.spark.operators.groups import Described, Group, batches
 
 DELTA_MS = 10
 AGGS, _ = bind_aggs("s", parse_aggs({"n": "count", "s": ("v", "sum"), "f": ("v", "first")}),
@@ -87,13 +87,14 @@ def test_per_row_gaps_and_rows_in_no_session() -> None:
 
 def test_session_descriptions_refuse_bad_gaps_and_names() -> None:
     with pytest.raises(ValueError, match="positive multiple of delta_ms=10"):
-        make_sessions(None, "15 milliseconds", "user", "s", 100, 10)
+        make_sessions(Described(), "15 milliseconds", "user", "s", 100, 10)
     with pytest.raises(ValueError, match="give a duration"):
-        make_sessions(None, 5.5, "user", "s", 100, 10)
-    described = make_sessions(None, "5 seconds", ["user"], "s", 100, 10)
-    assert described.gap_ms == 5000 and described.keys == ("user",)
+        make_sessions(Described(), 5.5, "user", "s", 100, 10)
+    grouping = make_sessions(Described(), "5 seconds", ["user"], "s", 100, 10)
+    spec = grouping.agg(n="count")
+    assert (spec.gap_ms, spec.gap, spec.keys, spec.poll_ms) == (5000, None, ("user",), 100)
     with pytest.raises(ValueError, match="'session_window_end' is taken"):
-        described.agg(session_window_end="count")
+        grouping.agg(session_window_end="count")
 
 
 # ------------------------------------------------------------------ property

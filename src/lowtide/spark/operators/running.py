@@ -28,6 +28,7 @@ slot 19; the key's state keeps the running count 3.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +45,7 @@ from lowtide.spark.operators.window_aggs import (
     results,
     time_column,
 )
-from lowtide.spark.operators.windows import Agg, checked_aggs, duration_ms, parse_keys
+from lowtide.spark.operators.windows import Agg, Grouping, duration_ms, parse_keys
 
 AS_OF = "as_of"
 
@@ -116,25 +117,8 @@ class GroupedSpec(KeyedStep):
                                       self.poll_ms, what="groupBy")
 
 
-@dataclass(frozen=True)
-class GroupedStream:
-    """``stream.groupBy(...)``; finish with :meth:`agg`."""
-
-    stream: Any
-    name: str
-    keys: tuple[str, ...]
-    every_ms: int
-    poll_ms: int = 100
-
-    def agg(self, **aggs: Any) -> Any:
-        """The aggregates of :meth:`.windows.WindowedStream.agg`, running per key."""
-        parsed = checked_aggs(f"groupBy {self.name!r}", self.keys, (AS_OF,), aggs)
-        return self.stream._then(GroupedSpec(self.name, self.keys, self.every_ms, parsed,
-                                             self.poll_ms))
-
-
 def make_grouped(stream: Any, cols: tuple[Any, ...], every: str | int | None, name: str,
-                 poll_ms: int, delta_ms: int) -> GroupedStream:
+                 poll_ms: int, delta_ms: int) -> Grouping:
     """The description of ``stream.groupBy(*cols, every=...)``: column names (or one
     list of them); ``every`` a multiple of ``delta_ms`` (None: ``delta_ms``)."""
     names = cols[0] if len(cols) == 1 and isinstance(cols[0], list | tuple) else cols
@@ -146,4 +130,5 @@ def make_grouped(stream: Any, cols: tuple[Any, ...], every: str | int | None, na
     if every_ms <= 0 or every_ms % delta_ms:
         raise ValueError(f"groupBy {name!r}: every={every!r} must be a positive multiple of "
                          f"delta_ms={delta_ms}")
-    return GroupedStream(stream, name, keys, every_ms, poll_ms)
+    return Grouping(stream, f"groupBy {name!r}", keys, (AS_OF,),
+                    functools.partial(GroupedSpec, name, keys, every_ms, poll_ms=poll_ms))

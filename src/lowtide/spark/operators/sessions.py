@@ -31,6 +31,7 @@ one session ``[3, 13]`` merges with ``[12, 17]`` into ``[3, 17]`` (3 rows), wake
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 from typing import Any
@@ -49,7 +50,7 @@ from lowtide.spark.operators.window_aggs import (
     results,
     time_column,
 )
-from lowtide.spark.operators.windows import Agg, checked_aggs, duration_ms, parse_keys
+from lowtide.spark.operators.windows import Agg, Grouping, duration_ms, parse_keys
 
 GAP_COL = "lt_gap"  # a row's own gap, in slots (0: in no session)
 BOUNDS = ("session_window_start", "session_window_end")
@@ -170,36 +171,22 @@ class SessionSpec(KeyedStep):
         return F.coalesce(slots, F.lit(0)).cast("long")
 
 
-@dataclass(frozen=True)
-class SessionWindowedStream:
-    """``stream.session_window(...)``; finish with :meth:`agg`."""
-
-    stream: Any
-    name: str
-    keys: tuple[str, ...]
-    gap_ms: int
-    gap: Any
-    poll_ms: int = 100
-
-    def agg(self, **aggs: Any) -> Any:
-        """The aggregates of :meth:`.windows.WindowedStream.agg`, per session."""
-        parsed = checked_aggs(f"session_window {self.name!r}", self.keys, BOUNDS, aggs)
-        return self.stream._then(SessionSpec(self.name, self.keys, self.gap_ms, self.gap,
-                                             parsed, self.poll_ms))
-
-
 def make_sessions(stream: Any, gap: Any, key: Any, name: str, poll_ms: int,
-                  delta_ms: int) -> SessionWindowedStream:
+                  delta_ms: int) -> Grouping:
     """The description of ``stream.session_window(gap, key=...)``: ``gap`` a duration
     (a multiple of ``delta_ms``) or a Spark Column."""
-    keys = parse_keys(key, f"session_window {name!r}")
+    step = f"session_window {name!r}"
+    keys = parse_keys(key, step)
     if isinstance(gap, str | int) and not isinstance(gap, bool):
         gap_ms = duration_ms(gap)
         if gap_ms <= 0 or gap_ms % delta_ms:
-            raise ValueError(f"session_window {name!r}: the gap ({gap_ms} ms) must be a "
-                             f"positive multiple of delta_ms={delta_ms}")
-        return SessionWindowedStream(stream, name, keys, gap_ms, None, poll_ms)
-    if type(gap).__name__ != "Column":
-        raise ValueError(f"session_window {name!r}: gap={gap!r}: give a duration ('5 "
-                         "minutes') or a Column of per-row gaps")
-    return SessionWindowedStream(stream, name, keys, 0, gap, poll_ms)
+            raise ValueError(f"{step}: the gap ({gap_ms} ms) must be a positive multiple of "
+                             f"delta_ms={delta_ms}")
+        gap = None
+    elif type(gap).__name__ == "Column":
+        gap_ms = 0
+    else:
+        raise ValueError(f"{step}: gap={gap!r}: give a duration ('5 minutes') or a Column "
+                         "of per-row gaps")
+    return Grouping(stream, step, keys, BOUNDS,
+                    functools.partial(SessionSpec, name, keys, gap_ms, gap, poll_ms=poll_ms))

@@ -106,6 +106,23 @@ def checked_aggs(step: str, keys: tuple[str, ...], taken: tuple[str, ...],
     return parse_aggs(aggs)
 
 
+@dataclass(frozen=True)
+class Grouping:
+    """A keyed aggregation being described (``groupBy``, ``session_window``):
+    :meth:`agg` finishes it with ``spec(aggregates)``, the step's description."""
+
+    stream: Any
+    step: str  # e.g. "groupBy 'g'", for errors
+    keys: tuple[str, ...]
+    taken: tuple[str, ...]  # the columns the step adds besides the keys
+    spec: Callable[[tuple[Agg, ...]], Any]
+
+    def agg(self, **aggs: Any) -> Any:
+        """The aggregates of :meth:`WindowedStream.agg`."""
+        return self.stream._then(self.spec(checked_aggs(self.step, self.keys, self.taken,
+                                                        aggs)))
+
+
 def parse_keys(key: Any, what: str = "window") -> tuple[str, ...]:
     """``"user"`` or ``["user", "region"]``: the key columns of a ``what`` step."""
     keys = (key,) if isinstance(key, str) else tuple(key) if isinstance(key, list | tuple) \
