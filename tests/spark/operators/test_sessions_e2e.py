@@ -3,10 +3,12 @@
 and injected task failures before and after the step, equal Spark's own batch
 ``session_window`` over every row the generator labelled (its time: the row's slot);
 every session final below the sink's min time is there, none twice. And a fold with
-processing-time timers emits each row exactly once, at a slot after it."""
+processing-time timers emits each row exactly once, at a slot after it; mistakes in
+session windows and groupBy are one line naming the step when the query starts."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ import pytest
 import lowtide
 from lowtide.spark.sources.generator import GeneratorSpec
 from tests.spark.helpers import fail_once
-from tests.spark.operators.helpers import GRID, STUCK_MS, all_input, run_timed
+from tests.spark.operators.helpers import GRID, STUCK_MS, all_input, run_timed, start_fails
 
 pytestmark = pytest.mark.spark
 
@@ -165,3 +167,26 @@ def test_processing_time_timers_emit_each_row_once_after_it(spark, tmp_path: Pat
         mine = np.sort(rows.loc[rows["user"] == user, "slot"].to_numpy())
         upto = np.searchsorted(mine, got["lt_time"].to_numpy(), side="right")
         assert (got["n"].cumsum().to_numpy() == upto).all(), user
+
+
+def test_session_and_group_by_errors_name_the_step(spark, tmp_path: Path) -> None:
+    """One line each, when the query starts (the input's schema is known then)."""
+    from pyspark.sql import functions as F
+
+    def parsed(s: Any) -> Any:
+        return s.map(bursts, SCHEMA, name="parse")
+
+    cases = [
+        (lambda s: parsed(s).session_window(F.col("amount"), key="user", name="s").count(),
+         r"^session_window 's': the gap column is double: give durations as strings"),
+        (lambda s: parsed(s).session_window(F.col("nope"), key="user", name="s").count(),
+         r"^session_window 's': gap: .*nope"),
+        (lambda s: parsed(s).session_window(GAP, key="nobody", name="s").count(),
+         r"^session_window 's': no key column 'nobody' \(columns: front, seq, user, amount"),
+        (lambda s: parsed(s).groupBy("user", name="g").agg(x=("nope", "sum")),
+         r"^groupBy 'g': aggregate 'x' reads no column 'nope'"),
+        (lambda s: parsed(s).groupBy("user", name="g").agg(x=("user", "sum")),
+         r"^groupBy 'g': sum of column 'user' \(string\) is not supported"),
+    ]
+    for describe, message in cases:
+        assert re.match(message, start_fails(spark, tmp_path, describe)), message
