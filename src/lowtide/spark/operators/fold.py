@@ -133,11 +133,8 @@ class FoldLogic:
             ) -> tuple[Any, Any]:
         import pandas as pd
 
-        if rows is None:
-            slots, data = np.zeros(0, np.int64), None
-        else:
-            slots = rows[SLOT_COL].to_numpy()
-            data = rows.drop(columns=list(RUNTIME_COLS))
+        data: Any = None if rows is None else rows.drop(columns=list(RUNTIME_COLS))
+        slots = np.zeros(0, np.int64) if rows is None else rows[SLOT_COL].to_numpy()
         todo = np.unique(slots[slots < done]).tolist()
         out, fired = [], 0
         while True:
