@@ -103,10 +103,10 @@ class DeadFronts:
         front moved by keyed batches alive; ``in_flight(segment)``: its open windows."""
         if self.timeout is None:
             return []
+        for s in fronts.silent(now_ms, 0):  # every live front: those a batch may move
+            if s.by_batch and busy(s.segment):
+                fronts.touch(s.front, now_ms, by_batch=True)
         silent = {s.front: s for s in fronts.silent(now_ms, self.timeout.timeout_ms)}
-        for s in [s for s in silent.values() if s.by_batch and busy(s.segment)]:
-            fronts.touch(s.front, now_ms, by_batch=True)
-            del silent[s.front]
         for front in [f for f in self._waited if f not in silent]:
             del self._waited[front]  # it came back (or was unregistered)
         fresh = [self._dead(s) for s in silent.values() if s.front not in self._waited]
