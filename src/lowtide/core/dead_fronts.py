@@ -60,6 +60,10 @@ class FrontTimeout:
             raise BadFrontTimeout(f"dead_fronts={self.policy!r}: use 'wait' or 'retire'")
 
 
+def seconds(ms: int) -> str:
+    return f"{ms / 1000:.1f} s"
+
+
 @dataclass(frozen=True)
 class DeadFront:
     """``front`` of ``segment`` (an index), silent since ``silent_since_ms`` at slot
@@ -74,12 +78,13 @@ class DeadFront:
     retired_ms: int | None = None
     in_flight: InFlight = field(default=())
 
-    def describe(self, names: tuple[str, ...]) -> str:
-        where = (f"silent since {self.silent_since_ms / 1000:.1f} s on "
+    def describe(self, names: tuple[str, ...], when: Callable[[int], str] = seconds) -> str:
+        """One line; ``when`` shows a tracker time (Unix ms in a service: UTC)."""
+        where = (f"silent since {when(self.silent_since_ms)} on "
                  f"{names[self.segment]!r}, its heartbeat at slot {self.time}")
         if self.retired_ms is None:
             return f"front {self.front} dead, waited for: {where}"
-        text = f"front {self.front} retired at {self.retired_ms / 1000:.1f} s: {where}"
+        text = f"front {self.front} retired at {when(self.retired_ms)}: {where}"
         if self.in_flight:
             n = sum(c for _s, _e, c in self.in_flight)
             spans = ", ".join(f"[{s}, {e})" for s, e, _c in self.in_flight[:4])

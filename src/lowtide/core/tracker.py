@@ -34,7 +34,6 @@ from lowtide.core.errors import ProtocolError, UnknownSegment
 from lowtide.core.fronts import NEVER, Declared, FrontRow, FrontTable, SeenRow, check_time
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.holders import HolderRow
-from lowtide.core.open_batches import QueryBatches
 from lowtide.core.messages import (
     I32,
     I64,
@@ -48,6 +47,7 @@ from lowtide.core.messages import (
     RetireFront,
     UnregisterFront,
 )
+from lowtide.core.open_batches import QueryBatches
 from lowtide.core.table import ChecksumTable
 from lowtide.core.time import TIME_LIMIT, TimeGrid
 
@@ -145,6 +145,7 @@ class Tracker:
         self._dead = DeadFronts(config.front_timeout)
         #: the queries' open batches (their drivers report them): what may still deliver
         self.batches = QueryBatches(config.batch_forget_ms)
+        self.now_ms = 0  # the clock of the latest step
         self._next_stuck_check_ms: int | None = None
 
     # ----------------------------------------------------------------- inputs
@@ -206,6 +207,7 @@ class Tracker:
     def step(self, now_ms: int) -> Step:
         """Retire declared fronts whose deadline passed, find dead fronts (rule 17),
         then advance every segment as far as its bound and its checksums allow."""
+        self.now_ms = now_ms
         retired = tuple(self._fronts.expire(now_ms))
         self.batches.expire(now_ms)
         dead = tuple(self._dead.check(self._fronts, now_ms, self._busy, self._in_flight))
