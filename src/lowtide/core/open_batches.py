@@ -78,8 +78,8 @@ class QueryBatches:
         """``query`` runs ``batch``; its tasks ack into ``segments``. Said again while
         it runs (a keep-alive: the first time counts)."""
         q = self._query(query, segments, now_ms)
-        if batch not in q.closed:
-            q.opened.setdefault(batch, now_ms)
+        q.closed.pop(batch, None)  # closed before it ran (a driver polling saw it idle)
+        q.opened.setdefault(batch, now_ms)
 
     def close(self, query: str, batch: int, now_ms: int, segments: Iterable[str] = ()) -> None:
         q = self._query(query, segments, now_ms)

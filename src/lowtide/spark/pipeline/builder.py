@@ -53,7 +53,7 @@ from lowtide.spark.pipeline.dag import (
     source_key,
 )
 from lowtide.spark.pipeline.describe import described
-from lowtide.spark.pipeline.handle import TrackerHandle, TrackerOptions
+from lowtide.spark.pipeline.handle import TrackerHandle, TrackerOptions, dead_front_options
 from lowtide.spark.pipeline.monitoring import PROGRESS_SAMPLE_BITS, ProgressMetrics
 from lowtide.spark.pipeline.query import TrackedQuery, startup_phase
 from lowtide.spark.pipeline.status import PipelineStatus, status_of
@@ -223,6 +223,8 @@ class Pipeline:
     link is ``pipe.tracker.web_url``; docs/service.md, "Web view").
     ``progress_metrics``: each query's ``lastProgress["observedMetrics"]["lowtide"]``
     carries the tracker's figures (sampled on 1 row in 256; docs/spark.md, "Monitoring").
+    ``front_timeout`` (``"30 seconds"``): a front silent this long is dead; ``dead_fronts``
+    ``"wait"`` says so and waits, ``"retire"`` retires it (docs/operating.md).
     """
 
     def __init__(
@@ -239,6 +241,8 @@ class Pipeline:
         confirm: bool = True,
         web_port: int | None = None,
         progress_metrics: bool = True,
+        front_timeout: str | int | None = None,
+        dead_fronts: str = "wait",
     ) -> None:
         self.spark = spark
         self.name = name
@@ -247,7 +251,8 @@ class Pipeline:
             url=tracker,
             secret=secret if secret is not None else os.environ.get("LOWTIDE_SECRET"),
             state_dir=state_dir, stuck_after_ms=stuck_after_ms, freeze_gc=freeze_gc,
-            confirm=confirm, pipeline=name, web_port=web_port)
+            confirm=confirm, pipeline=name, web_port=web_port,
+            **dead_front_options(front_timeout, dead_fronts))
         self._progress_metrics = progress_metrics
         self._sources: list[SourceSpec] = []
         self._graph: SegmentGraph | None = None
@@ -421,7 +426,7 @@ class Pipeline:
             opts["lowtide.tracker"] = ref.to_option()
             opts["lowtide.segment"] = sink_name
             query = writer.format("lowtide_sink").options(**opts).start()
-        tq = TrackedQuery(self, query, graph, sink_name)
+        tq = TrackedQuery(self, query, graph, sink_name, checkpoint)
         self._queries.append(tq)
         return tq
 

@@ -6,8 +6,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from lowtide.core.dead_fronts import BadFrontTimeout, FrontTimeout
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.time import TimeGrid
+from lowtide.spark.pipeline.dag import PipelineShapeError
+from lowtide.spark.pipeline.describe import duration_of
 from lowtide.spark.tracking.transport import TrackerRef
 
 
@@ -27,6 +30,9 @@ class TrackerOptions:
     confirm: bool = True
     pipeline: str = "default"
     web_port: int | None = None
+    #: a front silent this long is dead (None: never) and the policy then (rule 17)
+    front_timeout_ms: int | None = None
+    dead_fronts: str = "wait"
 
     def embedded_kwargs(self) -> dict[str, Any]:
         """``TrackerService.start``'s keyword arguments for an embedded tracker."""
@@ -37,7 +43,22 @@ class TrackerOptions:
             "pipeline": self.pipeline,
             "stuck_after_ms": self.stuck_after_ms,
             "web_port": self.web_port,
+            "front_timeout_ms": self.front_timeout_ms,
+            "dead_fronts": self.dead_fronts,
         }
+
+
+def dead_front_options(front_timeout: str | int | None, dead_fronts: str) -> dict[str, Any]:
+    """``TrackerOptions``' dead-front fields from a pipeline's ``front_timeout``
+    (``"30 seconds"`` or ms; None: fronts never die) and ``dead_fronts`` policy,
+    refused here with the fix when they make no sense."""
+    timeout_ms = None if front_timeout is None else duration_of(front_timeout, "front_timeout")
+    try:
+        FrontTimeout(1 if timeout_ms is None else timeout_ms, dead_fronts)
+    except BadFrontTimeout as err:
+        raise PipelineShapeError(f"{err} (e.g. front_timeout='30 seconds', "
+                                 "dead_fronts='retire')") from None
+    return {"front_timeout_ms": timeout_ms, "dead_fronts": dead_fronts}
 
 
 class TrackerHandle:
