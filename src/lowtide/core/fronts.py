@@ -107,6 +107,7 @@ class FrontTable:
         self._declared: dict[int, Declared] = {}
         self._done: set[int] = set()  # unregistered or retired: a declaration is moot
         self._seen: dict[int, tuple[int, bool]] = {}  # live front -> (ms, by a keyed batch)
+        self._dead: set[int] = set()  # retired as dead: late heartbeats change nothing
 
     def __len__(self) -> int:
         return len(self._time)
@@ -139,6 +140,7 @@ class FrontTable:
             )
         self._declared.pop(front, None)
         self._done.discard(front)
+        self._dead.discard(front)
         self._segment_of[front] = segment
         self._time[front] = time
         self._owner[front] = owner
@@ -200,6 +202,8 @@ class FrontTable:
         """Raise what :meth:`heartbeat` would refuse; ``last``: the front's time so far
         (default: its current one)."""
         check_time(time, what)
+        if front in self._dead:
+            return
         if front not in self._time:
             known = "declared, not yet registered" if front in self._declared else "unregistered"
             raise UnknownFront(f"{what} from {known} front {front}")
@@ -212,6 +216,8 @@ class FrontTable:
     def heartbeat(self, front: int, time: int, owner: int = 0, session: int | None = None,
                   now_ms: int = 0) -> None:
         self.check_heartbeat(front, time, owner, session=session)
+        if front in self._dead:
+            return
         self._time[front] = time
         self.holders.seen(front, session, now_ms)
         self.touch(front, now_ms, by_batch=session is None)
@@ -259,9 +265,11 @@ class FrontTable:
         self, live: tuple[FrontRow, ...], done: tuple[int, ...],
         declared: tuple[Declared, ...] = (), done_fronts: tuple[int, ...] = (),
         holders: tuple[HolderRow, ...] = (), seen: tuple[SeenRow, ...] = (),
+        dead: tuple[int, ...] = (),
     ) -> None:
         self.holders.restore(holders)
         self._seen = {f: (t, bool(b)) for f, t, b in seen}
+        self._dead = set(dead)
         self._segment_of, self._time, self._owner = {}, {}, {}
         self._live = [set() for _ in done]
         self._done_bound = list(done)
@@ -301,8 +309,13 @@ class FrontTable:
     def retire_dead(self, front: int) -> None:
         """Unregister a silent front without its owner (the dead-front policy, rule
         17): its segment's bound no longer waits for it; the acks it sent stay in the
-        checksums, so its items stay tracked. A later heartbeat of it is refused."""
+        checksums, so its items stay tracked. Its later heartbeats change nothing (a
+        producer that was only slow must not fail the session it shares with others);
+        it rejoins by registering again."""
         self._drop(front)
+        self._dead.add(front)
 
-    def export_seen(self) -> tuple[SeenRow, ...]:
-        return tuple((f, t, b) for f, (t, b) in sorted(self._seen.items()))
+    def export_seen(self) -> tuple[tuple[SeenRow, ...], tuple[int, ...]]:
+        """When each live front was last seen, and the fronts retired as dead."""
+        return tuple((f, t, b) for f, (t, b) in sorted(self._seen.items())), tuple(
+            sorted(self._dead))

@@ -89,6 +89,7 @@ class TrackerSnapshot:
     done_fronts: tuple[int, ...] = ()
     holders: tuple[HolderRow, ...] = ()  # (front, session, seen_ms)
     seen: tuple[SeenRow, ...] = ()  # (front, seen_ms, by a keyed batch): dead fronts
+    dead_fronts: tuple[int, ...] = ()  # fronts retired as dead (rule 17)
 
 
 @dataclass(frozen=True)
@@ -250,7 +251,7 @@ class Tracker:
             declared,
             done_fronts,
             holders,
-            self._fronts.export_seen(),
+            *self._fronts.export_seen(),
         )
 
     def restore(self, snap: TrackerSnapshot) -> None:
@@ -259,7 +260,7 @@ class Tracker:
             raise ProtocolError("snapshot was taken from a different graph or window size")
         self._table.load(snap.bases, snap.cells)
         self._fronts.restore(snap.fronts, snap.done_bounds, snap.declared, snap.done_fronts,
-                             snap.holders, snap.seen)
+                             snap.holders, snap.seen, snap.dead_fronts)
         self._mins = list(snap.min_times)
         self._global = snap.global_min
 
