@@ -26,6 +26,17 @@ def test_a_batch_is_opened_kept_alive_and_closed_once() -> None:
     assert said == [(0, OPEN), (0, OPEN), (0, CLOSED)]
 
 
+def test_the_first_batch_is_open_from_before_the_query_starts() -> None:
+    said: list[tuple[int, BatchState]] = []
+    watch = BatchWatch(lambda b, s: said.append((b, s)), first=58)
+    watch.starting(0.0)  # announced before writeStream.start()
+    watch.poll(IDLE, None, 0.5)  # initialising sources: still open
+    watch.poll(IDLE, None, 1.0)
+    watch.poll(RUNNING, None, 1.5)
+    watch.poll(IDLE, 58, 2.0)
+    assert said == [(58, OPEN), (58, OPEN), (58, CLOSED)]
+
+
 def test_batches_too_short_to_see_still_move_the_last_closed_one() -> None:
     said: list[tuple[int, BatchState]] = []
     watch = BatchWatch(lambda b, s: said.append((b, s)), first=0)

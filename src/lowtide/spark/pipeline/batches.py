@@ -9,6 +9,10 @@ every ``keepalive_s`` while it runs (a driver that died is forgotten by the trac
 reports the last closed batch whenever it moves (also for batches too short to be
 seen running), and says when the query stopped. A report that fails (the tracker
 restarting) is dropped: the next poll says it again.
+
+The first batch is announced before the query starts: a query's start (sources
+initialised, the first batch planned, Python workers started) takes seconds, and the
+records the fronts write meanwhile are that batch's to read.
 """
 
 from __future__ import annotations
@@ -48,6 +52,12 @@ class BatchWatch:
         self.open: int | None = None
         self.closed: int | None = None
         self._said_s = 0.0
+        self._ran = False  # the open batch was seen running (not just announced)
+
+    def starting(self, now_s: float) -> None:
+        """The query is about to start: its first batch is as good as open."""
+        self.open, self._said_s = self.first, now_s
+        self.report(self.first, BatchState.OPEN)
 
     def poll(self, status: dict[str, Any], last: int | None, now_s: float) -> None:
         if last is not None and last != self.closed:
@@ -56,10 +66,13 @@ class BatchWatch:
             self.closed = last
             self.report(last, BatchState.CLOSED)
         running = self.first if last is None else last + 1
-        if self.open is not None and (self.open != running or not status["isTriggerActive"]):
+        idle = self._ran and not status["isTriggerActive"]
+        if self.open is not None and (self.open != running or idle):
             self.report(self.open, BatchState.CLOSED)
             self.open = None
-        if self.open is None and status["isTriggerActive"] and status["isDataAvailable"]:
+        active = status["isTriggerActive"] and status["isDataAvailable"]
+        self._ran = active and self.open in (None, running)
+        if self.open is None and active:
             self.open, self._said_s = running, now_s
             self.report(running, BatchState.OPEN)
         elif self.open is not None and now_s - self._said_s >= self.keepalive_s:
@@ -70,18 +83,28 @@ class BatchWatch:
 class BatchReporter:
     """A daemon thread per tracked query: polls it every ``interval_s`` and reports its
     batches to the tracker (``agent.report_batch``) under ``name``, acking into
-    ``segments``."""
+    ``segments``. Made before the query starts (:meth:`starting`), then
+    :meth:`watching` it."""
 
-    def __init__(self, query: Any, agent: Any, name: str, segments: tuple[str, ...],
+    def __init__(self, agent: Any, name: str, segments: tuple[str, ...],
                  checkpoint: str | None = None, interval_s: float = 0.25) -> None:
-        self.query, self.agent, self.name, self.segments = query, agent, name, segments
+        self.query: Any = None
+        self.agent, self.name, self.segments = agent, name, segments
         self.interval_s = interval_s
         self.watch = BatchWatch(self._send, first_batch(checkpoint))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"lowtide-batches-{name}",
                                         daemon=True)
 
-    def start(self) -> BatchReporter:
+    @classmethod
+    def starting(cls, agent: Any, name: str, segments: tuple[str, ...],
+                 checkpoint: str | None = None) -> BatchReporter:
+        reporter = cls(agent, name, segments, checkpoint)
+        reporter.watch.starting(time.monotonic())
+        return reporter
+
+    def watching(self, query: Any) -> BatchReporter:
+        self.query = query
         self._thread.start()
         return self
 

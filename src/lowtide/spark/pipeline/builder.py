@@ -44,6 +44,7 @@ from lowtide.spark.operators.state_processor import build_keyed
 from lowtide.spark.operators.tracked import OpRuntime, OpSpec, operator_id, task_function
 from lowtide.spark.operators.window_state import build_window
 from lowtide.spark.operators.windows import WindowSpec
+from lowtide.spark.pipeline.batches import BatchReporter
 from lowtide.spark.pipeline.dag import (
     PipelineShapeError,
     SegmentPlan,
@@ -410,6 +411,8 @@ class Pipeline:
         df, graph, ref = built.df, built.graph, built.ref
         if self._progress_metrics:
             df = ProgressMetrics.of(self.name, graph, sink_name, PROGRESS_SAMPLE_BITS).observe(df)
+        batches = BatchReporter.starting(self.tracker.agent, query_name or sink_name,
+                                         graph.names, checkpoint)  # issue 34: not a loss
         writer = df.writeStream.option("checkpointLocation", checkpoint)
         if trigger:
             writer = writer.trigger(processingTime=trigger)
@@ -426,7 +429,7 @@ class Pipeline:
             opts["lowtide.tracker"] = ref.to_option()
             opts["lowtide.segment"] = sink_name
             query = writer.format("lowtide_sink").options(**opts).start()
-        tq = TrackedQuery(self, query, graph, sink_name, checkpoint)
+        tq = TrackedQuery(self, query, graph, sink_name, batches)
         self._queries.append(tq)
         return tq
 

@@ -111,7 +111,7 @@ class TrackedQuery:
     (:mod:`lowtide.spark.pipeline.monitoring`)."""
 
     def __init__(self, pipeline: Pipeline, query: Any, graph: SegmentGraph,
-                 sink: str | None = None, checkpoint: str | None = None) -> None:
+                 sink: str | None = None, batches: BatchReporter | None = None) -> None:
         self.pipeline = pipeline
         self.query = query
         self.graph = graph
@@ -119,8 +119,8 @@ class TrackedQuery:
         self.metrics = ProgressMetrics.of(pipeline.name, graph, self.sink)
         self._publisher = self.metrics.build(pipeline).start()
         # the tracker tells this query's slow batches from losses (issue 34)
-        self._batches = BatchReporter(query, pipeline.tracker.agent, query.name or self.id,
-                                      graph.names, checkpoint).start()
+        batches = batches or BatchReporter(pipeline.tracker.agent, self.sink, graph.names)
+        self._batches = batches.watching(query)
 
     # what StreamingQuery answers
     @property
