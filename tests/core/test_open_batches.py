@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import Ack, AckBatch, Heartbeat, RegisterFront
-from lowtide.core.open_batches import QueryBatches, Waiting
+from lowtide.core.open_batches import STARTING, QueryBatches, Waiting
 from lowtide.core.tracker import Tracker, TrackerConfig
 
 THRESHOLD_MS = 1_000
@@ -106,18 +106,23 @@ def test_a_query_that_acks_elsewhere_or_whose_driver_died_holds_nothing() -> Non
     assert run(tr, 0, 4_000) == [2_100]  # forgotten after 2 s: counted from the overdue time
 
 
-def test_limits_are_fixed_when_the_window_becomes_overdue() -> None:
+def test_limits_count_batches_in_the_order_they_were_reported() -> None:
     batches = QueryBatches()
     assert batches.limits("sink") == {}
-    batches.close("q", 4, 0, ("sink",))  # idle after batch 4: batch 5 reads what comes
-    assert batches.limits("sink") == {"q": 5}
-    batches.open("q", 5, ("sink",), 10)
-    assert batches.limits("sink") == {"q": 6}
+    batches.open("q", STARTING, ("sink",), 0)  # announced before the query started
+    assert batches.limits("sink") == {"q": 1}  # it, or the batch after it
+    batches.open("q", 57, ("sink",), 10)  # restarted from its checkpoint: ids jump
+    assert batches.holding("sink", {"q": 1}, 1_010) == Waiting("q", STARTING, 1_010)
+    assert Waiting("q", STARTING, 1_010).describe() == ("waiting for query q starting, "
+                                                        "running 1 s")
+    batches.close("q", 57, 2_000)  # the announced one is closed with it (a close we missed)
+    assert batches.holding("sink", {"q": 1}, 2_000) is None
+    assert batches.released_ms("sink", {"q": 1}) == 2_000
+    assert batches.limits("sink") == {"q": 2} and not batches.busy("sink")
+    batches.open("q", 58, ("sink",), 2_100)
+    batches.open("q", 58, ("sink",), 2_900)  # a keep-alive: the first time counts
     assert batches.busy("sink") and not batches.busy("src")
-    batches.open("q", 5, ("sink",), 99)  # a keep-alive: the first time counts
-    assert batches.holding("sink", {"q": 6}, 1_010) == Waiting("q", 5, 1_000)
-    batches.close("q", 6, 2_000)  # a close of 5 we missed: 5 is no longer open
-    assert batches.holding("sink", {"q": 6}, 2_000) is None
-    assert batches.released_ms("sink", {"q": 6}) == 2_000
+    assert batches.holding("sink", {"q": 2}, 3_000) == Waiting("q", 58, 900)
+    assert batches.recent_ms() == 1_990  # batch 57 took 1.99 s: what an ETA adds
     batches.stopped("q")
     assert batches.limits("sink") == {}

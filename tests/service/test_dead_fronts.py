@@ -10,6 +10,7 @@ past ``stuck_after_ms`` is reported as waiting, not as a loss; a real loss still
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -144,3 +145,41 @@ def test_a_slow_batch_is_waiting_not_a_loss_and_a_real_loss_is_still_reported() 
             assert stuck == ["segment 'src', slots [105, 106): 1 item(s) missing"]
     finally:
         svc.stop()
+
+
+class Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_a_window_later_than_its_sla_is_logged_counted_and_names_what_holds_it() -> None:
+    lines = Lines()
+    logging.getLogger("lowtide.service.freshness").addHandler(lines)
+    svc = TrackerService.start(GRAPH, sla_ms=300, sla_window_ms=100, metrics_every_ms=100)
+    try:
+        with agent(svc) as a:
+            slot = int(time.time() * 100)
+            a.register_front(1, "src", slot)  # then silent: it lags the wall clock
+            a.report_batch("q", 4, BatchState.OPEN, ("src", "sink"))
+            late = until(lambda: (s := a.status())["freshness"]["late"] and s)["freshness"]
+            first = late["late"][0]
+            assert first["sink"] == "sink" and first["late_ms"] > 0
+            assert first["end_ms"] - first["start_ms"] == 100 and late["sla_ms"] == 300
+            assert first["held_by"].startswith("front 1 on 'src' (heartbeat ")
+            assert first["held_by"].endswith(", query q batch 4 running 0 s")
+            assert first["text"].startswith("sink 'sink' window [20")
+            assert " later than its SLA (0.3 s): held by front 1 on 'src'" in first["text"]
+            (oldest, *_rest) = late["open"]  # every open window has an ETA
+            assert oldest["eta_ms"] >= oldest["end_ms"]
+            text = svc.server.metrics.render().decode()
+            assert 'lowtide_windows_late_total{pipeline="default"}' in text
+            assert "lowtide_windows_late_total{pipeline=\"default\"} 0.0" not in text
+    finally:
+        svc.stop()
+        logging.getLogger("lowtide.service.freshness").removeHandler(lines)
+    logged = [r for r in lines.records if r.msg == "window later than its SLA"]
+    assert logged and "held by front 1" in logged[0].__dict__["detail"]

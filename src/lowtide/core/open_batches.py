@@ -17,9 +17,9 @@ extend it, so a query that keeps running batches still has its real losses repor
 
 >>> batches = QueryBatches(forget_ms=30_000)
 >>> batches.open("q", 7, ("ingest", "sink"), now_ms=1_000)
->>> limits = batches.limits("sink")          # the window became overdue during batch 7
->>> limits
-{'q': 8}
+>>> limits = batches.limits("sink")  # overdue during batch 7: it, or the next, delivers
+>>> limits                           # (in the order the driver reported its batches)
+{'q': 1}
 >>> batches.holding("sink", limits, now_ms=41_000)
 Waiting(query='q', batch=7, running_ms=40000)
 >>> batches.close("q", 7, now_ms=41_000); batches.open("q", 8, ("ingest", "sink"), 41_050)
@@ -32,11 +32,14 @@ Waiting(query='q', batch=7, running_ms=40000)
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 #: how many closed batches a query keeps (their close times start stuck clocks)
 KEEP_CLOSED = 8
+#: the batch id of a query announced before it starts (its first id not yet known)
+STARTING = -1
 
 
 @dataclass(frozen=True)
@@ -48,23 +51,34 @@ class Waiting:
     running_ms: int
 
     def describe(self) -> str:
-        return (f"waiting for query {self.query} batch {self.batch}, running "
+        what = "starting" if self.batch == STARTING else f"batch {self.batch}"
+        return (f"waiting for query {self.query} {what}, running "
                 f"{self.running_ms / 1000:.0f} s")
 
 
 @dataclass
 class _Query:
+    """Batches in the order the driver reported them: ``seq`` numbers them, so a query
+    restarted from its checkpoint (ids jump) or announced before it knew its first id
+    (:data:`STARTING`) still has "the next batch"."""
+
     segments: frozenset[str]
     seen_ms: int
-    opened: dict[int, int] = field(default_factory=dict)  # batch -> opened at
-    closed: dict[int, int] = field(default_factory=dict)  # batch -> closed at
+    seq: int = 0  # the next batch's place in the order
+    opened: dict[int, tuple[int, int]] = field(default_factory=dict)  # batch -> (seq, at)
+    closed: dict[int, tuple[int, int]] = field(default_factory=dict)  # batch -> (seq, at)
+    took_ms: deque[int] = field(default_factory=lambda: deque(maxlen=KEEP_CLOSED))
 
     def next_batch(self) -> int:
-        """The batch that reads what was written now: the open one's successor (the
-        open one may have planned its input already), or the one after the last."""
+        """The place of the batch that reads what was written now: the open one's
+        successor (the open one may have planned its input already), or the next."""
         if self.opened:
-            return max(self.opened) + 1
-        return max(self.closed, default=-1) + 1
+            return max(seq for seq, _at in self.opened.values()) + 1
+        return self.seq
+
+    def place(self) -> int:
+        self.seq += 1
+        return self.seq - 1
 
 
 class QueryBatches:
@@ -79,12 +93,16 @@ class QueryBatches:
         it runs (a keep-alive: the first time counts)."""
         q = self._query(query, segments, now_ms)
         q.closed.pop(batch, None)  # closed before it ran (a driver polling saw it idle)
-        q.opened.setdefault(batch, now_ms)
+        if batch not in q.opened:
+            q.opened[batch] = (q.place(), now_ms)
 
     def close(self, query: str, batch: int, now_ms: int, segments: Iterable[str] = ()) -> None:
         q = self._query(query, segments, now_ms)
-        q.opened.pop(batch, None)
-        q.closed.setdefault(batch, now_ms)
+        opened = q.opened.pop(batch, None)
+        if opened is not None:
+            q.took_ms.append(now_ms - opened[1])
+        if batch not in q.closed:
+            q.closed[batch] = (q.place() if opened is None else opened[0], now_ms)
         for old in sorted(q.closed)[:-KEEP_CLOSED]:
             del q.closed[old]
         for older in [b for b in q.opened if b < batch]:  # a close we missed
@@ -100,8 +118,8 @@ class QueryBatches:
             del self._queries[name]
 
     def limits(self, segment: str) -> dict[str, int]:
-        """Per query acking into ``segment``, the last batch that may still deliver a
-        window of it that is overdue now."""
+        """Per query acking into ``segment``, the place of the last batch that may
+        still deliver a window of it that is overdue now."""
         return {n: q.next_batch() for n, q in self._queries.items() if segment in q.segments}
 
     def busy(self, segment: str) -> bool:
@@ -115,21 +133,27 @@ class QueryBatches:
             q = self._queries.get(name)
             if q is None or segment not in q.segments:
                 continue
-            for batch, since in q.opened.items():
-                if batch <= limit and (best is None or now_ms - since > best.running_ms):
+            for batch, (seq, since) in q.opened.items():
+                if seq <= limit and (best is None or now_ms - since > best.running_ms):
                     best = Waiting(name, batch, now_ms - since)
         return best
 
     def released_ms(self, segment: str, limits: dict[str, int]) -> int:
         """When the last batch within ``limits`` closed (0: none did)."""
         times = [at for name, limit in limits.items() if (q := self._queries.get(name))
-                 for batch, at in q.closed.items() if batch <= limit]
+                 for seq, at in q.closed.values() if seq <= limit]
         return max(times, default=0)
+
+    def recent_ms(self) -> int:
+        """How long the slowest query's recent batches took (mean), for ETAs."""
+        return max((sum(q.took_ms) // len(q.took_ms) for q in self._queries.values()
+                    if q.took_ms), default=0)
 
     def export(self, now_ms: int) -> list[dict[str, object]]:
         """The open batches, for status views."""
         return [{"query": n, "batch": b, "running_ms": now_ms - t, "segments": sorted(q.segments)}
-                for n, q in sorted(self._queries.items()) for b, t in sorted(q.opened.items())]
+                for n, q in sorted(self._queries.items())
+                for b, (_s, t) in sorted(q.opened.items())]
 
     def _query(self, name: str, segments: Iterable[str], now_ms: int) -> _Query:
         q = self._queries.get(name)

@@ -62,8 +62,9 @@ class Sampler:
 def test_slow_batches_are_waiting_never_missing(spark: Any, tmp_path: Path) -> None:
     ingest, out, ckpt = tmp_path / "ingest", tmp_path / "out", str(tmp_path / "ckpt")
     pipe = lowtide.Pipeline(spark, "slow", grid=GRID, stuck_after_ms=STUCK_AFTER_MS)
-    stream = pipe.read_log(str(ingest)).map(slow_parse, "front int, offset long, size int",
-                                             name="parse")
+    # one Arrow batch per task, so one sleep per batch
+    stream = pipe.read_log(str(ingest), max_records_per_batch=5_000).map(
+        slow_parse, "front int, offset long, size int", name="parse")
     fronts = watcher = query = sampler = None
     stop = threading.Event()
     try:

@@ -70,6 +70,12 @@ def add_arguments(serve: argparse.ArgumentParser) -> None:
         "--dead-fronts", choices=("wait", "retire"), default="wait",
         help="a dead front: wait for it and say so, or retire it so the rest progresses",
     )
+    serve.add_argument(
+        "--sla-s", type=float,
+        help="a sink window is late this long after its end: logged, counted, in the status",
+    )
+    serve.add_argument("--sla-window-s", type=float, default=1.0,
+                       help="the sink windows the SLA applies to (default 1 s)")
     serve.add_argument("--shards", type=int, default=0, help="run N shard processes")
     serve.add_argument("--shard", help=argparse.SUPPRESS)  # K/N: run as shard K of N
     serve.add_argument("--watch-stdin", action="store_true", help=argparse.SUPPRESS)
@@ -138,6 +144,8 @@ def server_config(args: argparse.Namespace, shard_urls: tuple[str, ...] = ()) ->
         stuck_after_ms=args.stuck_after_ms,
         front_timeout_ms=None if args.front_timeout_s is None else int(args.front_timeout_s * 1000),
         dead_fronts=args.dead_fronts,
+        sla_ms=None if args.sla_s is None else int(args.sla_s * 1000),
+        sla_window_ms=int(args.sla_window_s * 1000),
         shard=shard,
         shard_urls=shard_urls,
         name=f"shard-{shard[0]}" if shard else "lowtide",

@@ -70,6 +70,7 @@ def tracker_status(tracker: Tracker, graph: SegmentGraph) -> dict[str, Any]:
         "stuck_detail": [stuck_detail(s) for s in stuck],
         "waiting": [w.describe() for w in tracker.waiting()],
         "open_batches": tracker.batches.export(now_ms),
+        "batch_ms": tracker.batches.recent_ms(),
         "fronts_dead": {str(d.front): dead_detail(d, graph) for d in tracker.dead_fronts()},
     }
 

@@ -15,6 +15,7 @@ from lowtide.service.engine.base import Engine, EngineConfig
 from lowtide.service.engine.central import CentralEngine
 from lowtide.service.engine.coordinator import CoordinatorEngine
 from lowtide.service.engine.shard import ShardEngine
+from lowtide.service.freshness import Sla
 from lowtide.service.server.tracker_server import TrackerServer
 
 
@@ -45,6 +46,10 @@ class ServerConfig:
     #: "wait" (say so) or "retire" (lowtide.core.dead_fronts, rule 17)
     front_timeout_ms: int | None = None
     dead_fronts: str = "wait"
+    #: each sink's windows of sla_window_ms are late sla_ms after their end (None: no
+    #: SLA): a log line, a metric and the status name each one (lowtide.service.freshness)
+    sla_ms: int | None = None
+    sla_window_ms: int = 1_000
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"  # unauthenticated: loopback unless asked
     web_port: int | None = None  # the web view (service.web): None off, 0 a free port
@@ -67,6 +72,10 @@ class ServerConfig:
             )
         if self.front_timeout_ms is not None:  # a bad dead-front policy: refused now
             FrontTimeout(self.front_timeout_ms, self.dead_fronts)
+        self.sla()
+
+    def sla(self) -> Sla | None:
+        return None if self.sla_ms is None else Sla(self.sla_ms, self.sla_window_ms)
 
     def engine(self, graph: SegmentGraph) -> Engine:
         """The engine of this server's role: one shard, a coordinator of shards, or a

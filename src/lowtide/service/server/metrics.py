@@ -89,6 +89,14 @@ class ServerMetrics:
             "lowtide_waiting_windows", "windows past their bound that a running batch may "
             "still deliver (not losses)", one
         ).labels(pipeline)
+        self.windows_late = self._counter(
+            "lowtide_windows_late", "sink windows later than the SLA (lowtide serve "
+            "--sla-s), each counted once", one
+        ).labels(pipeline)
+        self.sla_late = self._gauge(
+            "lowtide_sla_late_seconds", "how far the oldest open sink window is past its "
+            "SLA (<= 0: on time)", one
+        ).labels(pipeline)
         self._gauge(  # the "info" convention: a dashboard shows which version runs
             "lowtide_build_info", "lowtide's version (the value is always 1)",
             [*one, "version"],
@@ -137,6 +145,11 @@ class ServerMetrics:
         self._catch_up(self.fronts_dead_retired, ("fronts_dead_retired",),
                        int(events.get("dead_retired", 0)))
         self.windows_waiting.set(len(status.get("waiting", ())))
+
+    def sla(self, late: int, worst_ms: int) -> None:
+        """``late`` windows just became late; the oldest open one is ``worst_ms`` past."""
+        self.windows_late.inc(late)
+        self.sla_late.set(worst_ms / MS_PER_S)
 
     def _catch_up(self, counter: Any, key: tuple[str, ...], total: int) -> None:
         """Counters follow the engine's own totals: one source, whatever the role. A

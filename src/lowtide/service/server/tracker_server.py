@@ -32,6 +32,7 @@ from lowtide.service.logs import LogBudget
 from lowtide.service.persistence.state_dir import store_graph, stored_graph
 from lowtide.service.persistence.state_log import StateLog
 from lowtide.service.progress import utc_text
+from lowtide.service.server.freshness import SlaWatch
 from lowtide.service.server.history import MinTimeHistory
 from lowtide.service.server.inbox import Admit, Call, Gone, Item, Outbox, Peer, Request, Tick
 from lowtide.service.server.metrics import ServerMetrics
@@ -97,6 +98,8 @@ class TrackerServer:
         self._failed: Error | None = None  # set once a step raised: fail-stop
         self._log_budget = LogBudget()  # per peer, and per segment for stuck windows
         self._conns = PeerConnections(config, self._inbox, self.metrics, self._log_budget)
+        sla = config.sla()
+        self.freshness = None if sla is None else SlaWatch(sla)
 
     @property
     def url(self) -> str:
@@ -335,6 +338,9 @@ class TrackerServer:
             self._next_metrics_ms = now + self.config.metrics_every_ms
             status = self.status()
             self.metrics.observe(status, now, self.config.grid)
+            if self.freshness is not None:
+                self.freshness.check(status, engine.graph, now, self.metrics,
+                                     self._log_budget)
             self._refresh_web(status)
         if self._wal is not None and self._wal.snapshot_due(now):
             try:  # a failed snapshot is retried (see StateLog.snapshot): never fatal
@@ -454,5 +460,7 @@ class TrackerServer:
                 self.shard_watch.annotate(body)
             body["delta_ms"] = self.config.grid.delta_ms
             body["now_ms"] = self.clock.now_ms()
+            if self.freshness is not None:
+                body["freshness"] = self.freshness.document(body, engine.graph)
         return body
 

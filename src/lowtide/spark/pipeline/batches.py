@@ -17,6 +17,7 @@ records the fronts write meanwhile are that batch's to read.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -24,12 +25,27 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from lowtide.core.graph import SegmentGraph
+from lowtide.core.open_batches import STARTING
+from lowtide.service.freshness import ancestors, sinks
 from lowtide.wire.messages import BatchState
 
 log = logging.getLogger("lowtide.spark.batches")
 
 #: report(batch, state): one message to the tracker
 Report = Callable[[int, BatchState], None]
+#: what a query that is still being started looks like to a poll
+STARTING_STATUS = {"isTriggerActive": False, "isDataAvailable": False}
+
+
+def announce_queries(agent: Any, graph: SegmentGraph) -> None:
+    """A pipeline's tracker started: each of its sinks will have a query, whose start
+    takes seconds; until each says more (:class:`BatchReporter`, named after its sink),
+    what the fronts write meanwhile is waiting for it to start, not missing."""
+    for sink in sinks(graph):
+        with contextlib.suppress(Exception):  # an agent without reports (tests): no harm
+            agent.report_batch(sink, STARTING, BatchState.OPEN,
+                               sorted(ancestors(graph, sink)), timeout_s=5.0)
 
 
 def first_batch(checkpoint: str | None) -> int:
@@ -99,13 +115,16 @@ class BatchReporter:
     @classmethod
     def starting(cls, agent: Any, name: str, segments: tuple[str, ...],
                  checkpoint: str | None = None) -> BatchReporter:
+        """Announce the query's first batch (kept alive until :meth:`watching`)."""
         reporter = cls(agent, name, segments, checkpoint)
         reporter.watch.starting(time.monotonic())
+        reporter._thread.start()
         return reporter
 
     def watching(self, query: Any) -> BatchReporter:
         self.query = query
-        self._thread.start()
+        if not self._thread.is_alive():
+            self._thread.start()
         return self
 
     def stop(self) -> None:
@@ -121,6 +140,9 @@ class BatchReporter:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
+            if self.query is None:  # still starting
+                self.watch.poll(STARTING_STATUS, None, time.monotonic())
+                continue
             try:
                 if not self.query.isActive:
                     break
