@@ -78,19 +78,20 @@ def test_retire_lets_the_rest_progress_and_keeps_its_items_tracked() -> None:
     tr.apply(AckBatch.of([Ack(1, 105, X1, -1)]))
     tr.step(5_100)
     assert (tr.min_time("src"), tr.min_time("sink")) == (290, 290)  # the rest progressed
-    # a retired front that was only slow: its heartbeats change nothing (and fail no
-    # session: its agent may carry other fronts), until it registers again
-    tr.apply_flush(AckBatch.of([]), [Heartbeat(2, 300, owner=2)], session=7, now_ms=6_000)
-    tr.heartbeat(Heartbeat(2, 300, owner=2), now_ms=6_000)
+    # a retired front that was only slow fails no session (its agent may carry other
+    # fronts): below its segment's min time, or from another owner, its heartbeat
+    # changes nothing; by its owner at or above it, it rejoins there
+    tr.apply_flush(AckBatch.of([]), [Heartbeat(2, 280, owner=2)], session=7, now_ms=6_000)
+    tr.heartbeat(Heartbeat(2, 300, owner=9), now_ms=6_000)
     assert tr.fronts() == {1: ("src", 290)}
-    back = tracker(RETIRE)
-    back.restore(tr.snapshot())  # a restart knows it too
-    back.heartbeat(Heartbeat(2, 300, owner=2), now_ms=6_000)
     with pytest.raises(UnknownFront):  # a front never seen is refused as before
         tr.heartbeat(Heartbeat(9, 300, owner=9), now_ms=6_000)
-    tr.register_front(RegisterFront(2, "src", 290, owner=2), now_ms=6_000)  # it rejoins
-    tr.heartbeat(Heartbeat(2, 300, owner=2), now_ms=6_100)
-    assert tr.fronts() == {1: ("src", 290), 2: ("src", 300)}
+    back = tracker(RETIRE)
+    back.restore(tr.snapshot())  # a restart knows it too
+    for rejoined in (tr, back):
+        rejoined.apply_flush(AckBatch.of([]), [Heartbeat(2, 300, owner=2)], session=7,
+                             now_ms=6_000)
+        assert rejoined.fronts() == {1: ("src", 290), 2: ("src", 300)}
 
 
 def test_a_front_moved_by_keyed_batches_lives_while_a_batch_on_its_segment_runs() -> None:

@@ -77,6 +77,7 @@ class Declared:
 
 FrontRow = tuple[int, int, int, int]  # (front, segment, time, owner)
 SeenRow = tuple[int, int, bool]  # (front, last seen ms, seen last by a keyed batch)
+DeadRow = tuple[int, int, int]  # (front, segment, owner) of a front retired as dead
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,7 @@ class FrontTable:
         self._declared: dict[int, Declared] = {}
         self._done: set[int] = set()  # unregistered or retired: a declaration is moot
         self._seen: dict[int, tuple[int, bool]] = {}  # live front -> (ms, by a keyed batch)
-        self._dead: set[int] = set()  # retired as dead: late heartbeats change nothing
+        self._dead: dict[int, tuple[int, int]] = {}  # retired as dead -> (segment, owner)
 
     def __len__(self) -> int:
         return len(self._time)
@@ -140,7 +141,7 @@ class FrontTable:
             )
         self._declared.pop(front, None)
         self._done.discard(front)
-        self._dead.discard(front)
+        self._dead.pop(front, None)
         self._segment_of[front] = segment
         self._time[front] = time
         self._owner[front] = owner
@@ -265,11 +266,11 @@ class FrontTable:
         self, live: tuple[FrontRow, ...], done: tuple[int, ...],
         declared: tuple[Declared, ...] = (), done_fronts: tuple[int, ...] = (),
         holders: tuple[HolderRow, ...] = (), seen: tuple[SeenRow, ...] = (),
-        dead: tuple[int, ...] = (),
+        dead: tuple[DeadRow, ...] = (),
     ) -> None:
         self.holders.restore(holders)
         self._seen = {f: (t, bool(b)) for f, t, b in seen}
-        self._dead = set(dead)
+        self._dead = {f: (s, o) for f, s, o in dead}
         self._segment_of, self._time, self._owner = {}, {}, {}
         self._live = [set() for _ in done]
         self._done_bound = list(done)
@@ -309,13 +310,19 @@ class FrontTable:
     def retire_dead(self, front: int) -> None:
         """Unregister a silent front without its owner (the dead-front policy, rule
         17): its segment's bound no longer waits for it; the acks it sent stay in the
-        checksums, so its items stay tracked. Its later heartbeats change nothing (a
-        producer that was only slow must not fail the session it shares with others);
-        it rejoins by registering again."""
+        checksums, so its items stay tracked. A later heartbeat of it is no error (a
+        producer that was only slow must not fail the session it shares with others):
+        see :meth:`retired_as_dead`."""
+        self._dead[front] = (self._segment_of[front], self._owner[front])
         self._drop(front)
-        self._dead.add(front)
 
-    def export_seen(self) -> tuple[tuple[SeenRow, ...], tuple[int, ...]]:
+    def retired_as_dead(self, front: int) -> tuple[int, int] | None:
+        """(segment, owner) of a front retired as dead, else None. Its owner's heartbeat
+        at or above the segment's min time rejoins it (as a registration would); below
+        it, the heartbeat changes nothing."""
+        return self._dead.get(front)
+
+    def export_seen(self) -> tuple[tuple[SeenRow, ...], tuple[DeadRow, ...]]:
         """When each live front was last seen, and the fronts retired as dead."""
         return tuple((f, t, b) for f, (t, b) in sorted(self._seen.items())), tuple(
-            sorted(self._dead))
+            (f, s, o) for f, (s, o) in sorted(self._dead.items()))

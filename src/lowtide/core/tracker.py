@@ -31,7 +31,15 @@ from dataclasses import dataclass
 from lowtide.core.dead_fronts import DeadFront, DeadFronts, FrontTimeout, InFlight
 from lowtide.core.diagnostics import StuckDetector, StuckWindow, WaitingWindow
 from lowtide.core.errors import ProtocolError, UnknownSegment
-from lowtide.core.fronts import NEVER, Declared, FrontRow, FrontTable, SeenRow, check_time
+from lowtide.core.fronts import (
+    NEVER,
+    DeadRow,
+    Declared,
+    FrontRow,
+    FrontTable,
+    SeenRow,
+    check_time,
+)
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.holders import HolderRow
 from lowtide.core.messages import (
@@ -89,7 +97,7 @@ class TrackerSnapshot:
     done_fronts: tuple[int, ...] = ()
     holders: tuple[HolderRow, ...] = ()  # (front, session, seen_ms)
     seen: tuple[SeenRow, ...] = ()  # (front, seen_ms, by a keyed batch): dead fronts
-    dead_fronts: tuple[int, ...] = ()  # fronts retired as dead (rule 17)
+    dead_fronts: tuple[DeadRow, ...] = ()  # (front, segment, owner) retired as dead
 
 
 @dataclass(frozen=True)
@@ -179,7 +187,7 @@ class Tracker:
         self._fronts.retire(msg.front, msg.owner)
 
     def heartbeat(self, msg: Heartbeat, now_ms: int = 0) -> None:
-        self._fronts.heartbeat(msg.front, msg.time, msg.owner, now_ms=now_ms)
+        self._beat(msg, None, now_ms)
 
     def apply(self, batch: AckBatch) -> None:
         """Fold a batch of acks in, all or nothing."""
@@ -199,7 +207,7 @@ class Tracker:
             acks.segment, windows, acks.xor, acks.count, checked=checked, bounds=bounds
         )
         for hb in hbs:
-            self._fronts.heartbeat(hb.front, hb.time, hb.owner, session, now_ms)
+            self._beat(hb, session, now_ms)
 
     def receive_flush(self, flush: Flush) -> None:
         self.apply_flush(flush.acks, flush.heartbeats)
@@ -303,6 +311,19 @@ class Tracker:
         if not inbound:
             return self._fronts.bound(s)
         return min(self._mins[u] for u in inbound)
+
+    def _beat(self, hb: Heartbeat, session: int | None, now_ms: int) -> None:
+        """A heartbeat; one of a front retired as dead (rule 17) by its owner, at or
+        above its segment's min time, rejoins it there: it was only slow."""
+        dead = self._fronts.retired_as_dead(hb.front)
+        if dead is None:
+            self._fronts.heartbeat(hb.front, hb.time, hb.owner, session, now_ms)
+            return
+        segment, owner = dead
+        floor = self._floor(segment)
+        if hb.owner == owner and hb.time >= floor:
+            self._fronts.register(hb.front, segment, hb.time, floor, owner, session or 0,
+                                  now_ms)
 
     def _busy(self, s: int) -> bool:
         """A batch acking into segment ``s`` is open (it may carry heartbeats)."""

@@ -107,7 +107,7 @@ def export_tracker(snap: TrackerSnapshot) -> tuple[dict[str, Any], dict[str, np.
         "done_fronts": list(snap.done_fronts),
         "holders": [list(h) for h in snap.holders],
         "seen": [list(r) for r in snap.seen],
-        "dead_fronts": list(snap.dead_fronts),
+        "dead_fronts": [list(r) for r in snap.dead_fronts],
         "done_bounds": list(snap.done_bounds),
         "min_times": list(snap.min_times),
         "global_min": snap.global_min,
@@ -144,5 +144,5 @@ def import_tracker(
         tuple(int(f) for f in meta.get("done_fronts", ())),
         tuple((int(f), int(s), int(t)) for f, s, t in meta.get("holders", ())),
         tuple((int(f), int(t), bool(b)) for f, t, b in meta.get("seen", ())),
-        tuple(int(f) for f in meta.get("dead_fronts", ())),
+        tuple((int(f), int(s), int(o)) for f, s, o in meta.get("dead_fronts", ())),
     )
