@@ -14,29 +14,20 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
 import lowtide
 from lowtide.core.time import TimeGrid
 from lowtide.spark.sources.ingest import IngestReader
-from tests.spark.helpers import Watcher
+from tests.spark.helpers import Watcher, premature, published
+from tests.spark.helpers import parse_log_record as parse
 
 pytestmark = pytest.mark.spark
 
 GRID = TimeGrid(delta_ms=10)
 FRONTS = (0, 1, 2)
 DEAD = 2
-
-
-def parse(b: pa.RecordBatch) -> pa.RecordBatch:
-    return pa.record_batch({"front": b["front"], "offset": b["offset"],
-                            "size": pc.binary_length(b["payload"])})
-
-
-def published(out: Path) -> list[str]:
-    return sorted(p.name for p in out.glob("part-*.parquet"))
 
 
 class Producers:
@@ -115,10 +106,5 @@ def test_retire_lets_the_others_complete_equal_to_a_batch_recomputation(
     assert len(keys) == len(set(keys)), "duplicates"
     assert set(keys) == set(logged), "the output is not the batch recomputation"
     assert any(f == DEAD for f, _o in keys)
-    for n in watcher.seen:  # NEVER PREMATURE: no min time ahead of the published files
-        have: set[tuple[int, int]] = set()
-        for name in n.snapshot:
-            t = files[name]
-            have.update(zip(t["front"].to_pylist(), t["offset"].to_pylist(), strict=True))
-        early = [k for k, t in logged.items() if t < n.time and k not in have]
-        assert not early, f"premature: t={n.time} before {early[:5]}"
+    # NEVER PREMATURE: no min time ahead of the published files
+    assert not premature(watcher.seen, files, logged)

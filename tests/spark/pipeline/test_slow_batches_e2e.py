@@ -20,7 +20,7 @@ import pytest
 import lowtide
 from lowtide.core.time import TimeGrid
 from lowtide.spark.sources.ingest import IngestReader
-from tests.spark.helpers import Watcher
+from tests.spark.helpers import Watcher, published
 
 pytestmark = pytest.mark.spark
 
@@ -33,10 +33,6 @@ def slow_parse(b: pa.RecordBatch) -> pa.RecordBatch:
     time.sleep(BATCH_S)
     return pa.record_batch({"front": b["front"], "offset": b["offset"],
                             "size": pc.binary_length(b["payload"])})
-
-
-def published(out: Path) -> list[str]:
-    return sorted(p.name for p in out.glob("part-*.parquet"))
 
 
 class Sampler:
