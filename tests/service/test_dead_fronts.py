@@ -17,6 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import Ack, AckBatch
 from lowtide.service import Agent, BatchKey, TrackerService
@@ -183,3 +185,12 @@ def test_a_window_later_than_its_sla_is_logged_counted_and_names_what_holds_it()
         logging.getLogger("lowtide.service.freshness").removeHandler(lines)
     logged = [r for r in lines.records if r.msg == "window later than its SLA"]
     assert logged and "held by front 1" in logged[0].__dict__["detail"]
+
+
+def test_a_front_timeout_with_shards_is_refused_in_one_line() -> None:
+    from lowtide.service.server.config import ServerConfig
+
+    with pytest.raises(ValueError, match="central tracker only"):
+        ServerConfig(GRAPH, front_timeout_ms=1_000, shard_urls=("tcp://127.0.0.1:1",))
+    with pytest.raises(ValueError, match="use 'wait' or 'retire'"):
+        ServerConfig(GRAPH, front_timeout_ms=1_000, dead_fronts="drop")

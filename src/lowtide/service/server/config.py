@@ -72,6 +72,9 @@ class ServerConfig:
             )
         if self.front_timeout_ms is not None:  # a bad dead-front policy: refused now
             FrontTimeout(self.front_timeout_ms, self.dead_fronts)
+            if self.shard is not None or self.shard_urls:
+                raise ValueError("--front-timeout-s works with a central tracker only (each "
+                                 "shard would retire on its own clock): drop --shards")
         self.sla()
 
     def sla(self) -> Sla | None:
