@@ -160,7 +160,9 @@ class Lines(logging.Handler):
 
 def test_a_window_later_than_its_sla_is_logged_counted_and_names_what_holds_it() -> None:
     lines = Lines()
-    logging.getLogger("lowtide.service.freshness").addHandler(lines)
+    logger = logging.getLogger("lowtide.service.freshness")
+    logger.addHandler(lines)
+    logger.setLevel(logging.WARNING)  # whatever another test set "lowtide" to
     svc = TrackerService.start(GRAPH, sla_ms=300, sla_window_ms=100, metrics_every_ms=100)
     try:
         with agent(svc) as a:
@@ -182,7 +184,8 @@ def test_a_window_later_than_its_sla_is_logged_counted_and_names_what_holds_it()
             assert "lowtide_windows_late_total{pipeline=\"default\"} 0.0" not in text
     finally:
         svc.stop()
-        logging.getLogger("lowtide.service.freshness").removeHandler(lines)
+        logger.removeHandler(lines)
+        logger.setLevel(logging.NOTSET)
     logged = [r for r in lines.records if r.msg == "window later than its SLA"]
     assert logged and "held by front 1" in logged[0].__dict__["detail"]
 
