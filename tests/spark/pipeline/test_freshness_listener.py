@@ -12,7 +12,7 @@ import pytest
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.time import TimeGrid
 from lowtide.service import Agent, TrackerService
-from lowtide.spark.pipeline import FreshnessListener, PipelineShapeError, WindowLate
+from lowtide.spark.pipeline import FreshnessListener, PipelineShapeError, WindowLate, status_of
 from lowtide.spark.pipeline.handle import operating_options
 
 GRAPH = SegmentGraph.of(("src", ()), ("sink", ("src",)))
@@ -43,6 +43,10 @@ def test_each_late_window_is_one_event_naming_what_holds_it() -> None:
         assert second.start_ms > first.start_ms  # each window once
         assert first.late_ms > 0 and first.held_by.startswith("front 1 on 'src'")
         assert first.text.startswith("sink 'sink' window [")
+        status = status_of(agent.status(), TimeGrid())  # what pipe.status() prints
+        late = [line for line in status.render(10).splitlines() if line.startswith("LATE: ")]
+        assert late and all(" later than its SLA (0.2 s): held by front 1" in line
+                            for line in late)
     finally:
         agent.close()
         svc.stop()

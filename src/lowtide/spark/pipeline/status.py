@@ -47,6 +47,8 @@ class PipelineStatus:
     dead_fronts: list[str] = field(default_factory=list)
     #: overdue windows a running batch may still deliver: "waiting for query Q batch N"
     waiting: list[str] = field(default_factory=list)
+    #: the latest sink windows later than the SLA (Pipeline(sla=...)), what holds each
+    late: list[str] = field(default_factory=list)
 
     def render(self, delta_ms: int) -> str:
         lines = [f"starting: {self.starting}"] if self.starting else []
@@ -70,6 +72,7 @@ class PipelineStatus:
         lines.extend(f"FRONT: {e}" for e in self.front_events)
         lines.extend(f"WAITS FOR: {d}" for d in self.dead_fronts)
         lines.extend(f"waiting (not lost): {w}" for w in self.waiting)
+        lines.extend(f"LATE: {w}" for w in self.late[-5:])
         lines.extend(f"STUCK: {s}" for s in self.stuck)
         return "\n".join(lines)
 
@@ -100,4 +103,5 @@ def status_of(doc: dict[str, Any], grid: TimeGrid, rates: RowRates | None = None
                           int(events.get("behind", 0)), int(events.get("retired", 0)),
                           list(events.get("recent", [])),
                           [d["text"] for d in doc.get("fronts_dead", {}).values()],
-                          list(doc.get("waiting", [])))
+                          list(doc.get("waiting", [])),
+                          [w["text"] for w in (doc.get("freshness") or {}).get("late", [])])
