@@ -6,7 +6,10 @@ its faults (:mod:`.faults`, :mod:`.hostile`) and counts:
 
 * ``premature``: notifications that claimed a time while an item below it was still
   in flight (must be 0), and agents fooled by a server without the secret;
-* ``lost``: runs whose sink never reached the end after recovery (must be 0);
+* ``lost``: runs whose sink never reached the end after recovery (must be 0): a front
+  that went silent for good ("dead front") is retired by ``--dead-fronts retire``;
+* ``false_loss_reports``: stuck windows the tracker reported (nothing is ever lost
+  here; "slow batch" runs the consumer's batches 4x past ``--stuck-after-ms``);
 * refused starts: a tracker that would not recover from a damaged log (the safe
   answer; the scenario then restores the state dir, the documented way out);
 * the good clients' notification delay, quiet and under attack.
@@ -52,6 +55,9 @@ SCENARIOS = (
     Scenario("producer crash", (faults.crash_producer,), producer="crash"),
     Scenario("tracker outage under a producer", (faults.outage_under_producer,),
              producer="pause"),
+    Scenario("dead front", dead_front=True,
+             serve_args=("--front-timeout-s", "3", "--dead-fronts", "retire")),
+    Scenario("slow batch", slow_every=4, serve_args=("--stuck-after-ms", "500")),
 )
 #: with --spark (lowtide.bench.chaos.spark_faults: real Spark queries and files)
 SPARK_SCENARIOS = ("rerun from a new checkpoint", "two writers of one table")
@@ -91,6 +97,8 @@ def summary(results: list[Result]) -> dict[str, Any]:
         "premature": sum(len(r.premature) for r in results),
         "lost": sum(r.lost for r in results),
         "refused_starts": sum(r.refused_starts for r in results),
+        "false_loss_reports": sum(r.false_losses for r in results),
+        "dead_front_retired": any(r.retired for r in results if r.name == "dead front"),
         "notify_p50_ms_quiet": p50("quiet"),
         "notify_p99_ms_quiet": p99("quiet"),
         "notify_p50_ms_attacked": p50("hostile peers"),

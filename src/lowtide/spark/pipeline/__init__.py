@@ -5,6 +5,7 @@ segment graph (:class:`SegmentPlan`), its writer (``stream.writeStream``,
 from lowtide.spark.pipeline.builder import Built, Pipeline, TrackerNotStarted, register_sources
 from lowtide.spark.pipeline.dag import PipelineShapeError, SegmentPlan, derive
 from lowtide.spark.pipeline.describe import Aggregated, Windowed
+from lowtide.spark.pipeline.freshness import FreshnessListener, WindowLate
 from lowtide.spark.pipeline.handle import TrackerHandle
 from lowtide.spark.pipeline.monitoring import CompletenessListener, ProgressMetrics
 from lowtide.spark.pipeline.query import (
@@ -22,6 +23,7 @@ __all__ = [
     "Aggregated",
     "Built",
     "CompletenessListener",
+    "FreshnessListener",
     "Pipeline",
     "PipelineShapeError",
     "PipelineStatus",
@@ -34,6 +36,7 @@ __all__ = [
     "TrackedStreamWriter",
     "TrackerHandle",
     "TrackerNotStarted",
+    "WindowLate",
     "Windowed",
     "await_jobs_gone",
     "derive",

@@ -44,6 +44,7 @@ from lowtide.spark.operators.state_processor import build_keyed
 from lowtide.spark.operators.tracked import OpRuntime, OpSpec, operator_id, task_function
 from lowtide.spark.operators.window_state import build_window
 from lowtide.spark.operators.windows import WindowSpec
+from lowtide.spark.pipeline.batches import BatchReporter, announce_queries
 from lowtide.spark.pipeline.dag import (
     PipelineShapeError,
     SegmentPlan,
@@ -53,7 +54,7 @@ from lowtide.spark.pipeline.dag import (
     source_key,
 )
 from lowtide.spark.pipeline.describe import described
-from lowtide.spark.pipeline.handle import TrackerHandle, TrackerOptions
+from lowtide.spark.pipeline.handle import TrackerHandle, TrackerOptions, operating_options
 from lowtide.spark.pipeline.monitoring import PROGRESS_SAMPLE_BITS, ProgressMetrics
 from lowtide.spark.pipeline.query import TrackedQuery, startup_phase
 from lowtide.spark.pipeline.status import PipelineStatus, status_of
@@ -223,6 +224,9 @@ class Pipeline:
     link is ``pipe.tracker.web_url``; docs/service.md, "Web view").
     ``progress_metrics``: each query's ``lastProgress["observedMetrics"]["lowtide"]``
     carries the tracker's figures (sampled on 1 row in 256; docs/spark.md, "Monitoring").
+    ``front_timeout`` (``"30 seconds"``): a front silent this long is dead; ``dead_fronts``
+    ``"wait"`` says so and waits, ``"retire"`` retires it; ``sla``: each sink window of
+    ``sla_window`` is late that long after its end (FreshnessListener; docs/operating.md).
     """
 
     def __init__(
@@ -239,6 +243,10 @@ class Pipeline:
         confirm: bool = True,
         web_port: int | None = None,
         progress_metrics: bool = True,
+        front_timeout: str | int | None = None,
+        dead_fronts: str = "wait",
+        sla: str | int | None = None,
+        sla_window: str | int = "1 second",
     ) -> None:
         self.spark = spark
         self.name = name
@@ -247,7 +255,8 @@ class Pipeline:
             url=tracker,
             secret=secret if secret is not None else os.environ.get("LOWTIDE_SECRET"),
             state_dir=state_dir, stuck_after_ms=stuck_after_ms, freeze_gc=freeze_gc,
-            confirm=confirm, pipeline=name, web_port=web_port)
+            confirm=confirm, pipeline=name, web_port=web_port,
+            **operating_options(front_timeout, dead_fronts, sla, sla_window))
         self._progress_metrics = progress_metrics
         self._sources: list[SourceSpec] = []
         self._graph: SegmentGraph | None = None
@@ -304,6 +313,7 @@ class Pipeline:
         self._handle = TrackerHandle(graph, self.grid, self._tracker_options)
         # before any query runs: the tracker waits for a producer that starts late
         declare_fronts(self._sources, self._handle.agent, graph, self.name)
+        announce_queries(self._handle.agent, graph)  # their start-up is not a loss
         return self._handle
 
     @property
@@ -405,6 +415,8 @@ class Pipeline:
         df, graph, ref = built.df, built.graph, built.ref
         if self._progress_metrics:
             df = ProgressMetrics.of(self.name, graph, sink_name, PROGRESS_SAMPLE_BITS).observe(df)
+        batches = BatchReporter.starting(self.tracker.agent, sink_name, graph.names,
+                                         checkpoint)  # a slow start is not a loss
         writer = df.writeStream.option("checkpointLocation", checkpoint)
         if trigger:
             writer = writer.trigger(processingTime=trigger)
@@ -421,7 +433,7 @@ class Pipeline:
             opts["lowtide.tracker"] = ref.to_option()
             opts["lowtide.segment"] = sink_name
             query = writer.format("lowtide_sink").options(**opts).start()
-        tq = TrackedQuery(self, query, graph, sink_name)
+        tq = TrackedQuery(self, query, graph, sink_name, batches)
         self._queries.append(tq)
         return tq
 
