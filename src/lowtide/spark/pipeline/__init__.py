@@ -1,6 +1,7 @@
 """The pipeline description and its queries: :class:`Pipeline`, :class:`Stream`, its
 segment graph (:class:`SegmentPlan`), its writer (``stream.writeStream``,
-:class:`TrackedStreamWriter`), :class:`TrackedQuery`, and the progress they report."""
+:class:`TrackedStreamWriter`), :class:`TrackedQuery`, the progress they report, and
+replay by time (:mod:`.replay`: :class:`Loss`, :class:`Target`)."""
 
 from lowtide.spark.pipeline.builder import Built, Pipeline, TrackerNotStarted, register_sources
 from lowtide.spark.pipeline.dag import PipelineShapeError, SegmentPlan, derive
@@ -14,6 +15,7 @@ from lowtide.spark.pipeline.query import (
     startup_phase,
     stop_between_batches,
 )
+from lowtide.spark.pipeline.replay import Loss, Repaired, Replayed, ReplayRefused, Target
 from lowtide.spark.pipeline.status import PipelineStatus, SegmentProgress, status_of
 from lowtide.spark.pipeline.stream import Stream
 from lowtide.spark.pipeline.write_stream import TrackedStreamWriter
@@ -22,14 +24,19 @@ __all__ = [
     "Aggregated",
     "Built",
     "CompletenessListener",
+    "Loss",
     "Pipeline",
     "PipelineShapeError",
     "PipelineStatus",
     "ProgressMetrics",
     "QueryFailed",
+    "Repaired",
+    "ReplayRefused",
+    "Replayed",
     "SegmentPlan",
     "SegmentProgress",
     "Stream",
+    "Target",
     "TrackedQuery",
     "TrackedStreamWriter",
     "TrackerHandle",
