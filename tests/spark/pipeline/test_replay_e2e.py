@@ -5,10 +5,8 @@ a fresh output equals the recomputation of that range."""
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -16,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import lowtide
+from lowtide.bench.chaos.replay_fault import drop_once
 from lowtide.core.time import TimeGrid
 from lowtide.spark.pipeline.replay import ReplayRefused
 from lowtide.spark.sources.ingest import IngestReader
@@ -29,25 +28,6 @@ SCHEMA = "front int, offset long, size int"
 def parse(b: pa.RecordBatch) -> pa.RecordBatch:
     return pa.record_batch({"front": b["front"], "offset": b["offset"],
                             "size": pc.binary_length(b["payload"])})
-
-
-def drop_once(marker: str) -> Any:
-    """An untracked 1:1 step that, in the first task with rows to claim ``marker``,
-    drops the rows whose offset is 1 modulo 4: a loss after the tracked step sent them."""
-
-    def run(batches):  # type: ignore[no-untyped-def]
-        for b in batches:
-            if b.num_rows:
-                try:
-                    os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
-                except FileExistsError:
-                    yield b
-                    continue
-                yield b.filter(pc.not_equal(pc.bit_wise_and(b["offset"], 3), 1))
-            else:
-                yield b
-
-    return run
 
 
 def logged(ingest: Path, lo: int = 0, hi: int = 1 << 62) -> set[tuple[int, int, int, int]]:
@@ -100,7 +80,10 @@ def test_loss_replayed_completes_windows_exactly_once(spark, tmp_path: Path) -> 
         repaired = pipe.repair(timeout_s=180)
         assert repaired.rows == sum(x.missing for x in repaired.losses) > 0
         query.wait_for_min_time(final, timeout_s=120)
-        assert not pipe.status().stuck
+        deadline = time.monotonic() + 30  # the stuck report is refreshed on its own clock
+        while pipe.status().stuck:
+            assert time.monotonic() < deadline, pipe.status().stuck
+            time.sleep(0.2)
         assert pipe.repair().rows == 0  # nothing stuck any more: nothing to do
         times = sorted(t for *_row, t in logged(ingest))
         lo, hi = times[len(times) // 2], final
