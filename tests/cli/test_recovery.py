@@ -90,3 +90,39 @@ def test_cut_names_the_batches_below_t_and_refuses_a_table_behind(tmp_path: Path
         assert "publishes no completeness" in str(err)
     else:
         raise AssertionError("a folder without a completeness was cut")
+
+
+def test_a_delta_cut_reads_the_first_version_complete_below_t(tmp_path: Path) -> None:
+    """The log as a Delta writer leaves it (JSON commits: add, remove, lowtide's record
+    in commitInfo), read without Spark: the version is the first whose record reached T,
+    and the files are those live at that version."""
+    t = tmp_path / "gold"
+    (t / "_delta_log").mkdir(parents=True)
+
+    def commit(version: int, complete: int, batch: int, adds: dict[str, list[int]],
+               removes: tuple[str, ...] = ()) -> None:
+        record = Record("gold", complete, complete * DELTA_MS, 0, "g", "gold", batch, "q1")
+        lines = [{"commitInfo": {"userMetadata": json.dumps({"lowtide": record.doc()})}}]
+        for name, times in adds.items():
+            pq.write_table(pa.table({"lt_time": np.array(times, np.int64)}), t / name)
+            lines.append({"add": {"path": name}})
+        lines += [{"remove": {"path": name}} for name in removes]
+        text = "\n".join(json.dumps(line) for line in lines) + "\n"
+        (t / "_delta_log" / f"{version:020d}.json").write_text(text)
+
+    commit(0, 0, -1, {})
+    commit(1, 100, 0, {"a.parquet": [100, 101]})
+    commit(2, 110, 1, {"b.parquet": [105, 120]})
+    commit(3, 130, 2, {"ab.parquet": [100, 101, 105, 120]}, removes=("a.parquet", "b.parquet"))
+    share = sink_cut(t, 106)
+    assert (share.format, share.version, share.complete_below) == ("delta", 2, 110)
+    assert [(f.file, f.rows, f.batch, f.version) for f in share.files] == [
+        ("a.parquet", 2, 0, 1), ("b.parquet", 1, 1, 2)]
+    later = sink_cut(t, 125)  # after the compaction: its file only
+    assert (later.version, [(f.file, f.rows) for f in later.files]) == (3, [("ab.parquet", 4)])
+    try:
+        sink_cut(t, 131)
+    except CutRefused as err:
+        assert "complete below slot 130 only (writer 'gold' holds it back)" in str(err)
+    else:
+        raise AssertionError("a cut past the table's completeness was not refused")
