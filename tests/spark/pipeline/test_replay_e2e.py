@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import lowtide
-from lowtide.bench.chaos.replay_fault import drop_once
+from lowtide.bench.chaos.replay_fault import drop_once, send_rounds
 from lowtide.core.time import TimeGrid
 from lowtide.spark.pipeline.replay import ReplayRefused
 from lowtide.spark.sources.ingest import IngestReader
@@ -61,12 +61,7 @@ def test_loss_replayed_completes_windows_exactly_once(spark, tmp_path: Path) -> 
         fronts = [pipe.front(f, fsync="never") for f in (0, 1)]
         query = stream.write_parquet(str(out), checkpoint=str(tmp_path / "ckpt"),
                                      keep_tracking_columns=True, trigger="200 milliseconds")
-        for i in range(6):
-            for front in fronts:
-                front.send([b"x" * (i + k) for k in range(5)])
-            time.sleep(0.05)
-        time.sleep(0.03)
-        final = min(front.close() for front in fronts)
+        final = send_rounds(fronts, rounds=6)
         deadline = time.monotonic() + 120
         # a loss at the sink stays; a window that is only slow (a loaded machine) goes
         while not (found := [x for x in pipe.losses() if x.segment == "sink"]):

@@ -7,8 +7,8 @@ and completes them. Ground truth: every record the fronts logged.
 * ``premature``: the sink's min time announced while a logged record below it was not in
   the output, or a row written twice;
 * ``lost``: logged records not in the output at the end;
-* ``false_loss_reports``: sink windows the tracker reported with more items missing than
-  the step dropped there (rows of a batch that was only slow), seen while polling.
+* ``false_loss_reports``: stuck windows the tracker reported with more items missing
+  than were lost there (rows of a batch that was only slow), seen while polling.
 """
 
 from __future__ import annotations
@@ -57,15 +57,18 @@ class ReplayRun:
     logged: dict[tuple[int, int], int] = field(default_factory=dict)  # (front, offset) -> slot
     written: list[tuple[int, int]] = field(default_factory=list)  # rows in the output
     before_repair: set[tuple[int, int]] = field(default_factory=set)
-    reports: set[tuple[int, int]] = field(default_factory=set)  # (window start, missing)
+    #: (segment, window start, missing) of every stuck window seen while polling
+    reports: set[tuple[str, int, int]] = field(default_factory=set)
     claimed: int = 0  # the sink's min time at the end
     repaired_rows: int = 0
     repair_s: float = 0.0
 
     def false_loss_reports(self) -> int:
-        """Reports of more missing rows in a window than were really lost there."""
+        """Reports of more missing rows in a window than were really lost there (only
+        the sink loses rows here)."""
         lost = Counter(t for key, t in self.logged.items() if key not in self.before_repair)
-        return sum(1 for start, missing in self.reports if missing > lost.get(start, 0))
+        return sum(1 for segment, start, missing in self.reports
+                   if missing > (lost.get(start, 0) if segment == "sink" else 0))
 
     def equals_batch(self) -> bool:
         return len(self.written) == len(set(self.written)) and set(self.written) == set(
@@ -91,6 +94,17 @@ def _logged(ingest: Path) -> dict[tuple[int, int], int]:
     return out
 
 
+def send_rounds(fronts: list[Any], rounds: int) -> int:
+    """``rounds`` sends of 5 records per front, 50 ms apart, then the fronts closed;
+    returns the smallest last heartbeat (every record is below it)."""
+    for i in range(rounds):
+        for front in fronts:
+            front.send([b"r" * (i + k) for k in range(5)])
+        time.sleep(0.05)
+    time.sleep(0.03)  # the clock passes the last label before the final heartbeat
+    return min(front.close() for front in fronts)
+
+
 def lost_and_replayed(spark: Any, tmp: Path, timeout_s: float = 300.0) -> ReplayRun:
     ingest, out, run = tmp / "ingest", tmp / "out", ReplayRun()
     pipe = Pipeline(spark, "chaos-replay", stuck_after_ms=STUCK_AFTER_MS)
@@ -101,21 +115,16 @@ def lost_and_replayed(spark: Any, tmp: Path, timeout_s: float = 300.0) -> Replay
         fronts = [pipe.front(f, fsync="never") for f in (0, 1)]
         query = stream.write_parquet(str(out), checkpoint=str(tmp / "ckpt"), trigger=TRIGGER,
                                      keep_tracking_columns=True)
-        for i in range(8):
-            for front in fronts:
-                front.send([b"r" * (i + k) for k in range(5)])
-            time.sleep(0.05)
-        time.sleep(0.03)
-        final = min(front.close() for front in fronts)
+        final = send_rounds(fronts, rounds=8)
         deadline = time.monotonic() + timeout_s
         while not [x for x in pipe.losses() if x.segment == "sink"]:
-            run.reports |= {(x.start, x.missing) for x in pipe.losses()}
+            run.reports |= {(x.segment, x.start, x.missing) for x in pipe.losses()}
             if time.monotonic() > deadline or query.exception() is not None:
                 raise RuntimeError(f"no loss reported at the sink: {pipe.status().stuck}")
             time.sleep(0.3)
         started = time.monotonic()
         run.before_repair = set(_rows(out))
-        run.reports |= {(x.start, x.missing) for x in pipe.losses()}
+        run.reports |= {(x.segment, x.start, x.missing) for x in pipe.losses()}
         run.repaired_rows = pipe.repair(timeout_s=timeout_s).rows
         run.repair_s = time.monotonic() - started
         run.claimed = query.wait_for_min_time(final, timeout_s=timeout_s)
@@ -142,4 +151,4 @@ def result_of(run: ReplayRun) -> Result:
     return result
 
 
-__all__ = ["ReplayRun", "drop_once", "lost_and_replayed", "result_of"]
+__all__ = ["ReplayRun", "drop_once", "lost_and_replayed", "result_of", "send_rounds"]
