@@ -15,6 +15,7 @@ import pytest
 import lowtide
 from lowtide.spark import complete_below
 from lowtide.spark.sinks.cuts import CutRefused, cut
+from tests.spark.sinks.helpers import running
 from tests.spark.sources.helpers import GRID, SCHEMA, LabelFronts, parquet_files, produce
 
 pytestmark = pytest.mark.spark
@@ -35,8 +36,7 @@ def test_cut_over_two_chained_queries_equals_batch(spark, tmp_path: Path) -> Non
     gold = pipe.read_stream(table, name="silver").where("v % 2 = 0", name="even")
     pipe.start_tracker(pipe.plan((bronze, "bronze"), (gold, "gold")).graph)
     fronts = LabelFronts(pipe.tracker.agent, "ingest", {0: 0, 1: 30})
-    queries = []
-    try:
+    with running(pipe) as queries:
         queries.append(bronze.write_table(str(bronze_path), format="parquet",
                                           checkpoint=str(tmp_path / "c1"), name="bronze",
                                           feeds=("silver",), trigger="300 milliseconds"))
@@ -60,10 +60,6 @@ def test_cut_over_two_chained_queries_equals_batch(spark, tmp_path: Path) -> Non
         far = max(times) + 100_000
         with pytest.raises(CutRefused, match=r"^cut at slot \d+ refused: .* complete below"):
             cut([str(bronze_path), str(gold_path)], far, delta_ms=GRID.delta_ms)
-    finally:
-        for q in queries:
-            q.stop()
-        pipe.close()
     below = rows[rows["lt_time"] < as_of]
     assert len(below) and len(below) < len(rows)
     assert ids(bronze_rows) == ids(below)
