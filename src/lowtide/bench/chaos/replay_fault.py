@@ -14,8 +14,11 @@ and completes them. Ground truth: every record the fronts logged.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,7 +59,7 @@ class ReplayRun:
 
     logged: dict[tuple[int, int], int] = field(default_factory=dict)  # (front, offset) -> slot
     written: list[tuple[int, int]] = field(default_factory=list)  # rows in the output
-    before_repair: set[tuple[int, int]] = field(default_factory=set)
+    by_query: set[tuple[int, int]] = field(default_factory=set)  # those the query wrote
     #: (segment, window start, missing) of every stuck window seen while polling
     reports: set[tuple[str, int, int]] = field(default_factory=set)
     claimed: int = 0  # the sink's min time at the end
@@ -66,7 +69,7 @@ class ReplayRun:
     def false_loss_reports(self) -> int:
         """Reports of more missing rows in a window than were really lost there (only
         the sink loses rows here)."""
-        lost = Counter(t for key, t in self.logged.items() if key not in self.before_repair)
+        lost = Counter(t for key, t in self.logged.items() if key not in self.by_query)
         return sum(1 for segment, start, missing in self.reports
                    if missing > (lost.get(start, 0) if segment == "sink" else 0))
 
@@ -75,11 +78,11 @@ class ReplayRun:
             self.logged)
 
 
-def _rows(folder: Path) -> list[tuple[int, int]]:
+def _rows(folder: Path, pattern: str = "part-*.parquet") -> list[tuple[int, int]]:
     import pyarrow.parquet as pq
 
     out: list[tuple[int, int]] = []
-    for path in sorted(folder.glob("part-*.parquet")):
+    for path in sorted(folder.glob(pattern)):
         t = pq.read_table(path, columns=["front", "offset"]).to_pydict()
         out += list(zip(t["front"], t["offset"], strict=True))
     return out
@@ -115,23 +118,42 @@ def lost_and_replayed(spark: Any, tmp: Path, timeout_s: float = 300.0) -> Replay
         fronts = [pipe.front(f, fsync="never") for f in (0, 1)]
         query = stream.write_parquet(str(out), checkpoint=str(tmp / "ckpt"), trigger=TRIGGER,
                                      keep_tracking_columns=True)
-        final = send_rounds(fronts, rounds=8)
-        deadline = time.monotonic() + timeout_s
-        while not [x for x in pipe.losses() if x.segment == "sink"]:
-            run.reports |= {(x.segment, x.start, x.missing) for x in pipe.losses()}
-            if time.monotonic() > deadline or query.exception() is not None:
-                raise RuntimeError(f"no loss reported at the sink: {pipe.status().stuck}")
-            time.sleep(0.3)
-        started = time.monotonic()
-        run.before_repair = set(_rows(out))
-        run.reports |= {(x.segment, x.start, x.missing) for x in pipe.losses()}
-        run.repaired_rows = pipe.repair(timeout_s=timeout_s).rows
-        run.repair_s = time.monotonic() - started
+        with _sampling(pipe, run.reports):
+            final = send_rounds(fronts, rounds=8)
+            deadline = time.monotonic() + timeout_s
+            while not [x for x in pipe.losses() if x.segment == "sink"]:
+                if time.monotonic() > deadline or query.exception() is not None:
+                    raise RuntimeError(f"no loss reported at the sink: {pipe.status().stuck}")
+                time.sleep(0.3)
+            started = time.monotonic()
+            run.repaired_rows = pipe.repair(timeout_s=timeout_s).rows
+            run.repair_s = time.monotonic() - started
         run.claimed = query.wait_for_min_time(final, timeout_s=timeout_s)
     finally:
         pipe.close()
     run.logged, run.written = _logged(ingest), _rows(out)
+    run.by_query = set(run.written) - set(_rows(out, "part-replay-*.parquet"))
     return run
+
+
+@contextmanager
+def _sampling(pipe: Any, into: set[tuple[str, int, int]]) -> Iterator[None]:
+    """Every stuck window with missing items the tracker reports while the block runs."""
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.2):
+            with suppress(Exception):  # the pipeline closing under it
+                into.update((w["segment"], int(w["window_start"]), int(w["missing"]))
+                            for w in pipe.tracker.status()["stuck_detail"] if w["missing"])
+
+    thread = threading.Thread(target=sample, daemon=True, name="lowtide-bench-sampler")
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def result_of(run: ReplayRun) -> Result:
