@@ -46,8 +46,8 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     replay.set_defaults(handler=run_replay)
 
     cut = subparsers.add_parser("cut", help="manifest of a consistent cut of tracked tables")
-    cut.add_argument("--as-of", required=True, help="ISO timestamp or epoch ms")
-    cut.add_argument("--table", action="append", required=True, help="a tracked table (repeat)")
+    cut.add_argument("--as-of", help="ISO timestamp or epoch ms (required)")
+    cut.add_argument("--table", action="append", help="a tracked table (required; repeat)")
     cut.add_argument("--delta-ms", type=int, help="slot width (default: the tables')")
     cut.add_argument("--out", help="write the manifest here (default: stdout)")
     cut.set_defaults(handler=run_cut)
@@ -140,6 +140,8 @@ def _replay_app(args: argparse.Namespace) -> int:
 def run_cut(args: argparse.Namespace) -> int:
     from lowtide.spark.sinks.cuts import cut, delta_ms_of, slot_of_ms
 
+    if not (args.as_of and args.table):
+        raise SystemExit("lowtide cut: pass --as-of T and one --table PATH per table")
     delta_ms = args.delta_ms or delta_ms_of(args.table[0])
     manifest = cut(args.table, slot_of_ms(time_arg(args.as_of), delta_ms), delta_ms=delta_ms)
     text = json.dumps(manifest.doc(), indent=2)
