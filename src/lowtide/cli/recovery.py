@@ -113,7 +113,8 @@ def run_replay(args: argparse.Namespace) -> int:
 
 
 def _replay_app(args: argparse.Namespace) -> int:
-    from lowtide.spark.pipeline.replay import Output, Target, repair, replay
+    from lowtide.spark.pipeline.repair import Output, Target, repair
+    from lowtide.spark.pipeline.replay import replay
 
     stream = _app(args.app, args.format == "delta")
     pipe = stream.pipeline

@@ -56,7 +56,8 @@ from lowtide.spark.pipeline.describe import described
 from lowtide.spark.pipeline.handle import TrackerHandle, TrackerOptions
 from lowtide.spark.pipeline.monitoring import PROGRESS_SAMPLE_BITS, ProgressMetrics
 from lowtide.spark.pipeline.query import TrackedQuery, startup_phase
-from lowtide.spark.pipeline.replay import Loss, Repaired, Replayed, losses_of, repair, replay
+from lowtide.spark.pipeline.repair import Repaired, repair
+from lowtide.spark.pipeline.replay import Loss, Replayed, losses_of, replay
 from lowtide.spark.pipeline.status import PipelineStatus, status_of
 from lowtide.spark.pipeline.stream import (
     DeclaredFronts,
