@@ -138,9 +138,8 @@ def _delta_as_of(table: Path, slot: int) -> SinkCut:
                    .splitlines() if line.strip()]
         record = None
         for a in actions:
-            meta = a.get("commitInfo", {}).get("userMetadata")
-            doc = json.loads(meta).get(META_KEY) if meta and meta.startswith("{") else None
-            if isinstance(doc, dict):
+            doc = _lowtide_doc(a.get("commitInfo", {}).get("userMetadata"))
+            if doc is not None:
                 record = Record.of(doc)
                 state.apply(record, v)
         for a in actions:
@@ -158,6 +157,16 @@ def _delta_as_of(table: Path, slot: int) -> SinkCut:
     _check_reached(str(table), slot, None if now is None else now.complete_below,
                    "" if now is None else now.writer)
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _lowtide_doc(meta: str | None) -> dict[str, Any] | None:
+    """lowtide's record in a commit's user metadata (other writers' need not be JSON)."""
+    try:
+        doc = json.loads(meta) if meta else None
+    except ValueError:
+        return None
+    inner = doc.get(META_KEY) if isinstance(doc, dict) else None
+    return inner if isinstance(inner, dict) else None
 
 
 def _rows_below(file: Path, slot: int) -> int:
