@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from lowtide.core.errors import LowtideError
 from lowtide.spark.sinks.completeness import Record, TableState, complete_below
@@ -151,7 +152,7 @@ def _delta_as_of(table: Path, slot: int) -> SinkCut:
         if now is not None and now.complete_below >= slot:
             files = [CutFile(name, n, r.query if r else None, r.batch if r else None, version)
                      for name, (version, r) in sorted(live.items())
-                     if (n := _rows_below(table / name, slot))]
+                     if (n := _rows_below(table / unquote(name), slot))]
             return SinkCut(str(table), "delta", now.complete_below, v, tuple(files))
     now = state.completeness()
     _check_reached(str(table), slot, None if now is None else now.complete_below,
