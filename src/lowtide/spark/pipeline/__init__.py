@@ -1,6 +1,8 @@
 """The pipeline description and its queries: :class:`Pipeline`, :class:`Stream`, its
 segment graph (:class:`SegmentPlan`), its writer (``stream.writeStream``,
-:class:`TrackedStreamWriter`), :class:`TrackedQuery`, and the progress they report."""
+:class:`TrackedStreamWriter`), :class:`TrackedQuery`, the progress they report, and
+replay by time (:mod:`.replay`: :class:`Loss`) and repairing a loss with it
+(:mod:`.repair`: :class:`Target`)."""
 
 from lowtide.spark.pipeline.builder import Built, Pipeline, TrackerNotStarted, register_sources
 from lowtide.spark.pipeline.dag import PipelineShapeError, SegmentPlan, derive
@@ -15,6 +17,8 @@ from lowtide.spark.pipeline.query import (
     startup_phase,
     stop_between_batches,
 )
+from lowtide.spark.pipeline.repair import Repaired, Target
+from lowtide.spark.pipeline.replay import Loss, Replayed, ReplayRefused
 from lowtide.spark.pipeline.status import PipelineStatus, SegmentProgress, status_of
 from lowtide.spark.pipeline.stream import Stream
 from lowtide.spark.pipeline.write_stream import TrackedStreamWriter
@@ -24,14 +28,19 @@ __all__ = [
     "Built",
     "CompletenessListener",
     "FreshnessListener",
+    "Loss",
     "Pipeline",
     "PipelineShapeError",
     "PipelineStatus",
     "ProgressMetrics",
     "QueryFailed",
+    "Repaired",
+    "ReplayRefused",
+    "Replayed",
     "SegmentPlan",
     "SegmentProgress",
     "Stream",
+    "Target",
     "TrackedQuery",
     "TrackedStreamWriter",
     "TrackerHandle",

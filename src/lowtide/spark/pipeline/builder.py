@@ -57,6 +57,8 @@ from lowtide.spark.pipeline.describe import described
 from lowtide.spark.pipeline.handle import TrackerHandle, TrackerOptions, operating_options
 from lowtide.spark.pipeline.monitoring import PROGRESS_SAMPLE_BITS, ProgressMetrics
 from lowtide.spark.pipeline.query import TrackedQuery, startup_phase
+from lowtide.spark.pipeline.repair import Repaired, repair
+from lowtide.spark.pipeline.replay import Loss, Replayed, losses_of, replay
 from lowtide.spark.pipeline.status import PipelineStatus, status_of
 from lowtide.spark.pipeline.stream import (
     DeclaredFronts,
@@ -68,6 +70,7 @@ from lowtide.spark.pipeline.stream import (
 )
 from lowtide.spark.sinks import TrackedForeachBatch, TrackedSink
 from lowtide.spark.sources.generator import GeneratorSpec, GenSource
+from lowtide.spark.sources.log_replay import RANGE_OPTION, LogReplaySource
 from lowtide.spark.sources.log_source import LogSource, parse_fronts
 from lowtide.spark.sources.read_stream import EntrySpec, check_labelled, entry_schema
 from lowtide.spark.tracking.column import TRACK_COL
@@ -82,7 +85,7 @@ def register_sources(spark: Any) -> None:
     with _REG_LOCK:
         if id(spark) in _REGISTERED:
             return
-        for ds in (LogSource, GenSource, TrackedSink):
+        for ds in (LogSource, LogReplaySource, GenSource, TrackedSink):
             spark.dataSource.register(ds)
         _REGISTERED.add(id(spark))
 
@@ -404,7 +407,8 @@ class Pipeline:
         if src.kind == "log":
             opts["lowtide.segment"] = source_key(src)
             opts["lowtide.out"] = out
-            return self.spark.readStream.format("lowtide_log").options(**opts).load()
+            fmt = "lowtide_log_replay" if RANGE_OPTION in opts else "lowtide_log"
+            return self.spark.readStream.format(fmt).options(**opts).load()
         opts["lowtide.segment"] = out
         return self.spark.readStream.format("lowtide_gen").options(**opts).load()
 
@@ -433,9 +437,36 @@ class Pipeline:
             opts["lowtide.tracker"] = ref.to_option()
             opts["lowtide.segment"] = sink_name
             query = writer.format("lowtide_sink").options(**opts).start()
-        tq = TrackedQuery(self, query, graph, sink_name, batches)
+        tq = TrackedQuery(self, query, graph, sink_name, batches, stream=stream,
+                          sink_spec=sink)
         self._queries.append(tq)
         return tq
+
+    # recovery (docs/operating.md)
+    def replay(self, from_time: Any, to_time: Any, path: str, *, query: TrackedQuery | None = None,
+               timeout_s: float = 300.0) -> Replayed:
+        """Re-run ``query``'s steps (default: the first query) over the ingest log's
+        records of ``[from_time, to_time)`` into a fresh Parquet output at ``path``;
+        returns once it is complete below ``to_time`` (:mod:`.replay`)."""
+        q = query or self._first_query()
+        assert q.stream is not None
+        return replay(self, q.stream, from_time, to_time, path, sink=q.sink, timeout_s=timeout_s)
+
+    def losses(self, query: TrackedQuery | None = None) -> list[Loss]:
+        """The stuck windows with missing items, each with the log offsets to replay."""
+        q = query or self._first_query()
+        assert q.stream is not None
+        return losses_of(self.tracker.status(), q.stream)
+
+    def repair(self, query: TrackedQuery | None = None, timeout_s: float = 300.0) -> Repaired:
+        """Complete the stuck windows of ``query``'s sink by replaying their time range,
+        exactly once (:func:`lowtide.spark.pipeline.replay.repair`)."""
+        return repair(query or self._first_query(), timeout_s)
+
+    def _first_query(self) -> TrackedQuery:
+        if not self._queries:
+            raise TrackerNotStarted("this pipeline runs no query: start one, or pass query=")
+        return self._queries[0]
 
     def status(self) -> PipelineStatus:
         """Progress of every query of this pipeline, with the first query still in its

@@ -19,6 +19,7 @@ from lowtide.spark.pipeline.status import PipelineStatus
 
 if TYPE_CHECKING:
     from lowtide.spark.pipeline.builder import Pipeline
+    from lowtide.spark.pipeline.stream import Stream
 
 log = logging.getLogger("lowtide.spark.pipeline")
 
@@ -111,8 +112,12 @@ class TrackedQuery:
     (:mod:`lowtide.spark.pipeline.monitoring`)."""
 
     def __init__(self, pipeline: Pipeline, query: Any, graph: SegmentGraph,
-                 sink: str | None = None, batches: BatchReporter | None = None) -> None:
+                 sink: str | None = None, batches: BatchReporter | None = None, *,
+                 stream: Stream | None = None,
+                 sink_spec: tuple[Any, ...] | None = None) -> None:
         self.pipeline = pipeline
+        # what the query runs, as described: a replay runs it again
+        self.stream, self.sink_spec = stream, sink_spec
         self.query = query
         self.graph = graph
         self.sink = sink or graph.names[-1]
