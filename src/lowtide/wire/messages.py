@@ -29,7 +29,8 @@ from lowtide.core.messages import (
 #:    Heartbeats carry their front's owner id; FrontOp carries an action (register,
 #:    unregister, declare, retire) and a retirement deadline; error codes FRONT_BEHIND,
 #:    FRONT_HELD.
-WIRE_VERSION = 3
+#: 4: FrontLate (a front's late records, for status views).
+WIRE_VERSION = 4
 
 #: A graph as plain data: ((name, (inbound names...)), ...) in topological order.
 GraphSpec = tuple[tuple[str, tuple[str, ...]], ...]
@@ -177,6 +178,21 @@ class FrontOp:
 
 
 @dataclass(frozen=True)
+class FrontLate:
+    """What a front did with late records (rule 12) since its producer started: totals,
+    the latest report standing (a resend is harmless). For status views only: no min
+    time depends on it, so it is neither deduplicated nor logged (snapshots keep it)."""
+
+    req: int
+    session: int
+    front: int
+    clamped: int
+    rejected: int
+    raised: int
+    out_of_range: int
+
+
+@dataclass(frozen=True)
 class Subscribe:
     """Ask for MinTimeUpdates of ``segment`` (None: global); ``req`` names the
     subscription in later :class:`Notify` frames."""
@@ -300,6 +316,7 @@ Message = (
     | Welcome
     | Batch
     | FrontOp
+    | FrontLate
     | Subscribe
     | Unsubscribe
     | StatusRequest

@@ -22,6 +22,7 @@ from lowtide import __version__
 from lowtide.core.messages import MinTimeUpdate
 from lowtide.core.time import TimeGrid
 from lowtide.service.net import HttpReply, HttpRequest
+from lowtide.service.progress import late_records
 
 GLOBAL = "_global"
 MS_PER_S = 1000.0
@@ -77,6 +78,10 @@ class ServerMetrics:
             "lowtide_fronts_waiting", "declared fronts not yet registered (they hold their "
             "segment)", one
         ).labels(pipeline)
+        self.late = self._gauge(
+            "lowtide_front_late_records", "late records a front reported since its producer "
+            "started, by what became of them (clamped, rejected, raised, out of range)",
+            [*one, "front", "outcome"])
         self._gauge(  # the "info" convention: a dashboard shows which version runs
             "lowtide_build_info", "lowtide's version (the value is always 1)",
             [*one, "version"],
@@ -121,6 +126,9 @@ class ServerMetrics:
         self._catch_up(self.fronts_refused, ("fronts_refused",), int(events.get("behind", 0)))
         self._catch_up(self.fronts_retired, ("fronts_retired",), int(events.get("retired", 0)))
         self.fronts_waiting.set(len(status.get("fronts_declared", {})))
+        for front, counts in late_records(status).items():
+            for outcome, n in counts.items():
+                self.late.labels(p, front, outcome).set(n)
 
     def _catch_up(self, counter: Any, key: tuple[str, ...], total: int) -> None:
         """Counters follow the engine's own totals: one source, whatever the role. A
