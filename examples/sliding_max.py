@@ -75,7 +75,7 @@ def produce(pipe: Any, bootstrap: str, topic: str, partition: int, start_ms: int
     late = rows.iloc[-82:-80].assign(Reading=40.0)  # 20 minutes old at the end
     time.sleep(lag_s)
     written = []
-    for part in [*np.array_split(rows, 15), late]:
+    for part in [*(rows.iloc[p] for p in np.array_split(np.arange(len(rows)), 15)), late]:
         batch = out.send(as_records(part))
         written.append(part.assign(slot=batch.times))
         time.sleep(0.1)
