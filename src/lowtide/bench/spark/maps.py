@@ -219,8 +219,10 @@ def _run_variant(
     return run_untracked(spark, cfg, workdir, variant), {}
 
 
-def _rounds(spark: Any, cfg: BenchConfig, workdir: str) -> dict[str, _Tally]:
-    """Run every variant once per round, untracked first; round 1 warms the JVM up."""
+def _rounds(spark: Any, cfg: BenchConfig, workdir: str,
+            fewest: dict[str, int]) -> dict[str, _Tally]:
+    """Run every variant once per round, untracked first; round 1 warms the JVM up.
+    ``fewest``: per variant, the batches of its counted run that had the fewest."""
     tally = {v: _Tally() for v in ("untracked", *cfg.variants) if v}
     for r in range(cfg.rounds):
         base = (0.0, 0.0)
@@ -236,6 +238,7 @@ def _rounds(spark: Any, cfg: BenchConfig, workdir: str) -> dict[str, _Tally]:
                 t.cpu_rows, t.cpu_s = t.cpu_rows + CPU["rows"], t.cpu_s + CPU["last"]
                 t.add_delays(m, d, f"round {r + 1}")
                 t.full_gcs_ms += FULL_GCS.ms[gcs:]
+                fewest[variant] = min(fewest.get(variant, n), n)
                 if variant == "untracked":
                     base = (rate, cpu_rate)
                 elif base[0] > 0:
@@ -251,8 +254,9 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     workdir = tempfile.mkdtemp(prefix="lowtide-bench-spark-")
     spark = session(cfg)
     gc.callbacks.append(FULL_GCS)
+    fewest: dict[str, int] = {}
     try:
-        tally = _rounds(spark, cfg, workdir)
+        tally = _rounds(spark, cfg, workdir, fewest)
         gc.collect()  # what one would cost the tracker now (frozen objects skipped)
         full_gc_now_ms = FULL_GCS.ms[-1]
     finally:
@@ -289,6 +293,8 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
         "driver_full_gc_max_ms": round(max(tracked.full_gcs_ms, default=0.0), 2),
         "driver_full_gc_now_ms": round(full_gc_now_ms, 2),
         "variants": variants,
+        # every counted run had at least cfg.min_batches (see measure._measure)
+        "fewest_batches": fewest,
     }
 
 
