@@ -224,7 +224,10 @@ def main(args: argparse.Namespace) -> int:
                            records=args.records, warmup_batches=args.warmup_batches,
                            rounds=args.rounds, master=args.master, bootstrap=args.bootstrap,
                            min_batches=args.min_batches)
-    result = run(cfg)
+    try:
+        result = run(cfg)
+    except RuntimeError as err:  # too few micro-batches, a query that failed: one line
+        raise SystemExit(f"lowtide bench spark --source kafka: {err}") from None
     print(f"Kafka source, {cfg.records:,} records per round on {cfg.fronts} partitions, "
           f"{cfg.rows_per_batch:,} per batch: tracked {result['rows_per_s_tracked']:,} rows/s, "
           f"untracked {result['rows_per_s_untracked']:,} rows/s; per-round wall ratios "

@@ -48,8 +48,10 @@ def _untracked_stage(batches: Any) -> Any:
 #: through ``foreachBatch`` running a ``noop`` write (how tracked sinks other than the
 #: null sink write), without tracking; ``tracked-unconfirmed``: the tracked pipeline
 #: whose tasks do not wait for the tracker's confirmation (rule 6 off: what the wait
-#: costs; not safe to run in production).
-VARIANTS = ("untracked", "tracked", "columns", "tracked-noop", "foreach", "tracked-unconfirmed")
+#: costs; not safe to run in production); ``tracked-nometrics``: the tracked pipeline
+#: without its observed progress metrics (``Pipeline(progress_metrics=False)``).
+VARIANTS = ("untracked", "tracked", "columns", "tracked-noop", "foreach", "tracked-unconfirmed",
+            "tracked-nometrics")
 
 
 class _ColumnsReader(GenStreamReader):  # type: ignore[misc]
@@ -134,11 +136,12 @@ def run_tracked_noop(spark: Any, cfg: BenchConfig, workdir: str) -> Measured:
 
 
 def run_tracked(
-    spark: Any, cfg: BenchConfig, workdir: str, confirm: bool = True
+    spark: Any, cfg: BenchConfig, workdir: str, confirm: bool = True, metrics: bool = True
 ) -> tuple[Measured, dict[int, float]]:
     from lowtide.spark.pipeline import Pipeline
 
-    pipe = Pipeline(spark, "bench", freeze_gc=cfg.freeze_gc, confirm=confirm)
+    pipe = Pipeline(spark, "bench", freeze_gc=cfg.freeze_gc, confirm=confirm,
+                    progress_metrics=metrics)
     stream = _tracked_stream(pipe, cfg)
     trace = os.path.join(workdir, f"trace-{time.time_ns()}.txt")
     ckpt = tempfile.mkdtemp(dir=workdir)
@@ -212,8 +215,9 @@ def notification_delays(arrived: dict[int, tuple[int, int]]) -> dict[int, float]
 def _run_variant(
     spark: Any, cfg: BenchConfig, workdir: str, variant: str
 ) -> tuple[Measured, dict[int, float]]:
-    if variant in ("tracked", "tracked-unconfirmed"):
-        return run_tracked(spark, cfg, workdir, confirm=variant == "tracked")
+    if variant in ("tracked", "tracked-unconfirmed", "tracked-nometrics"):
+        return run_tracked(spark, cfg, workdir, confirm=variant != "tracked-unconfirmed",
+                           metrics=variant != "tracked-nometrics")
     if variant == "tracked-noop":
         return run_tracked_noop(spark, cfg, workdir), {}
     return run_untracked(spark, cfg, workdir, variant), {}
