@@ -28,7 +28,8 @@ Invariants (named helpers on ``World``):
   rounded down to its window.
 * MONOTONIC (``assert_monotonic``): announced min times never go back.
 * FENCED (``intrude``): a session that does not own a front tries to move it far ahead
-  or to unregister it; every tracker refuses (FrontOwned) and SAFETY goes on holding.
+  (re-register, heartbeat alone or in a flush) or to unregister it; every tracker
+  refuses (FrontOwned) and SAFETY goes on holding.
 """
 
 from __future__ import annotations
@@ -102,11 +103,17 @@ def intrude(
     trackers: Sequence[Tracker | TrackerShard], front: int, segment: str, time: int
 ) -> None:
     """FENCED: another owner may neither move nor unregister a live front."""
+    far = Heartbeat(front, time, owner=INTRUDER)
     for tracker in trackers:
         with pytest.raises(FrontOwned):
             tracker.register_front(RegisterFront(front, segment, time, owner=INTRUDER))
         with pytest.raises(FrontOwned):
             tracker.unregister_front(UnregisterFront(front, owner=INTRUDER))
+        core = tracker.tracker if isinstance(tracker, TrackerShard) else tracker
+        with pytest.raises(FrontOwned):  # issue 29 point 4
+            core.heartbeat(far)
+        with pytest.raises(FrontOwned):
+            core.apply_flush(AckBatch.empty(), [far])
 
 
 class DirectEngine:

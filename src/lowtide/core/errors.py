@@ -30,7 +30,18 @@ class NonMonotonicHeartbeat(ProtocolError):
 
 
 class FrontOwned(ProtocolError):
-    """A register or unregister of a live front by someone other than its owner."""
+    """A register, heartbeat, unregister or retire of a front by someone other than
+    its owner."""
+
+
+class FrontHeld(FrontOwned):
+    """A register or unregister of a front by its owner's other session while the
+    session holding it is live (seen within the lease): a second producer."""
+
+
+class FrontBehind(ProtocolError):
+    """A new front that registers below what its segment already announced: it
+    started too late, and nobody had declared it (its records would be passed)."""
 
 
 class AckBehindHead(ProtocolError):

@@ -8,6 +8,7 @@ from lowtide.wire.codec import decode, encode, expect
 from lowtide.wire.frames import PREAMBLE, FrameDecoder, FrameTooLarge, frame
 from lowtide.wire.messages import (
     WIRE_VERSION,
+    GraphSpec,
     Hello,
     Message,
     Notify,
@@ -23,6 +24,7 @@ __all__ = [
     "WIRE_VERSION",
     "FrameDecoder",
     "FrameTooLarge",
+    "GraphSpec",
     "Hello",
     "Message",
     "Notify",

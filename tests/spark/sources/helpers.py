@@ -17,10 +17,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lowtide.core.acks import root_acks
+from lowtide.core.acks import child_acks, root_acks
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import AckBatch
 from lowtide.core.time import TimeGrid
+from lowtide.service import Agent, BatchKey
 from lowtide.spark.sources.labels import KAFKA_HEADER_EXPRS, from_label
 from lowtide.spark.tracking import AckAccumulator
 from tests.spark.helpers import CoreAgent, fail_once
@@ -187,3 +188,29 @@ def close_all(pipe: Any, queries: list[Any], producers: list[Any], fronts: list[
     for closable in (*producers, *fronts):
         closable.close()
     pipe.close()
+
+
+# a producer's records consumed by hand, keyed batches numbered across the tests
+_BATCHES = itertools.count()
+
+
+def consume(agent: Agent, times: np.ndarray, acks: np.ndarray) -> None:
+    """Receive the records out of src and their children out of sink (keyed, rule 6):
+    raises AckBehindHead if a min time had passed them."""
+    child = child_acks(acks, operator=1, child_index=np.zeros(len(acks), np.uint64))
+    first = AckBatch.concat([AckBatch.from_columns(1, times, child, 1),
+                             AckBatch.from_columns(0, times, acks, -1)])
+    batch = next(_BATCHES)
+    agent.send_batch(BatchKey("consumer", batch, "src", 0), first)
+    agent.send_batch(BatchKey("consumer", batch, "sink", 0),
+                     AckBatch.from_columns(1, times, child, -1))
+
+
+def wait_for_min(agent: Agent, segment: int, above: int, timeout_s: float = 20) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = int(agent.status()["segments"][segment]["min_time"])
+        if got > above:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"segment {segment} stayed at or below {above}")

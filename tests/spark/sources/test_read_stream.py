@@ -120,3 +120,32 @@ def test_the_entry_shares_its_task_with_the_tracked_steps_after_it(spark,
     finally:
         pipe.close()
     assert out.getvalue().count("MapInArrow") == 1, out.getvalue()
+
+
+def test_fronts_listed_with_the_pipeline_are_declared_when_its_tracker_starts(
+        spark, tmp_path: Path) -> None:
+    """Issue 29 point 1: ``read_stream(df, fronts=[...])`` and ``read_log(path,
+    fronts=...)`` declare their producers' fronts before any query runs, so the ingest
+    segment waits for one that starts late; ``pipe.status()`` shows them waiting."""
+    pipe = lowtide.Pipeline(spark, "declared", grid=GRID)
+    df = spark.readStream.schema(SCHEMA).parquet(str(tmp_path))
+    with pytest.raises(ValueError, match="at least one front id"):
+        pipe.read_stream(df, fronts=[])
+    stream = pipe.read_stream(df, fronts=[3, 4], retire_after_ms=600_000)
+    try:
+        pipe.start_tracker(stream.graph())
+        declared = pipe.tracker.status()["fronts_declared"]
+        assert declared == {"3": ["ingest", -1, declared["3"][2]], "4": declared["4"]}
+        assert declared["3"][2] > 0  # retired by deadline, in tracker time
+        status = pipe.status()
+        assert set(status.waiting_fronts) == {"3", "4"}
+        assert "declared, not registered" in status.render(GRID.delta_ms)
+    finally:
+        pipe.close()
+    logs = lowtide.Pipeline(spark, "declared-log", grid=GRID)
+    stream = logs.read_log(str(tmp_path / "log"), fronts="0-1")
+    try:
+        logs.start_tracker(stream.graph())
+        assert set(logs.tracker.status()["fronts_declared"]) == {"0", "1"}
+    finally:
+        logs.close()

@@ -39,7 +39,7 @@ from lowtide.spark.operators.frames import (
     spark_step,
 )
 from lowtide.spark.operators.joins import JoinSpec, join_input, joined
-from lowtide.spark.operators.keyed_state import StatefulSpec
+from lowtide.spark.operators.keyed_state import KeyedStep, StatefulSpec
 from lowtide.spark.operators.state_processor import build_keyed
 from lowtide.spark.operators.tracked import OpRuntime, OpSpec, operator_id, task_function
 from lowtide.spark.operators.window_state import build_window
@@ -57,10 +57,17 @@ from lowtide.spark.pipeline.handle import TrackerHandle, TrackerOptions
 from lowtide.spark.pipeline.monitoring import PROGRESS_SAMPLE_BITS, ProgressMetrics
 from lowtide.spark.pipeline.query import TrackedQuery, startup_phase
 from lowtide.spark.pipeline.status import PipelineStatus, status_of
-from lowtide.spark.pipeline.stream import SourceSpec, Step, Stream, TransformSpec
+from lowtide.spark.pipeline.stream import (
+    DeclaredFronts,
+    SourceSpec,
+    Step,
+    Stream,
+    TransformSpec,
+    declare_fronts,
+)
 from lowtide.spark.sinks import TrackedForeachBatch, TrackedSink
 from lowtide.spark.sources.generator import GeneratorSpec, GenSource
-from lowtide.spark.sources.log_source import LogSource
+from lowtide.spark.sources.log_source import LogSource, parse_fronts
 from lowtide.spark.sources.read_stream import EntrySpec, check_labelled, entry_schema
 from lowtide.spark.tracking.column import TRACK_COL
 from lowtide.spark.tracking.transport import TrackerRef
@@ -90,7 +97,7 @@ def _with_tracking(schema: Any) -> Any:
                              f"{type(schema).__name__}")
 
 
-def _arrow_half(step: Step | EntrySpec) -> bool:
+def _ends_in_arrow_map(step: Step | EntrySpec) -> bool:
     """Does ``step`` end in a tracked ``mapInArrow`` (to chain the next ones into)?"""
     return isinstance(step, OpSpec | EntrySpec) or (isinstance(step, FrameSpec) and step.tracked)
 
@@ -112,6 +119,9 @@ def _plan_steps(df: Any, group: list[Step | EntrySpec], ref: TrackerRef,
                                               operator_id(step.name)))
     if isinstance(step, DedupSpec):
         df, keyed = described(lambda: dedup_input(df, step))
+        return _keyed(df, keyed, ref, out_segment, step.name)
+    if isinstance(step, KeyedStep):  # session windows, groupBy().agg()
+        df, keyed = described(lambda: step.keyed_input(df, ref.grid.delta_ms))
         return _keyed(df, keyed, ref, out_segment, step.name)
     if isinstance(step, StatefulSpec):
         return _keyed(df, step, ref, out_segment, step.name)
@@ -248,16 +258,20 @@ class Pipeline:
     # sources
     def read_log(
         self, path: str, *, fronts: str | list[int] | None = None, name: str = "ingest",
-        max_records_per_batch: int | None = None,
+        max_records_per_batch: int | None = None, retire_after_ms: int | None = None,
     ) -> Stream:
         """The ingest log written by :class:`lowtide.Front` producers; one partition
-        per front. ``name`` is the ingest segment (the fronts' source segment)."""
+        per front. ``name`` is the ingest segment (the fronts' source segment).
+        ``fronts``: the fronts to read (``[0, 1]``, ``"0-3"``; None or ``"auto"``: every
+        front the log has); listed ones are also declared (see :meth:`read_stream`)."""
         opts = {"path": os.fspath(path)}
         if fronts is not None:
             opts["fronts"] = fronts if isinstance(fronts, str) else ",".join(map(str, fronts))
         if max_records_per_batch is not None:
             opts["maxRecordsPerBatch"] = str(max_records_per_batch)
-        return self._set_source(SourceSpec("log", name, opts))
+        ids = parse_fronts(opts.get("fronts"))
+        declared = DeclaredFronts(tuple(ids), retire_after_ms) if ids else None
+        return self._set_source(SourceSpec("log", name, opts, fronts=declared))
 
     def generate(self, spec: GeneratorSpec | None = None, **kwargs: Any) -> Stream:
         """The generator source (see :class:`GeneratorSpec` for ``kwargs``)."""
@@ -288,6 +302,8 @@ class Pipeline:
             return self._handle
         self._graph = graph
         self._handle = TrackerHandle(graph, self.grid, self._tracker_options)
+        # before any query runs: the tracker waits for a producer that starts late
+        declare_fronts(self._sources, self._handle.agent, graph, self.name)
         return self._handle
 
     @property
@@ -361,7 +377,7 @@ class Pipeline:
         while steps:
             # tracked Arrow steps that follow each other directly share one task
             n = 1
-            if _arrow_half(steps[0]):
+            if _ends_in_arrow_map(steps[0]):
                 while n < len(steps) and isinstance(steps[n], OpSpec):
                     n += 1
             group, steps = steps[:n], steps[n:]
@@ -434,11 +450,20 @@ class Pipeline:
             self._handle = None
 
     def read_stream(self, df: Any, *, time: str = "lt_time", ack: str = "lt_ack",
-                    name: str = "ingest") -> Stream:
+                    name: str = "ingest", fronts: list[int] | None = None,
+                    retire_after_ms: int | None = None) -> Stream:
         """A streaming DataFrame from any Spark source (Kafka, files, a Delta table)
         whose rows carry a front's labels (``time``: slot, ``ack``: root ack) as a
         tracked stream; ``name`` is its ingest segment, the one its fronts feed. See
-        :mod:`lowtide.spark.sources.read_stream`."""
+        :mod:`lowtide.spark.sources.read_stream`.
+
+        ``fronts``: the ids of every producer that feeds it (one per gateway, per
+        Kafka partition, ...). They are declared when the tracker starts: its min
+        times wait for each until it registers, so a producer that starts late is
+        not refused as behind (its records would be lost); ``retire_after_ms``: stop
+        waiting for one that has not registered by then (None: wait until
+        ``pipe.tracker.agent.retire_front(id, owner="lowtide-pipeline:<name>")``)."""
         check_labelled(df, time, ack)
+        declared = None if fronts is None else DeclaredFronts(tuple(fronts), retire_after_ms)
         return self._set_source(SourceSpec("frame", name, {"time_col": time, "ack_col": ack},
-                                           frame=df))
+                                           frame=df, fronts=declared))

@@ -44,6 +44,8 @@ class AgentLike(Protocol):
         acks: AckBatch,
         heartbeats: Iterable[Heartbeat] = (),
         timeout_s: float = 30.0,
+        *,
+        owner: str | None = None,
     ) -> Any: ...
 
     def submit_batch(
@@ -52,11 +54,13 @@ class AgentLike(Protocol):
         acks: AckBatch,
         heartbeats: Iterable[Heartbeat] = (),
         timeout_s: float = 30.0,
+        *,
+        owner: str | None = None,
     ) -> Pending: ...
 
     def add_acks(self, acks: AckBatch) -> None: ...
 
-    def heartbeat(self, front: int, time: int) -> None: ...
+    def heartbeat(self, front: int, time: int, *, owner: str | None = None) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -123,7 +127,8 @@ def connect(ref: TrackerRef) -> AgentLike:
     secret = text.strip().encode() if text else None
     # a task only makes calls, and blocks on them: its own thread runs the agent's loop
     kind = CallerAgent if _in_task() else Agent
-    agent: AgentLike = kind.shared(ref.url, ref.graph, secret=secret)
+    # the grid is part of the handshake: a tracker with another refuses the agent
+    agent: AgentLike = kind.shared(ref.url, ref.graph, secret=secret, grid=ref.grid)
     return agent
 
 
