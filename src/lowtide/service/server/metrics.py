@@ -150,14 +150,14 @@ class ServerMetrics:
         self._catch_up(self.fronts_dead_retired, ("fronts_dead_retired",),
                        int(events.get("dead_retired", 0)))
         self.windows_waiting.set(len(status.get("waiting", ())))
+        for front, counts in late_records(status).items():
+            for outcome, n in counts.items():
+                self.late.labels(p, front, outcome).set(n)
 
     def sla(self, late: int, worst_ms: int) -> None:
         """``late`` windows just became late; the oldest open one is ``worst_ms`` past."""
         self.windows_late.inc(late)
         self.sla_late.set(worst_ms / MS_PER_S)
-        for front, counts in late_records(status).items():
-            for outcome, n in counts.items():
-                self.late.labels(p, front, outcome).set(n)
 
     def _catch_up(self, counter: Any, key: tuple[str, ...], total: int) -> None:
         """Counters follow the engine's own totals: one source, whatever the role. A

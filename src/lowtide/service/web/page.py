@@ -239,7 +239,8 @@ function render(view) {
     [count(w.extra)], [lag(view.now_ms - w.since_ms)], [w.text, "what"]]]));
   fill("fronts", view.fronts.map(f => [f.stalled || f.dead ? "stalled" : "", [
     [String(f.front)], [f.segment], [String(f.heartbeat)], [lag(f.heartbeat_lag_ms)],
-    [f.dead ? f.dead : f.declared ? "declared, waiting" : f.ended ? "ended" : f.stalled ? "STALLED" : "ok"]]]));
+    [f.dead ? f.dead : f.declared ? "declared, waiting" : f.ended ? "ended"
+      : f.stalled ? "STALLED" : "ok"]]]));
   lines("front-events", (view.front_events.recent || []).filter(e => e.includes(" dead")
                                                                    || e.includes("retired")));
   document.getElementById("waiting-section").hidden = view.waiting.length === 0;
