@@ -60,7 +60,6 @@ class SegmentGraph:
     key_ranges: tuple[int, ...] = ()  # per segment; () when no segment has ranges
     front_ranges: tuple[FrontRanges, ...] = ()  # per segment; () when none are listed
     _by_name: dict[str, int] = field(init=False, repr=False, compare=False, hash=False)
-    _component: tuple[int, ...] = field(init=False, repr=False, compare=False, hash=False)
     _members: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False,
                                                   hash=False)
     _outside: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False,
@@ -75,11 +74,12 @@ class SegmentGraph:
         members: dict[int, list[int]] = {}
         for s, c in enumerate(comp):
             members.setdefault(c, []).append(s)
-        object.__setattr__(self, "_component", tuple(comp))
-        object.__setattr__(self, "_members", tuple(tuple(members[c]) for c in comp))
-        object.__setattr__(self, "_outside", tuple(
-            tuple(sorted({u for m in members[c] for u in self.inbound[m] if comp[u] != c}))
-            for c in comp))
+        # once per component, shared by its members: a loop of thousands stays linear
+        shared = {c: tuple(ms) for c, ms in members.items()}
+        outside = {c: tuple(sorted({u for m in ms for u in self.inbound[m] if comp[u] != c}))
+                   for c, ms in members.items()}
+        object.__setattr__(self, "_members", tuple(shared[c] for c in comp))
+        object.__setattr__(self, "_outside", tuple(outside[c] for c in comp))
         first, nxt = [], len(self.names)
         for n in self.key_ranges or (0,) * len(self.names):
             first.append(nxt)
@@ -164,6 +164,12 @@ class SegmentGraph:
         """Front -> the key ranges it feeds, for the fronts ``segment`` lists."""
         rows = self.front_ranges[segment] if self.front_ranges else ()
         return {f: frozenset(r) for f, r in rows}
+
+    @property
+    def cell_segments(self) -> tuple[int, ...]:
+        """The segment of each checksum row: its own, then its key ranges'."""
+        return (*range(len(self.names)),
+                *(s for s, n in enumerate(self.key_ranges) for _ in range(n)))
 
     @property
     def n_cells(self) -> int:
