@@ -78,3 +78,23 @@ def test_the_view_draws_a_loop() -> None:
     loop = SegmentGraph.of(("in", ()), ("work", ("in", "retry")), ("retry", ("work",)))
     doc = view_document({"segments": [], "global_min": 0}, loop)
     assert [s["depth"] for s in doc["segments"]] == [0, 1, 2]
+
+
+def test_a_key_range_is_asked_and_followed_like_a_segment() -> None:
+    svc = TrackerService.start(RANGED)
+    try:
+        with svc.agent() as agent:
+            agent.register_front(1, "src", 10)
+            agent.register_front(2, "src", 10)
+            with agent.subscribe("src#0") as sub:
+                assert sub.next_update(10).time == 10
+                agent.heartbeat(2, 50)
+                agent.flush()
+                assert sub.next_update(10).time == 50
+            at = svc.server.clock.now_ms()
+            assert agent.min_time_at("src#0", at) == 50
+            assert agent.min_time_at("src#3", at) == 10
+            with pytest.raises(Exception, match="src#4"):
+                agent.min_time_at("src#4", at)
+    finally:
+        svc.stop()

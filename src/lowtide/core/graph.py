@@ -184,6 +184,14 @@ class SegmentGraph:
         """How min times of one key range are named: ``"<segment>#<range>"``."""
         return f"{self.names[segment]}#{key_range}"
 
+    def has_min_time(self, name: str) -> bool:
+        """Is ``name`` a segment's or a key range's?"""
+        try:
+            self.resolve(name)
+        except UnknownSegment:
+            return False
+        return True
+
     def resolve(self, name: str) -> tuple[int, int | None]:
         """(segment, key range or None) of a segment's or a key range's name."""
         found = self._by_name.get(name)

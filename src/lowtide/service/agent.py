@@ -263,7 +263,7 @@ class Agent:
         minutes, in memory: a restarted tracker has none before its restart)."""
         self._ensure()
         if segment is not None:
-            self.graph.index(segment)
+            self.graph.resolve(segment)  # a segment, or a key range "<segment>#<r>"
         return self._call(self._link.min_time_at(segment, at_ms), timeout_s)
 
     # ------------------------------------------------------------ fire and forget
@@ -312,7 +312,7 @@ class Agent:
         self, segment: str | None, deliver: Callable[[MinTimeUpdate], None], timeout_s: float
     ) -> Callable[[], None]:
         if segment is not None:
-            self.graph.index(segment)
+            self.graph.resolve(segment)  # a segment, or a key range "<segment>#<r>"
         req = self._call(self._link.subscribe(segment, deliver), timeout_s)
         return self._canceller(req)
 
