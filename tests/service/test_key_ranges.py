@@ -7,6 +7,7 @@ import json
 import time
 import urllib.request
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from rich.console import Console
@@ -16,7 +17,6 @@ from lowtide.core.messages import AckBatch
 from lowtide.service import BatchKey, TrackerService
 from lowtide.service.status import render
 from lowtide.service.webview import view_document
-from tests.service.test_web_http import body
 
 pytestmark = pytest.mark.socket
 
@@ -71,7 +71,9 @@ def test_status_metrics_and_view_show_a_min_time_per_key_range() -> None:
 
 
 def json_view(url: str | None) -> Any:
-    return json.loads(body(str(url), "/api/view"))
+    parts = urlsplit(str(url))
+    view = f"http://{parts.hostname}:{parts.port}/api/view"
+    return json.loads(urllib.request.urlopen(view, timeout=5).read())
 
 
 def test_the_view_draws_a_loop() -> None:

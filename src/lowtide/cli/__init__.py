@@ -28,6 +28,7 @@ AREAS: tuple[tuple[str, str], ...] = (
     ("lowtide.bench.capacity", "lowtide[service]"),
     ("lowtide.bench.rr", "lowtide[spark]"),
     ("lowtide.bench.sweep", "lowtide[spark]"),
+    ("lowtide.bench.keys", "lowtide[spark]"),
     ("lowtide.bench.chaos", "lowtide[service]"),
     ("lowtide.bench.producer", "lowtide[service]"),
     ("lowtide.bench.paper", "lowtide[bench]"),

@@ -1,0 +1,32 @@
+"""``lowtide bench keys``' judging, on worked examples (no Spark): which windows count,
+when one is on time, the batch recomputation it judges against."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from lowtide.bench import keys
+from lowtide.spark.sources import GeneratorSpec
+
+
+def test_on_time_counts_batch_windows_in_the_judged_span() -> None:
+    batch = pd.DataFrame({"user": [0, 1, 3, 0], "start_ms": [0, 0, 0, 2000],
+                          "end_ms": [2000, 2000, 2000, 4000]})
+    got = pd.DataFrame({"user": [0, 1, 1, 3], "start_ms": [0, 0, 0, 0],
+                        "done_ms": [2500, 4000, 3000, 7500]})  # key 1 twice: its first
+    # judged: windows ending in [2000, 2000]: key 0 on time (500 ms), key 1 (1000 ms)
+    # on time within 1250, key 3 late (5500 ms)
+    assert keys.on_time(got, batch, (2000, 2000), 1250) == round(2 / 3, 3)
+    assert keys.on_time(got, batch, (0, 4000), 1250) == 0.5  # (0, 2000): never emitted
+    assert math.isnan(keys.on_time(got, batch, (5000, 6000), 1250))
+
+
+def test_batch_windows_are_per_front_and_end_before_the_horizon() -> None:
+    spec = GeneratorSpec(fronts=2, rate=20.0, t0_ms=1_000)  # 10 rows/s per front
+    batch = keys.batch_windows(spec, 5_000)
+    assert set(batch["user"]) == {0, 1}
+    assert batch["end_ms"].max() <= 5_000 and (batch["end_ms"] - batch["start_ms"] == 2000).all()
+    full = batch[batch["start_ms"] == 2_000]
+    assert full["n"].tolist() == [20, 20]  # two seconds of 10 rows/s, each front
