@@ -116,7 +116,15 @@ def start(spark: Any, cfg: KeysConfig, way: str, spec: Any, out: str, ckpt: str
           ) -> tuple[Any, Any]:
     """(pipeline or None, query) of one way."""
     if way == "watermark":
-        return None, start_watermark(spark, spec, out, ckpt, cfg.watermark_ms)
+        from pyspark.sql import functions as F
+
+        from lowtide.apps.demo import start_watermark
+
+        def frame(df: Any) -> Any:
+            return df.withColumn("ts", F.timestamp_millis("event_ms"))
+
+        return None, start_watermark(spark, spec, out, ckpt, cfg.watermark_ms, way, frame,
+                                     key="front", summed="seq")
     from lowtide.core.time import TimeGrid
     from lowtide.spark.pipeline import Pipeline
 
@@ -127,22 +135,6 @@ def start(spark: Any, cfg: KeysConfig, way: str, spec: Any, out: str, ckpt: str
               .agg(n="count", total=("seq", "sum")))
     return pipe, stream.write_parquet(out, checkpoint=ckpt, trigger="500 milliseconds",
                                       query_name=way)
-
-
-def start_watermark(spark: Any, spec: Any, out: str, ckpt: str, delay_ms: int) -> Any:
-    from pyspark.sql import functions as F
-
-    df = (spark.readStream.format("lowtide_gen").option("spec", spec.to_json())
-          .option("tracking", "false").option("delta_ms", "10").load())
-    windows = (df.withColumn("ts", F.timestamp_millis("event_ms"))
-               .withWatermark("ts", f"{delay_ms} milliseconds")
-               .groupBy("front", F.window("ts", WINDOW))
-               .agg(F.count("*").alias("n"), F.sum("seq").alias("total"))
-               .select("front", F.col("window.start").alias("window_start"),
-                       F.col("window.end").alias("window_end"), "n", "total"))
-    return (windows.writeStream.format("parquet").outputMode("append")
-            .option("path", out).option("checkpointLocation", ckpt)
-            .trigger(processingTime="500 milliseconds").queryName("watermark").start())
 
 
 def run_way(spark: Any, cfg: KeysConfig, way: str, base: str) -> dict[str, Any]:
