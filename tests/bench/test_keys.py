@@ -30,3 +30,19 @@ def test_batch_windows_are_per_front_and_end_before_the_horizon() -> None:
     assert batch["end_ms"].max() <= 5_000 and (batch["end_ms"] - batch["start_ms"] == 2000).all()
     full = batch[batch["start_ms"] == 2_000]
     assert full["n"].tolist() == [20, 20]  # two seconds of 10 rows/s, each front
+
+
+def test_judge_a_way_that_emitted_the_batch_with_one_window_late_and_one_lost() -> None:
+    cfg = keys.KeysConfig(lag_ms=2_000)
+    spec = GeneratorSpec(fronts=2, rate=20.0, t0_ms=0)
+    batch = keys.batch_windows(spec, 12_000)
+    got = batch.assign(done_ms=batch["end_ms"] + 100)
+    got.loc[(got["user"] == 1) & (got["start_ms"] == 4_000), "done_ms"] = 4_000 + 2_000 + 900
+    exact = keys.judge(got, spec, cfg, (4_000, 12_000), 12_000, 0)
+    # judged: windows ending in [4000, 8000]: 3 per front, one of front 1 late (900 ms)
+    assert exact["on_time"] == round(5 / 6, 3) and exact["matches_batch"] is True
+    assert exact["rows_lost"] == 0 and exact["windows"] == len(batch)
+    lossy = keys.judge(got.assign(n=got["n"] - (got["user"] == 0)), spec, cfg,
+                       (4_000, 12_000), 12_000, 7)
+    assert lossy["matches_batch"] is False and lossy["rows_lost"] == 6
+    assert lossy["dropped_by_watermark"] == 7

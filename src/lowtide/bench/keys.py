@@ -139,7 +139,7 @@ def start(spark: Any, cfg: KeysConfig, way: str, spec: Any, out: str, ckpt: str
 
 def run_way(spark: Any, cfg: KeysConfig, way: str, base: str) -> dict[str, Any]:
     """Run one way ``cfg.seconds`` once warm; its on-time fraction and batch check."""
-    from lowtide.apps.demo_report import compare, dropped_by_watermark, read_windows
+    from lowtide.apps.demo_report import dropped_by_watermark, read_windows
     from lowtide.apps.startup import wait_warm
     from lowtide.service import wall_ms
     from lowtide.spark.pipeline import stop_between_batches
@@ -161,10 +161,20 @@ def run_way(spark: Any, cfg: KeysConfig, way: str, base: str) -> dict[str, Any]:
             raw.stop()
         if pipe is not None:
             pipe.close()
-    got = read_windows(out, key="front")
-    judged = (warm_ms, stop_ms - 2 * cfg.lag_ms)
-    batch = batch_windows(spec, max(stop_ms, int(got["end_ms"].max(initial=0))))
-    cmp = compare(got, batch, max(final_ms, int(got["end_ms"].max(initial=0))))
+    return judge(read_windows(out, key="front"), spec, cfg, (warm_ms, stop_ms), final_ms,
+                 dropped)
+
+
+def judge(got: Any, spec: Any, cfg: KeysConfig, run_ms: tuple[int, int], final_ms: int,
+          dropped: int) -> dict[str, Any]:
+    """One way's figures from its windows ``got`` (``read_windows``), the run's
+    (warm, stop) wall times and its sink's final min time (ms)."""
+    from lowtide.apps.demo_report import compare
+
+    judged = (run_ms[0], run_ms[1] - 2 * cfg.lag_ms)
+    last_ms = int(max([0, *got["end_ms"]]))
+    batch = batch_windows(spec, max(run_ms[1], last_ms))
+    cmp = compare(got, batch, max(final_ms, last_ms))
     return {"on_time": on_time(got, batch, judged, cfg.on_time_ms),
             "delay_p50_ms": delay_p50(got, judged), "windows": len(got),
             "rows_lost": cmp["rows_lost"], "dropped_by_watermark": dropped,
