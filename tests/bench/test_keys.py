@@ -46,3 +46,17 @@ def test_judge_a_way_that_emitted_the_batch_with_one_window_late_and_one_lost() 
                        (4_000, 12_000), 12_000, 7)
     assert lossy["matches_batch"] is False and lossy["rows_lost"] == 6
     assert lossy["dropped_by_watermark"] == 7
+
+
+def test_a_key_is_judged_up_to_its_own_last_window() -> None:
+    cfg = keys.KeysConfig(lag_ms=2_000)
+    spec = GeneratorSpec(fronts=2, rate=20.0, t0_ms=0)
+    batch = keys.batch_windows(spec, 12_000)
+    # front 1's range lags: its windows after 6000 are not out yet; the sink's min
+    # time is 6000: nothing is missing
+    got = batch[(batch["user"] == 0) | (batch["end_ms"] <= 6_000)]
+    got = got.assign(done_ms=got["end_ms"] + 100)
+    ahead = keys.judge(got, spec, cfg, (0, 12_000), 6_000, 0)
+    assert ahead["matches_batch"] is True and ahead["rows_lost"] == 0
+    behind = keys.judge(got[got["end_ms"] <= 4_000], spec, cfg, (0, 12_000), 6_000, 0)
+    assert behind["matches_batch"] is False  # windows below the sink's min time missing
