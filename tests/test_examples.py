@@ -1,11 +1,13 @@
 """The examples under ``examples/`` run (each checks its own output against a batch
-recomputation), and each docs block that names an example (its first line is
+recomputation; one that reads Kafka gets the test session's broker and a new topic
+with two partitions), and each docs block that names an example (its first line is
 ``# examples/NAME.py``) is a verbatim part of that example, so the docs show code that
 runs in the suite."""
 
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import re
 import textwrap
 from pathlib import Path
@@ -50,6 +52,12 @@ def test_docs_show_the_examples_verbatim() -> None:
 
 @pytest.mark.spark
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
-def test_example_runs_and_equals_its_batch_recomputation(spark, tmp_path: Path,
-                                                         path: Path) -> None:
-    load(path).main(spark, tmp_path)
+def test_example_runs_and_equals_its_batch_recomputation(spark, tmp_path: Path, path: Path,
+                                                         request: pytest.FixtureRequest
+                                                         ) -> None:
+    module = load(path)
+    if "bootstrapServers" in inspect.signature(module.main).parameters:
+        broker = request.getfixturevalue("kafka_broker")
+        module.main(spark, tmp_path, broker.bootstrap, request.getfixturevalue("kafka_topic")(2))
+    else:
+        module.main(spark, tmp_path)

@@ -72,3 +72,15 @@ def test_a_short_run_finds_nothing_premature_and_nothing_lost(capsys) -> None:  
     chaos.print_table(results)
     json.dumps(figures)  # the JSON line the bench prints
     assert "kill -9 tracker" in capsys.readouterr().out
+
+
+@pytest.mark.spark
+def test_a_spark_fault_kind_finds_nothing_premature_and_nothing_lost(spark, tmp_path: Path) -> None:
+    """One of ``--spark``'s scenarios on the shared session: a Parquet table rerun from a
+    new checkpoint (its rows were skipped, yet acked, before issue 29)."""
+    from lowtide.bench.chaos.spark_faults import rerun, sinks
+
+    result = rerun(spark, tmp_path, sinks()["write_table parquet"], "write_table parquet")
+    figures = chaos.summary([result])
+    assert (figures["faults"], figures["premature"], figures["lost"]) == (1, 0, 0), \
+        result.premature

@@ -20,9 +20,9 @@ from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import Ack, AckBatch, Heartbeat
 from lowtide.service import Agent, BatchKey, ServiceError, TrackerService
 from lowtide.service.auth import load_secret
+from lowtide.service.deploy.standalone import main as serve_main
 from lowtide.service.errors import ConnectionLost
 from lowtide.service.net import Limits, StreamChannel
-from lowtide.service.standalone import main as serve_main
 from lowtide.wire.frames import HEADER
 from lowtide.wire.messages import (
     Batch,

@@ -15,8 +15,8 @@ from rich.console import Console
 from lowtide.core.graph import SegmentGraph, SegmentSpec
 from lowtide.core.messages import AckBatch
 from lowtide.service import BatchKey, TrackerService
-from lowtide.service.status import render
-from lowtide.service.webview import view_document
+from lowtide.service.client.status import render
+from lowtide.service.web.view import view_document
 
 pytestmark = pytest.mark.socket
 

@@ -20,7 +20,7 @@ from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import Ack, AckBatch, Heartbeat
 from lowtide.core.time import TimeGrid
 from lowtide.service import Agent, BatchKey, TrackerService
-from lowtide.service.persist import StateDirRefused
+from lowtide.service.persistence.state_dir import StateDirRefused
 
 pytestmark = pytest.mark.socket
 

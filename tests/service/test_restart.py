@@ -17,7 +17,7 @@ import pytest
 
 from lowtide.core.messages import Ack, AckBatch, Heartbeat, MinTimeUpdate
 from lowtide.service import Agent, BatchKey, TrackerService
-from lowtide.service.persist import StateDirInUse
+from lowtide.service.persistence.state_dir import StateDirInUse
 from lowtide.wire.frames import HEADER
 from lowtide.wire.messages import Error, ErrorCode, FrontOp, Welcome
 from tests.service.procs import (

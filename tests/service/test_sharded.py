@@ -14,7 +14,7 @@ import pytest
 
 from lowtide.core.messages import Ack, AckBatch, Heartbeat, MinTimeUpdate
 from lowtide.service import Agent, BatchKey
-from lowtide.service.batches import stream_time
+from lowtide.service.client.batches import stream_time
 from lowtide.wire.messages import Batch, Ok, Welcome
 from tests.service.procs import (
     FRONT_OWNER,

@@ -19,10 +19,10 @@ from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import AckBatch
 from lowtide.core.time import TimeGrid
 from lowtide.service import Agent, BatchKey, TrackerService
-from lowtide.service.metrics import ServerMetrics
+from lowtide.service.client.status import render
 from lowtide.service.progress import RowRates, stalled_fronts
-from lowtide.service.status import render
-from lowtide.service.webview import view_document
+from lowtide.service.server.metrics import ServerMetrics
+from lowtide.service.web.view import view_document
 
 GRID = TimeGrid(delta_ms=10)
 

@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -41,12 +42,21 @@ from lowtide.apps.demo_report import (
     read_windows,
     side,
 )
-from lowtide.apps.startup import make_session, prepare, raise_if_failed, wait_warm
+from lowtide.apps.startup import (
+    QueryFailed,
+    WorkerStartFailed,
+    make_session,
+    prepare,
+    raise_if_failed,
+    wait_warm,
+)
 from lowtide.service import wall_ms
 
 WINDOW = "2 seconds"
 WINDOW_MS = 2_000
 USERS = 8
+START_ATTEMPTS = 3
+OUTPUTS = ("lt_out", "lt_ckpt", "wm_out", "wm_ckpt")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -228,18 +238,36 @@ def render(pipe: Any, lt_out: str, wm_query: Any, delay_ms: int) -> Any:
 
 
 def main(args: argparse.Namespace) -> int:
-    if getattr(args, "input", None):
-        from lowtide.apps import demo_input
-
-        return demo_input.main(args)
-    started_ms = wall_ms()
-    # Python workers start while the queries are planned
-    spark = make_session(args.master, "lowtide-demo", prewarm_workers=2)
     try:
-        doc = run(spark, args, started_ms)
-    finally:
-        spark.stop()
+        if getattr(args, "input", None):
+            from lowtide.apps import demo_input
+
+            return demo_input.main(args)
+        started_ms = wall_ms()
+        # Python workers start while the queries are planned
+        spark = make_session(args.master, "lowtide-demo", prewarm_workers=2)
+        try:
+            doc = run_started(spark, args, started_ms)
+        finally:
+            spark.stop()
+    except QueryFailed as failed:  # one line, not Spark's and Python's stack traces
+        print(f"lowtide demo: {failed}", file=sys.stderr)
+        return 1
     return 0 if doc["matches_batch"] else 1
+
+
+def run_started(spark: Any, args: argparse.Namespace, started_ms: int) -> dict[str, Any]:
+    """:func:`run`, started again (fresh outputs) when a Python worker did not connect
+    back in time: on a loaded machine the next start usually makes it."""
+    for attempt in range(1, START_ATTEMPTS):
+        try:
+            return run(spark, args, started_ms)
+        except WorkerStartFailed as failed:
+            if not args.json:
+                print(f"{failed}; starting again ({attempt + 1} of {START_ATTEMPTS})")
+            for name in OUTPUTS if args.dir else ():
+                shutil.rmtree(os.path.join(args.dir, name), ignore_errors=True)
+    return run(spark, args, started_ms)
 
 
 def watch(args: argparse.Namespace, pipe: Any, lt: Any, wm: Any, lt_out: str) -> None:
@@ -270,7 +298,7 @@ def run(spark: Any, args: argparse.Namespace, started_ms: int | None = None) -> 
     spec = demo_spec(args.fronts, args.rate, args.lag_ms, wall_ms())
     prepare(spark)
     tmp = args.dir or tempfile.mkdtemp(prefix="lowtide-demo-")
-    d = {k: os.path.join(tmp, k) for k in ("lt_out", "lt_ckpt", "wm_out", "wm_ckpt")}
+    d = {k: os.path.join(tmp, k) for k in OUTPUTS}
     say = (lambda *a: None) if args.json else print
     pipe = wm = lt = None
     try:

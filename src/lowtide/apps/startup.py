@@ -5,6 +5,7 @@ terminal."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,10 +29,38 @@ def prepare(spark: Any) -> None:
     spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "100000")
 
 
+#: how Spark 4.2 says a Python worker did not start in time (its 10 s wait is fixed)
+WORKER_START_FAILED = ("Python worker failed to connect back",
+                       "waiting for the Python worker to connect back")
+
+
+class QueryFailed(RuntimeError):
+    """A demo's query failed; the message is one line that says what to do."""
+
+
+class WorkerStartFailed(QueryFailed):
+    """A query could not start: a Python worker did not connect back in time."""
+
+
+def failure_line(name: str, error: BaseException) -> str:
+    """One line for a query's failure: a Python worker that did not start in time (a
+    loaded machine) says so and what to do; anything else, its first line."""
+    text = str(error).strip()
+    if any(marker in text for marker in WORKER_START_FAILED):
+        load = os.getloadavg()[0]
+        return (f"query {name} could not start: a Spark Python worker did not connect back "
+                f"in time (Spark waits 10 s; load average {load:.1f} on {os.cpu_count()} "
+                "cores): run it again when the machine is less busy")
+    first = text.splitlines()[0] if text else type(error).__name__
+    return f"query {name} failed: {first}"
+
+
 def raise_if_failed(queries: list[Any]) -> None:
     for q in queries:
-        if q.exception() is not None:
-            raise RuntimeError(f"query {q.name} failed: {q.exception()}")
+        error = q.exception()
+        if error is not None:
+            slow = any(marker in str(error) for marker in WORKER_START_FAILED)
+            raise (WorkerStartFailed if slow else QueryFailed)(failure_line(q.name, error))
 
 
 def phases(queries: list[Any]) -> str:

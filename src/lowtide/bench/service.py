@@ -173,7 +173,7 @@ def agent_process(
 def serve_subprocess(args: list[str], timeout_s: float = 60.0) -> Iterator[str]:
     """``lowtide serve <args>`` on loopback in a subprocess; yields its url once it
     says it serves, and stops it (and so its shards) by its pid."""
-    cmd = [sys.executable, "-m", "lowtide.service.standalone", "--port", "0", *args]
+    cmd = [sys.executable, "-m", "lowtide.service.deploy.standalone", "--port", "0", *args]
     # --watch-stdin: the server exits when this process dies, even by SIGKILL
     cmd += ["--log-level", "warning", "--stuck-after-ms", "60000", "--watch-stdin"]
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

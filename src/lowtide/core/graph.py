@@ -272,8 +272,9 @@ def _components(inbound: tuple[tuple[int, ...], ...]) -> list[int]:
                     members.append(u)
                     if u == v:
                         break
+                first = min(members)
                 for u in members:
-                    comp[u] = min(members)
+                    comp[u] = first
             if work:
                 parent = work[-1][0]
                 low[parent] = min(low[parent], low[v])

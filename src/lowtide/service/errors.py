@@ -17,7 +17,7 @@ from lowtide.core.errors import (
     UnknownFront,
     UnknownSegment,
 )
-from lowtide.wire.codec import WireError
+from lowtide.wire.buffers import WireError
 from lowtide.wire.messages import Error, ErrorCode
 
 E = TypeVar("E", bound=BaseException)

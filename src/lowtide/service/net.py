@@ -6,12 +6,12 @@ Limits (:class:`Limits`): until a peer is admitted its frames may be at most
 ``max_handshake_frame`` long, and preamble and handshake together must end within
 ``handshake_timeout_s`` of the connection being accepted; unfinished handshakes have
 slots of their own (``max_handshakes``, ``max_handshakes_per_host``; see
-:mod:`.admission`). Afterwards a frame longer than ``max_frame`` ends the connection
+:mod:`.server.admission`). Afterwards a frame longer than ``max_frame`` ends the connection
 (its length cannot be trusted, so neither can anything after it), and a server drops
 a peer that sends nothing, not even a keepalive, for ``idle_timeout_s``. A peer that
 does not read its messages fast enough is dropped once ``max_buffer`` bytes wait for
 it. A server admits at most ``max_connections`` peers at once, fewer if the file
-limit requires it (:func:`.admission.fit_file_limit`).
+limit requires it (:func:`.server.admission.fit_file_limit`).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from lowtide.service.admission import Gate, Ticket
 from lowtide.service.channel import Address
 from lowtide.service.errors import ConnectionLost
 from lowtide.service.handshake import log_refusal
+from lowtide.service.server.admission import Gate, Ticket
 from lowtide.wire.codec import decode, encode
 from lowtide.wire.frames import (
     DEFAULT_MAX_FRAME,
@@ -155,7 +155,7 @@ async def serve_tcp(
     host: str, port: int, on_channel: OnChannel, gate: Gate
 ) -> tuple[asyncio.Server, int]:
     """Listen; each connection gets a :class:`Ticket` from ``gate`` (see
-    :mod:`.admission`), and once it sends the right preamble it becomes a channel."""
+    :mod:`.server.admission`), and once it sends the right preamble it becomes a channel."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         channel = StreamChannel(reader, writer, gate.limits)
@@ -258,7 +258,7 @@ async def serve_http(
     :data:`MAX_HTTP_HEAD` bytes and read within ``HTTP_TIMEOUT_S`` of the accept;
     ``handler`` makes the reply (it runs on this loop, so it must not block). At most
     ``max_connections`` at once, 8 per address: past that the oldest is dropped for
-    the new one (see :mod:`.admission`), so slow requests never lock a scraper out."""
+    the new one (see :mod:`.server.admission`), so slow requests never lock a scraper out."""
     gate = Gate(Limits(max_handshakes=max_connections, handshake_timeout_s=HTTP_TIMEOUT_S))
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

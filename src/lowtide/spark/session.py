@@ -48,7 +48,9 @@ _DELTA_JARS = ("delta-spark_", "delta-storage-", "delta-kernel-", "unitycatalog-
 # run, but Spark still logs the cancelled tasks of the trigger it interrupts (the
 # writer's "Aborting commit", a file sink's "Aborting job" when the stop lands as the
 # next trigger starts writing, the Python runner's interrupted read): those loggers
-# are off. Real failures still reach the caller as the query's exception.
+# are off. Real failures still reach the caller as the query's exception, so a query's
+# own "terminated with error" line (with a Java frame) is off too: lowtide's commands
+# print that exception as one line.
 QUIET_LOG4J2 = """\
 rootLogger.level = error
 rootLogger.appenderRef.stderr.ref = console
@@ -61,6 +63,8 @@ logger.writer.name = org.apache.spark.sql.execution.datasources.v2.DataWritingSp
 logger.writer.level = off
 logger.files.name = org.apache.spark.sql.execution.datasources.FileFormatWriter
 logger.files.level = off
+logger.query.name = org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution
+logger.query.level = off
 """
 
 
@@ -127,6 +131,10 @@ class SessionConfig:
     ui: bool = True
     #: Python workers to start in the background once the session is up (:func:`prewarm`)
     prewarm_workers: int = 0
+    #: how long a Python worker may take to authenticate once it connected back
+    #: (``spark.python.authenticate.socketTimeout``, Spark's default 15 s): long enough
+    #: for a loaded machine; Spark 4.2's 10 s for a worker to connect back is fixed
+    worker_timeout_s: int = 120
     conf: tuple[tuple[str, str], ...] = ()
 
     def settings(self) -> dict[str, str]:
@@ -142,6 +150,7 @@ class SessionConfig:
             # changelog checkpoints: a batch commits its state changes, not RocksDB files
             "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
             "spark.python.worker.reuse": "true",
+            "spark.python.authenticate.socketTimeout": f"{self.worker_timeout_s}s",
         }
         if self.quiet:
             java += f" -Dlog4j2.configurationFile=file:{quiet_log4j2_file()}"

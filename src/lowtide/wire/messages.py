@@ -62,7 +62,7 @@ def graph_of(spec: GraphSpec) -> SegmentGraph:
 
 class Role(IntEnum):
     """Who opens a connection, and so which requests it may make (see
-    :data:`lowtide.service.inbox.RIGHTS`): an agent reports acks and fronts, a status
+    :data:`lowtide.service.server.inbox.RIGHTS`): an agent reports acks and fronts, a status
     client only reads, a coordinator watches and releases shards."""
 
     AGENT = 1

@@ -95,11 +95,12 @@ def check(results: pd.DataFrame, expected: pd.DataFrame, horizon: int, size: int
 AGG_COLS = ["n", "total", "lo", "hi", "avg"]
 
 
-def run_timed(pipe: Any, stream: Any, tmp: Path, slots: int, restart_at: int = 0
-              ) -> tuple[pd.DataFrame, int, int]:
+def run_timed(pipe: Any, stream: Any, tmp: Path, slots: int, restart_at: int = 0,
+              more: int = 0) -> tuple[pd.DataFrame, int, int]:
     """Write ``stream`` with its rows' slots (``lt_time``) until the sink's min time is
     ``slots`` past the first batch's t0 (stopped and restarted from the checkpoint
-    once it is ``restart_at`` past, if given); (results, t0, the sink's final min time)."""
+    once it is ``restart_at`` past, if given), then ``more`` past where it is then;
+    (results, t0, the sink's final min time)."""
     out, ckpt = tmp / "out", tmp / "ckpt"
 
     def start() -> Any:
@@ -114,6 +115,8 @@ def run_timed(pipe: Any, stream: Any, tmp: Path, slots: int, restart_at: int = 0
             query.stop()  # slots with pending rows stay in the state store, held
             query = start()
         query.wait_for_min_time(GRID.slot_of(t0) + slots, timeout_s=120)
+        if more:
+            query.wait_for_min_time(query.min_time() + more, timeout_s=120)
         assert not query.stuck()
         query.stop()
         final = query.min_time()

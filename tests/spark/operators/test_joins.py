@@ -16,13 +16,13 @@ import pandas as pd
 import pytest
 
 from lowtide import LowtideError
+from lowtide.spark.operators.fold import FoldLogic
 from lowtide.spark.operators.joins import KEY_COL, SIDE_COL, JoinLogic, check_join
 from lowtide.spark.operators.slot_logic import (
     AT_COL,
     ID_COL,
     SLOT_COL,
     WAKE_COL,
-    FoldLogic,
     GroupStep,
     KeptRows,
     step_group,

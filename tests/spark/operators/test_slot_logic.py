@@ -16,22 +16,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lowtide.spark.operators.fold import FoldLogic
 from lowtide.spark.operators.slot_logic import (
     AT_COL,
     ID_COL,
     SLOT_COL,
-    FoldLogic,
-    GroupStep,
     KeptRows,
     LogicStep,
-    SlotLogic,
     step_group,
 )
 from lowtide.spark.operators.window_aggs import bind_aggs
 from lowtide.spark.operators.window_state import Pane, WindowLogic
 from lowtide.spark.operators.windows import parse_aggs
+from tests.spark.operators.groups import Group, Parts, batches
 
-NONE = np.zeros(0, np.int64)
 # count(*), and sum/min/first/last of a nullable long "v" (lt_agg0, lt_valid0: what
 # the JVM hands over, see window_aggs)
 AGGS, _ = bind_aggs("w", parse_aggs({"n": "count", "s": ("v", "sum"), "lo": ("v", "min"),
@@ -64,55 +62,6 @@ def folding(window: pd.DataFrame) -> dict[str, Any]:
 
 def applying(size: int, slide: int | None = None) -> WindowLogic:
     return WindowLogic(size, slide or size, 10, fn=folding, data_cols=("v",))
-
-
-class Parts:
-    """Row parts as the store keeps them: written by appends, pickled, dropped."""
-
-    def __init__(self) -> None:
-        self.stored: dict[tuple[int, int], bytes] = {}
-
-    def read(self, tag: int, count: int) -> list[Any]:
-        return [pickle.loads(self.stored[(tag, i)]) for i in range(count)]
-
-    def write(self, step: GroupStep) -> None:
-        for tag, i, frame in step.appends:
-            assert (tag, i) not in self.stored, "a part written twice"
-            self.stored[(tag, i)] = pickle.dumps(frame)
-        for tag, count in step.drops:
-            for i in range(count):
-                del self.stored[(tag, i)]
-
-
-class Group:
-    """A group driven as the processor drives it: its state pickled between calls, its
-    open holds tracked from the steps' opens and releases, its row parts stored."""
-
-    def __init__(self, logic: SlotLogic) -> None:
-        self.logic = logic
-        self.data = pickle.dumps(None)
-        self.wakes = NONE
-        self.holds: set[int] = set()
-        self.parts = Parts()
-
-    def retry(self, new: pd.DataFrame | None, done: int) -> GroupStep:
-        """The call, without keeping its effects (an attempt that failed)."""
-        return step_group(self.logic, ("k",), pickle.loads(self.data), self.wakes, new, done,
-                          self.parts)
-
-    def call(self, new: pd.DataFrame | None, done: int) -> GroupStep:
-        step = self.retry(new, done)
-        self.parts.write(step)
-        opens, releases = set(step.opens.tolist()), set(step.releases.tolist())
-        assert not opens & self.holds, "a hold opened twice"
-        assert releases <= self.holds | opens, "a hold released that was not open"
-        self.holds = (self.holds | opens) - releases
-        assert self.holds == set(step.wakes.tolist()), "holds are not the wakes"
-        if step.out is not None:
-            assert len(step.out) == int(step.counts.sum())
-            assert set(step.out[AT_COL].tolist()) <= releases
-        self.data, self.wakes = pickle.dumps(step.state), step.wakes
-        return step
 
 
 def window_ms(out: pd.DataFrame, col: str) -> list[int]:
@@ -188,7 +137,8 @@ class Broken:
     def __init__(self, out_at: list[int], wakes: list[int]) -> None:
         self.out_at, self.wakes = out_at, wakes
 
-    def step(self, key: Any, state: Any, new: Any, done: int, parts: Any) -> LogicStep:
+    def step(self, key: Any, state: Any, new: Any, done: int, parts: Any,
+             now_ms: int) -> LogicStep:
         out = pd.DataFrame({AT_COL: self.out_at}) if self.out_at else None
         return LogicStep("s", out, np.array(self.wakes, np.int64))
 
@@ -263,25 +213,14 @@ def test_windows_over_random_batches_equal_the_batch_windows(case: Any, rng: Any
     windows' last slots; no hold and no stored row left at the end."""
     items, size, slide, steps = case
     g = Group(kind(size, slide))
-    pending, done, got = list(items), 0, {}
-    for advance in [*steps, 100]:
-        nxt = done + advance
-        # rows arrive before the min time passes them, some a while before
-        batch = [r for r in pending if r[0] < nxt + rng.randrange(6)]
-        pending = [r for r in pending if r not in batch]
-        new = rows([s for s, _, _ in batch], [i for _, i, _ in batch],
-                   [v for _, _, v in batch]) if batch else None
-        again = g.retry(new, nxt)
-        step = g.call(new, nxt)
-        assert pickle.dumps(again.state) == g.data, "a retried call kept another state"
-        if step.out is not None:
-            pd.testing.assert_frame_equal(again.out, step.out)
-            for r in step.out.to_dict("records"):
-                start = r["window_start"].value // 10_000_000
-                assert start not in got, "a window twice"
-                got[start] = [r["n"], *(None if pd.isna(r[c]) else r[c]
-                                        for c in ("s", "lo", "f", "l"))]
-                assert r[AT_COL] == start + size - 1 < nxt
-        done = nxt
+    got: dict[int, list[Any]] = {}
+    for done, out in batches(g, items, steps, rng,
+                             lambda b: rows(*(list(c) for c in zip(*b, strict=True)))):
+        for r in out.to_dict("records"):
+            start = r["window_start"].value // 10_000_000
+            assert start not in got, "a window twice"
+            got[start] = [r["n"], *(None if pd.isna(r[c]) else r[c]
+                                    for c in ("s", "lo", "f", "l"))]
+            assert r[AT_COL] == start + size - 1 < done
     assert got == batch_windows(items, size, slide)
     assert not g.holds and pickle.loads(g.data) is None and not g.parts.stored

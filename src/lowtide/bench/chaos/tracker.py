@@ -37,7 +37,7 @@ class TrackerProcess:
         return f"tcp://127.0.0.1:{self.port}"
 
     def _command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "lowtide.service.standalone", "--port", str(self.port),
+        cmd = [sys.executable, "-m", "lowtide.service.deploy.standalone", "--port", str(self.port),
                "--graph", str(self.graph_file), "--state-dir", str(self.state_dir),
                "--log-level", "warning", "--stuck-after-ms", "60000", "--watch-stdin"]
         if self.shards:

@@ -78,6 +78,16 @@ class StatefulSpec(StatefulStep):
     key_ranges: int = 0
 
 
+class KeyedStep(StatefulStep):
+    """A step description that is planned as a keyed step on this runtime (session
+    windows, ``groupBy().agg()``): the builder calls :meth:`keyed_input`."""
+
+    def keyed_input(self, df: Any, delta_ms: int) -> tuple[Any, StatefulSpec]:
+        """(the step's input, prepared in the JVM; the keyed step over it); raises a
+        one-line ``ValueError`` for what the input's schema does not allow."""
+        raise NotImplementedError
+
+
 @dataclass(frozen=True)
 class KeyedRuntime:
     """What the processor needs on the executors (pickled with it)."""

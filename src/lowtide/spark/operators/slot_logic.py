@@ -6,7 +6,7 @@ A *group* is a key (or, for a join, a bucket of keys). The one runtime
 once per micro-batch that brings rows of the group or finds one of its pending outputs
 complete::
 
-    logic.step(key, state, new, done, parts) -> LogicStep(state, out, wakes)
+    logic.step(key, state, new, done, parts, now_ms) -> LogicStep(state, out, wakes)
 
 * ``state``: what the previous call returned (None at first), kept by the runtime in
   the group's record in the state store, so it survives restarts from the checkpoint;
@@ -14,6 +14,7 @@ complete::
   :data:`ID_COL`, in no particular order: (slot, ack id) is the fixed one), or None.
   Every new row's slot is ``>= done``: it was in flight until this batch received it;
 * ``done``: the inbound segment's min time at the batch: every row below it has arrived;
+* ``now_ms``: the batch's timestamp (the same in every attempt: processing-time timers);
 * the result's ``out``: output rows with :data:`AT_COL` (their slot), each below
   ``done``, or None; ``wakes``: the slots of the group's pending outputs, each
   ``>= done``; ``state``: what to keep (None: nothing; pending outputs need state).
@@ -37,12 +38,12 @@ at 9). A call with ``done = 12``: out one row at slot 9, wakes ``[]`` (the hold 
 is released after the row's send-ack, in the same batch).
 
 :class:`KeptRows` makes a logic over ALL the group's rows (:class:`RowLogic`: a
-user's fold, the joins) a slot logic: it keeps the rows, each with its wake.
+user's fold with its timers, :mod:`.fold`; the joins) a slot logic: it keeps the rows,
+each with its wake, and the timers' wakes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -79,8 +80,8 @@ class SlotLogic(Protocol):
     """A group's step; see the module docstring. Must be deterministic (Spark re-runs
     tasks) and must not change ``state`` in place (a retried call gets it again)."""
 
-    def step(self, key: tuple[Any, ...], state: Any, new: Any, done: int, parts: RowParts
-             ) -> LogicStep: ...
+    def step(self, key: tuple[Any, ...], state: Any, new: Any, done: int, parts: RowParts,
+             now_ms: int) -> LogicStep: ...
 
 
 @dataclass(frozen=True)
@@ -98,11 +99,11 @@ class GroupStep:
 
 
 def step_group(logic: SlotLogic, key: tuple[Any, ...], state: Any, wakes: np.ndarray,
-               new: Any, done: int, parts: RowParts) -> GroupStep:
+               new: Any, done: int, parts: RowParts, now_ms: int = 0) -> GroupStep:
     """Step a group whose holds are open at ``wakes``: the logic's step and the holds
     it implies. Pure: the processor and the tests drive it."""
     before = np.unique(np.asarray(wakes, np.int64))
-    res = logic.step(key, state, new, done, parts)
+    res = logic.step(key, state, new, done, parts, now_ms)
     after = np.unique(np.asarray(res.wakes, np.int64))
     out, at = res.out, np.zeros(0, np.int64)
     if out is not None and len(out):
@@ -140,7 +141,11 @@ def _check(at: np.ndarray, before: np.ndarray, after: np.ndarray, arrived: np.nd
 
 
 class UserState(Protocol):
-    """A group's own value (``stream.stateful``'s ``state``), for a :class:`RowLogic`."""
+    """A group's own value (``stream.stateful``'s ``state``) and, for a fold, its
+    timers, for a :class:`RowLogic`."""
+
+    timers: dict[int, int]  # a fold's timers: expiry ms -> the slot it waits at
+    now_ms: int  # the batch's timestamp
 
     def get_state(self) -> Any: ...
 
@@ -148,11 +153,12 @@ class UserState(Protocol):
 
 
 class RowLogic(Protocol):
-    """A group's step over ALL its rows: ``rows`` (sorted by slot, then ack id) are the
-    kept and the new ones, with :data:`RUNTIME_COLS` (a new row's wake is its slot);
-    every wake below ``done`` must be resolved. Returns (output rows with
-    :data:`AT_COL`, each below ``done``, or None; the rows to keep, each wake -1 or at
-    least ``done``)."""
+    """A group's step over ALL its rows: ``rows`` (sorted by slot, then ack id; None
+    when only timers are due) are the kept and the new ones, with
+    :data:`RUNTIME_COLS` (a new row's wake is its slot); every wake below ``done``
+    (the rows' and the timers') must be resolved. Returns (output rows with
+    :data:`AT_COL`, each below ``done``, or None; the rows to keep, each wake -1 or
+    at least ``done``)."""
 
     def run(self, key: tuple[Any, ...], rows: Any, done: int, user: UserState
             ) -> tuple[Any, Any]: ...
@@ -160,17 +166,20 @@ class RowLogic(Protocol):
 
 @dataclass(frozen=True)
 class Kept:
-    """The state of a :class:`KeptRows` group: its rows and the user's value."""
+    """The state of a :class:`KeptRows` group: its rows, the user's value and timers."""
 
     rows: Any  # pandas DataFrame with RUNTIME_COLS, sorted; None: none
     user: Any  # None: none
+    timers: dict[int, int] | None = None  # expiry ms -> wake slot (a fold's); None: none
 
 
 class _UserBox:
     """A :class:`UserState` over one call."""
 
-    def __init__(self, value: Any) -> None:
-        self.value = value
+    def __init__(self, state: Kept | None, now_ms: int) -> None:
+        self.value = None if state is None else state.user
+        self.timers = dict(state.timers or {}) if state is not None else {}
+        self.now_ms = now_ms
 
     def get_state(self) -> Any:
         return self.value
@@ -190,54 +199,35 @@ def wakes_of(rows: Any) -> np.ndarray:
 @dataclass(frozen=True)
 class KeptRows:
     """A :class:`RowLogic` as a slot logic: the group keeps its rows (state
-    :class:`Kept`), a new row waking at its own slot; the logic runs when a wake is
-    below ``done``."""
+    :class:`Kept`), a new row waking at its own slot, and its timers; the logic runs
+    when a wake is below ``done``."""
 
     logic: RowLogic
 
     def step(self, key: tuple[Any, ...], state: Kept | None, new: Any, done: int,
-             parts: RowParts) -> LogicStep:
+             parts: RowParts, now_ms: int) -> LogicStep:
         import pandas as pd
 
-        user = _UserBox(None if state is None else state.user)
+        user = _UserBox(state, now_ms)
         frames = [] if state is None or state.rows is None else [state.rows]
         if new is not None and len(new):
             frames.append(new.assign(**{WAKE_COL: new[SLOT_COL].to_numpy(np.int64)}))
-        out, rows = None, None
+        rows = None
         if frames:
             rows = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
             order = np.lexsort((rows[ID_COL].to_numpy(), rows[SLOT_COL].to_numpy()))
             rows = rows.iloc[order].reset_index(drop=True)
-            w = rows[WAKE_COL].to_numpy()
-            if ((w >= 0) & (w < done)).any():
-                out, rows = self.logic.run(key, rows, done, user)
+        out = None
+        if int(np.concatenate([wakes_of(rows), self._timer_wakes(user)], dtype=np.int64)
+               .min(initial=done)) < done:
+            out, rows = self.logic.run(key, rows, done, user)
         if rows is not None and not len(rows):
             rows = None
-        keep = None if rows is None and user.value is None else Kept(rows, user.value)
-        return LogicStep(keep, out, wakes_of(rows))
+        if rows is None and user.value is None and not user.timers:
+            return LogicStep(None, out, np.zeros(0, np.int64))
+        wakes = np.union1d(wakes_of(rows), self._timer_wakes(user))
+        return LogicStep(Kept(rows, user.value, user.timers or None), out, wakes)
 
-
-@dataclass(frozen=True)
-class FoldLogic:
-    """A user's ``fn(key, rows, state) -> (state, out)`` (``stream.stateful``): called
-    once per slot of the key's rows, in slot order, once the slot is complete; see
-    :mod:`.keyed_state`. A :class:`RowLogic`."""
-
-    fn: Callable[[Any, Any, Any], tuple[Any, Any]]
-    name: str
-
-    def run(self, key: tuple[Any, ...], rows: Any, done: int, user: UserState
-            ) -> tuple[Any, Any]:
-        import pandas as pd
-
-        slots = rows[SLOT_COL].to_numpy()
-        data = rows.drop(columns=list(RUNTIME_COLS))
-        out = []
-        for s in np.unique(slots[slots < done]):
-            res = self.fn(key, data[slots == s].reset_index(drop=True), user.get_state())
-            if not (isinstance(res, tuple) and len(res) == 2):
-                raise ValueError(f"stateful {self.name!r}: fn must return (state, rows or None)")
-            user.set_state(res[0])
-            if res[1] is not None and len(res[1]):
-                out.append(res[1].reset_index(drop=True).assign(**{AT_COL: int(s)}))
-        return (pd.concat(out, ignore_index=True) if out else None), rows[slots >= done]
+    @staticmethod
+    def _timer_wakes(user: _UserBox) -> np.ndarray:
+        return np.fromiter(user.timers.values(), np.int64, len(user.timers))

@@ -177,7 +177,7 @@ class SlotProcessor(StatefulProcessor):  # type: ignore[misc]
             rec = GroupRecord(key_hash(spark_key(key)), values, np.zeros(0, np.int64), -1,
                               pickle.dumps(None))
         step = step_group(self.rt.spec.logic, rec.key, pickle.loads(rec.data), rec.wakes,
-                          new, done, self.parts)
+                          new, done, self.parts, now)
         packed = self._acks(rec.parent, step, now)
         self.parts.write(step)
         timer = self._poll(rec.timer_ms, now) if len(step.wakes) else -1

@@ -100,10 +100,11 @@ def _supported(fn: str, type_name: str) -> str | None:
     return None  # count, count_distinct: any type
 
 
-def bind_aggs(name: str, aggs: tuple[Agg, ...], fields: dict[str, str]
+def bind_aggs(name: str, aggs: tuple[Agg, ...], fields: dict[str, str], what: str = "window"
               ) -> tuple[tuple[TypedAgg, ...], list[str]]:
     """(typed aggregates, the distinct columns they read) for input columns ``fields``
-    (name -> simpleString). Raises a one-line error naming the window and column."""
+    (name -> simpleString). Raises a one-line error naming the step (``what name``) and
+    column."""
     columns: list[str] = []
     typed = []
     for a in aggs:
@@ -111,12 +112,12 @@ def bind_aggs(name: str, aggs: tuple[Agg, ...], fields: dict[str, str]
             typed.append(TypedAgg(a, None, ""))
             continue
         if a.column not in fields:
-            raise ValueError(f"window {name!r}: aggregate {a.out!r} reads no column "
+            raise ValueError(f"{what} {name!r}: aggregate {a.out!r} reads no column "
                              f"{a.column!r} (columns: {', '.join(fields)})")
         t = fields[a.column]
         takes = _supported(a.fn, t)
         if takes is not None:
-            raise ValueError(f"window {name!r}: {a.fn} of column {a.column!r} ({t}) is not "
+            raise ValueError(f"{what} {name!r}: {a.fn} of column {a.column!r} ({t}) is not "
                              f"supported: {a.fn} takes {takes}")
         if a.column not in columns:
             columns.append(a.column)
@@ -142,6 +143,33 @@ def input_columns(df: Any, columns: list[str], fields: dict[str, str]) -> Any:
         df = df.withColumn(f"{VALUE_PREFIX}{j}", value).withColumn(
             f"{VALID_PREFIX}{j}", col.isNotNull())
     return df
+
+
+def aggregated_input(df: Any, what: str, name: str, keys: tuple[str, ...],
+                     aggs: tuple[Agg, ...], keep: tuple[Any, ...] = ()
+                     ) -> tuple[Any, tuple[TypedAgg, ...]]:
+    """The input of a keyed aggregation step (``what name``, e.g. "groupBy 'g'"): its
+    keys, the aggregated columns as :func:`input_columns` hands them over, ``keep``
+    (more columns), the tracking column; and the aggregates typed. Unknown columns and
+    unsupported types raise here, naming the step."""
+    from lowtide.spark.operators.state_clock import check_keys
+    from lowtide.spark.tracking.column import TRACK_COL, TRACKING_COLS
+
+    fields = {f.name: f.dataType.simpleString() for f in df.schema.fields
+              if f.name not in TRACKING_COLS}
+    check_keys(f"{what} {name!r}", keys, fields)
+    typed, columns = bind_aggs(name, aggs, fields, what)
+    prepared = input_columns(df, columns, fields)
+    cols = [f"`{c}`" for c in [*keys, *helper_columns(columns)]]
+    return prepared.select(*cols, *keep, TRACK_COL), typed
+
+
+def time_column(slots: Any, delta_ms: int) -> Any:
+    """Slots as a pandas column of UTC timestamps (their start, ``slot * delta_ms``)."""
+    import pandas as pd
+
+    ms = pd.Series(np.asarray(slots, np.int64) * delta_ms)
+    return pd.to_datetime(ms, unit="ms", utc=True)
 
 
 # ------------------------------------------------------------------ executors

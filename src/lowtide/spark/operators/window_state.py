@@ -74,7 +74,7 @@ class WindowLogic:
     data_cols: tuple[str, ...] = ()
 
     def step(self, key: tuple[Any, ...], state: dict[int, Pane] | None, new: Any, done: int,
-             parts: RowParts) -> LogicStep:
+             parts: RowParts, now_ms: int = 0) -> LogicStep:
         panes = dict(state or {})
         appends: list[tuple[int, int, Any]] = []
         if new is not None and len(new):

@@ -4,7 +4,7 @@ segment graph (:class:`SegmentPlan`), its writer (``stream.writeStream``,
 
 from lowtide.spark.pipeline.builder import Built, Pipeline, TrackerNotStarted, register_sources
 from lowtide.spark.pipeline.dag import PipelineShapeError, SegmentPlan, derive
-from lowtide.spark.pipeline.describe import Windowed
+from lowtide.spark.pipeline.describe import Aggregated, Windowed
 from lowtide.spark.pipeline.handle import TrackerHandle
 from lowtide.spark.pipeline.monitoring import CompletenessListener, ProgressMetrics
 from lowtide.spark.pipeline.query import (
@@ -19,6 +19,7 @@ from lowtide.spark.pipeline.stream import Stream
 from lowtide.spark.pipeline.write_stream import TrackedStreamWriter
 
 __all__ = [
+    "Aggregated",
     "Built",
     "CompletenessListener",
     "Pipeline",

@@ -39,7 +39,7 @@ from lowtide.spark.operators.frames import (
     spark_step,
 )
 from lowtide.spark.operators.joins import JoinSpec, join_input, joined
-from lowtide.spark.operators.keyed_state import StatefulSpec
+from lowtide.spark.operators.keyed_state import KeyedStep, StatefulSpec
 from lowtide.spark.operators.state_processor import build_keyed
 from lowtide.spark.operators.tracked import OpRuntime, OpSpec, operator_id, task_function
 from lowtide.spark.operators.window_state import build_window
@@ -97,7 +97,7 @@ def _with_tracking(schema: Any) -> Any:
                              f"{type(schema).__name__}")
 
 
-def _arrow_half(step: Step | EntrySpec) -> bool:
+def _ends_in_arrow_map(step: Step | EntrySpec) -> bool:
     """Does ``step`` end in a tracked ``mapInArrow`` (to chain the next ones into)?"""
     return isinstance(step, OpSpec | EntrySpec) or (isinstance(step, FrameSpec) and step.tracked)
 
@@ -119,6 +119,9 @@ def _plan_steps(df: Any, group: list[Step | EntrySpec], ref: TrackerRef,
                                               operator_id(step.name)))
     if isinstance(step, DedupSpec):
         df, keyed = described(lambda: dedup_input(df, step))
+        return _keyed(df, keyed, ref, out_segment, step.name)
+    if isinstance(step, KeyedStep):  # session windows, groupBy().agg()
+        df, keyed = described(lambda: step.keyed_input(df, ref.grid.delta_ms))
         return _keyed(df, keyed, ref, out_segment, step.name)
     if isinstance(step, StatefulSpec):
         return _keyed(df, step, ref, out_segment, step.name)
@@ -374,7 +377,7 @@ class Pipeline:
         while steps:
             # tracked Arrow steps that follow each other directly share one task
             n = 1
-            if _arrow_half(steps[0]):
+            if _ends_in_arrow_map(steps[0]):
                 while n < len(steps) and isinstance(steps[n], OpSpec):
                     n += 1
             group, steps = steps[:n], steps[n:]

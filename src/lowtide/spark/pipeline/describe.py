@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from lowtide.core.errors import LowtideError
 from lowtide.spark.operators.joins import JoinCondition, JoinSpec
-from lowtide.spark.operators.windows import WindowedStream, duration_ms, parse_keys
+from lowtide.spark.operators.windows import duration_ms, parse_keys
 from lowtide.spark.pipeline.dag import PipelineShapeError
 
 if TYPE_CHECKING:
@@ -71,25 +71,32 @@ def with_keys(spec: JoinSpec, on: Any, left_on: Any, right_on: Any) -> JoinSpec:
 
 
 @dataclass(frozen=True)
-class Windowed:
-    """``stream.window(...)``: finish it with :meth:`agg`, :meth:`count` or
-    :meth:`apply` (see :mod:`lowtide.spark.operators.windows`)."""
+class Aggregated:
+    """``stream.groupBy(...)`` or ``stream.session_window(...)``: finish it with
+    :meth:`agg` or :meth:`count` (see :mod:`lowtide.spark.operators.running` and
+    :mod:`lowtide.spark.operators.sessions`)."""
 
-    windowed: WindowedStream
+    grouped: Any  # an operators description with .agg(**aggs) -> Stream
 
     def agg(self, **aggs: AggSpec) -> Stream:
         """``n="count"``, ``total=("amount", "sum")``, ``p90=("amount", "percentile",
         0.9)``; fn one of count, sum, min, max, mean (avg), first, last,
         count_distinct, percentile; typed as Spark types them."""
-        stream: Stream = described(lambda: self.windowed.agg(**aggs))
+        stream: Stream = described(lambda: self.grouped.agg(**aggs))
         return stream
 
     def count(self) -> Stream:
-        """One aggregate, ``count``: the window's rows."""
+        """One aggregate, ``count``: the rows."""
         return self.agg(count="count")
+
+
+@dataclass(frozen=True)
+class Windowed(Aggregated):
+    """``stream.window(...)``: finish it with :meth:`agg`, :meth:`count` or
+    :meth:`apply` (see :mod:`lowtide.spark.operators.windows`)."""
 
     def apply(self, fn: Callable[[Any], Any], schema: str) -> Stream:
         """``fn(rows: pandas.DataFrame) -> dict`` (one result row) or a DataFrame,
         columns as in the DDL ``schema``; called once per complete window."""
-        stream: Stream = described(lambda: self.windowed.apply(fn, schema))
+        stream: Stream = described(lambda: self.grouped.apply(fn, schema))
         return stream

@@ -22,14 +22,18 @@ from typing import TYPE_CHECKING, Any
 
 from lowtide.core.graph import SegmentGraph
 from lowtide.spark.operators.dedup import DedupSpec
+from lowtide.spark.operators.fold import FoldLogic, time_mode_of
 from lowtide.spark.operators.frames import FrameSpec, enrich_spec
 from lowtide.spark.operators.joins import JoinSpec, check_join
 from lowtide.spark.operators.keyed_state import StatefulSpec
-from lowtide.spark.operators.slot_logic import FoldLogic, KeptRows
+from lowtide.spark.operators.running import GroupedSpec, make_grouped
+from lowtide.spark.operators.sessions import SessionSpec, make_sessions
+from lowtide.spark.operators.slot_logic import KeptRows
 from lowtide.spark.operators.tracked import OpSpec
 from lowtide.spark.operators.windows import WindowSpec, make_windowed
 from lowtide.spark.pipeline.dag import PipelineShapeError, SegmentPlan, derive
 from lowtide.spark.pipeline.describe import (
+    Aggregated,
     Keys,
     Windowed,
     described,
@@ -107,7 +111,8 @@ class TransformSpec:
         return []
 
 
-Step = OpSpec | WindowSpec | StatefulSpec | JoinSpec | TransformSpec | FrameSpec | DedupSpec
+Step = (OpSpec | WindowSpec | StatefulSpec | JoinSpec | TransformSpec | FrameSpec | DedupSpec
+        | SessionSpec | GroupedSpec)
 
 
 @dataclass(frozen=True)
@@ -221,17 +226,45 @@ class Stream:
         return Windowed(described(lambda: make_windowed(
             self, size, key, slide, name, poll_ms, self.pipeline.grid.delta_ms, key_ranges)))
 
-    def stateful(self, fn: Callable[[Any, Any, Any], tuple[Any, Any]], schema: str, *,
+    def session_window(self, gap: str | int | Any, *, key: str | list[str] | tuple[str, ...],
+                       name: str | None = None, poll_ms: int = 100) -> Aggregated:
+        """Exact keyed session windows over global time (``gap`` a duration, or a Spark
+        Column of per-row gaps); finish with ``.agg(n="count", ...)``. A session is
+        emitted once no row that could join it is in flight. See
+        :mod:`lowtide.spark.operators.sessions`."""
+        name = name or self._default_name("session_window")
+        return Aggregated(described(lambda: make_sessions(
+            self, gap, key, name, poll_ms, self.pipeline.grid.delta_ms)))
+
+    def groupBy(self, *cols: str | list[str], every: str | int | None = None,
+                name: str | None = None, poll_ms: int = 100) -> Aggregated:
+        """Aggregation without a window: ``groupBy("word").count()``, ``.agg(...)``;
+        per key, the exact running result as of the end of each range of ``every``
+        (default one slot) in which it has rows, with ``as_of``. See
+        :mod:`lowtide.spark.operators.running`."""
+        name = name or self._default_name("groupBy")
+        return Aggregated(described(lambda: make_grouped(
+            self, cols, every, name, poll_ms, self.pipeline.grid.delta_ms)))
+
+    groupby = groupBy
+
+    def stateful(self, fn: Callable[..., tuple[Any, Any]], schema: str, *,
                  key: str | list[str] | tuple[str, ...], name: str | None = None,
-                 poll_ms: int = 100) -> Stream:
+                 poll_ms: int = 100, on_timer: Callable[..., tuple[Any, Any]] | None = None,
+                 time_mode: str = "EventTime") -> Stream:
         """Exact keyed state in global time order: ``fn(key, rows, state) -> (state,
         out)`` once per key and complete slot, in slot order; ``out`` (pandas, columns
         of the DDL ``schema``, or None) follows the key columns. Pending rows hold the
-        min time downstream. See :mod:`lowtide.spark.operators.keyed_state`."""
+        min time downstream. With ``on_timer``, ``fn(key, rows, state, timers)`` sets
+        timers (``timers.register_timer(ms)``) and ``on_timer(key, expiry_ms, state,
+        timers) -> (state, out)`` runs when one fires (``time_mode`` "EventTime": when
+        the min time passes it; "ProcessingTime"). See
+        :mod:`lowtide.spark.operators.keyed_state` and :mod:`lowtide.spark.operators.fold`."""
         name = name or self._default_name("stateful")
         keys = names_of(key, f"stateful {name!r}")
-        return self._then(StatefulSpec(name, keys, KeptRows(FoldLogic(fn, name)), schema,
-                                       poll_ms))
+        mode = described(lambda: time_mode_of(time_mode, f"stateful {name!r}"))
+        logic = FoldLogic(fn, name, on_timer, mode, self.pipeline.grid.delta_ms)
+        return self._then(StatefulSpec(name, keys, KeptRows(logic), schema, poll_ms))
 
     # DataFrame-native steps, evaluated by Spark's JVM (see operators.frames)
     def where(self, condition: Any, *, name: str | None = None) -> Stream:
@@ -406,12 +439,15 @@ class Stream:
 
     def write_table(self, path: str, *, checkpoint: str, format: str = "delta",
                     name: str = "sink", feeds: tuple[str, ...] = (), trigger: str | None = None,
-                    query_name: str | None = None) -> TrackedQuery:
+                    query_name: str | None = None,
+                    writers: tuple[str, ...] = ()) -> TrackedQuery:
         """A Delta (or ``format="parquet"``) table that keeps ``lt_time``/``lt_ack``,
         publishes its completeness (``lowtide.spark.complete_below(path)``) and, for
         each ingest segment in ``feeds``, is the front of the query that reads it with
-        ``read_stream``. See :mod:`lowtide.spark.sinks.tables`."""
-        config = TableConfig(path, format, tuple(feeds))
+        ``read_stream``. ``writers``: the sink names of every tracked query writing
+        this table (its completeness is their minimum). See
+        :mod:`lowtide.spark.sinks.tables`."""
+        config = TableConfig(path, format, tuple(feeds), tuple(writers))
         if feeds:  # readers' segments must be tracked before the first batch
             try:
                 graph = self.pipeline.tracker.graph

@@ -71,6 +71,7 @@ from lowtide.core.errors import FrontHeld, FrontOwned, NonMonotonicHeartbeat
 from lowtide.core.time import Clock, TimeGrid
 from lowtide.service.clock import SystemClock
 from lowtide.spark.sources import records as rec
+from lowtide.spark.sources.event_time import event_time_of
 from lowtide.spark.sources.ingest import IngestWriter
 from lowtide.spark.sources.labels import as_label
 from lowtide.spark.sources.lateness import LatePolicy, LateStats
@@ -168,6 +169,7 @@ class Front:
         heartbeat_ms: int | None = 20,
         confirm: bool = True,
         time_from: str | None = None,
+        time_format: str | None = None,
         late: str = "clamp",
         lag_ms: int = 0,
         start_ms: int | None = None,
@@ -183,7 +185,7 @@ class Front:
         self.front = front
         self.confirm = confirm
         self.confirm_timeout_s = confirm_timeout_s
-        self.time_from = time_from
+        self.time_from = event_time_of(time_from, time_format)
         self.owner = owner or default_owner(log_dir)
         if max_ahead_ms is not None and max_ahead_ms < 0:
             raise ValueError("max_ahead_ms must be >= 0 (None: no clock check)")
