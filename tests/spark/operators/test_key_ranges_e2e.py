@@ -84,3 +84,19 @@ def test_key_ranges_need_the_window_right_after_a_generator(spark) -> None:
         pipe.generate(GeneratorSpec(fronts=2, rate=10.0)).window(
             "500 milliseconds", key="front", key_ranges=1)
     pipe.close()
+
+
+def test_a_key_in_two_ranges_fails_the_query(spark, tmp_path: Path) -> None:
+    # seq 0, 1, ... comes from every front: each key is in every range
+    pipe = lowtide.Pipeline(spark, "win-ranges-mixed", grid=GRID, stuck_after_ms=STUCK_MS)
+    stream = (pipe.generate(GeneratorSpec(fronts=2, rate=40.0))
+              .window("500 milliseconds", key="seq", key_ranges=2, name="win").count())
+    query = stream.write_parquet(str(tmp_path / "out"), checkpoint=str(tmp_path / "ckpt"),
+                                 trigger="200 milliseconds")
+    try:
+        with pytest.raises(Exception, match="query failed"):
+            query.wait_for_min_time(2**40, timeout_s=240)
+        assert "has rows of key ranges [0, 1]" in str(query.query.exception())
+    finally:
+        query.stop()
+        pipe.close()
