@@ -264,7 +264,7 @@ class BaseAgent(ABC):
         minutes, in memory: a restarted tracker has none before its restart)."""
         self._ensure()
         if segment is not None:
-            self.graph.index(segment)
+            self.graph.resolve(segment)  # a segment, or a key range "<segment>#<r>"
         return self._call(self._state.min_time_at(segment, at_ms), timeout_s)
 
 

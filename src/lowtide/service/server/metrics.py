@@ -135,6 +135,8 @@ class ServerMetrics:
             self.open_windows.labels(p, name).set(seg["open_windows"])
             self.stuck.labels(p, name).set(seg.get("stuck_windows", 0))
             self._min_time(name, seg["min_time"], now_ms, grid)
+            for r, t in enumerate(seg.get("key_ranges", [])):  # as "<segment>#<range>"
+                self._min_time(f"{name}#{r}", t, now_ms, grid)
             for direction in ("received", "sent"):
                 total = int(seg.get(direction, 0))
                 self._catch_up(self.rows.labels(p, name, direction), (name, direction), total)

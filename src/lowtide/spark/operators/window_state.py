@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from lowtide.spark.operators.keyed_state import StatefulSpec
+from lowtide.spark.operators.keyed_state import RANGE_COL, StatefulSpec
 from lowtide.spark.operators.slot_logic import AT_COL, ID_COL, SLOT_COL, LogicStep, RowParts
 from lowtide.spark.operators.state_clock import check_keys
 from lowtide.spark.operators.window_aggs import (
@@ -171,12 +171,16 @@ def build_window(df: Any, spec: WindowSpec, ref: TrackerRef, out_segment: str,
     delta = ref.grid.delta_ms
     logic = WindowLogic(spec.size_ms // delta, spec.slide_ms // delta, delta, aggs, spec.fn,
                         tuple(fields))
+    if spec.key_ranges and RANGE_COL not in fields:
+        raise ValueError(f"window {spec.name!r}: key_ranges needs the rows' {RANGE_COL!r} "
+                         "column (a row's key range is its front's)")
     prepared = input_columns(df, columns, fields)
     if spec.fn is None:  # the logic reads only these: fewer columns cross to pandas
-        prepared = prepared.select(*[f"`{c}`" for c in [*spec.keys, *helper_columns(columns)]],
-                                   TRACK_COL)
+        ranged = [RANGE_COL] if spec.key_ranges and RANGE_COL not in spec.keys else []
+        prepared = prepared.select(*[f"`{c}`" for c in [*spec.keys, *helper_columns(columns),
+                                                          *ranged]], TRACK_COL)
     keyed = StatefulSpec(spec.name, spec.keys, logic, output_schema(spec, aggs), spec.poll_ms,
-                         what="window")
+                         what="window", key_ranges=spec.key_ranges)
     from lowtide.spark.operators.state_processor import build_keyed  # pyspark's processor
 
     return build_keyed(prepared, keyed, ref, out_segment, op_id)

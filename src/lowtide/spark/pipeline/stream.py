@@ -216,13 +216,15 @@ class Stream:
 
     def window(self, size: str | int, *, key: str | list[str] | tuple[str, ...],
                slide: str | int | None = None,
-               name: str | None = None, poll_ms: int = 100) -> Windowed:
+               name: str | None = None, poll_ms: int = 100, key_ranges: int = 0) -> Windowed:
         """Exact keyed windows over global time (tumbling, or sliding with ``slide``);
         finish with ``.agg(n="count", total=("amount", "sum"))`` or ``.apply(fn,
-        schema)``. See :mod:`lowtide.spark.operators.windows`."""
+        schema)``. ``key_ranges=N``: the fronts partition the keys into N ranges (a
+        row's range is ``front % N``) and a key's window is emitted once its range is
+        complete, not the whole input. See :mod:`lowtide.spark.operators.windows`."""
         name = name or self._default_name("window")
         return Windowed(described(lambda: make_windowed(
-            self, size, key, slide, name, poll_ms, self.pipeline.grid.delta_ms)))
+            self, size, key, slide, name, poll_ms, self.pipeline.grid.delta_ms, key_ranges)))
 
     def session_window(self, gap: str | int | Any, *, key: str | list[str] | tuple[str, ...],
                        name: str | None = None, poll_ms: int = 100) -> Aggregated:
