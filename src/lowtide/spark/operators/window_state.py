@@ -126,7 +126,11 @@ class WindowLogic:
             outs = [self._apply(p, parts, [a[2] for a in appends if a[0] == p.start])
                     for p in panes]
             counts = np.array([len(o) for o in outs], np.int64)
-            res = pd.concat(outs, ignore_index=True)
+            # as objects: pandas leaves an all-null column out of the dtype it picks, so a
+            # window's null beside another's long would make the longs floats (rounded
+            # above 2^53)
+            res = pd.concat([o.astype(object) for o in outs], ignore_index=True) \
+                if len(outs) > 1 else pd.concat(outs, ignore_index=True)
         bounds = {}
         for name, at in (("window_start", [p.start for p in panes]),
                          ("window_end", [p.end for p in panes])):
