@@ -71,6 +71,7 @@ class StatefulSpec(StatefulStep):
     poll_ms: int = 100
     buckets: int = 0
     what: str = "stateful"
+    eager: bool = False  # step at every poll, not only once a wake is complete (rule 13)
 
 
 class KeyedStep(StatefulStep):

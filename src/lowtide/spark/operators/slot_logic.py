@@ -55,6 +55,7 @@ SLOT_COL = "lt_slot"  # a row's slot
 ID_COL = "lt_id"  # its ack id: a fixed order within a slot
 AT_COL = "lt_at"  # an output row's slot
 WAKE_COL = "lt_wake"  # KeptRows: the slot of the hold a kept row keeps open, -1 none
+CHILD_COL = "lt_child"  # an early row's child index under its slot's hold (rule 13)
 RUNTIME_COLS = (SLOT_COL, ID_COL, WAKE_COL)
 
 
@@ -67,6 +68,8 @@ class LogicStep:
     wakes: np.ndarray
     appends: tuple[tuple[int, int, Any], ...] = ()  # (tag, index, rows): parts to keep
     drops: tuple[tuple[int, int], ...] = ()  # (tag, count): a tag's parts to forget
+    #: provisional rows (rule 13) with AT_COL at a wake that stays open and CHILD_COL
+    early: Any = None
 
 
 class RowParts(Protocol):
@@ -96,6 +99,7 @@ class GroupStep:
     counts: np.ndarray  # output rows at each released slot
     appends: tuple[tuple[int, int, Any], ...] = ()  # the logic's, to store
     drops: tuple[tuple[int, int], ...] = ()
+    early: Any = None  # the logic's provisional rows, their holds left open (None: none)
 
 
 def step_group(logic: SlotLogic, key: tuple[Any, ...], state: Any, wakes: np.ndarray,
@@ -119,7 +123,11 @@ def step_group(logic: SlotLogic, key: tuple[Any, ...], state: Any, wakes: np.nda
     releases = np.setdiff1d(np.union1d(before, opens), after)
     counts = np.zeros(len(releases), np.int64)
     counts[np.searchsorted(releases, times)] = n
-    return GroupStep(res.state, out, after, opens, releases, counts, res.appends, res.drops)
+    early = res.early if res.early is not None and len(res.early) else None
+    if early is not None and not np.isin(early[AT_COL].to_numpy(np.int64), after).all():
+        raise RuntimeError("a provisional row at a slot whose hold does not stay open")
+    return GroupStep(res.state, out, after, opens, releases, counts, res.appends, res.drops,
+                     early)
 
 
 def _check(at: np.ndarray, before: np.ndarray, after: np.ndarray, arrived: np.ndarray,

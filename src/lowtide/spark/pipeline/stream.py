@@ -29,6 +29,7 @@ from lowtide.spark.operators.keyed_state import StatefulSpec
 from lowtide.spark.operators.running import GroupedSpec, make_grouped
 from lowtide.spark.operators.sessions import SessionSpec, make_sessions
 from lowtide.spark.operators.slot_logic import KeptRows
+from lowtide.spark.operators.speculative import SpeculativeSpec, make_speculative
 from lowtide.spark.operators.tracked import OpSpec
 from lowtide.spark.operators.windows import WindowSpec, make_windowed
 from lowtide.spark.pipeline.dag import PipelineShapeError, SegmentPlan, derive
@@ -112,7 +113,7 @@ class TransformSpec:
 
 
 Step = (OpSpec | WindowSpec | StatefulSpec | JoinSpec | TransformSpec | FrameSpec | DedupSpec
-        | SessionSpec | GroupedSpec)
+        | SessionSpec | GroupedSpec | SpeculativeSpec)
 
 
 @dataclass(frozen=True)
@@ -223,6 +224,16 @@ class Stream:
         name = name or self._default_name("window")
         return Windowed(described(lambda: make_windowed(
             self, size, key, slide, name, poll_ms, self.pipeline.grid.delta_ms)))
+
+    def speculative(self, every: str | int | None = None) -> Stream:
+        """Early results of the window before it (``window(...).agg(...)``): a
+        changelog with ``op`` (insert / tombstone), ``version`` and ``is_final``; a
+        (key, window) that changed shows a new version at most every ``every`` (None:
+        each batch), its final one once it is complete. See
+        :mod:`lowtide.spark.operators.speculative`."""
+        last = self.steps[-1] if self.steps else None
+        spec = described(lambda: make_speculative(last, every))
+        return replace(self, steps=(*self.steps[:-1], spec))
 
     def session_window(self, gap: str | int | Any, *, key: str | list[str] | tuple[str, ...],
                        name: str | None = None, poll_ms: int = 100) -> Aggregated:
