@@ -44,6 +44,7 @@ from lowtide.spark.pipeline.describe import (
 )
 from lowtide.spark.pipeline.write_stream import TrackedStreamWriter
 from lowtide.spark.sinks import console_writer
+from lowtide.spark.sinks.ordered import CompleteRanges
 from lowtide.spark.sinks.tables import TableConfig, check_feeds
 from lowtide.spark.sources.generator import GeneratorSpec
 
@@ -379,6 +380,19 @@ class Stream:
             self, ("foreach", fn, keep_tracking_columns, None), name, checkpoint, trigger,
             query_name,
         )
+
+    def foreach_complete(self, fn: Callable[[Any, Any, Any], Any], *, checkpoint: str,
+                         name: str = "sink", trigger: str | None = None,
+                         query_name: str | None = None) -> TrackedQuery:
+        """``fn(df, t_from, t_to)`` once per completed range of global time, in order,
+        with every row of ``[t_from, t_to)`` sorted by (``lt_time``, ``lt_ack``); see
+        :mod:`lowtide.spark.sinks.ordered` (``ordered_writer``: Parquet or Delta)."""
+        ranges = CompleteRanges(fn, f"{checkpoint.rstrip('/')}/complete")
+        query = self.foreach_batch(ranges.stage, checkpoint=checkpoint, name=name,
+                                   keep_tracking_columns=True, trigger=trigger,
+                                   query_name=query_name)
+        ranges.start(self.pipeline.tracker_ref, name, lambda: query.isActive)
+        return query
 
     def to_console(
         self, *, checkpoint: str, name: str = "sink", num_rows: int = 20, truncate: bool = True,
