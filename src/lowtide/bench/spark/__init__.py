@@ -38,7 +38,7 @@ import argparse
 import json
 from typing import Any
 
-from lowtide.bench.spark import kafka, shapes, window
+from lowtide.bench.spark import kafka, shapes, speculative, window
 from lowtide.bench.spark.maps import (
     VARIANTS,
     first_updates,
@@ -99,7 +99,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="maps: tracked vs untracked maps (default); window: an exact "
                    "window vs Spark's watermark window, typed aggregates over two keys; "
                    "union: two sources, a union and a map vs the same in plain Spark; join: "
-                   "an exact interval join vs Spark's watermark stream-stream join")
+                   "an exact interval join vs Spark's watermark stream-stream join; "
+                   "speculative: early results then finals vs exact-only and Spark's update "
+                   "mode")
     p.add_argument("--source", choices=("generator", "kafka"), default="generator",
                    help="kafka: tracked vs untracked on one topic of a real broker")
     kafka.add_arguments(p)
@@ -121,6 +123,8 @@ def main(args: argparse.Namespace) -> int:
     unknown = set(cfg.variants) - set(VARIANTS)
     if unknown:
         raise SystemExit(f"unknown variants {sorted(unknown)}; choose from {VARIANTS}")
+    if args.shape == "speculative":
+        return speculative.main(cfg)
     if args.shape != "maps":
         if args.shape == "window":
             versus_result = window.run(cfg)

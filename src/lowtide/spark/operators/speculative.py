@@ -55,10 +55,15 @@ from lowtide.spark.operators.window_aggs import (
 )
 from lowtide.spark.operators.window_state import Pane, WindowLogic, output_schema
 from lowtide.spark.operators.windows import WindowSpec, duration_ms
+from lowtide.spark.sinks.changelog import (
+    CHANGELOG_COLS,
+    FINAL_COL,
+    INSERT,
+    OP_COL,
+    TOMBSTONE,
+    VERSION_COL,
+)
 
-OP_COL, VERSION_COL, FINAL_COL = "op", "version", "is_final"
-CHANGELOG_COLS = (OP_COL, VERSION_COL, FINAL_COL)
-INSERT, TOMBSTONE = "insert", "tombstone"
 #: early rows' child indices under their hold: above any final row's position
 EARLY_BASE = 1 << 40
 

@@ -21,6 +21,9 @@ Two mechanisms:
   id (a rerun from a new checkpoint never replaces an earlier run's files; a re-run
   batch whose files hold exactly its rows is not written again: :mod:`.batches`) and
   then sends the acks.
+* Rows in time order (``Stream.foreach_complete``, :mod:`.ordered`): staged, then
+  handed on per completed range of global time; reading a speculative window's
+  changelog (:mod:`.changelog`).
 * Tables (``Stream.write_table``, :mod:`.tables`): Delta or Parquet, the labels kept,
   the completeness published over every tracked writer (:mod:`.completeness`).
 
@@ -33,23 +36,30 @@ operator's tasks ack it, see ``lowtide.spark.operators.tracked.ack_null_sink``.)
 """
 
 from lowtide.spark.sinks.batches import BatchRewritten
+from lowtide.spark.sinks.changelog import apply_changelog, finals, merge_sql
 from lowtide.spark.sinks.foreach import (
     TrackedForeachBatch,
     append_trace,
     console_writer,
     unpacked_columns,
 )
+from lowtide.spark.sinks.ordered import CompleteRanges, ordered_writer
 from lowtide.spark.sinks.table_formats import RowsBelowTable, retire_writer
 from lowtide.spark.sinks.writer import SINK_MODES, TrackedSink
 
 __all__ = [
     "SINK_MODES",
     "BatchRewritten",
+    "CompleteRanges",
     "RowsBelowTable",
     "TrackedForeachBatch",
     "TrackedSink",
     "append_trace",
+    "apply_changelog",
     "console_writer",
+    "finals",
+    "merge_sql",
+    "ordered_writer",
     "retire_writer",
     "unpacked_columns",
 ]

@@ -18,15 +18,12 @@ from __future__ import annotations
 from functools import reduce
 from typing import Any
 
-from lowtide.spark.operators.speculative import (
-    FINAL_COL,
-    INSERT,
-    OP_COL,
-    TOMBSTONE,
-    VERSION_COL,
-)
 from lowtide.spark.tracking.column import ACK_COL, TIME_COL, TRACK_COL
 
+# a changelog's columns after the window's (the operators' side imports them from here)
+OP_COL, VERSION_COL, FINAL_COL = "op", "version", "is_final"
+CHANGELOG_COLS = (OP_COL, VERSION_COL, FINAL_COL)
+INSERT, TOMBSTONE = "insert", "tombstone"
 _LABELS = (TIME_COL, ACK_COL, TRACK_COL)
 
 

@@ -42,7 +42,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from lowtide.spark.operators.frames import first_line
 from lowtide.spark.tracking.column import ACK_COL, TIME_COL
 from lowtide.spark.tracking.transport import TrackerRef, connect
 
@@ -128,8 +127,9 @@ class CompleteRanges:
         except Exception as exc:  # fn failed, or the tracker closed under a stopping query
             self.error = exc
             if active():
+                line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
                 log.error("foreach_complete stopped: %s (its range is called again when "
-                          "the query restarts)", first_line(exc))
+                          "the query restarts)", line)
         finally:
             sub.close()
 
