@@ -96,8 +96,14 @@ def test_speculative_is_checked_where_it_is_described(fix: Any) -> None:
 
 
 def test_speculative_after_anything_but_a_window_agg_is_refused() -> None:
-    with pytest.raises(ValueError, match="follows a window's agg"):
-        make_speculative(None, None)
+    import lowtide
+
+    src = lowtide.Pipeline(None).generate(fronts=1)
+    for stream, message in ((src, "follows a window's agg\\(\\), not the source"),
+                            (src.select("seq", name="s"), "not step 's'")):
+        with pytest.raises(lowtide.LowtideError, match=message) as err:
+            stream.speculative()
+        assert "\n" not in str(err.value)
 
 
 class Folded:

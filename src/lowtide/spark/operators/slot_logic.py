@@ -37,6 +37,12 @@ rows at slots 3 and 7 arrive with ``done = 2``: no output, wakes ``[9]`` (a hold
 at 9). A call with ``done = 12``: out one row at slot 9, wakes ``[]`` (the hold at 9
 is released after the row's send-ack, in the same batch).
 
+A logic may also return ``early`` rows: provisional outputs (rule 13, a speculative
+window's versions and tombstones, :mod:`.speculative`) at the slot of a wake that stays
+open, each with its child index under that slot's hold (:data:`CHILD_COL`, distinct
+per row and the same in every attempt); the runtime sends them as children of the
+hold and leaves it open, so everything downstream still waits for the final output.
+
 :class:`KeptRows` makes a logic over ALL the group's rows (:class:`RowLogic`: a
 user's fold with its timers, :mod:`.fold`; the joins) a slot logic: it keeps the rows,
 each with its wake, and the timers' wakes.
