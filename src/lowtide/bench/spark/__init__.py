@@ -2,7 +2,9 @@
 tracker notifies after a batch ends (``--shape maps``, the default); or lowtide against
 Spark's own query on the same shape: an exact window against Spark's watermark window
 (``--shape window``, :mod:`.window`), two sources and a union, an exact interval join
-against Spark's watermark stream-stream join (``--shape union|join``, :mod:`.shapes`).
+against Spark's watermark stream-stream join (``--shape union|join``, :mod:`.shapes`);
+early results then exact ones against the exact-only window and Spark's update mode
+(``--shape speculative``, :mod:`.speculative`).
 
 The maps pipeline: the generator (``fronts`` partitions, ``rows_per_batch`` rows per
 micro-batch, always backlogged) then ``stages`` times ``repartition(partitions)`` +
