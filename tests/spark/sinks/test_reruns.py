@@ -24,7 +24,7 @@ from lowtide.spark.sinks.batches import (
     BatchRewritten,
     digest,
 )
-from tests.spark.sources.test_read_stream import (
+from tests.spark.sources.helpers import (
     GRID,
     SCHEMA,
     LabelFronts,

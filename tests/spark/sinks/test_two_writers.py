@@ -15,8 +15,8 @@ import pytest
 
 import lowtide
 from lowtide.spark import complete_below
-from tests.spark.sinks.test_tables import assert_never_early, running
-from tests.spark.sources.test_read_stream import (
+from tests.spark.sinks.helpers import assert_never_early, running
+from tests.spark.sources.helpers import (
     GRID,
     NEEDS_DELTA,
     SCHEMA,
