@@ -46,6 +46,10 @@ from lowtide.spark.tracking.column import ACK_COL, TIME_COL
 from lowtide.spark.tracking.transport import TrackerRef, connect
 
 log = logging.getLogger("lowtide.spark.sinks")
+#: one releaser at a time per state dir: a stopped query's thread may still be in a
+#: release when the restarted query's thread starts
+_RELEASING: dict[str, threading.Lock] = {}
+_RELEASING_LOCK = threading.Lock()
 RANGE_FILE = "_lt_range.json"  # a staged batch's lowest and highest lt_time
 ORDERED_MANIFEST = "_lowtide_ordered.json"  # an ordered Parquet folder's completeness
 
@@ -136,6 +140,12 @@ class CompleteRanges:
     def release(self, ref: TrackerRef, complete_below: int) -> bool:
         """Hand the rows of ``[released, complete_below)`` to ``fn`` if there are any;
         True if ``fn`` was called."""
+        with _RELEASING_LOCK:
+            lock = _RELEASING.setdefault(str(self.dir.resolve()), threading.Lock())
+        with lock:
+            return self._release(ref, complete_below)
+
+    def _release(self, ref: TrackerRef, complete_below: int) -> bool:
         staged = self._staged()
         start = self.released()
         if start is None:  # the first range: every row below complete_below is staged
