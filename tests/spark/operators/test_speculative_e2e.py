@@ -16,7 +16,7 @@ import pytest
 import lowtide
 from lowtide.spark.sinks.changelog import apply_changelog, finals
 from lowtide.spark.sources.generator import GeneratorSpec
-from tests.spark.helpers import fail_once, run_past_lag
+from tests.spark.helpers import fail_once, t0_of_checkpoint
 from tests.spark.operators.helpers import (
     AGG_COLS,
     GRID,
@@ -89,8 +89,17 @@ def test_early_rows_then_finals_under_a_lagging_front_and_task_failures(
               .speculative()
               .transform(lambda df: df.mapInArrow(after, df.schema)))
     assert stream.segment_names() == ["parse", "win", "win.state", "sink"]
-    sink = Batches()
-    t0, final = run_past_lag(pipe, stream, sink, tmp_path / "ckpt")
+    sink, ckpt = Batches(), tmp_path / "ckpt"
+    try:  # until three windows past the lag are complete at the sink
+        query = stream.foreach_batch(sink, checkpoint=str(ckpt), keep_tracking_columns=True,
+                                     trigger="200 milliseconds")
+        t0 = t0_of_checkpoint(ckpt, query)
+        query.wait_for_min_time(GRID.slot_of(t0 + 1500) + 3 * SIZE, timeout_s=300)
+        assert not query.stuck()
+        query.stop()
+        final = query.min_time()
+    finally:
+        pipe.close()
     latest = fold_batches(sink.frames)
     rows = pd.concat(sink.frames, ignore_index=True)
     assert (rows["op"] == "tombstone").sum() > 0, "no early version was ever replaced"

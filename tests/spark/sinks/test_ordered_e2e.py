@@ -42,7 +42,7 @@ class Ranges:
             self.calls.append((GRID.slot_of(int(t_from.timestamp() * 1000)),
                                GRID.slot_of(int(t_to.timestamp() * 1000)), rows))
 
-    def wait_past(self, slot: int, query: Any, timeout_s: float = 120) -> None:
+    def wait_past(self, slot: int, query: Any, timeout_s: float = 300) -> None:
         deadline = time.monotonic() + timeout_s
         while not self.calls or self.calls[-1][1] < slot:
             assert query.query.exception() is None, query.query.exception()

@@ -30,6 +30,7 @@ the same range and rows: make ``fn`` idempotent by ``t_from`` (what
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import os
@@ -50,7 +51,7 @@ log = logging.getLogger("lowtide.spark.sinks")
 #: release when the restarted query's thread starts
 _RELEASING: dict[str, threading.Lock] = {}
 _RELEASING_LOCK = threading.Lock()
-RANGE_FILE = "_lt_range.json"  # a staged batch's lowest and highest lt_time
+RANGE_FILE = "_lt_slots.json"  # the slots (lt_time) a staged batch's rows have
 ORDERED_MANIFEST = "_lowtide_ordered.json"  # an ordered Parquet folder's completeness
 
 
@@ -67,11 +68,15 @@ def _write_json(path: Path, doc: dict[str, Any]) -> None:
 
 @dataclass(frozen=True)
 class Staged:
-    """A staged micro-batch: its folder and its rows' lowest and highest slot."""
+    """A staged micro-batch: its folder and the slots its rows have (ascending)."""
 
     path: Path
-    lo: int
-    hi: int
+    slots: tuple[int, ...]
+
+    def has_rows(self, start: int, end: int) -> bool:
+        """Has it rows in ``[start, end)``?"""
+        i = bisect.bisect_left(self.slots, start)
+        return i < len(self.slots) and self.slots[i] < end
 
 
 class CompleteRanges:
@@ -88,18 +93,17 @@ class CompleteRanges:
         self.error: BaseException | None = None
 
     def stage(self, df: Any, batch_id: int) -> None:
-        """Stage a micro-batch's rows (with ``lt_time``, ``lt_ack``) before its acks."""
-        from pyspark.sql import functions as F
-
+        """Stage a micro-batch's rows (with ``lt_time``, ``lt_ack``) before its acks,
+        with the slots they have (a range is called only if it has rows)."""
         path = self.staged_dir / f"b{batch_id:012d}"
         if (path / RANGE_FILE).exists():
             return  # a batch run again after a restart: the same rows, staged already
-        lo, hi = df.agg(F.min(TIME_COL), F.max(TIME_COL)).first()
-        if lo is None:
+        slots = sorted(int(r[0]) for r in df.select(TIME_COL).distinct().collect())
+        if not slots:
             return  # no rows
         aside = self.staged_dir / f"tmp-{uuid.uuid4().hex}"
         df.write.parquet(str(aside))
-        _write_json(aside / RANGE_FILE, {"lo": int(lo), "hi": int(hi)})
+        _write_json(aside / RANGE_FILE, {"slots": slots})
         os.replace(aside, path)  # whole or not at all: the thread may be reading
 
     def released(self) -> int | None:
@@ -149,8 +153,8 @@ class CompleteRanges:
         staged = self._staged()
         start = self.released()
         if start is None:  # the first range: every row below complete_below is staged
-            start = min((s.lo for s in staged), default=complete_below)
-        staged = [s for s in staged if s.lo < complete_below and s.hi >= start]
+            start = min((s.slots[0] for s in staged), default=complete_below)
+        staged = [s for s in staged if s.has_rows(start, complete_below)]
         if complete_below <= start or not staged:
             return False
         from pyspark.sql import SparkSession
@@ -163,7 +167,7 @@ class CompleteRanges:
         self.fn(rows, _at(start, ref), _at(complete_below, ref))
         _write_json(self.dir / "released.json", {"released": complete_below})
         for s in self._staged():
-            if s.hi < complete_below:
+            if s.slots[-1] < complete_below:
                 shutil.rmtree(s.path, ignore_errors=True)
         return True
 
@@ -171,7 +175,7 @@ class CompleteRanges:
         out = []
         for path in sorted(self.staged_dir.glob("b*")):  # tmp-*: being staged
             doc = json.loads((path / RANGE_FILE).read_text())
-            out.append(Staged(path, int(doc["lo"]), int(doc["hi"])))
+            out.append(Staged(path, tuple(doc["slots"])))
         return out
 
 
