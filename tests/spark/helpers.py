@@ -73,6 +73,11 @@ class CoreAgent:
         with self.lock:
             self.tracker.heartbeat(Heartbeat(front, time))
 
+    def status(self) -> dict[str, Any]:
+        """The fronts, as the service's status has them (a successor resumes there)."""
+        with self.lock:
+            return {"fronts": {str(f): list(v) for f, v in self.tracker.fronts().items()}}
+
     def step(self) -> dict[str | None, int]:
         with self.lock:
             self.tracker.step(0)
@@ -257,3 +262,30 @@ def assert_equal_below(got: Any, expected: Any, final: int, order: list[str]) ->
     assert len(a) > 100
     pd.testing.assert_frame_equal(a.astype(str), b.astype(str))
     return a
+
+
+def parse_log_record(b: pa.RecordBatch) -> pa.RecordBatch:
+    """An ingest log record as (front, offset, payload size): a map step's function."""
+    return pa.record_batch({"front": b["front"], "offset": b["offset"],
+                            "size": pc.binary_length(b["payload"])})
+
+
+def published(out: Path) -> list[str]:
+    """The Parquet files a file sink has published in ``out``."""
+    return sorted(p.name for p in out.glob("part-*.parquet"))
+
+
+def premature(seen: list[Notified], files: dict[str, Any],
+              logged: dict[tuple[int, int], int]) -> list[str]:
+    """Notifications ahead of the published files: a min time past a logged record
+    (``(front, offset) -> time``) that no file published at that moment held."""
+    out = []
+    for n in seen:
+        have: set[tuple[int, int]] = set()
+        for name in n.snapshot:
+            t = files[name]
+            have.update(zip(t["front"].to_pylist(), t["offset"].to_pylist(), strict=True))
+        early = [k for k, t in logged.items() if t < n.time and k not in have]
+        if early:
+            out.append(f"premature: t={n.time} before {early[:5]}")
+    return out

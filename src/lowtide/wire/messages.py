@@ -29,7 +29,9 @@ from lowtide.core.messages import (
 #:    Heartbeats carry their front's owner id; FrontOp carries an action (register,
 #:    unregister, declare, retire) and a retirement deadline; error codes FRONT_BEHIND,
 #:    FRONT_HELD.
-WIRE_VERSION = 3
+#: 4: QueryBatch: a query's driver says which batch it runs (honest stuck reports);
+#:    FrontLate (a front's late records, for status views).
+WIRE_VERSION = 4
 
 #: A graph as plain data: ((name, (inbound names...)), ...) in topological order.
 GraphSpec = tuple[tuple[str, tuple[str, ...]], ...]
@@ -176,6 +178,42 @@ class FrontOp:
     retire_after_ms: int = -1
 
 
+class BatchState(IntEnum):
+    """What a :class:`QueryBatch` says of its batch."""
+
+    CLOSED = 0
+    OPEN = 1  # said again now and then while it runs: a keep-alive
+    STOPPED = 2  # the query stopped: none of its batches is outstanding
+
+
+@dataclass(frozen=True)
+class QueryBatch:
+    """A query's driver: ``batch`` of ``query`` opened or closed (``state``, a
+    :class:`BatchState`); its tasks ack into ``segments``. Not tracker state (not
+    logged): it tells a slow batch from a loss (:mod:`lowtide.core.open_batches`)."""
+
+    req: int
+    query: str
+    batch: int
+    state: int
+    segments: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class FrontLate:
+    """What a front did with late records (rule 12) since its producer started: totals,
+    the latest report standing (a resend is harmless). For status views only: no min
+    time depends on it, so it is neither deduplicated nor logged (snapshots keep it)."""
+
+    req: int
+    session: int
+    front: int
+    clamped: int
+    rejected: int
+    raised: int
+    out_of_range: int
+
+
 @dataclass(frozen=True)
 class Subscribe:
     """Ask for MinTimeUpdates of ``segment`` (None: global); ``req`` names the
@@ -300,6 +338,8 @@ Message = (
     | Welcome
     | Batch
     | FrontOp
+    | QueryBatch
+    | FrontLate
     | Subscribe
     | Unsubscribe
     | StatusRequest

@@ -25,7 +25,8 @@ Two mechanisms:
   handed on per completed range of global time; reading a speculative window's
   changelog (:mod:`.changelog`).
 * Tables (``Stream.write_table``, :mod:`.tables`): Delta or Parquet, the labels kept,
-  the completeness published over every tracked writer (:mod:`.completeness`).
+  the completeness published over every tracked writer (:mod:`.completeness`), and
+  consistent cuts of them at a min time (:mod:`.cuts`).
 
 With ``keep_tracking_columns`` the output has ``lt_time`` (the row's full slot) and
 ``lt_ack`` (its 32-bit ack id) instead of the packed ``lt_track``.
@@ -37,6 +38,7 @@ operator's tasks ack it, see ``lowtide.spark.operators.tracked.ack_null_sink``.)
 
 from lowtide.spark.sinks.batches import BatchRewritten
 from lowtide.spark.sinks.changelog import apply_changelog, finals, merge_sql
+from lowtide.spark.sinks.cuts import Cut, CutRefused, cut, read_complete
 from lowtide.spark.sinks.foreach import (
     TrackedForeachBatch,
     append_trace,
@@ -51,15 +53,19 @@ __all__ = [
     "SINK_MODES",
     "BatchRewritten",
     "CompleteRanges",
+    "Cut",
+    "CutRefused",
     "RowsBelowTable",
     "TrackedForeachBatch",
     "TrackedSink",
     "append_trace",
     "apply_changelog",
     "console_writer",
+    "cut",
     "finals",
     "merge_sql",
     "ordered_writer",
+    "read_complete",
     "retire_writer",
     "unpacked_columns",
 ]
