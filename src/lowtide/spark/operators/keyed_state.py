@@ -76,6 +76,7 @@ class StatefulSpec(StatefulStep):
     #: 0, or the key ranges of the inbound segment (rule 15): a group's rows are of one
     #: range, ``RANGE_COL % key_ranges``, and its outputs wait for that range only
     key_ranges: int = 0
+    eager: bool = False  # step at every poll, not only once a wake is complete (rule 13)
 
 
 class KeyedStep(StatefulStep):

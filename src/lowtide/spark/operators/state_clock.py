@@ -175,12 +175,19 @@ class StateClock:
         column of all their output rows, slot by slot."""
         parent = np.repeat(holds, counts)
         index = np.arange(len(parent)) - np.repeat(np.cumsum(counts) - counts, counts)
-        child = np.maximum(ID_MASK & child_acks(parent, self.op_id, index.astype(np.uint64)),
-                           np.uint64(1))  # pack() never makes an id of 0
-        t = np.repeat(np.asarray(slots, np.int64), counts)
-        self.acc.add(self.out_idx, t, child, +1)
+        packed = self.send(np.repeat(np.asarray(slots, np.int64), counts), parent,
+                           index.astype(np.uint64), now_ms)
         self.acc.add(self.state_idx, np.asarray(slots, np.int64), holds, -1)
-        return pack(t, child, self.ref.grid.slot_of(now_ms))
+        return packed
+
+    def send(self, slots: np.ndarray, holds: np.ndarray, index: np.ndarray,
+             now_ms: int) -> np.ndarray:
+        """Output rows at ``slots``, child ``index`` of ``holds``, sent into the
+        outbound segment (the holds stay open): their tracking column."""
+        child = np.maximum(ID_MASK & child_acks(holds, self.op_id, index),
+                           np.uint64(1))  # pack() never makes an id of 0
+        self.acc.add(self.out_idx, slots, child, +1)
+        return pack(slots, child, self.ref.grid.slot_of(now_ms))
 
     def close(self) -> None:
         """Send this task's batch and wait for the tracker's confirmation (rule 6)."""

@@ -28,6 +28,7 @@ from lowtide.spark.operators.keyed_state import (
 )
 from lowtide.spark.operators.slot_logic import (
     AT_COL,
+    CHILD_COL,
     ID_COL,
     RUNTIME_COLS,
     SLOT_COL,
@@ -168,7 +169,7 @@ class SlotProcessor(StatefulProcessor):  # type: ignore[misc]
         done = self.clock.complete_below(now, key_range)
         if new is None:
             assert rec is not None
-            if rec.wakes[0] >= done:  # nothing complete: look again later
+            if rec.wakes[0] >= done and not self.rt.spec.eager:  # nothing complete yet
                 self._poll(rec.timer_ms, now)
                 return
         if rec is None:
@@ -186,12 +187,13 @@ class SlotProcessor(StatefulProcessor):  # type: ignore[misc]
         else:
             self.record.update(GroupRecord(rec.parent, rec.key, step.wakes, timer,
                                            pickle.dumps(step.state)).to_row())
-        if step.out is not None and len(step.out):
-            res = step.out.drop(columns=[AT_COL])
-            if not self.rt.spec.buckets:
-                insert_keys(res, self.rt.spec.keys, rec.key)
-            res[TRACK_COL] = packed
-            yield res
+        for rows, track in ((step.out, packed), (step.early, self._early(rec.parent, step, now))):
+            if rows is not None and len(rows):
+                res = rows.drop(columns=[c for c in (AT_COL, CHILD_COL) if c in rows.columns])
+                if not self.rt.spec.buckets:
+                    insert_keys(res, self.rt.spec.keys, rec.key)
+                res[TRACK_COL] = track
+                yield res
 
     def _acks(self, parent: int, step: GroupStep, now: int) -> np.ndarray:
         """Open the new holds, send the outputs as children of their slots' holds and
@@ -201,6 +203,15 @@ class SlotProcessor(StatefulProcessor):  # type: ignore[misc]
             self.clock.open_holds(step.opens, holds_under(op, parent, step.opens))
         return self.clock.emit_slots(step.releases, holds_under(op, parent, step.releases),
                                      step.counts, now)
+
+    def _early(self, parent: int, step: GroupStep, now: int) -> np.ndarray | None:
+        """Send the provisional rows as children of their slots' holds, which stay
+        open (rule 13); their tracking column."""
+        if step.early is None:
+            return None
+        at = step.early[AT_COL].to_numpy(np.int64)
+        return self.clock.send(at, holds_under(self.rt.op_id, parent, at),
+                               step.early[CHILD_COL].to_numpy(np.uint64), now)
 
     def _poll(self, registered_ms: int, now: int) -> int:
         """The timer of a group with open holds: the next poll, registered unless it is

@@ -29,6 +29,7 @@ from lowtide.spark.operators.keyed_state import StatefulSpec
 from lowtide.spark.operators.running import GroupedSpec, make_grouped
 from lowtide.spark.operators.sessions import SessionSpec, make_sessions
 from lowtide.spark.operators.slot_logic import KeptRows
+from lowtide.spark.operators.speculative import SpeculativeSpec, make_speculative
 from lowtide.spark.operators.tracked import OpSpec
 from lowtide.spark.operators.windows import WindowSpec, make_windowed
 from lowtide.spark.pipeline.dag import PipelineShapeError, SegmentPlan, derive
@@ -43,6 +44,7 @@ from lowtide.spark.pipeline.describe import (
 )
 from lowtide.spark.pipeline.write_stream import TrackedStreamWriter
 from lowtide.spark.sinks import console_writer
+from lowtide.spark.sinks.ordered import CompleteRanges
 from lowtide.spark.sinks.tables import TableConfig, check_feeds
 from lowtide.spark.sources.generator import GeneratorSpec
 
@@ -112,7 +114,7 @@ class TransformSpec:
 
 
 Step = (OpSpec | WindowSpec | StatefulSpec | JoinSpec | TransformSpec | FrameSpec | DedupSpec
-        | SessionSpec | GroupedSpec)
+        | SessionSpec | GroupedSpec | SpeculativeSpec)
 
 
 @dataclass(frozen=True)
@@ -225,6 +227,16 @@ class Stream:
         name = name or self._default_name("window")
         return Windowed(described(lambda: make_windowed(
             self, size, key, slide, name, poll_ms, self.pipeline.grid.delta_ms, key_ranges)))
+
+    def speculative(self, every: str | int | None = None) -> Stream:
+        """Early results of the window before it (``window(...).agg(...)``): a
+        changelog with ``op`` (insert / tombstone), ``version`` and ``is_final``; a
+        (key, window) that changed shows a new version at most every ``every`` (None:
+        each batch), its final one once it is complete. See
+        :mod:`lowtide.spark.operators.speculative`."""
+        last = self.steps[-1] if self.steps else None
+        spec = described(lambda: make_speculative(last, every))
+        return replace(self, steps=(*self.steps[:-1], spec))
 
     def session_window(self, gap: str | int | Any, *, key: str | list[str] | tuple[str, ...],
                        name: str | None = None, poll_ms: int = 100) -> Aggregated:
@@ -370,6 +382,19 @@ class Stream:
             self, ("foreach", fn, keep_tracking_columns, None), name, checkpoint, trigger,
             query_name,
         )
+
+    def foreach_complete(self, fn: Callable[[Any, Any, Any], Any], *, checkpoint: str,
+                         name: str = "sink", trigger: str | None = None,
+                         query_name: str | None = None) -> TrackedQuery:
+        """``fn(df, t_from, t_to)`` once per completed range of global time, in order,
+        with every row of ``[t_from, t_to)`` sorted by (``lt_time``, ``lt_ack``); see
+        :mod:`lowtide.spark.sinks.ordered` (``ordered_writer``: Parquet or Delta)."""
+        ranges = CompleteRanges(fn, f"{checkpoint.rstrip('/')}/complete")
+        query = self.foreach_batch(ranges.stage, checkpoint=checkpoint, name=name,
+                                   keep_tracking_columns=True, trigger=trigger,
+                                   query_name=query_name)
+        ranges.start(self.pipeline.tracker_ref, name, lambda: query.isActive)
+        return query
 
     def to_console(
         self, *, checkpoint: str, name: str = "sink", num_rows: int = 20, truncate: bool = True,
