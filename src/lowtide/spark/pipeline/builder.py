@@ -46,18 +46,14 @@ from lowtide.spark.pipeline.monitoring import PROGRESS_SAMPLE_BITS, ProgressMetr
 from lowtide.spark.pipeline.query import TrackedQuery, startup_phase
 from lowtide.spark.pipeline.repair import Repaired, repair
 from lowtide.spark.pipeline.replay import Loss, Replayed, losses_of, replay
+from lowtide.spark.pipeline.sources import DeclaredFronts, SourceSpec, declare_fronts
 from lowtide.spark.pipeline.status import PipelineStatus, status_of
 from lowtide.spark.pipeline.step_plans import (
     ends_in_arrow_map,
     plan_steps,
     union_by_name,
 )
-from lowtide.spark.pipeline.stream import (
-    DeclaredFronts,
-    SourceSpec,
-    Stream,
-    declare_fronts,
-)
+from lowtide.spark.pipeline.stream import Stream
 from lowtide.spark.sinks import TrackedForeachBatch, TrackedSink
 from lowtide.spark.sources.generator import GeneratorSpec, GenSource
 from lowtide.spark.sources.log_replay import RANGE_OPTION, LogReplaySource

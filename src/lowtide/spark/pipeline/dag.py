@@ -27,7 +27,8 @@ from lowtide.core.errors import GraphError, LowtideError
 from lowtide.core.graph import FrontRanges, SegmentGraph, SegmentSpec
 
 if TYPE_CHECKING:
-    from lowtide.spark.pipeline.stream import SourceSpec, Stream
+    from lowtide.spark.pipeline.sources import SourceSpec
+    from lowtide.spark.pipeline.stream import Stream
 
 
 class PipelineShapeError(LowtideError, ValueError):
