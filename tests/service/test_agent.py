@@ -16,7 +16,7 @@ from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import Ack, AckBatch, Heartbeat, MinTimeUpdate
 from lowtide.service import Agent, BatchKey, SessionFailed, TrackerService
 from lowtide.service.client.base_agent import close_shared
-from lowtide.service.errors import ServiceError
+from lowtide.service.errors import ConnectionLost, ServiceError
 
 pytestmark = pytest.mark.socket
 
@@ -219,6 +219,8 @@ def test_stopping_a_tracker_closes_this_process_s_shared_agents(graph: SegmentGr
     finally:
         service.stop()
     assert not agent._thread.is_alive()
+    with pytest.raises(ConnectionLost, match="was closed"):  # one line, not a closed loop's
+        agent.heartbeat(1, 5)
     assert Agent.shared(service.url, graph) is not agent  # a new one (that cannot connect)
     close_shared(service.url)
 

@@ -26,6 +26,7 @@ from lowtide.core.messages import AckBatch, Heartbeat
 from lowtide.core.time import TimeGrid
 from lowtide.service.client.agent_state import AgentConfig, AgentState
 from lowtide.service.client.batches import BatchKey, Outcome, PendingBatch
+from lowtide.service.errors import ConnectionLost
 from lowtide.wire.messages import BatchState, FrontAction, QueryBatch
 
 log = logging.getLogger("lowtide.service.agent")
@@ -77,6 +78,7 @@ class BaseAgent(ABC):
         """Fresh state for this process: session, event loop, its state, and where
         the loop runs (:meth:`_start_loop`)."""
         self._pid = os.getpid()
+        self._closed = False
         self.session = secrets.randbits(62) + 1
         self._loop = asyncio.new_event_loop()
         self._state = AgentState(self.url, self.graph, self.session, self.config)
@@ -100,6 +102,9 @@ class BaseAgent(ABC):
 
     def _ensure(self) -> None:
         if os.getpid() == self._pid:
+            if self._closed:
+                raise ConnectionLost(f"the agent for {self.url} was closed (its tracker "
+                                     "stopped?): connect a new one")
             return
         with BaseAgent._boot_lock:
             if os.getpid() != self._pid:  # another thread of this child may have won
@@ -115,6 +120,7 @@ class BaseAgent(ABC):
         except Exception as exc:  # closing must not fail
             log.warning("close: unflushed acks", extra={"url": self.url, "reason": repr(exc)})
         self._stop_loop(timeout_s)
+        self._closed = True
         self._forget()
 
     def _forget(self) -> None:
