@@ -17,6 +17,7 @@ import logging
 import os
 import secrets
 import threading
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Iterable
 from typing import Any, ClassVar, Self, TypeVar
@@ -42,6 +43,8 @@ class BaseAgent(ABC):
     # Class-wide, and replaced in a forked child (see _fresh_locks): a lock that some
     # other thread of the parent held at fork time would never be released there.
     _shared_lock: ClassVar[threading.Lock] = threading.Lock()
+    #: every agent of this process, shared or not: what close_agents() can reach
+    live: ClassVar[weakref.WeakSet[BaseAgent]] = weakref.WeakSet()
     _boot_lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -54,6 +57,7 @@ class BaseAgent(ABC):
         self.config = config or AgentConfig()
         self._pid = -1
         self._boot()
+        BaseAgent.live.add(self)
 
     @classmethod
     def connect(
