@@ -39,6 +39,7 @@ def test_demo_is_clean_and_reports_first_window() -> None:
     assert doc["matches_batch"] is True and doc["first_window_s"] > 0
 
 
+@pytest.mark.slow  # ~1-1.5 min; `lowtide demo` is checked clean by default
 def test_spark_demo_is_clean() -> None:
     out = run_clean("spark", "demo", "--seconds", "4", "--fronts", "2", "--rate", "200")
     assert "segment" in out

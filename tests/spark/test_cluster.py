@@ -89,6 +89,7 @@ def processes(tmp_path: Path) -> Iterator[Processes]:
 
 
 
+@pytest.mark.slow  # ~1.5-3.5 min: a master, a worker and their JVMs
 def test_exact_windows_on_a_standalone_cluster(tmp_path: Path, processes: Processes) -> None:
     pyspark_home = Path(__import__("pyspark").__file__).parent
     # cluster processes and the job see lowtide only through the zip, never PYTHONPATH

@@ -47,6 +47,7 @@ def test_a_frame_without_the_changelog_columns_is_refused() -> None:
         lowtide.apply_changelog(pd.DataFrame({"user": ["a"]}))
 
 
+@pytest.mark.slow  # ~1-2 min (Delta MERGE); the fold runs by default in test_speculative_e2e
 @pytest.mark.spark
 def test_spark_fold_and_the_delta_merge_agree(spark, tmp_path: Path) -> None:
     schema = "user string, window_start long, total double, op string, version long, " \

@@ -34,6 +34,7 @@ from tests.spark.sources.helpers import (
 pytestmark = pytest.mark.spark
 
 
+@pytest.mark.slow  # ~1-2.5 min (Delta); the Parquet chain below runs by default
 def test_chained_queries_through_delta(spark, tmp_path: Path) -> None:
     if not has_delta(spark):
         pytest.skip(NEEDS_DELTA)
