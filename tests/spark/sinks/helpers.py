@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,3 +62,39 @@ def assert_never_early(table: Path, expected: pd.DataFrame, key: list[str]) -> i
         early = [k for k in map(tuple, due[key].to_numpy().tolist()) if k not in have]
         assert not early, f"version {version} claims {cb} before {early[:3]} were committed"
     return highest
+
+
+@dataclass
+class ParquetChain:
+    """Files -> bronze (a tracked Parquet table that feeds ``silver``) -> a stream read
+    from it: two chained queries on one tracker, the second's sink ``downstream``."""
+
+    pipe: Any
+    folder: Path
+    bronze_path: Path
+    bronze: Any
+    silver: Any
+    fronts: Any
+
+    @classmethod
+    def build(cls, spark: Any, tmp_path: Path, name: str, where: str, downstream: str
+              ) -> ParquetChain:
+        import lowtide
+        from tests.spark.sources.helpers import GRID, SCHEMA, LabelFronts
+
+        folder, bronze_path = tmp_path / "in", tmp_path / "bronze"
+        folder.mkdir()
+        bronze_path.mkdir()
+        pipe = lowtide.Pipeline(spark, name, grid=GRID, stuck_after_ms=60_000)
+        files = spark.readStream.schema(SCHEMA).parquet(str(folder))
+        bronze = pipe.read_stream(files, name="ingest")
+        table = spark.readStream.schema(SCHEMA).parquet(str(bronze_path))
+        silver = pipe.read_stream(table, name="silver").where(where, name="clean")
+        pipe.start_tracker(pipe.plan((bronze, "bronze"), (silver, downstream)).graph)
+        fronts = LabelFronts(pipe.tracker.agent, "ingest", {0: 0, 1: 30})
+        return cls(pipe, folder, bronze_path, bronze, silver, fronts)
+
+    def start_bronze(self, checkpoint: Path) -> Any:
+        return self.bronze.write_table(str(self.bronze_path), format="parquet",
+                                       checkpoint=str(checkpoint), name="bronze",
+                                       feeds=("silver",), trigger="300 milliseconds")

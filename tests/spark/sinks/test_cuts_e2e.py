@@ -15,8 +15,8 @@ import pytest
 import lowtide
 from lowtide.spark import complete_below
 from lowtide.spark.sinks.cuts import CutRefused, cut
-from tests.spark.sinks.helpers import running
-from tests.spark.sources.helpers import GRID, SCHEMA, LabelFronts, parquet_files, produce
+from tests.spark.sinks.helpers import ParquetChain, running
+from tests.spark.sources.helpers import GRID, parquet_files, produce
 
 pytestmark = pytest.mark.spark
 
@@ -26,24 +26,15 @@ def ids(rows: pd.DataFrame) -> list[tuple[int, int]]:
 
 
 def test_cut_over_two_chained_queries_equals_batch(spark, tmp_path: Path) -> None:
-    folder, bronze_path, gold_path = tmp_path / "in", tmp_path / "bronze", tmp_path / "gold"
-    folder.mkdir()
-    bronze_path.mkdir()
-    pipe = lowtide.Pipeline(spark, "cut", grid=GRID, stuck_after_ms=60_000)
-    files = spark.readStream.schema(SCHEMA).parquet(str(folder))
-    bronze = pipe.read_stream(files, name="ingest")
-    table = spark.readStream.schema(SCHEMA).parquet(str(bronze_path))
-    gold = pipe.read_stream(table, name="silver").where("v % 2 = 0", name="even")
-    pipe.start_tracker(pipe.plan((bronze, "bronze"), (gold, "gold")).graph)
-    fronts = LabelFronts(pipe.tracker.agent, "ingest", {0: 0, 1: 30})
+    chain = ParquetChain.build(spark, tmp_path, "cut", "v % 2 = 0", "gold")
+    pipe, fronts, bronze_path = chain.pipe, chain.fronts, chain.bronze_path
+    gold_path = tmp_path / "gold"
     with running(pipe) as queries:
-        queries.append(bronze.write_table(str(bronze_path), format="parquet",
-                                          checkpoint=str(tmp_path / "c1"), name="bronze",
-                                          feeds=("silver",), trigger="300 milliseconds"))
-        queries.append(gold.write_table(str(gold_path), format="parquet", name="gold",
-                                        checkpoint=str(tmp_path / "c2"),
-                                        trigger="300 milliseconds"))
-        written = produce(fronts, parquet_files(folder), rounds=3, every_s=0.3)
+        queries.append(chain.start_bronze(tmp_path / "c1"))
+        queries.append(chain.silver.write_table(str(gold_path), format="parquet", name="gold",
+                                                checkpoint=str(tmp_path / "c2"),
+                                                trigger="300 milliseconds"))
+        written = produce(fronts, parquet_files(chain.folder), rounds=3, every_s=0.3)
         rows = pd.concat(written, ignore_index=True)
         times = sorted(set(rows["lt_time"].tolist()))
         as_of = times[len(times) // 2]  # rows on both sides of it

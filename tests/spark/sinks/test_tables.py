@@ -16,7 +16,7 @@ import pytest
 
 import lowtide
 from lowtide.spark import complete_below
-from tests.spark.sinks.helpers import assert_never_early, running
+from tests.spark.sinks.helpers import ParquetChain, assert_never_early, running
 from tests.spark.sources.helpers import (
     GRID,
     NEEDS_DELTA,
@@ -93,24 +93,14 @@ def manifest_samples(folder: Path, until: Any) -> list[tuple[int, set[str]]]:
 
 
 def test_chained_queries_through_parquet(spark, tmp_path: Path) -> None:
-    folder, bronze_path, out = tmp_path / "in", tmp_path / "bronze", tmp_path / "out"
-    folder.mkdir()
-    bronze_path.mkdir()
-    pipe = lowtide.Pipeline(spark, "chain-pq", grid=GRID, stuck_after_ms=60_000)
-    files = spark.readStream.schema(SCHEMA).parquet(str(folder))
-    bronze = pipe.read_stream(files, name="ingest")
-    table = spark.readStream.schema(SCHEMA).parquet(str(bronze_path))
-    silver = pipe.read_stream(table, name="silver").where("v >= 0", name="clean")
-    pipe.start_tracker(pipe.plan((bronze, "bronze"), (silver, "sink")).graph)
-    fronts = LabelFronts(pipe.tracker.agent, "ingest", {0: 0, 1: 30})
-    with running(pipe) as queries:
-        queries.append(bronze.write_table(str(bronze_path), format="parquet",
-                                          checkpoint=str(tmp_path / "c1"), name="bronze",
-                                          feeds=("silver",), trigger="300 milliseconds"))
-        queries.append(silver.write_parquet(str(out), checkpoint=str(tmp_path / "c2"),
-                                            keep_tracking_columns=True,
-                                            trigger="300 milliseconds"))
-        written = produce(fronts, parquet_files(folder), rounds=3, every_s=0.3)
+    chain = ParquetChain.build(spark, tmp_path, "chain-pq", "v >= 0", "sink")
+    fronts, bronze_path, out = chain.fronts, chain.bronze_path, tmp_path / "out"
+    with running(chain.pipe) as queries:
+        queries.append(chain.start_bronze(tmp_path / "c1"))
+        queries.append(chain.silver.write_parquet(str(out), checkpoint=str(tmp_path / "c2"),
+                                                  keep_tracking_columns=True,
+                                                  trigger="300 milliseconds"))
+        written = produce(fronts, parquet_files(chain.folder), rounds=3, every_s=0.3)
         final = fronts.heartbeat()
         seen = manifest_samples(bronze_path, lambda: queries[1].min_time() >= final)
     rows = pd.concat(written, ignore_index=True)
