@@ -54,9 +54,9 @@ from lowtide.spark.sources.retry_log import (
     write_rows,
 )
 from lowtide.spark.tracking.column import (
+    ACK_COL,
     TIME_COL,
     TRACK_COL,
-    ACK_COL,
     AckAccumulator,
     ack_ids,
     attach,
@@ -191,31 +191,32 @@ def split_outcome(rt: RetryRuntime, batch: Any, acc: AckAccumulator,
                            child_ids(parents[again], rt.salt, index).astype(np.uint64))
     acc.add_packed(graph.index(rt.loop_segment), loop_packed, ref_slot, +1)
     out = attach(res.filter(pa.array(ok)), ok_packed)
-    loop = _with_attempts(data.filter(pa.array(again)), attempt[again] + 1, loop_packed)
-    letters = _dead_letters(data, dead, attempt + 1, (err_col, errors), packed, ref_slot)
+    loop = _with_attempts(batch.filter(pa.array(again)), attempt[again] + 1, loop_packed)
+    letters = _dead_letters(batch, dead, attempt + 1, (err_col, errors), packed, ref_slot)
     return Outcome(out, loop, letters)
 
 
 def _with_attempts(rows: Any, attempts: np.ndarray, packed: np.ndarray) -> Any:
-    """``rows`` with ``lt_attempt`` set to ``attempts`` and ``lt_track`` to ``packed``,
-    in the step's input column order (the loop source's schema)."""
+    """``rows`` (the step's input columns, ``lt_track`` included) with ``lt_attempt``
+    set to ``attempts`` and ``lt_track`` to ``packed``, in place: the loop source's
+    schema is the step's input's."""
     import pyarrow as pa
 
-    i = rows.schema.names.index(ATTEMPT_COL)
-    rows = rows.set_column(i, rows.schema.field(i), pa.array(attempts, rows.schema.field(i).type))
-    return attach(rows, packed)
+    for name, values in ((ATTEMPT_COL, attempts), (TRACK_COL, packed)):
+        i = rows.schema.names.index(name)
+        rows = rows.set_column(i, rows.schema.field(i), pa.array(values, rows.schema.field(i).type))
+    return rows
 
 
-def _dead_letters(data: Any, dead: np.ndarray, attempts: np.ndarray,
+def _dead_letters(batch: Any, dead: np.ndarray, attempts: np.ndarray,
                   errors: tuple[str, Any], packed: np.ndarray, ref_slot: int) -> Any:
     """The rows given up: their columns, ``lt_attempt`` (attempts made), the error
     column, ``lt_time`` (full slot) and ``lt_ack``."""
     import pyarrow as pa
 
     mask = pa.array(dead)
-    rows = _with_attempts(data.filter(mask), attempts[dead], packed[dead]).drop_columns(
-        [TRACK_COL])
     mine = packed[dead]
+    rows = _with_attempts(batch.filter(mask), attempts[dead], mine).drop_columns([TRACK_COL])
     name, values = errors
     return (rows.append_column(name, values.filter(mask).cast(pa.string()))
             .append_column(TIME_COL, pa.array(slots_of(mine, ref_slot), pa.int64()))

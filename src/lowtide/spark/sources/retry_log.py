@@ -20,7 +20,8 @@ committed; dead letters stay.
 >>> d = tempfile.mkdtemp()
 >>> write_rows(d, LOOP_DIR, 7, 1, [pa.record_batch({"x": [1, 2]})])
 '000000000007-00001.arrow'
->>> write_rows(d, LOOP_DIR, 7, 2, [pa.record_batch({"x": []}, schema=pa.schema([("x", pa.int64())]))])
+>>> empty = pa.record_batch({"x": pa.array([], pa.int64())})
+>>> write_rows(d, LOOP_DIR, 7, 2, [empty])
 >>> loop_files(d), read_loop_file(d, "000000000007-00001.arrow").num_rows
 (['000000000007-00001.arrow'], 2)
 >>> drop_loop_files(d, "000000000007-00001.arrow"); loop_files(d)
