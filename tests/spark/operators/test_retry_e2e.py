@@ -7,8 +7,6 @@ exactly once."""
 
 from __future__ import annotations
 
-import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +18,7 @@ import pytest
 
 import lowtide
 from lowtide.spark.sources.generator import GeneratorSpec
-from tests.spark.helpers import fail_once
+from tests.spark.helpers import fail_once, t0_of_checkpoint
 from tests.spark.operators.helpers import (
     AGG_COLS,
     GRID,
@@ -61,20 +59,6 @@ def given_up(rows: pd.DataFrame, attempts: int) -> pd.Series:
                      > attempts, index=rows.index)
 
 
-def t0_of(ckpt: Path, query: Any, timeout_s: float = 60.0) -> int:
-    """The generator's t0, from the first offsets Spark logged (the loop source's are
-    there too)."""
-    deadline = time.monotonic() + timeout_s
-    first = ckpt / "offsets" / "0"
-    while not first.exists():
-        assert query.query.exception() is None, query.query.exception()
-        assert time.monotonic() < deadline, "no batch logged"
-        time.sleep(0.1)
-    time.sleep(0.1)
-    offsets = [json.loads(line) for line in first.read_text().splitlines()[2:]]
-    return next(int(o["t0"]) for o in offsets if "t0" in o)
-
-
 def run_loop(pipe: Any, stream: Any, tmp: Path, policy: lowtide.RetryPolicy, spec: GeneratorSpec,
              restart: bool) -> tuple[pd.DataFrame, int, int]:
     """Run until the sink is complete 4 s past the first window, restarting from the
@@ -88,7 +72,7 @@ def run_loop(pipe: Any, stream: Any, tmp: Path, policy: lowtide.RetryPolicy, spe
 
     query = start()
     try:
-        t0 = t0_of(ckpt, query)
+        t0 = t0_of_checkpoint(ckpt, query)
         first_end = GRID.slot_of(t0) // 100 * 100 + 200
         if restart:
             query.wait_for_min_time(first_end, timeout_s=300)
