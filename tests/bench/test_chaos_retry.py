@@ -23,3 +23,4 @@ def test_a_retry_loop_under_a_task_failure_and_a_restart(spark, tmp_path: Path) 
         (result.premature, result.notes)
     assert (tmp_path / "failed").exists()  # the task failure was injected
     assert sorted(run.dead) == sorted(given_up(run.logged)) and run.dead
+    assert run.waiting_at_restart > 0  # the query stopped with rows in the loop
