@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from lowtide.spark.operators.tracked import HOLD_OUTPUT_BYTES, Waiter, hold_back, operator_id
+from lowtide.spark.operators.tracked import _as_batch as as_batch
 from lowtide.spark.sources.log_source import submit_task_batch
 from lowtide.spark.sources.loop_source import NAME as LOOP_SOURCE
 from lowtide.spark.sources.loop_source import LoopSource
@@ -158,26 +159,11 @@ def split_outcome(rt: RetryRuntime, batch: Any, acc: AckAccumulator,
     """Run the function on one input batch (its ``lt_track`` column included); record
     the receipts, the outputs' and the loop rows' send-acks in ``acc``."""
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     names = batch.schema.names
     packed = np.asarray(batch.column(names.index(TRACK_COL)).to_numpy(), np.int64)
     data = batch.drop_columns([TRACK_COL])
-    res = rt.fn(data)
-    if isinstance(res, pa.Table):
-        res = res.combine_chunks().to_batches()[0] if res.num_rows else \
-            pa.RecordBatch.from_pylist([], schema=res.schema)
-    if not isinstance(res, pa.RecordBatch) or res.num_rows != len(packed):
-        got = getattr(res, "num_rows", type(res).__name__)
-        raise ValueError(f"step {rt.in_segment!r} returned {got} rows for {len(packed)}: a "
-                         "retried map returns one row per input row (a RecordBatch)")
-    err_col = rt.policy.error_col
-    if err_col in res.schema.names:
-        errors = res[err_col]
-        failed = np.asarray(pc.is_valid(errors).to_numpy(zero_copy_only=False), bool)
-        res = res.drop_columns([err_col])
-    else:
-        errors, failed = pa.nulls(len(packed), pa.string()), np.zeros(len(packed), bool)
+    res, errors, failed = _call(rt, data, len(packed))
     attempt = np.asarray(data[ATTEMPT_COL].to_numpy(zero_copy_only=False), np.int64)
     again = failed & (attempt + 1 < rt.policy.attempts)
     dead = failed & ~again
@@ -192,8 +178,26 @@ def split_outcome(rt: RetryRuntime, batch: Any, acc: AckAccumulator,
     acc.add_packed(graph.index(rt.loop_segment), loop_packed, ref_slot, +1)
     out = attach(res.filter(pa.array(ok)), ok_packed)
     loop = _with_attempts(batch.filter(pa.array(again)), attempt[again] + 1, loop_packed)
-    letters = _dead_letters(batch, dead, attempt + 1, (err_col, errors), packed, ref_slot)
+    letters = _dead_letters(batch, dead, attempt + 1, (rt.policy.error_col, errors),
+                            packed, ref_slot)
     return Outcome(out, loop, letters)
+
+
+def _call(rt: RetryRuntime, data: Any, n: int) -> tuple[Any, Any, np.ndarray]:
+    """The function's output on ``n`` rows without its error column, the error
+    column, and which rows failed (a non-null error)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    res = as_batch(rt.fn(data))
+    if res.num_rows != n:
+        raise ValueError(f"step {rt.in_segment!r} returned {res.num_rows} rows for {n}: a "
+                         "retried map returns one row per input row")
+    if rt.policy.error_col not in res.schema.names:
+        return res, pa.nulls(n, pa.string()), np.zeros(n, bool)
+    errors = res[rt.policy.error_col]
+    failed = np.asarray(pc.is_valid(errors).to_numpy(zero_copy_only=False), bool)
+    return res.drop_columns([rt.policy.error_col]), errors, failed
 
 
 def _with_attempts(rows: Any, attempts: np.ndarray, packed: np.ndarray) -> Any:
