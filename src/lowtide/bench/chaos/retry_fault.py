@@ -6,8 +6,8 @@ while rows wait in the loop and restarted from its checkpoint. Ground truth: eve
 record the fronts logged, and which of them the step gives up.
 
 * ``premature``: the sink's min time announced while a logged record below it, not
-  given up, was not in the output (sampled while it runs), or a row written twice, or
-  a dead letter twice;
+  given up, was not in the output (sampled while it runs, and at the end), or a row
+  written twice, or a dead letter twice;
 * ``lost``: logged records neither in the output nor in the dead letters at the end,
   and records given up that are missing from the dead letters.
 """
@@ -80,6 +80,7 @@ class LoopRun:
     dead: list[tuple[int, int]] = field(default_factory=list)
     early: list[str] = field(default_factory=list)  # premature announcements seen
     waiting_at_restart: int = 0
+    claimed: int = 0  # the sink's min time at the end
 
 
 def given_up(logged: dict[tuple[int, int], int]) -> set[tuple[int, int]]:
@@ -121,7 +122,7 @@ def retry_loop_run(spark: Any, tmp: Path, timeout_s: float = 300.0) -> LoopRun:
             run.waiting_at_restart = policy.status().waiting_rows
             query.stop()  # with rows in the loop
             query = start()
-            query.wait_for_min_time(final, timeout_s=timeout_s)
+            run.claimed = query.wait_for_min_time(final, timeout_s=timeout_s)
         finally:
             stop.set()
             sampler.join()
@@ -158,6 +159,11 @@ def result_of(run: LoopRun) -> Result:
     result = Result(RETRY_LOOP, faults=2)
     result.premature += run.early[:3]
     have, dead, should = set(run.written), set(run.dead), given_up(run.logged)
+    early = [k for k, t in run.logged.items() if t < run.claimed and k not in have
+             and k not in should]
+    if early:
+        result.premature.append(f"min time {run.claimed} announced at the end, {len(early)} "
+                                "records below it neither out nor given up")
     if len(run.written) != len(have) or len(run.dead) != len(dead):
         result.premature.append(f"{len(run.written) - len(have)} rows written twice, "
                                 f"{len(run.dead) - len(dead)} dead letters twice")
