@@ -182,7 +182,8 @@ def as_int(col: Any) -> np.ndarray:
 
 
 def t0_of_checkpoint(ckpt: Path, query: Any, timeout_s: float = 60.0) -> int:
-    """The generator's t0, from the first offset Spark logged."""
+    """The generator's t0, from the first offsets Spark logged (a query of several
+    sources logs a line for each)."""
     deadline = time.monotonic() + timeout_s
     first = ckpt / "offsets" / "0"
     while not first.exists():
@@ -190,7 +191,9 @@ def t0_of_checkpoint(ckpt: Path, query: Any, timeout_s: float = 60.0) -> int:
         assert time.monotonic() < deadline, "no batch logged"
         time.sleep(0.1)
     time.sleep(0.1)
-    return int(json.loads(first.read_text().strip().splitlines()[-1])["t0"])
+    offsets = [json.loads(line) for line in first.read_text().strip().splitlines()[2:]
+               if line.startswith("{")]
+    return next(int(o["t0"]) for o in offsets if "t0" in o)
 
 
 class Committed:

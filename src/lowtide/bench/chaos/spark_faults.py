@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from lowtide.bench.chaos.replay_fault import lost_and_replayed, result_of
+from lowtide.bench.chaos.retry_fault import RETRY_LOOP, retry_loop_run
+from lowtide.bench.chaos.retry_fault import result_of as retry_result
 from lowtide.bench.chaos.run import Result
 from lowtide.service import wall_ms
 from lowtide.spark import Front, Pipeline, SessionConfig, complete_below
@@ -210,6 +212,9 @@ def run_spark(names: list[str] | None = None, spark: Any = None) -> list[Result]
             if not names or "rows lost in a step, replayed" in names:
                 results.append(timed(lambda t: result_of(lost_and_replayed(spark, t)),
                                      Path(tmp) / "lost"))
+            if not names or RETRY_LOOP in names:
+                results.append(timed(lambda t: retry_result(retry_loop_run(spark, t)),
+                                     Path(tmp) / "loop"))
     finally:
         if own:
             spark.stop()

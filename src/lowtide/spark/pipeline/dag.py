@@ -186,6 +186,11 @@ def derive(sinks: Sequence[tuple[Stream, str]]) -> SegmentPlan:
     # description, which the topological order keeps where the graph allows it
     for stream, name in reversed(sinks):
         walk.sink(stream, name)
+    for name, step in list(walk.owner.items()):  # a retry loop: step <-> loop (rule 11)
+        if getattr(step, "name", None) == name and hasattr(step, "loop"):
+            walk.claim(step.loop, step, "a retry loop")
+            walk.segment(step.loop, name)
+            walk.segment(name, step.loop)
     walk.check_generators()
     ranged = walk.key_ranges()
     specs = [SegmentSpec(name, tuple(sorted(ups)), *ranged.get(name, (0, ())))

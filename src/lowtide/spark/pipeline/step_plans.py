@@ -18,6 +18,7 @@ from lowtide.spark.operators.frames import (
 )
 from lowtide.spark.operators.joins import joined
 from lowtide.spark.operators.keyed_state import KeyedStep, StatefulSpec
+from lowtide.spark.operators.retry import RetrySpec, loop_input, retry_task
 from lowtide.spark.operators.state_processor import build_keyed
 from lowtide.spark.operators.tracked import OpRuntime, OpSpec, operator_id, task_function
 from lowtide.spark.operators.window_state import build_window
@@ -69,6 +70,10 @@ def plan_steps(df: Any, group: list[Step | EntrySpec], ref: TrackerRef,
         return keyed_plan(df, keyed, ref, out_segment, step.name)
     if isinstance(step, StatefulSpec):
         return keyed_plan(df, step, ref, out_segment, step.name)
+    if isinstance(step, RetrySpec):  # its input: df and its loop's rows (rule 11)
+        both = described(lambda: loop_input(df, step, ref))
+        task = retry_task(step.runtime(ref, out_segment))
+        return spark_step(step.name, lambda: both.mapInArrow(task, with_tracking(step.schema)))
     if isinstance(step, FrameSpec):
         df = plan_frame(df, step)
         if not step.tracked:

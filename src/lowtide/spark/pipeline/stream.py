@@ -26,6 +26,7 @@ from lowtide.spark.operators.fold import FoldLogic, time_mode_of
 from lowtide.spark.operators.frames import FrameSpec, enrich_spec
 from lowtide.spark.operators.joins import JoinSpec, check_join
 from lowtide.spark.operators.keyed_state import StatefulSpec
+from lowtide.spark.operators.retry import RetryPolicy, RetrySpec
 from lowtide.spark.operators.running import GroupedSpec, make_grouped
 from lowtide.spark.operators.sessions import SessionSpec, make_sessions
 from lowtide.spark.operators.slot_logic import KeptRows
@@ -65,7 +66,7 @@ class TransformSpec:
 
 
 Step = (OpSpec | WindowSpec | StatefulSpec | JoinSpec | TransformSpec | FrameSpec | DedupSpec
-        | SessionSpec | GroupedSpec | SpeculativeSpec)
+        | SessionSpec | GroupedSpec | SpeculativeSpec | RetrySpec)
 
 
 @dataclass(frozen=True)
@@ -148,10 +149,19 @@ class Stream:
 
     # tracked operators
     def map(
-        self, fn: Callable[[Any], Any], schema: Any = None, *, name: str | None = None
+        self, fn: Callable[[Any], Any], schema: Any = None, *, name: str | None = None,
+        retry: RetryPolicy | None = None,
     ) -> Stream:
-        """Tracked 1:1 map over Arrow batches: ``fn(RecordBatch) -> RecordBatch``."""
-        return self._then(OpSpec("map", fn, name or self._default_name("map"), schema))
+        """Tracked 1:1 map over Arrow batches: ``fn(RecordBatch) -> RecordBatch``. With
+        ``retry``, rows whose output has a non-null ``error`` go round a loop with their
+        time until they succeed or are given up (the input has ``lt_attempt``); see
+        :mod:`lowtide.spark.operators.retry`."""
+        name = name or self._default_name("map")
+        if retry is None:
+            return self._then(OpSpec("map", fn, name, schema))
+        if schema is None:
+            raise PipelineShapeError(f"step {name!r}: a map with retry= needs its schema")
+        return self._then(RetrySpec(name, fn, schema, described(lambda: retry.build(name))))
 
     def flat_map(self, fn: Callable[[Any], Any], schema: Any, *, name: str | None = None) -> Stream:
         """Tracked 1:N: ``fn(batch) -> (batch, parents)``; see :mod:`.operators`."""
