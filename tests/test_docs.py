@@ -1,0 +1,146 @@
+"""Every ```python block in README.md and docs/*.md runs in the suite as written, is a
+verbatim part of an example the suite runs, or is a listed fragment. A block's first
+line says which:
+
+* ``# examples/NAME.py``: a verbatim part of that example (tests/test_examples.py runs
+  the example and checks the block against it);
+* ``# fragment: REASON``: it cannot run alone (a signature, a tour of calls on objects
+  the text describes); ``FRAGMENTS`` below lists every one, so adding one is a decision
+  taken here, not a way around this test;
+* anything else runs. A doc's blocks run in order in one namespace, so a block may use
+  what the blocks above it defined (as a reader who runs them in turn would). Before the
+  first block a doc gets only what ``PREAMBLES`` names, each doc saying so where its
+  examples start: ``spark`` (the suite's SparkSession, tests/conftest.py) and ``work``
+  (an empty folder, a ``pathlib.Path``) for the docs whose examples use Spark, nothing
+  for the others. Queries a doc's blocks leave running are stopped after its last
+  block (a reader's process would end there).
+
+A new block without a first-line tag therefore has to run, and an example that stops
+working fails here."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+import textwrap
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+BLOCK = re.compile(r"^( *)```python\n(.*?)^\1```", re.S | re.M)
+
+#: what a doc's blocks get before its first one (named in the doc where they start)
+PREAMBLES: dict[str, tuple[str, ...]] = {"spark.md": ("spark", "work"),
+                                         "operating.md": ("spark", "work")}
+
+#: every fragment: (doc, the reason its first line gives)
+FRAGMENTS = {
+    ("ARCHITECTURE.md", "the contract in brief, on placeholders; docs/service.md runs "
+                        "these calls"),
+}
+
+
+@dataclass(frozen=True)
+class Block:
+    doc: str
+    line: int
+    code: str
+
+    @property
+    def tag(self) -> str:
+        return self.code.splitlines()[0].strip() if self.code.strip() else ""
+
+    @property
+    def fragment(self) -> str | None:
+        return self.tag.removeprefix("# fragment:").strip() if self.tag.startswith(
+            "# fragment:") else None
+
+    @property
+    def example(self) -> str | None:
+        return self.tag[2:] if self.tag.startswith("# examples/") else None
+
+    @property
+    def runs(self) -> bool:
+        return self.fragment is None and self.example is None
+
+
+def blocks(doc: Path) -> list[Block]:
+    text = doc.read_text()
+    return [Block(doc.name, text.count("\n", 0, m.start()) + 1, textwrap.dedent(m.group(2)))
+            for m in BLOCK.finditer(text)]
+
+
+def all_blocks() -> list[Block]:
+    return [b for doc in DOCS for b in blocks(doc)]
+
+
+def test_every_block_parses_and_imports_what_exists() -> None:
+    """Fragments too: each is Python, and every name it imports from lowtide exists, so
+    a renamed API fails here, not in a reader's hands."""
+    found = all_blocks()
+    assert len(found) >= 40
+    for b in found:
+        tree = ast.parse(b.code, filename=f"{b.doc}:{b.line}")  # a SyntaxError names it
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("lowtide"):
+                module = importlib.import_module(node.module or "")
+                missing = [a.name for a in node.names if not hasattr(module, a.name)]
+                assert not missing, f"{b.doc}:{b.line}: {node.module} has no {missing}"
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.startswith("lowtide"):
+                        importlib.import_module(a.name)
+
+
+def test_fragments_are_the_listed_ones() -> None:
+    """A block that does not run says why on its first line, and is one of these."""
+    found = {(b.doc, b.fragment) for b in all_blocks() if b.fragment is not None}
+    assert found == set(FRAGMENTS), f"unlisted: {found - set(FRAGMENTS)}; " \
+                                    f"gone: {set(FRAGMENTS) - found}"
+
+
+def run_doc(doc: str, given: dict[str, Any]) -> dict[str, Any]:
+    """Run a doc's blocks in order in one namespace; a failure names the block."""
+    namespace: dict[str, Any] = {"__name__": f"docs_{doc.replace('.', '_')}", **given}
+    for b in blocks(ROOT / doc if doc == "README.md" else ROOT / "docs" / doc):
+        if not b.runs:
+            continue
+        started = time.monotonic()
+        try:
+            exec(compile(b.code, f"{doc}:{b.line}", "exec"), namespace)
+        except Exception as e:
+            raise AssertionError(f"{doc}, the block at line {b.line}: "
+                                 f"{type(e).__name__}: {e}") from e
+        namespace.setdefault("__timings__", []).append((b.line, time.monotonic() - started))
+    return namespace
+
+
+@pytest.mark.parametrize("doc", [d.name for d in DOCS if d.name not in PREAMBLES
+                                 and any(b.runs for b in blocks(d))])
+def test_docs_without_spark_run_as_written(doc: str) -> None:
+    run_doc(doc, {})
+
+
+@pytest.fixture
+def stop_what_the_doc_left(spark: Any) -> Iterator[None]:
+    yield
+    for query in spark.streams.active:
+        query.stop()
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("doc", sorted(PREAMBLES))
+def test_docs_with_spark_run_as_written(doc: str, spark: Any, tmp_path: Path,
+                                        stop_what_the_doc_left: None) -> None:
+    namespace = run_doc(doc, {"spark": spark, "work": tmp_path})
+    for value in namespace.values():   # close the pipelines the blocks opened
+        if type(value).__name__ == "Pipeline":
+            value.close()
+    print(doc, namespace.get("__timings__"))
