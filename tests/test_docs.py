@@ -118,7 +118,7 @@ def run_doc(doc: str, given: dict[str, Any]) -> dict[str, Any]:
         except Exception as e:
             raise AssertionError(f"{doc}, the block at line {b.line}: "
                                  f"{type(e).__name__}: {e}") from e
-        namespace.setdefault("__timings__", []).append((b.line, time.monotonic() - started))
+        print(f"{doc}:{b.line} ran in {time.monotonic() - started:.1f} s")
     return namespace
 
 
@@ -143,4 +143,3 @@ def test_docs_with_spark_run_as_written(doc: str, spark: Any, tmp_path: Path,
     for value in namespace.values():   # close the pipelines the blocks opened
         if type(value).__name__ == "Pipeline":
             value.close()
-    print(doc, namespace.get("__timings__"))
