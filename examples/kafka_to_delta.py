@@ -48,7 +48,7 @@ def main(spark: Any, work: Path, bootstrapServers: str, topic: str) -> pd.DataFr
     producer = KafkaProducerConfig(TOPIC, BOOTSTRAP, partition=0).build(front)
     query = windows.write_table(OUT, checkpoint=OUT + "_checkpoint")   # a Delta table
     sent = []
-    for i in range(20):
+    for _ in range(20):
         now_ms = time.time_ns() // 1_000_000
         records = pd.DataFrame({"user": ["ann", "bob"], "amount": [1.0, 2.0],
                                 "ts": [now_ms - 300, now_ms]})  # a little disorder
@@ -59,7 +59,8 @@ def main(spark: Any, work: Path, bootstrapServers: str, topic: str) -> pd.DataFr
     query.wait_for_min_time(last, timeout_s=300)
     table = spark.read.format("delta").load(OUT).orderBy("window_start").toPandas()
     print(complete_below(OUT))        # what the table published, read without the tracker
-    query.stop(); pipe.close()
+    query.stop()
+    pipe.close()
     # the end of the example
 
     assert front.status()["late_clamped"] == 0

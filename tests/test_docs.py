@@ -21,6 +21,7 @@ working fails here."""
 from __future__ import annotations
 
 import ast
+import gc
 import importlib
 import re
 import textwrap
@@ -44,6 +45,24 @@ PREAMBLES: dict[str, tuple[str, ...]] = {"spark.md": ("spark", "work"),
 FRAGMENTS = {
     ("ARCHITECTURE.md", "the contract in brief, on placeholders; docs/service.md runs "
                         "these calls"),
+    ("operating.md", "a past hour of a running pipeline; "
+                     "tests/spark/pipeline/test_replay_e2e.py runs replay"),
+    ("operating.md", "needs a loss; tests/spark/pipeline/test_replay_e2e.py makes one and "
+                     "repairs it"),
+    ("operating.md", "reads a tracked table at 10:00; tests/spark/sinks/test_cuts_e2e.py "
+                     "runs it"),
+    ("spark.md", "needs a Kafka broker; examples/sliding_max.py and word_count.py run it "
+                 "on one"),
+    ("spark.md", "Spark's own query, the one ported below (the reader's Kafka topic and "
+                 "output)"),
+    ("spark.md", "two Delta queries chained, slow for this page's run; "
+                 "tests/spark/sinks/test_tables.py runs them"),
+    ("spark.md", "reads the gold table above; tests/spark/sinks/test_tables_completeness.py "
+                 "runs it"),
+    ("spark.md", "a and b are two streams of one plan; "
+                 "tests/spark/sinks/test_tables_completeness.py runs it"),
+    ("spark.md", "needs a query of its own (not one a Pipeline started); "
+                 "tests/spark/pipeline/test_monitoring.py runs it"),
 }
 
 
@@ -129,17 +148,42 @@ def test_docs_without_spark_run_as_written(doc: str) -> None:
 
 
 @pytest.fixture
-def stop_what_the_doc_left(spark: Any) -> Iterator[None]:
-    yield
-    for query in spark.streams.active:
-        query.stop()
+def failures(spark: Any) -> Iterator[list[str]]:
+    """What the doc's queries failed with, also in the background, after it stopped the
+    queries and closed the pipelines its blocks left (a reader's process would end
+    there): a query an example starts must not fail unseen."""
+    from pyspark.sql.streaming import StreamingQueryListener
+
+    class Failures(StreamingQueryListener):
+        def __init__(self) -> None:
+            self.seen: list[str] = []
+
+        def onQueryStarted(self, event: Any) -> None: ...
+        def onQueryProgress(self, event: Any) -> None: ...
+        def onQueryIdle(self, event: Any) -> None: ...
+
+        def onQueryTerminated(self, event: Any) -> None:
+            if event.exception:
+                self.seen.append(f"query {event.id}: {event.exception.splitlines()[0]}")
+
+    listener = Failures()
+    spark.streams.addListener(listener)
+    try:
+        yield listener.seen
+    finally:
+        from lowtide.spark.pipeline.builder import Pipeline
+
+        for query in spark.streams.active:
+            query.stop()
+        for pipe in [o for o in gc.get_objects() if isinstance(o, Pipeline)]:
+            pipe.close()
+        spark.streams.removeListener(listener)
 
 
 @pytest.mark.spark
 @pytest.mark.parametrize("doc", sorted(PREAMBLES))
 def test_docs_with_spark_run_as_written(doc: str, spark: Any, tmp_path: Path,
-                                        stop_what_the_doc_left: None) -> None:
-    namespace = run_doc(doc, {"spark": spark, "work": tmp_path})
-    for value in namespace.values():   # close the pipelines the blocks opened
-        if type(value).__name__ == "Pipeline":
-            value.close()
+                                        failures: list[str]) -> None:
+    run_doc(doc, {"spark": spark, "work": tmp_path})
+    time.sleep(1.0)   # the listener bus delivers terminations after the fact
+    assert not failures, failures
