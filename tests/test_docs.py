@@ -35,6 +35,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 BLOCK = re.compile(r"^( *)```python\n(.*?)^\1```", re.S | re.M)
 
 #: what a doc's blocks get before its first one (named in the doc where they start)
@@ -123,6 +124,18 @@ def test_fragments_are_the_listed_ones() -> None:
     found = {(b.doc, b.fragment) for b in all_blocks() if b.fragment is not None}
     assert found == set(FRAGMENTS), f"unlisted: {found - set(FRAGMENTS)}; " \
                                     f"gone: {set(FRAGMENTS) - found}"
+
+
+def test_example_blocks_are_verbatim_parts_of_the_examples() -> None:
+    """Every example is shown in the docs, and a block naming one is a run of its lines
+    (indentation aside), from the tag line on."""
+    shown = [b for b in all_blocks() if b.example is not None]
+    assert {b.example for b in shown} == {f"examples/{p.name}" for p in EXAMPLES}
+    for b in shown:
+        lines = [line.strip() for line in b.code.splitlines()]
+        code = [line.strip() for line in (ROOT / str(b.example)).read_text().splitlines()]
+        at = code.index(lines[0])
+        assert code[at:at + len(lines)] == lines, f"{b.doc}:{b.line} differs from {b.example}"
 
 
 def run_doc(doc: str, given: dict[str, Any]) -> dict[str, Any]:

@@ -1,20 +1,16 @@
 """The examples under ``examples/`` run (each checks its own output against a batch
 recomputation; one that reads Kafka gets the test session's broker and a new topic
-with two partitions), and each docs block that names an example (its first line is
-``# examples/NAME.py``) is a verbatim part of that example, so the docs show code that
-runs in the suite (tests/test_docs.py runs the other blocks)."""
+with two partitions). tests/test_docs.py checks that the docs blocks naming an example
+are verbatim parts of it."""
 
 from __future__ import annotations
 
 import importlib.util
 import inspect
-import textwrap
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-
-from tests.test_docs import all_blocks
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
@@ -26,22 +22,6 @@ def load(path: Path) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def docs_blocks() -> list[tuple[str, str, str]]:
-    """(doc, example file, block) of every ```python block naming an example."""
-    return [(b.doc, b.example, b.code) for b in all_blocks() if b.example is not None]
-
-
-def test_docs_show_the_examples_verbatim() -> None:
-    blocks = docs_blocks()
-    assert {name for _, name, _ in blocks} == {f"examples/{p.name}" for p in EXAMPLES}
-    for doc, name, block in blocks:
-        source = textwrap.dedent((ROOT / name).read_text())
-        lines = [line.strip() for line in textwrap.dedent(block).splitlines()]
-        code = [line.strip() for line in source.splitlines()]
-        at = code.index(lines[0])
-        assert code[at:at + len(lines)] == lines, f"{doc}'s block differs from {name}"
 
 
 @pytest.mark.spark
