@@ -56,13 +56,11 @@ class Behind:
         return time.time_ns() // 1_000_000 - self.lag_ms
 
 
-def produce(pipe: Any, bootstrap: str, topic: str, partition: int, lag_ms: int
-            ) -> tuple[int, list[tuple[int, str]]]:
-    """One producer: 30 lines of 1-4 words, a line every 0.1 s; returns its last
-    heartbeat and (slot, line) of each line it wrote."""
-    rng = np.random.default_rng(partition)
-    front = lowtide.Front(None, partition, pipe.tracker_ref, clock=Behind(lag_ms))
-    out = KafkaProducerConfig(topic, bootstrap, partition=partition).build(front)
+def produce(front: Any, bootstrap: str, topic: str) -> tuple[int, list[tuple[int, str]]]:
+    """One producer, its front's partition: 30 lines of 1-4 words, a line every 0.1 s;
+    returns its last heartbeat and (slot, line) of each line it wrote."""
+    rng = np.random.default_rng(front.front)
+    out = KafkaProducerConfig(topic, bootstrap, partition=front.front).build(front)
     written = []
     for _ in range(30):
         line = " ".join(rng.choice(WORDS, rng.integers(1, 5)))
@@ -100,9 +98,11 @@ def main(spark: Any, work: Path, bootstrapServers: str, topics: str) -> pd.DataF
         query = (wordCounts.writeStream.outputMode("append").format("parquet")
                  .option("checkpointLocation", str(work / "checkpoint"))
                  .start(str(work / "out")))
-        with ThreadPoolExecutor(2) as producers:      # the second one's clock lags 1.5 s
-            runs = list(producers.map(lambda p: produce(
-                pipe, bootstrapServers, topics, p, 1500 * p), (0, 1)))
+        # the second producer's clock lags 1.5 s: its front registers first (registered
+        # after the other, below where the segment started, it would be refused as behind)
+        fronts = [lowtide.Front(None, p, pipe.tracker_ref, clock=Behind(1500 * p)) for p in (1, 0)]
+        with ThreadPoolExecutor(2) as producers:
+            runs = list(producers.map(lambda f: produce(f, bootstrapServers, topics), fronts))
         promised = min(last for last, _ in runs)
         query.wait_for_min_time(promised, timeout_s=180)
         query.stop()
