@@ -80,6 +80,8 @@ def spark() -> Iterator[Any]:
         .config("spark.sql.streaming.stopTimeout", "30s")
         .config("spark.python.worker.reuse", "true")
         .config("spark.driver.extraJavaOptions", "-Xss32m")
+        # as lowtide's own sessions (SessionConfig.worker_timeout_s): a loaded machine
+        .config("spark.python.authenticate.socketTimeout", "120s")
     )
     for key, value in _table_and_kafka_settings().items():
         builder = builder.config(key, value)
