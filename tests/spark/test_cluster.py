@@ -140,3 +140,10 @@ def test_exact_windows_on_a_standalone_cluster(tmp_path: Path, processes: Proces
     assert doc["windows"] > 0 and doc["exact"] == doc["windows"]
     assert doc["missing"] == doc["differ"] == doc["duplicates"] == doc["unexpected"] == 0
     assert doc["matches_batch"] is True
+    # the observed metrics in lastProgress, computed by tasks on the executors (issue 34
+    # point 8: they were null on a cluster, read from the driver's system properties)
+    figures = doc["observed"]
+    assert figures is not None, "no progress with lowtide's figures"
+    assert figures["sink_min_time"] > 0 and figures["global_min_time"] > 0
+    assert figures["min_time.parse"] > 0 and figures["sink_lag_ms"] > 0
+    assert figures["stuck_windows"] == 0 and figures["late"] == {}

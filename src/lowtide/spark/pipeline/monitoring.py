@@ -3,46 +3,55 @@
 "window complete" and "segment stuck" events.
 
 Observed metrics (``df.observe``) are the one place of a progress report that a
-query's plan fills in, but Spark fixes their expressions when the query starts:
-a literal or a session variable keeps its value of that moment in every later
-batch (measured, PySpark 4.2). What moves is read at run time instead: a driver
-thread (:class:`ProgressPublisher`) copies the tracker's figures into JVM system
-properties every ``interval_s``, and the observed metrics read them with
-``java_method('java.lang.System', 'getProperty', ...)`` while the batch's rows pass
-(the largest value seen in the batch: min times only move forward, so that is the
-latest; for the lag and the stuck windows it is the batch's worst). Tasks read the
-properties of their own JVM, which is the driver's in local mode only: on a cluster
-the executors' JVMs have none and the metrics are null there; the listener, which
-asks the tracker from the driver, works everywhere.
+query's plan fills in, but Spark fixes their expressions when the query starts (a
+literal or a session variable keeps its value of that moment in every later batch)
+and evaluates them in the tasks, on the executors (an expression the driver would
+evaluate, outside an aggregate, must be deterministic: measured, PySpark 4.2). So
+the tasks ask the tracker themselves: an Arrow UDF whose closure carries the
+:class:`~lowtide.spark.tracking.transport.TrackerRef` (the same the tracked operators
+use) fetches the tracker's status at most once per ``interval_s`` per Python worker
+and puts the figures, as one JSON text, on the first row of each Arrow batch (the
+other rows get a null: one lookup per batch, not per row). The metrics take the
+largest figure seen in the batch (min times only move forward, so that is the
+latest; for the lag and the stuck windows it is the batch's worst) and the latest
+late-record counts. This works wherever the tasks reach the tracker, on a cluster
+too; a task that cannot reach it within ``timeout_s`` leaves the figures null and
+the batch goes on.
 """
 
 from __future__ import annotations
 
-import contextlib
+import json
+import logging
 import re
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
-from lowtide.core.graph import SegmentGraph
+from lowtide.service.clock import wall_ms
 from lowtide.spark.pipeline.status import PipelineStatus, status_of
 from lowtide.spark.tracking.column import TRACK_COL
+from lowtide.spark.tracking.transport import TrackerRef, connect
 
 __all__ = [
     "METRICS_NAME",
     "CompletenessListener",
     "ProgressMetrics",
-    "ProgressPublisher",
     "SegmentStuck",
     "WindowComplete",
 ]
 
+log = logging.getLogger("lowtide.spark.monitoring")
+
 METRICS_NAME = "lowtide"
-#: what a Pipeline's queries sample (1 row in 256): about 0.1 us a row instead of
-#: 20 us for reading every row (BENCHMARKS.md, "Cost of the observed metrics")
-PROGRESS_SAMPLE_BITS = 8
+#: the column the figures pass in between the UDF and the observation (dropped after)
+PROGRESS_COL = "lt_progress"
+#: what each front did with late records (the FrontLate wire message's counts)
+LATE_COUNTS = ("late_clamped", "late_rejected", "late_raised", "out_of_range")
 _STUCK = re.compile(r"segment (['\"])(?P<segment>.*)\1, slots \[(?P<start>\d+), (?P<end>\d+)\): "
                     r"(?P<what>.*)")
 
@@ -50,60 +59,72 @@ _STUCK = re.compile(r"segment (['\"])(?P<segment>.*)\1, slots \[(?P<start>\d+), 
 @dataclass(frozen=True)
 class ProgressMetrics:
     """lowtide's observed metrics for one query: ``observe(df)`` on the DataFrame a
-    sink writes, then ``build(pipeline)`` and ``start()`` the publisher that feeds
-    them. ``key`` names the query among those of this driver (pipeline name and sink)."""
+    sink writes. ``tracker`` is where the tasks ask (``Built.ref``, or
+    ``pipe.tracker.ref``); its graph names the segments."""
 
-    key: str
+    tracker: TrackerRef
     sink: str
-    segments: tuple[str, ...]
-    interval_s: float = 0.25
-    #: read the figures on 1 row in 2**sample_bits (by the low bits of its ack id in
-    #: ``lt_track``): each read is a reflective JVM call per figure, tens of
-    #: microseconds per row for all of them (BENCHMARKS.md); 0: every row
-    sample_bits: int = 0
+    #: how old the figures a task reports may be (per Python worker)
+    interval_s: float = 1.0
+    #: how long a task waits for the tracker's answer before leaving the figures null
+    timeout_s: float = 2.0
 
     @classmethod
-    def of(cls, pipeline_name: str, graph: SegmentGraph, sink: str,
-           sample_bits: int = 0) -> ProgressMetrics:
-        return cls(f"{pipeline_name}.{sink}", sink, tuple(graph.names),
-                   sample_bits=sample_bits)
+    def of(cls, tracker: TrackerRef, sink: str) -> ProgressMetrics:
+        return cls(tracker, sink)
+
+    @property
+    def segments(self) -> tuple[str, ...]:
+        return tuple(self.tracker.graph.names)
 
     def figures(self) -> tuple[str, ...]:
         """The metric names, as ``lastProgress["observedMetrics"]["lowtide"]`` shows them."""
         per_segment = tuple(f"min_time.{s}" for s in self.segments)
         return ("sink_min_time", "global_min_time", "sink_lag_ms", "stuck_windows",
-                "fronts_refused", "fronts_waiting", *per_segment)
+                "fronts_refused", "fronts_waiting", "late_clamped", "late_rejected",
+                *per_segment, "late")
 
-    def property_of(self, figure: str) -> str:
-        return f"lowtide.{self.key}.{figure}"
+    def schema(self) -> Any:
+        """The type of the figures' JSON text (``late``: per front, its counts)."""
+        from pyspark.sql import types as T
+
+        counts = T.StructType([T.StructField(c, T.LongType()) for c in LATE_COUNTS])
+        return T.StructType(
+            [T.StructField(f, T.LongType()) for f in self.figures()[:-1]]
+            + [T.StructField("late", T.MapType(T.StringType(), counts)),
+               T.StructField("fetched_ms", T.LongType())])
 
     def observe(self, df: Any, name: Any = METRICS_NAME) -> Any:
         """``df`` with lowtide's figures as its observed metrics ``name`` (a string,
         or a ``pyspark.sql.Observation`` for a batch DataFrame)."""
         from pyspark.sql import functions as F
+        from pyspark.sql.pandas.functions import arrow_udf
 
-        sampled = None
-        if self.sample_bits and TRACK_COL in df.columns:
-            # CASE WHEN evaluates its value only where the condition holds
-            mask = (1 << self.sample_bits) - 1
-            sampled = F.col(TRACK_COL).bitwiseAND(mask) == 0
+        metrics = self
 
-        def read(figure: str) -> Any:
-            prop = F.java_method(F.lit("java.lang.System"), F.lit("getProperty"),
-                                 F.lit(self.property_of(figure)))
-            # a property not (yet) published reads as the string "null": ANSI's cast
-            # would fail the query; try_cast makes it a null figure
-            value = prop.try_cast("long")
-            return F.max(value if sampled is None else F.when(sampled, value)).alias(figure)
+        def figures(rows: pa.Array) -> pa.Array:
+            return figures_column(metrics, len(rows))
 
-        return df.observe(name, *(read(f) for f in self.figures()))
+        udf = arrow_udf(figures, "string").asNondeterministic()
+        anchor = F.col(TRACK_COL) if TRACK_COL in df.columns else F.lit(0)
+        got = F.col(PROGRESS_COL)
+        aggregates = [F.max(got.getField(f)).alias(f) for f in self.figures()[:-1]]
+        aggregates.append(F.max_by(got.getField("late"), got.getField("fetched_ms")).alias("late"))
+        with_figures = df.withColumn(PROGRESS_COL, F.from_json(udf(anchor), self.schema()))
+        return with_figures.observe(name, *aggregates).drop(PROGRESS_COL)
 
-    def values(self, status: PipelineStatus) -> dict[str, int]:
+    def values(self, status: PipelineStatus) -> dict[str, Any]:
         """The figures of a tracker status (a figure it lacks is left out)."""
         by_name = {s.segment: s for s in status.segments}
-        out = {"global_min_time": status.global_min, "stuck_windows": len(status.stuck),
-               "fronts_refused": status.fronts_refused,
-               "fronts_waiting": len(status.waiting_fronts)}
+        late = {str(f): {c: int(counts.get(c, 0)) for c in LATE_COUNTS}
+                for f, counts in status.late.items()}
+        out: dict[str, Any] = {
+            "global_min_time": status.global_min, "stuck_windows": len(status.stuck),
+            "fronts_refused": status.fronts_refused,
+            "fronts_waiting": len(status.waiting_fronts),
+            "late_clamped": sum(c["late_clamped"] for c in late.values()),
+            "late_rejected": sum(c["late_rejected"] for c in late.values()),
+            "late": late}
         sink = by_name.get(self.sink)
         if sink is not None:
             out["sink_min_time"] = sink.min_time
@@ -114,49 +135,36 @@ class ProgressMetrics:
                 out[f"min_time.{name}"] = by_name[name].min_time
         return out
 
-    def build(self, pipeline: Any) -> ProgressPublisher:
-        return ProgressPublisher(self, pipeline)
+    def fetch(self) -> str | None:
+        """The figures now, as the JSON text the observation parses (None: the tracker
+        did not answer within ``timeout_s``)."""
+        ref = self.tracker
+        try:
+            doc = connect(ref).status(timeout_s=self.timeout_s)  # type: ignore[attr-defined]
+        except Exception as exc:  # the batch goes on, with null figures
+            log.debug("no progress figures", extra={"url": ref.url, "error": repr(exc)})
+            return None
+        status = status_of(doc, ref.grid, graph=ref.graph)
+        return json.dumps({**self.values(status), "fetched_ms": wall_ms()})
 
 
-class ProgressPublisher:
-    """A driver thread that copies a pipeline's figures into the JVM's system
-    properties, where :meth:`ProgressMetrics.observe`'s metrics read them."""
+#: per Python worker: (url, sink) -> (monotonic time fetched, figures)
+_fetched: dict[tuple[str, str], tuple[float, str | None]] = {}
+_fetch_lock = threading.Lock()
 
-    def __init__(self, metrics: ProgressMetrics, pipeline: Any) -> None:
-        self.metrics = metrics
-        self._pipeline = pipeline
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._published: dict[str, int] = {}
 
-    def publish(self) -> None:
-        """Copy the tracker's current figures once: those that changed (each is a
-        Py4J call: 40-60 us of the driver's Python CPU, measured)."""
-        handle = self._pipeline.tracker
-        status = status_of(handle.status(), handle.grid, graph=handle.graph)
-        system = self._pipeline.spark.sparkContext._jvm.java.lang.System
-        for figure, value in self.metrics.values(status).items():
-            if self._published.get(figure) != value:
-                system.setProperty(self.metrics.property_of(figure), str(value))
-                self._published[figure] = value
-
-    def start(self) -> ProgressPublisher:
-        self._thread = threading.Thread(target=self._run, name="lowtide-progress", daemon=True)
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            # a tracker or JVM going away means the query stops next: keep quiet till then
-            with contextlib.suppress(Exception):
-                self.publish()
-            self._stop.wait(self.metrics.interval_s)
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5.0)
-            self._thread = None
+def figures_column(metrics: ProgressMetrics, rows: int) -> pa.Array:
+    """The UDF's answer for an Arrow batch of ``rows``: the figures (fetched at most
+    once per ``interval_s`` in this process) on its first row, nulls after."""
+    key = (metrics.tracker.url, metrics.sink)
+    with _fetch_lock:
+        at, text = _fetched.get(key, (float("-inf"), None))
+        if time.monotonic() - at >= metrics.interval_s:
+            text = metrics.fetch()
+            _fetched[key] = (time.monotonic(), text)
+    if rows == 0:
+        return pa.nulls(0, pa.string())
+    return pa.concat_arrays([pa.array([text], pa.string()), pa.nulls(rows - 1, pa.string())])
 
 
 @dataclass(frozen=True)
