@@ -84,7 +84,8 @@ def test_the_view_follows_the_tracker(graph: SegmentGraph) -> None:
             while not (view := json.loads(body(url, "/api/view")))["fronts"]:
                 assert time.monotonic() < deadline, "the view never showed the front"
                 time.sleep(0.05)
-        assert view["fronts"][0]["front"] == 7 and view["fronts"][0]["heartbeat"] == 42
+        front = view["fronts"][0]
+        assert (front["front"], front["heartbeat_ms"]) == (7, 42 * svc.server.config.grid.delta_ms)
     finally:
         svc.stop()
 
