@@ -146,4 +146,4 @@ def test_exact_windows_on_a_standalone_cluster(tmp_path: Path, processes: Proces
     assert figures is not None, "no progress with lowtide's figures"
     assert figures["sink_min_time"] > 0 and figures["global_min_time"] > 0
     assert figures["min_time.parse"] > 0 and figures["sink_lag_ms"] > 0
-    assert figures["stuck_windows"] == 0 and figures["late"] == {}
+    assert figures["stuck_windows"] == 0 and json.loads(figures["late"]) == {}

@@ -4,6 +4,7 @@ events and, for a row an untracked step loses, a segment-stuck event."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from lowtide.core.graph import SegmentGraph
 from lowtide.core.time import TimeGrid
 from lowtide.service import TrackerService, wall_ms
 from lowtide.spark.pipeline import Pipeline, TrackedQuery
@@ -121,7 +123,7 @@ def test_a_task_without_a_tracker_reports_null_figures(spark) -> None:
     from pyspark.sql import Observation
 
     ref = TrackerRef(f"tcp://127.0.0.1:{free_port()}", lost.graph(), GRID)
-    metrics = ProgressMetrics(ref, "sink", timeout_s=0.5)
+    metrics = ProgressMetrics(ref, "sink", timeout_s=0.5, tasks_ask=True)
     seen = Observation("lowtide")
     assert metrics.observe(spark.range(3), seen).count() == 3
     assert seen.get == dict.fromkeys(metrics.figures())
@@ -143,7 +145,7 @@ def test_tasks_ask_the_tracker_for_the_figures(spark) -> None:
         while not svc.status().get("stuck"):
             assert time.monotonic() < deadline, "no stuck window"
             time.sleep(0.05)
-        metrics = ProgressMetrics(TrackerRef(svc.url, lost.graph(), GRID), "sink")
+        metrics = ProgressMetrics(TrackerRef(svc.url, lost.graph(), GRID), "sink", tasks_ask=True)
         seen = Observation("lowtide")
         df = spark.createDataFrame([(t,) for t in range(300)], "lt_track long").repartition(3)
         assert metrics.observe(df, seen).count() == 300
@@ -154,5 +156,39 @@ def test_tasks_ask_the_tracker_for_the_figures(spark) -> None:
     assert figures["sink_min_time"] == figures["global_min_time"] == SLOT
     assert figures["stuck_windows"] == 1 and figures["sink_lag_ms"] > 0
     assert (figures["late_clamped"], figures["late_rejected"]) == (12, 3)
-    assert {f: c.asDict() for f, c in figures["late"].items()} == {str(lost.FRONT): {
+    assert json.loads(figures["late"]) == {str(lost.FRONT): {
         "late_clamped": 12, "late_rejected": 3, "late_raised": 0, "out_of_range": 1}}
+
+
+def test_figures_nobody_published_are_null(spark) -> None:
+    """Where tasks read the driver's properties: before the first publication, a
+    figure is null and the batch goes on."""
+    from pyspark.sql import Observation
+
+    ref = TrackerRef("tcp://127.0.0.1:1", lost.graph(), GRID)
+    metrics = ProgressMetrics(ref, "nobody", tasks_ask=False)
+    seen = Observation("lowtide")
+    assert metrics.observe(spark.range(3), seen).count() == 3
+    assert seen.get == dict.fromkeys(metrics.figures())
+
+
+def test_sampled_figures_are_read_on_sampled_rows_only(spark) -> None:
+    """With ``sample_bits``, only rows whose ack id has that many low zero bits read
+    the driver's properties (each read is a reflective call per figure)."""
+    from pyspark.sql import Observation
+
+    ref = TrackerRef("tcp://127.0.0.1:1", SegmentGraph.of(("sink", ())), GRID)
+    metrics = ProgressMetrics(ref, "sampled", sample_bits=8, tasks_ask=False)
+    system = spark.sparkContext._jvm.java.lang.System
+    for figure in (*metrics.figures(), "fetched_ms"):
+        system.setProperty(metrics.property_of(figure), "{}" if figure == "late" else "7")
+    try:
+        for tracks, want in (([1, 2, 255], None), ([1, 512], 7)):
+            seen = Observation("lowtide")
+            df = spark.createDataFrame([(t,) for t in tracks], "lt_track long")
+            assert metrics.observe(df, seen).count() == len(tracks)
+            assert seen.get == {**dict.fromkeys(metrics.figures()[:-1], want),
+                                "late": None if want is None else "{}"}
+    finally:
+        for figure in (*metrics.figures(), "fetched_ms"):
+            system.clearProperty(metrics.property_of(figure))

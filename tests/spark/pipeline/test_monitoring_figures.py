@@ -4,6 +4,8 @@ line of the status table."""
 
 from __future__ import annotations
 
+import json
+
 from lowtide.core.diagnostics import StuckWindow
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.time import TimeGrid
@@ -30,7 +32,7 @@ def test_figures_of_a_status() -> None:
         "sink_min_time": 90, "global_min_time": 90, "sink_lag_ms": 2_000 - 90 * 10,
         "stuck_windows": 1, "min_time.parse": 120, "min_time.keep": 100, "min_time.sink": 90,
         "fronts_refused": 0, "fronts_waiting": 0, "late_clamped": 0, "late_rejected": 0,
-        "late": {}}
+        "late": "{}"}
     assert set(metrics.values(status)) == set(metrics.figures())
 
 
@@ -43,7 +45,7 @@ def test_late_records_per_front_and_in_total() -> None:
         "4": {"late_clamped": 1, "late_rejected": 5}}}
     figures = ProgressMetrics.of(REF, "sink").values(status_of(body, GRID))
     assert (figures["late_clamped"], figures["late_rejected"]) == (13, 5)
-    assert figures["late"] == {
+    assert json.loads(figures["late"]) == {
         "3": {"late_clamped": 12, "late_rejected": 0, "late_raised": 0, "out_of_range": 1},
         "4": {"late_clamped": 1, "late_rejected": 5, "late_raised": 0, "out_of_range": 0}}
 

@@ -5,51 +5,58 @@
 Observed metrics (``df.observe``) are the one place of a progress report that a
 query's plan fills in, but Spark fixes their expressions when the query starts (a
 literal or a session variable keeps its value of that moment in every later batch)
-and evaluates them in the tasks, on the executors (an expression the driver would
-evaluate, outside an aggregate, must be deterministic: measured, PySpark 4.2). So
-the tasks ask the tracker themselves: an Arrow UDF whose closure carries the
-:class:`~lowtide.spark.tracking.transport.TrackerRef` (the same the tracked operators
-use) fetches the tracker's status at most once per ``interval_s`` per Python worker
-and puts the figures, as one JSON text, on the first row of each Arrow batch (the
-other rows get a null: one lookup per batch, not per row). The metrics take the
-largest figure seen in the batch (min times only move forward, so that is the
-latest; for the lag and the stuck windows it is the batch's worst) and the latest
-late-record counts. This works wherever the tasks reach the tracker, on a cluster
-too; a task that cannot reach it within ``timeout_s`` leaves the figures null and
-the batch goes on.
+and evaluates them in the tasks (an expression outside an aggregate, which the driver
+would evaluate, must be deterministic: measured, PySpark 4.2). What moves is read at
+run time, where the tasks run (:mod:`lowtide.spark.pipeline.progress_delivery`):
+
+* tasks in the driver's JVM (local mode): a driver thread copies the tracker's
+  figures into JVM system properties every ``interval_s``; the tasks read them with
+  ``java_method('java.lang.System', 'getProperty', ...)`` on 1 row in
+  ``2**sample_bits`` (a reflective call per figure: tens of ns a row when sampled);
+* tasks on executors (a cluster: other JVMs, without those properties): an Arrow UDF
+  whose closure carries the :class:`~lowtide.spark.tracking.transport.TrackerRef`
+  asks the tracker, at most once per ``interval_s`` per Python worker, and puts the
+  figures on the first row of each Arrow batch (every row crosses into Python: about
+  a microsecond a row, measured on a loaded machine).
+
+The metrics take the largest figure seen in the batch (min times only move forward,
+so that is the latest; for the lag and the stuck windows it is the batch's worst) and
+the latest ``late`` (each front's late records, a JSON text).
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import re
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
-import pyarrow as pa
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
-from lowtide.service.clock import wall_ms
-from lowtide.spark.pipeline.status import PipelineStatus, status_of
+from lowtide.spark.pipeline.progress_delivery import (
+    PROGRESS_COL,
+    ProgressPublisher,
+    figures_udf,
+    tasks_share_driver_jvm,
+)
+from lowtide.spark.pipeline.status import PipelineStatus
 from lowtide.spark.tracking.column import TRACK_COL
-from lowtide.spark.tracking.transport import TrackerRef, connect
+from lowtide.spark.tracking.transport import TrackerRef
 
 __all__ = [
     "METRICS_NAME",
     "CompletenessListener",
     "ProgressMetrics",
+    "ProgressPublisher",
     "SegmentStuck",
     "WindowComplete",
 ]
 
-log = logging.getLogger("lowtide.spark.monitoring")
-
 METRICS_NAME = "lowtide"
-#: the column the figures pass in between the UDF and the observation (dropped after)
-PROGRESS_COL = "lt_progress"
+#: what a Pipeline's queries sample (1 row in 256): about 0.1 us a row instead of
+#: 20 us for reading every row (BENCHMARKS.md, "Cost of the observed metrics")
+PROGRESS_SAMPLE_BITS = 8
 #: what each front did with late records (the FrontLate wire message's counts)
 LATE_COUNTS = ("late_clamped", "late_rejected", "late_raised", "out_of_range")
 _STUCK = re.compile(r"segment (['\"])(?P<segment>.*)\1, slots \[(?P<start>\d+), (?P<end>\d+)\): "
@@ -59,19 +66,25 @@ _STUCK = re.compile(r"segment (['\"])(?P<segment>.*)\1, slots \[(?P<start>\d+), 
 @dataclass(frozen=True)
 class ProgressMetrics:
     """lowtide's observed metrics for one query: ``observe(df)`` on the DataFrame a
-    sink writes. ``tracker`` is where the tasks ask (``Built.ref``, or
-    ``pipe.tracker.ref``); its graph names the segments."""
+    sink writes (and, in local mode, ``build(pipeline).start()`` the publisher that
+    feeds them). ``tracker``: ``Built.ref`` or ``pipe.tracker.ref``."""
 
     tracker: TrackerRef
     sink: str
-    #: how old the figures a task reports may be (per Python worker)
-    interval_s: float = 1.0
-    #: how long a task waits for the tracker's answer before leaving the figures null
+    #: read the figures on 1 row in 2**sample_bits (by the low bits of its ack id in
+    #: ``lt_track``), where tasks read the driver's properties; 0: every row
+    sample_bits: int = 0
+    #: how old the figures may be in local mode (the publisher's period)
+    interval_s: float = 0.25
+    #: how long a task on an executor waits for the tracker before leaving them null
     timeout_s: float = 2.0
+    #: True: the tasks ask the tracker; False: they read the driver's properties;
+    #: None: by the session's master (local: properties)
+    tasks_ask: bool | None = None
 
     @classmethod
-    def of(cls, tracker: TrackerRef, sink: str) -> ProgressMetrics:
-        return cls(tracker, sink)
+    def of(cls, tracker: TrackerRef, sink: str, sample_bits: int = 0) -> ProgressMetrics:
+        return cls(tracker, sink, sample_bits)
 
     @property
     def segments(self) -> tuple[str, ...]:
@@ -84,47 +97,71 @@ class ProgressMetrics:
                 "fronts_refused", "fronts_waiting", "late_clamped", "late_rejected",
                 *per_segment, "late")
 
-    def schema(self) -> Any:
-        """The type of the figures' JSON text (``late``: per front, its counts)."""
-        from pyspark.sql import types as T
-
-        counts = T.StructType([T.StructField(c, T.LongType()) for c in LATE_COUNTS])
-        return T.StructType(
-            [T.StructField(f, T.LongType()) for f in self.figures()[:-1]]
-            + [T.StructField("late", T.MapType(T.StringType(), counts)),
-               T.StructField("fetched_ms", T.LongType())])
+    def property_of(self, figure: str) -> str:
+        return f"lowtide.{self.tracker.url}.{self.sink}.{figure}"
 
     def observe(self, df: Any, name: Any = METRICS_NAME) -> Any:
         """``df`` with lowtide's figures as its observed metrics ``name`` (a string,
         or a ``pyspark.sql.Observation`` for a batch DataFrame)."""
         from pyspark.sql import functions as F
-        from pyspark.sql.pandas.functions import arrow_udf
 
-        metrics = self
+        asks = self.tasks_ask
+        if asks is None:
+            asks = not tasks_share_driver_jvm(df.sparkSession)
+        if asks:
+            df = df.withColumn(PROGRESS_COL, figures_udf(self, df))
+            got = F.col(PROGRESS_COL)
 
-        def figures(rows: pa.Array) -> pa.Array:
-            return figures_column(metrics, len(rows))
+            def read(figure: str) -> Any:
+                return got.getField(figure)
+        else:
+            read = self._property_reader(df)
+        aggregates = [F.max(read(f)).alias(f) for f in self.figures()[:-1]]
+        aggregates.append(F.max_by(read("late"), read("fetched_ms")).alias("late"))
+        observed = df.observe(name, *aggregates)
+        return observed.drop(PROGRESS_COL) if asks else observed
 
-        udf = arrow_udf(figures, "string").asNondeterministic()
-        anchor = F.col(TRACK_COL) if TRACK_COL in df.columns else F.lit(0)
-        got = F.col(PROGRESS_COL)
-        aggregates = [F.max(got.getField(f)).alias(f) for f in self.figures()[:-1]]
-        aggregates.append(F.max_by(got.getField("late"), got.getField("fetched_ms")).alias("late"))
-        with_figures = df.withColumn(PROGRESS_COL, F.from_json(udf(anchor), self.schema()))
-        return with_figures.observe(name, *aggregates).drop(PROGRESS_COL)
+    def _property_reader(self, df: Any) -> Any:
+        from pyspark.sql import functions as F
+
+        sampled = None
+        if self.sample_bits and TRACK_COL in df.columns:
+            # CASE WHEN evaluates its value only where the condition holds
+            mask = (1 << self.sample_bits) - 1
+            sampled = F.col(TRACK_COL).bitwiseAND(mask) == 0
+
+        def read(figure: str) -> Any:
+            prop = F.java_method(F.lit("java.lang.System"), F.lit("getProperty"),
+                                 F.lit(self.property_of(figure)))
+            # a property not (yet) published reads as the string "null": ANSI's cast
+            # would fail the query; try_cast makes it a null figure
+            value = prop if figure == "late" else prop.try_cast("long")
+            value = F.when(value != "null", value) if figure == "late" else value
+            return value if sampled is None else F.when(sampled, value)
+
+        return read
+
+    def schema(self) -> Any:
+        """The type of the figures' JSON text, as tasks that ask the tracker get it."""
+        from pyspark.sql import types as T
+
+        return T.StructType(
+            [T.StructField(f, T.LongType()) for f in self.figures()[:-1]]
+            + [T.StructField("late", T.StringType()), T.StructField("fetched_ms", T.LongType())])
 
     def values(self, status: PipelineStatus) -> dict[str, Any]:
-        """The figures of a tracker status (a figure it lacks is left out)."""
+        """The figures of a tracker status (a figure it lacks is left out); ``late``:
+        per front, its late records' counts, as a JSON text."""
         by_name = {s.segment: s for s in status.segments}
         late = {str(f): {c: int(counts.get(c, 0)) for c in LATE_COUNTS}
-                for f, counts in status.late.items()}
+                for f, counts in sorted(status.late.items(), key=lambda kv: int(kv[0]))}
         out: dict[str, Any] = {
             "global_min_time": status.global_min, "stuck_windows": len(status.stuck),
             "fronts_refused": status.fronts_refused,
             "fronts_waiting": len(status.waiting_fronts),
             "late_clamped": sum(c["late_clamped"] for c in late.values()),
             "late_rejected": sum(c["late_rejected"] for c in late.values()),
-            "late": late}
+            "late": json.dumps(late)}
         sink = by_name.get(self.sink)
         if sink is not None:
             out["sink_min_time"] = sink.min_time
@@ -135,36 +172,8 @@ class ProgressMetrics:
                 out[f"min_time.{name}"] = by_name[name].min_time
         return out
 
-    def fetch(self) -> str | None:
-        """The figures now, as the JSON text the observation parses (None: the tracker
-        did not answer within ``timeout_s``)."""
-        ref = self.tracker
-        try:
-            doc = connect(ref).status(timeout_s=self.timeout_s)  # type: ignore[attr-defined]
-        except Exception as exc:  # the batch goes on, with null figures
-            log.debug("no progress figures", extra={"url": ref.url, "error": repr(exc)})
-            return None
-        status = status_of(doc, ref.grid, graph=ref.graph)
-        return json.dumps({**self.values(status), "fetched_ms": wall_ms()})
-
-
-#: per Python worker: (url, sink) -> (monotonic time fetched, figures)
-_fetched: dict[tuple[str, str], tuple[float, str | None]] = {}
-_fetch_lock = threading.Lock()
-
-
-def figures_column(metrics: ProgressMetrics, rows: int) -> pa.Array:
-    """The UDF's answer for an Arrow batch of ``rows``: the figures (fetched at most
-    once per ``interval_s`` in this process) on its first row, nulls after."""
-    key = (metrics.tracker.url, metrics.sink)
-    with _fetch_lock:
-        at, text = _fetched.get(key, (float("-inf"), None))
-        if time.monotonic() - at >= metrics.interval_s:
-            text = metrics.fetch()
-            _fetched[key] = (time.monotonic(), text)
-    if rows == 0:
-        return pa.nulls(0, pa.string())
-    return pa.concat_arrays([pa.array([text], pa.string()), pa.nulls(rows - 1, pa.string())])
+    def build(self, pipeline: Any) -> ProgressPublisher:
+        return ProgressPublisher(self, pipeline)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from lowtide.core.graph import SegmentGraph
 from lowtide.core.time import TimeGrid
 from lowtide.spark.operators.frames import first_line
 from lowtide.spark.pipeline.batches import BatchReporter
+from lowtide.spark.pipeline.monitoring import ProgressMetrics
 from lowtide.spark.pipeline.status import PipelineStatus
 
 if TYPE_CHECKING:
@@ -107,7 +108,7 @@ class TrackedQuery:
     ``awaitTermination``, ``exception``, ``stop``, ``isActive``, ``explain``) plus the
     tracker's view, in timestamps: :meth:`complete_below` (every row before it is
     committed at the sink), :meth:`wait_until_complete`, :meth:`stuck`,
-    :meth:`progress`. Its tasks report lowtide's figures as observed metrics
+    :meth:`progress`. While it runs, its figures are published for its observed metrics
     (:mod:`lowtide.spark.pipeline.monitoring`)."""
 
     def __init__(self, pipeline: Pipeline, query: Any, graph: SegmentGraph,
@@ -120,6 +121,8 @@ class TrackedQuery:
         self.query = query
         self.graph = graph
         self.sink = sink or graph.names[-1]
+        self.metrics = ProgressMetrics.of(pipeline.tracker.ref, self.sink)
+        self._publisher = self.metrics.build(pipeline).start()
         # the tracker tells this query's slow batches from losses (issue 34)
         batches = batches or BatchReporter(pipeline.tracker.agent, self.sink, graph.names)
         self._batches = batches.watching(query)
@@ -234,6 +237,7 @@ class TrackedQuery:
 
     def stop(self, *, graceful_s: float = 10.0) -> None:
         stop_between_batches(self.query, graceful_s)
+        self._publisher.stop()
         self._batches.stop()
 
     def stop_when_complete(self) -> threading.Thread:
