@@ -61,6 +61,13 @@ def chromium(profile: Path, *args: str) -> str:
     return out
 
 
+def live_dom(url: str, tmp_path: Path) -> str:
+    """The page's DOM once its script ran and fetched the view."""
+    dom = chromium(tmp_path / "profile", "--dump-dom", url)
+    assert re.search(r'id="state" class="state">live', dom), "the script did not fetch the view"
+    return dom
+
+
 def view(url: str) -> dict[str, object]:
     req = urllib.request.Request(
         url.split("?")[0] + "api/view", headers={"Authorization": f"Bearer {web_token(SECRET)}"}
@@ -96,8 +103,7 @@ def stuck_tracker(tmp_path: Path) -> Iterator[str]:
 def test_the_page_draws_the_graph_and_the_stuck_window(
     stuck_tracker: str, tmp_path: Path
 ) -> None:
-    dom = chromium(tmp_path / "profile", "--dump-dom", stuck_tracker)
-    assert re.search(r'id="state" class="state">live', dom), "the script did not fetch the view"
+    dom = live_dom(stuck_tracker, tmp_path)
     for name in ("src", "enrich", "sink"):
         assert f'<g class="node ok" id="node-{name}"' in dom
     assert '<g class="node stuck" id="node-parse"' in dom
@@ -182,8 +188,7 @@ def operated_tracker() -> Iterator[str]:
 def test_the_page_shows_utc_times_charts_open_windows_and_front_states(
     operated_tracker: str, tmp_path: Path
 ) -> None:
-    dom = chromium(tmp_path / "profile", "--dump-dom", operated_tracker)
-    assert re.search(r'id="state" class="state">live', dom), "the script did not fetch the view"
+    dom = live_dom(operated_tracker, tmp_path)
     utc = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}"
 
     def rows(body: str) -> list[list[str]]:

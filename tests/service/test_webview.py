@@ -34,14 +34,19 @@ def stuck_status(svc: TrackerService, timeout_s: float = 30) -> dict[str, object
     raise AssertionError(f"no stuck window in {svc.status()}")
 
 
-def test_the_document_shows_the_graph_fronts_and_the_stuck_window() -> None:
-    svc = TrackerService.start(lost.graph(), listen=False, stuck_after_ms=100)
+def lost_items_status(**options: object) -> dict[str, object]:
+    """The status of a tracker where ``lost`` lost its items, once they are stuck."""
+    svc = TrackerService.start(lost.graph(), listen=False, stuck_after_ms=100, **options)
     try:
         with svc.agent() as agent:
             lost.lose_items(agent, SLOT)
-            status = stuck_status(svc)
+            return stuck_status(svc)
     finally:
         svc.stop()
+
+
+def test_the_document_shows_the_graph_fronts_and_the_stuck_window() -> None:
+    status = lost_items_status()
     doc = view_document(status, lost.graph(), pipeline="orders")
     assert doc["pipeline"] == "orders" and doc["graph_known"]
     segments = {s["name"]: s for s in doc["segments"]}
@@ -102,13 +107,7 @@ def test_every_front_state() -> None:
 
 
 def test_open_windows_come_from_the_sla_watch_when_there_is_one() -> None:
-    svc = TrackerService.start(lost.graph(), listen=False, stuck_after_ms=100, sla_ms=1)
-    try:
-        with svc.agent() as agent:
-            lost.lose_items(agent, SLOT)
-            status = stuck_status(svc)
-    finally:
-        svc.stop()
+    status = lost_items_status(sla_ms=1)
     doc = view_document(status, lost.graph())
     assert doc["open_windows"] == status["freshness"]["open"]  # type: ignore[index]
     assert doc["open_windows"][0]["late_ms"] > 0
