@@ -12,12 +12,12 @@ run time, where the tasks run (:mod:`lowtide.spark.pipeline.progress_delivery`):
 * tasks in the driver's JVM (local mode): a driver thread copies the tracker's
   figures into JVM system properties every ``interval_s``; the tasks read them with
   ``java_method('java.lang.System', 'getProperty', ...)`` on 1 row in
-  ``2**sample_bits`` (a reflective call per figure: tens of ns a row when sampled);
+  ``2**sample_bits`` (a reflective call per figure);
 * tasks on executors (a cluster: other JVMs, without those properties): an Arrow UDF
   whose closure carries the :class:`~lowtide.spark.tracking.transport.TrackerRef`
-  asks the tracker, at most once per ``interval_s`` per Python worker, and puts the
-  figures on the first row of each Arrow batch (every row crosses into Python: about
-  a microsecond a row, measured on a loaded machine).
+  asks the tracker, at most once a second per Python worker, and puts the figures on
+  the first row of each Arrow batch (every row crosses into Python once more; at load
+  30 on 2 cores no slower than the sampled reads: BENCHMARKS.md).
 
 The metrics take the largest figure seen in the batch (min times only move forward,
 so that is the latest; for the lag and the stuck windows it is the batch's worst) and
