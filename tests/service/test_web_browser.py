@@ -154,7 +154,7 @@ def operated_tracker() -> Iterator[str]:
     front 4 was declared and never registered (it holds the segment where it was
     declared, so the sink's windows since then stay open). Yields the page's URL once
     the charts have two points."""
-    svc = TrackerService.start(OPS_GRAPH, web_port=0, front_timeout_ms=1_000,
+    svc = TrackerService.start(OPS_GRAPH, web_port=0, front_timeout_ms=3_000,
                                dead_fronts="retire", grid=TimeGrid(DELTA_MS))
     stop = threading.Event()
     try:
