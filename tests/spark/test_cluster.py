@@ -12,7 +12,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,17 +22,12 @@ from pathlib import Path
 import pytest
 
 import lowtide
+from tests.spark.helpers import free_port
 
 pytestmark = pytest.mark.spark
 
 SRC = Path(lowtide.__file__).parent  # the package the zip is made of
 JOB = SRC / "apps" / "cluster_job.py"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_for(what: str, ready: Callable[[], bool], timeout_s: float = 120.0) -> None:

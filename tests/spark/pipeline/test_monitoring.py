@@ -26,7 +26,7 @@ from lowtide.spark.pipeline.monitoring import (
 from lowtide.spark.sources.generator import GeneratorSpec
 from lowtide.spark.tracking.transport import TrackerRef
 from tests.service import lost
-from tests.spark.test_cluster import free_port
+from tests.spark.helpers import free_port
 
 pytestmark = pytest.mark.spark
 
