@@ -22,7 +22,7 @@ import pytest
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import Ack, AckBatch
 from lowtide.service import Agent, BatchKey, TrackerService
-from lowtide.service.web.view import view_document
+from lowtide.service.web.view import utc_slots, view_document
 from lowtide.wire.messages import BatchState
 
 GRAPH = SegmentGraph.of(("src", ()), ("sink", ("src",)))
@@ -113,7 +113,8 @@ def test_wait_says_which_front_it_waits_for_and_since_when() -> None:
             assert status["segments"][0]["min_time"] == 100  # it waits, as it says
             assert sorted(status["fronts"]) == ["1", "2"]
             web = {f["front"]: f for f in view_document(status, GRAPH)["fronts"]}
-            assert web[2]["dead"] == dead["text"] and web[1]["dead"] is None
+            assert web[2]["state"] == "dead" and web[1]["state"] != "dead"
+            assert web[2]["detail"].startswith("front 2 dead, waited for: silent since 20")
             metrics = until(lambda: 'lowtide_fronts_dead{pipeline="default"} 1.0' in (
                 text := svc.server.metrics.render().decode()) and text)
             assert 'lowtide_fronts_dead_retired_total{pipeline="default"} 0.0' in metrics
@@ -139,7 +140,7 @@ def test_a_slow_batch_is_waiting_not_a_loss_and_a_real_loss_is_still_reported() 
             assert waiting.startswith("segment 'src', slots [105, 106): 1 item(s) not yet "
                                       "received, waiting for query q batch 0, running ")
             assert [b["batch"] for b in status["open_batches"]] == [0]
-            assert view_document(status, GRAPH)["waiting"] == [waiting]
+            assert view_document(status, GRAPH)["waiting"] == [utc_slots(waiting, 10)]
             for batch in (0, 1):  # batch 1 would read X; it closes without it: lost
                 a.report_batch("q", batch, BatchState.OPEN, ("src", "sink"))
                 a.report_batch("q", batch, BatchState.CLOSED, ("src", "sink"))

@@ -181,7 +181,8 @@ def test_declared_and_refused_fronts_show_in_lowtide_status() -> None:
     assert "fronts refused as behind their segment: 1" in text
     assert "front 5 registers at 80" in text
     doc = view_document(status, SegmentGraph.of(("src", ())))
-    assert doc["fronts"] == [{"front": 4, "segment": "src", "heartbeat": 1000,
-                              "heartbeat_lag_ms": -10_000, "stalled": False,
-                              "declared": True}]
-    assert doc["front_events"]["behind"] == 1
+    assert doc["fronts"] == [{"front": 4, "segment": "src", "heartbeat_ms": 10_000,
+                              "heartbeat_lag_ms": -10_000, "state": "declared",
+                              "detail": "declared, not registered: its segment waits for it"}]
+    assert doc["front_events"] == ["refused: front 5 registers at 80, below its segment's "
+                                   "min time 120"]

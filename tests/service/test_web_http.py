@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from lowtide.core.graph import SegmentGraph
-from lowtide.service import TrackerService
+from lowtide.service import TrackerService, wall_ms
 from lowtide.service.auth import web_token
 from lowtide.service.web.app import COOKIE
 from tests.service.conftest import SECRET
@@ -84,7 +84,34 @@ def test_the_view_follows_the_tracker(graph: SegmentGraph) -> None:
             while not (view := json.loads(body(url, "/api/view")))["fronts"]:
                 assert time.monotonic() < deadline, "the view never showed the front"
                 time.sleep(0.05)
-        assert view["fronts"][0]["front"] == 7 and view["fronts"][0]["heartbeat"] == 42
+        front = view["fronts"][0]
+        assert (front["front"], front["heartbeat_ms"]) == (7, 42 * svc.server.config.grid.delta_ms)
+    finally:
+        svc.stop()
+
+
+def test_the_view_charts_each_segments_lag_in_utc(graph: SegmentGraph) -> None:
+    """The server keeps each segment's min time and lag: a front heartbeating with the
+    clock shows as a line of small lags, its min times as UTC ms near now."""
+    svc = TrackerService.start(graph, web_port=0, metrics_every_ms=50)
+    try:
+        url = svc.web_url
+        assert url is not None
+        delta = svc.server.config.grid.delta_ms
+        with svc.agent() as agent:
+            agent.register_front(7, "src", wall_ms() // delta)
+            deadline = time.monotonic() + 30
+            while True:
+                agent.heartbeat(7, wall_ms() // delta)
+                charts = json.loads(body(url, "/api/view"))["charts"]
+                src = [s for s in charts["series"] if s["segment"] == "src"]
+                if src and len([v for v in src[0]["lag_ms"] if v is not None]) >= 2:
+                    break
+                assert time.monotonic() < deadline, f"no chart of src: {charts}"
+                time.sleep(0.2)
+        assert charts["bucket_ms"] == 5_000 and len(charts["t_ms"]) >= 2
+        assert all(0 <= lag < 60_000 for lag in src[0]["lag_ms"] if lag is not None)
+        assert all(abs(t - wall_ms()) < 60_000 for t in src[0]["min_time_ms"] if t is not None)
     finally:
         svc.stop()
 

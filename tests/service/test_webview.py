@@ -10,10 +10,12 @@ import time
 import pytest
 
 from lowtide.core.graph import SegmentGraph
+from lowtide.core.time import TimeGrid
 from lowtide.service import ServerConfig, TrackerService
 from lowtide.service.auth import web_token
 from lowtide.service.net import HttpReply, HttpRequest, parse_http_head
 from lowtide.service.web.app import COOKIE, WebApp
+from lowtide.service.web.charts import ChartRing
 from lowtide.service.web.page import PAGE_HTML
 from lowtide.service.web.view import WebView, view_document
 from tests.service import lost
@@ -32,14 +34,19 @@ def stuck_status(svc: TrackerService, timeout_s: float = 30) -> dict[str, object
     raise AssertionError(f"no stuck window in {svc.status()}")
 
 
-def test_the_document_shows_the_graph_fronts_and_the_stuck_window() -> None:
-    svc = TrackerService.start(lost.graph(), listen=False, stuck_after_ms=100)
+def lost_items_status(**options: object) -> dict[str, object]:
+    """The status of a tracker where ``lost`` lost its items, once they are stuck."""
+    svc = TrackerService.start(lost.graph(), listen=False, stuck_after_ms=100, **options)
     try:
         with svc.agent() as agent:
             lost.lose_items(agent, SLOT)
-            status = stuck_status(svc)
+            return stuck_status(svc)
     finally:
         svc.stop()
+
+
+def test_the_document_shows_the_graph_fronts_and_the_stuck_window() -> None:
+    status = lost_items_status()
     doc = view_document(status, lost.graph(), pipeline="orders")
     assert doc["pipeline"] == "orders" and doc["graph_known"]
     segments = {s["name"]: s for s in doc["segments"]}
@@ -58,11 +65,69 @@ def test_the_document_shows_the_graph_fronts_and_the_stuck_window() -> None:
     where = (stuck["segment"], stuck["window_start"], stuck["window_end"])
     assert where == ("parse", SLOT, SLOT + 1)
     assert (stuck["missing"], stuck["extra"]) == (lost.LOST, 0)
-    assert stuck["text"] == f"segment 'parse', slots [{SLOT}, {SLOT + 1}): 2 item(s) missing"
+    # times in UTC, never slots (issue 34 point 8)
+    assert (stuck["start_ms"], stuck["end_ms"]) == (SLOT * 10, (SLOT + 1) * 10)
+    assert stuck["text"] == ("segment 'parse', [1970-01-01T00:00:10.000+00:00, "
+                             "1970-01-01T00:00:10.010+00:00): 2 item(s) missing")
     [front] = doc["fronts"]
-    assert front == {"front": lost.FRONT, "segment": "src", "heartbeat": SLOT + 10,
-                     "heartbeat_lag_ms": now - (SLOT + 10) * 10, "stalled": True, "dead": None,
-                     "ended": False}
+    assert front == {"front": lost.FRONT, "segment": "src", "heartbeat_ms": (SLOT + 10) * 10,
+                     "heartbeat_lag_ms": now - (SLOT + 10) * 10, "state": "lagging",
+                     "detail": ""}
+    # the stuck window holds the sink: its windows are open, each with an ETA
+    assert doc["open_windows"] and all(w["sink"] == "sink" and w["eta_ms"] >= now
+                                       and w["late_ms"] is None for w in doc["open_windows"])
+    assert doc["open_windows"][0]["start_ms"] == SLOT * 10
+    assert doc["open_windows"][0]["held_by"].startswith("front 1 on 'src'")
+
+
+def test_every_front_state() -> None:
+    """ok, lagging (trails the pack), dead (waited for), ended, declared and not
+    registered, retired (gone from the fronts, named by the tracker's events)."""
+    now, delta = 100_000, 10
+    status = {
+        "now_ms": now, "delta_ms": delta,
+        "fronts": {"1": ["src", 9_990], "2": ["src", 9_000], "3": ["src", 9_980],
+                   "4": ["src", TimeGrid(delta).end_slot]},
+        "fronts_dead": {"3": {"text": "front 3 dead, waited for: silent since "
+                                      "1970-01-01T00:01:30+00:00 on 'src', its heartbeat at "
+                                      "slot 9980"}},
+        "fronts_declared": {"5": ["src", 9_000, -1]},
+        "front_events": {"recent": [
+            "front 6 retired at 1970-01-01T00:01:00+00:00: silent since "
+            "1970-01-01T00:00:50+00:00 on 'src', its heartbeat at slot 5000",
+            "retired: front 7 was declared on 'src' and did not register by its deadline"]},
+    }
+    fronts = {f["front"]: f for f in view_document(status, SegmentGraph.of(("src", ())))["fronts"]}
+    assert {f: r["state"] for f, r in fronts.items()} == {
+        1: "ok", 2: "lagging", 3: "dead", 4: "ended", 5: "declared", 6: "retired", 7: "retired"}
+    assert fronts[3]["detail"].endswith("its heartbeat at 1970-01-01T00:01:39.800+00:00")
+    assert fronts[6]["segment"] == "src" and "at 1970-01-01T00:00:50.000+00:00" in \
+        fronts[6]["detail"]
+    assert fronts[4]["heartbeat_ms"] is None and fronts[5]["heartbeat_ms"] == 90_000
+
+
+def test_open_windows_come_from_the_sla_watch_when_there_is_one() -> None:
+    status = lost_items_status(sla_ms=1)
+    doc = view_document(status, lost.graph())
+    assert doc["open_windows"] == status["freshness"]["open"]  # type: ignore[index]
+    assert doc["open_windows"][0]["late_ms"] > 0
+
+
+def test_the_charts_keep_the_last_hour_of_each_segment() -> None:
+    graph = SegmentGraph.of(("src", ()), ("sink", ("src",)))
+    view = WebView(charts=ChartRing(span_ms=60_000, bucket_ms=5_000))
+    for i in range(30):  # 2 minutes, one refresh every 4 s; the sink lags 3 s more
+        now = 1_000_000 + 4_000 * i
+        view.observe({"now_ms": now, "delta_ms": 10, "segments": [
+            {"segment": "src", "min_time": (now - 1_000) // 10},
+            {"segment": "sink", "min_time": (now - 4_000) // 10}]}, graph)
+    charts = json.loads(view.body)["charts"]
+    last = 1_000_000 + 4_000 * 29
+    assert len(charts["t_ms"]) == 12 and charts["t_ms"][-1] == last // 5_000 * 5_000
+    src, sink = charts["series"]
+    assert (src["segment"], sink["segment"]) == ("src", "sink")
+    assert set(src["lag_ms"]) == {1_000} and set(sink["lag_ms"]) == {4_000}
+    assert sink["min_time_ms"][-1] == last - 4_000
 
 
 def test_rows_per_second_come_from_successive_refreshes() -> None:

@@ -4,6 +4,7 @@ end-to-end checks."""
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -20,6 +21,13 @@ from lowtide.core.messages import AckBatch, Heartbeat, RegisterFront
 from lowtide.core.time import TimeGrid
 from lowtide.core.tracker import Tracker, TrackerConfig
 from lowtide.spark.sources.generator import GeneratorSpec, rows_before
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on (now)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 @dataclass(frozen=True)

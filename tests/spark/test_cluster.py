@@ -12,7 +12,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,17 +22,12 @@ from pathlib import Path
 import pytest
 
 import lowtide
+from tests.spark.helpers import free_port
 
 pytestmark = pytest.mark.spark
 
 SRC = Path(lowtide.__file__).parent  # the package the zip is made of
 JOB = SRC / "apps" / "cluster_job.py"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_for(what: str, ready: Callable[[], bool], timeout_s: float = 120.0) -> None:
@@ -141,3 +135,10 @@ def test_exact_windows_on_a_standalone_cluster(tmp_path: Path, processes: Proces
     assert doc["windows"] > 0 and doc["exact"] == doc["windows"]
     assert doc["missing"] == doc["differ"] == doc["duplicates"] == doc["unexpected"] == 0
     assert doc["matches_batch"] is True
+    # the observed metrics in lastProgress, computed by tasks on the executors (issue 34
+    # point 8: they were null on a cluster, read from the driver's system properties)
+    figures = doc["observed"]
+    assert figures is not None, "no progress with lowtide's figures"
+    assert figures["sink_min_time"] > 0 and figures["global_min_time"] > 0
+    assert figures["min_time.parse"] > 0 and figures["sink_lag_ms"] > 0
+    assert figures["stuck_windows"] == 0 and json.loads(figures["late"]) == {}

@@ -5,7 +5,9 @@ reporting to a standalone ``lowtide serve`` (``--tracker``; its secret in
 ``$LOWTIDE_SECRET``), on whatever master spark-submit names. It runs until the sink is
 complete ``--seconds`` past the generator's start, stops the query, recomputes the
 same windows with a Spark batch job over the same (deterministic) events and prints
-one JSON line: windows, how many equal the batch, the executors that ran it.
+one JSON line: windows, how many equal the batch, the executors that ran it, and the
+lowtide observed metrics of the query's last progress with rows at the sink (computed
+in the executors' tasks).
 
     spark-submit --master spark://HOST:7077 --py-files lowtide.zip \\
         src/lowtide/apps/cluster_job.py --tracker tcp://HOST:7433 --dir /shared/run
@@ -46,6 +48,16 @@ def package_on_executors(spark: Any) -> list[str]:
     return sorted(set(rdd.map(lambda _: __import__("lowtide").__file__).collect()))
 
 
+def observed(query: Any) -> dict[str, Any] | None:
+    """lowtide's observed metrics of the latest progress whose batch had rows at the
+    sink (a batch without rows there has null figures)."""
+    for progress in reversed(query.recentProgress):
+        row = (progress.get("observedMetrics") or {}).get("lowtide")
+        if row is not None and row["sink_min_time"] is not None:
+            return dict(row.asDict(recursive=True))
+    return None
+
+
 def run(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
     spec = demo.demo_spec(args.fronts, args.rate, 0, wall_ms())
     prepare(spark)
@@ -55,6 +67,7 @@ def run(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
         horizon_ms = spec.t0_ms + int(args.seconds * 1000)
         query.wait_for_min_time(pipe.grid.slot_of(horizon_ms), timeout_s=args.timeout_s)
         query.stop()
+        metrics = observed(query)
         complete_ms = pipe.grid.slot_start_ms(query.min_time())
     finally:
         pipe.close()
@@ -66,7 +79,7 @@ def run(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
             "windows": cmp["windows"], "exact": cmp["exact"],
             "differ": cmp["differ"], "missing": cmp["missing"],
             "duplicates": cmp["duplicates"], "unexpected": cmp["unexpected"],
-            "matches_batch": cmp["windows"] > 0 and matches_batch(cmp)}
+            "matches_batch": cmp["windows"] > 0 and matches_batch(cmp), "observed": metrics}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,6 +4,7 @@ events and, for a row an untracked step loses, a segment-stuck event."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -11,8 +12,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from lowtide.core.graph import SegmentGraph
 from lowtide.core.time import TimeGrid
-from lowtide.service import wall_ms
+from lowtide.service import TrackerService, wall_ms
 from lowtide.spark.pipeline import Pipeline, TrackedQuery
 from lowtide.spark.pipeline.monitoring import (
     METRICS_NAME,
@@ -22,12 +24,17 @@ from lowtide.spark.pipeline.monitoring import (
     WindowComplete,
 )
 from lowtide.spark.sources.generator import GeneratorSpec
+from lowtide.spark.tracking.transport import TrackerRef
+from tests.service import lost
+from tests.spark.helpers import free_port
 
 pytestmark = pytest.mark.spark
 
 RATE_PER_FRONT = 100.0
 LOST_SEQ = 300  # front 0's row 300: 3 s after t0, so windows complete before it
 WINDOW_MS = 1_000
+GRID = TimeGrid(10)
+SLOT = 1_000  # the stuck window's slot
 
 
 def same(b: pa.RecordBatch) -> pa.RecordBatch:
@@ -57,7 +64,7 @@ def test_progress_and_listener_events(spark, tmp_path: Path) -> None:
               .transform(lambda df: df.where(f"NOT (front = 0 AND seq = {LOST_SEQ})"))
               .map(same, "front int, seq long", name="keep"))
     built = pipe.build(stream, "sink", null_sink=True)
-    metrics = ProgressMetrics.of(pipe.name, built.graph, "sink")
+    metrics = ProgressMetrics.of(built.ref, "sink")
     spark_query = (metrics.observe(built.df).writeStream.format("noop")
                    .option("checkpointLocation", str(tmp_path / "ckpt"))
                    .trigger(processingTime="300 milliseconds").start())
@@ -110,12 +117,56 @@ def wait_for_stuck_in_progress(query, timeout_s: float = 60.0) -> dict[str, int]
     raise AssertionError(f"no progress showed the stuck window: {query.lastProgress}")
 
 
-def test_figures_nobody_published_are_null(spark) -> None:
-    """Before the first publication (or on an executor of a cluster, another JVM), a
-    figure is null: the batch goes on."""
+def test_a_task_without_a_tracker_reports_null_figures(spark) -> None:
+    """A task that cannot reach the tracker (here: nothing listens) leaves the figures
+    null within its timeout: the batch goes on."""
     from pyspark.sql import Observation
 
-    metrics = ProgressMetrics("nobody.sink", "sink", ("parse", "sink"))
+    ref = TrackerRef(f"tcp://127.0.0.1:{free_port()}", lost.graph(), GRID)
+    metrics = ProgressMetrics(ref, "sink", timeout_s=0.5, tasks_ask=True)
+    seen = Observation("lowtide")
+    assert metrics.observe(spark.range(3), seen).count() == 3
+    assert seen.get == dict.fromkeys(metrics.figures())
+
+
+def test_tasks_ask_the_tracker_for_the_figures(spark) -> None:
+    """The figures come from the tracker, asked by the tasks themselves (not from the
+    driver's JVM: on a cluster the executors have their own): min times, the stuck
+    window and each front's late records (issue 33 point 8), on a batch DataFrame
+    with a tracking column."""
+    from pyspark.sql import Observation
+
+    svc = TrackerService.start(lost.graph(), grid=GRID, stuck_after_ms=100)
+    try:
+        with svc.agent() as agent:
+            lost.lose_items(agent, SLOT)
+            agent.report_late(lost.FRONT, (12, 3, 0, 1))
+        deadline = time.monotonic() + 30
+        while not svc.status().get("stuck"):
+            assert time.monotonic() < deadline, "no stuck window"
+            time.sleep(0.05)
+        metrics = ProgressMetrics(TrackerRef(svc.url, lost.graph(), GRID), "sink", tasks_ask=True)
+        seen = Observation("lowtide")
+        df = spark.createDataFrame([(t,) for t in range(300)], "lt_track long").repartition(3)
+        assert metrics.observe(df, seen).count() == 300
+        figures = seen.get
+    finally:
+        svc.stop()
+    assert figures["min_time.parse"] == SLOT and figures["min_time.src"] == SLOT + 10
+    assert figures["sink_min_time"] == figures["global_min_time"] == SLOT
+    assert figures["stuck_windows"] == 1 and figures["sink_lag_ms"] > 0
+    assert (figures["late_clamped"], figures["late_rejected"]) == (12, 3)
+    assert json.loads(figures["late"]) == {str(lost.FRONT): {
+        "late_clamped": 12, "late_rejected": 3, "late_raised": 0, "out_of_range": 1}}
+
+
+def test_figures_nobody_published_are_null(spark) -> None:
+    """Where tasks read the driver's properties: before the first publication, a
+    figure is null and the batch goes on."""
+    from pyspark.sql import Observation
+
+    ref = TrackerRef("tcp://127.0.0.1:1", lost.graph(), GRID)
+    metrics = ProgressMetrics(ref, "nobody", tasks_ask=False)
     seen = Observation("lowtide")
     assert metrics.observe(spark.range(3), seen).count() == 3
     assert seen.get == dict.fromkeys(metrics.figures())
@@ -123,19 +174,21 @@ def test_figures_nobody_published_are_null(spark) -> None:
 
 def test_sampled_figures_are_read_on_sampled_rows_only(spark) -> None:
     """With ``sample_bits``, only rows whose ack id has that many low zero bits read
-    the figures (each read is a reflective call per figure)."""
+    the driver's properties (each read is a reflective call per figure)."""
     from pyspark.sql import Observation
 
-    metrics = ProgressMetrics("sampled.sink", "sink", ("sink",), sample_bits=8)
+    ref = TrackerRef("tcp://127.0.0.1:1", SegmentGraph.of(("sink", ())), GRID)
+    metrics = ProgressMetrics(ref, "sampled", sample_bits=8, tasks_ask=False)
     system = spark.sparkContext._jvm.java.lang.System
-    for figure in metrics.figures():
-        system.setProperty(metrics.property_of(figure), "7")
+    for figure in (*metrics.figures(), "fetched_ms"):
+        system.setProperty(metrics.property_of(figure), "{}" if figure == "late" else "7")
     try:
         for tracks, want in (([1, 2, 255], None), ([1, 512], 7)):
             seen = Observation("lowtide")
             df = spark.createDataFrame([(t,) for t in tracks], "lt_track long")
             assert metrics.observe(df, seen).count() == len(tracks)
-            assert seen.get == dict.fromkeys(metrics.figures(), want)
+            assert seen.get == {**dict.fromkeys(metrics.figures()[:-1], want),
+                                "late": None if want is None else "{}"}
     finally:
-        for figure in metrics.figures():
+        for figure in (*metrics.figures(), "fetched_ms"):
             system.clearProperty(metrics.property_of(figure))

@@ -4,14 +4,18 @@ line of the status table."""
 
 from __future__ import annotations
 
+import json
+
 from lowtide.core.diagnostics import StuckWindow
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.time import TimeGrid
 from lowtide.spark.pipeline import PipelineStatus, ProgressMetrics, status_of
 from lowtide.spark.pipeline.monitoring import _stuck_event
+from lowtide.spark.tracking.transport import TrackerRef
 
 GRAPH = SegmentGraph.of(("parse", ()), ("keep", ("parse",)), ("sink", ("keep",)))
 GRID = TimeGrid(10)
+REF = TrackerRef("tcp://127.0.0.1:1", GRAPH, GRID)
 
 
 def doc(now_ms: int, stuck: list[str]) -> dict:
@@ -22,14 +26,28 @@ def doc(now_ms: int, stuck: list[str]) -> dict:
 
 
 def test_figures_of_a_status() -> None:
-    metrics = ProgressMetrics.of("orders", GRAPH, "sink")
+    metrics = ProgressMetrics.of(REF, "sink")
     status = status_of(doc(2_000, ["segment 'keep', slots [100, 101): 1 item(s) missing"]), GRID)
     assert metrics.values(status) == {
         "sink_min_time": 90, "global_min_time": 90, "sink_lag_ms": 2_000 - 90 * 10,
         "stuck_windows": 1, "min_time.parse": 120, "min_time.keep": 100, "min_time.sink": 90,
-        "fronts_refused": 0, "fronts_waiting": 0}
+        "fronts_refused": 0, "fronts_waiting": 0, "late_clamped": 0, "late_rejected": 0,
+        "late": "{}"}
     assert set(metrics.values(status)) == set(metrics.figures())
-    assert metrics.property_of("sink_min_time") == "lowtide.orders.sink.sink_min_time"
+
+
+def test_late_records_per_front_and_in_total() -> None:
+    """Issue 33 point 8: the clamped and rejected records of each front (its FrontLate
+    reports) are in the query's progress, per front and summed."""
+    body = doc(2_000, [])
+    body["front_events"] = {"late": {
+        "3": {"late_clamped": 12, "late_rejected": 0, "late_raised": 0, "out_of_range": 1},
+        "4": {"late_clamped": 1, "late_rejected": 5}}}
+    figures = ProgressMetrics.of(REF, "sink").values(status_of(body, GRID))
+    assert (figures["late_clamped"], figures["late_rejected"]) == (13, 5)
+    assert json.loads(figures["late"]) == {
+        "3": {"late_clamped": 12, "late_rejected": 0, "late_raised": 0, "out_of_range": 1},
+        "4": {"late_clamped": 1, "late_rejected": 5, "late_raised": 0, "out_of_range": 0}}
 
 
 def test_fronts_refused_and_waiting_show_at_the_consumer() -> None:
@@ -41,7 +59,7 @@ def test_fronts_refused_and_waiting_show_at_the_consumer() -> None:
     body["front_events"] = {"behind": 1, "retired": 0, "recent": [
         "refused: front 5 registers at 80, below its segment's min time 120: ..."]}
     status = status_of(body, GRID)
-    figures = ProgressMetrics.of("orders", GRAPH, "sink").values(status)
+    figures = ProgressMetrics.of(REF, "sink").values(status)
     assert (figures["fronts_refused"], figures["fronts_waiting"]) == (1, 1)
     text = status.render(GRID.delta_ms)
     assert "front 4" in text and "declared, not registered: holds it at 100" in text

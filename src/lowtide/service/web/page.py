@@ -4,8 +4,10 @@ carries them without package data.
 
 The script polls ``/api/view`` once a second and redraws: the segment graph as SVG
 (one column per topological depth, a node per segment coloured by its state: green
-advancing, red with stuck windows, grey before its first min time), then the tables.
-Everything a peer named (segments) goes in as text, never as markup.
+advancing, red with stuck windows, grey before its first min time), two SVG charts of
+each segment's lag and min time over the last hour (drawn here, no chart library),
+then the tables. Every time it shows is a UTC timestamp (the document has wall-clock
+ms, never slots). Everything a peer named (segments) goes in as text, never as markup.
 """
 
 PAGE_HTML = """<!doctype html>
@@ -31,6 +33,18 @@ PAGE_HTML = """<!doctype html>
     <svg id="graph" xmlns="http://www.w3.org/2000/svg" width="10" height="10"></svg>
   </section>
   <section>
+    <h2>Lag and min time, last hour</h2>
+    <p class="legend" id="chart-legend"></p>
+    <div class="charts">
+      <figure><figcaption>lag (worst per 5 s)</figcaption>
+        <svg id="chart-lag" xmlns="http://www.w3.org/2000/svg" width="10" height="10"></svg>
+      </figure>
+      <figure><figcaption>min time (UTC)</figcaption>
+        <svg id="chart-min" xmlns="http://www.w3.org/2000/svg" width="10" height="10"></svg>
+      </figure>
+    </div>
+  </section>
+  <section>
     <h2>Segments</h2>
     <table><thead><tr><th>segment</th><th>min time (UTC)</th><th>lag</th><th>rows/s</th>
       <th>received</th><th>sent</th><th>open windows</th><th>in flight</th>
@@ -39,13 +53,21 @@ PAGE_HTML = """<!doctype html>
   <section>
     <h2>Stuck windows</h2>
     <p id="stuck-none">none</p>
-    <table><thead><tr><th>segment</th><th>slots</th><th>missing</th><th>extra</th>
+    <table><thead><tr><th>segment</th><th>window (UTC)</th><th>missing</th><th>extra</th>
       <th>stuck for</th><th class="what">what</th></tr></thead><tbody id="stuck"></tbody></table>
   </section>
   <section>
+    <h2>Open windows</h2>
+    <p id="open-windows-none">none: every sink is complete up to its last window</p>
+    <table><thead><tr><th>sink</th><th>window (UTC)</th><th>ETA (UTC)</th>
+      <th>past its SLA</th><th class="what">held by</th></tr></thead>
+      <tbody id="open-windows"></tbody></table>
+  </section>
+  <section>
     <h2>Fronts</h2>
-    <table><thead><tr><th>front</th><th>segment</th><th>heartbeat</th>
-      <th>heartbeat lag</th><th>state</th></tr></thead><tbody id="fronts"></tbody></table>
+    <table><thead><tr><th>front</th><th>segment</th><th>heartbeat (UTC)</th>
+      <th>heartbeat lag</th><th>state</th><th class="what">detail</th></tr></thead>
+      <tbody id="fronts"></tbody></table>
     <ul id="front-events"></ul>
   </section>
   <section id="waiting-section" hidden>
@@ -100,6 +122,14 @@ tr.stuck td, tr.stalled td { color: #b3261e; font-weight: bold; }
   vertical-align: middle; }
 .key.ok { background: #2e9e5b; } .key.stuck { background: #d33a2c; }
 .key.idle { background: #8a94a6; }
+.charts { display: flex; gap: 16px; flex-wrap: wrap; }
+figure { margin: 0; }
+figcaption { color: #5b6474; font-size: 12px; }
+.chart { background: #fff; border: 1px solid #e1e4ea; }
+.chart .axis { stroke: #8a94a6; stroke-width: 1; }
+.chart .tick { fill: #5b6474; font-size: 11px; }
+.chart .tick.end { text-anchor: end; }
+.chart .series { fill: none; stroke-width: 2; }
 """
 
 APP_JS = r"""
@@ -127,6 +157,14 @@ function lag(ms) {
 function clock(ms) {
   return ms > 0 ? new Date(ms).toISOString().replace("T", " ").slice(0, 23) : "\u2014";
 }
+
+// [start, end) in UTC, the end without its date
+function span(start_ms, end_ms) {
+  return `[${clock(start_ms)}, ${clock(end_ms).slice(11)})`;
+}
+
+// front states shown in red
+const TROUBLE = new Set(["lagging", "dead", "retired"]);
 
 function rate(r) {
   if (r === null || r === undefined) return "\u2014";
@@ -198,6 +236,68 @@ function drawGraph(view) {
   }
 }
 
+const COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
+                 "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
+const CHART_W = 560, CHART_H = 200, M = {l: 92, r: 12, t: 10, b: 22};
+
+function bounds(values, key) {
+  let lo = Math.min(...values), hi = Math.max(...values);
+  if (key === "lag_ms") lo = Math.min(0, lo);
+  return [lo, hi > lo ? hi : lo + 1000];
+}
+
+// one line per segment (a dot at its latest point), x: UTC wall time, y: the figure
+function drawChart(id, charts, key, label) {
+  const g = document.getElementById(id);
+  g.replaceChildren();
+  g.setAttribute("class", "chart");
+  g.setAttribute("width", CHART_W);
+  g.setAttribute("height", CHART_H);
+  const t = charts.t_ms;
+  const values = charts.series.flatMap(s => s[key]).filter(v => v !== null);
+  if (t.length === 0 || values.length === 0) {
+    g.append(svg("text", {x: M.l, y: CHART_H / 2, class: "tick"}, "no figures yet"));
+    return;
+  }
+  const x0 = t[0], x1 = t[t.length - 1] + charts.bucket_ms, [y0, y1] = bounds(values, key);
+  const X = v => M.l + (v - x0) / (x1 - x0) * (CHART_W - M.l - M.r);
+  const Y = v => CHART_H - M.b - (v - y0) / (y1 - y0) * (CHART_H - M.t - M.b);
+  g.append(svg("line", {class: "axis", x1: M.l, y1: M.t, x2: M.l, y2: CHART_H - M.b}));
+  g.append(svg("line", {class: "axis", x1: M.l, y1: CHART_H - M.b, x2: CHART_W - M.r,
+                        y2: CHART_H - M.b}));
+  g.append(svg("text", {x: M.l - 4, y: M.t + 10, class: "tick end"}, label(y1)));
+  g.append(svg("text", {x: M.l - 4, y: CHART_H - M.b, class: "tick end"}, label(y0)));
+  g.append(svg("text", {x: M.l, y: CHART_H - 6, class: "tick"}, clock(x0).slice(11, 19)));
+  g.append(svg("text", {x: CHART_W - M.r, y: CHART_H - 6, class: "tick end"},
+               clock(x1).slice(11, 19) + " UTC"));
+  charts.series.forEach((s, i) => {
+    const colour = COLOURS[i % COLOURS.length];
+    let d = "", pen = "M", last = null;
+    s[key].forEach((v, j) => {
+      if (v === null) { pen = "M"; return; }
+      last = [X(t[j]), Y(v)];
+      d += `${pen}${last[0].toFixed(1)},${last[1].toFixed(1)} `;
+      pen = "L";
+    });
+    if (last === null) return;
+    g.append(svg("path", {class: "series", d, stroke: colour, "data-segment": s.segment}));
+    g.append(svg("circle", {cx: last[0], cy: last[1], r: 3, fill: colour}));
+  });
+}
+
+function drawCharts(charts) {
+  drawChart("chart-lag", charts, "lag_ms", lag);
+  drawChart("chart-min", charts, "min_time_ms", ms => clock(ms).slice(11, 23));
+  document.getElementById("chart-legend").replaceChildren(...charts.series.map((s, i) => {
+    const span = document.createElement("span");
+    const key = document.createElement("span");
+    key.className = "key";
+    key.style.background = COLOURS[i % COLOURS.length];
+    span.append(key, document.createTextNode(s.segment));
+    return span;
+  }));
+}
+
 function fill(id, rows) {
   const body = document.getElementById(id);
   body.replaceChildren(...rows.map(([cls, cells]) => {
@@ -237,16 +337,22 @@ function render(view) {
     ...(s.key_ranges || []).map((k, r) => ["range", [
       [`${s.name}#${r}`], [clock(k.min_time_ms)], [lag(k.lag_ms)], [""], [""], [""],
       [""], [""], [""]]])]));
+  drawCharts(view.charts);
   document.getElementById("stuck-none").hidden = view.stuck.length > 0;
   fill("stuck", view.stuck.map(w => ["stuck", [
-    [w.segment], [`[${w.window_start}, ${w.window_end})`], [count(w.missing)],
+    [w.segment], [span(w.start_ms, w.end_ms)], [count(w.missing)],
     [count(w.extra)], [lag(view.now_ms - w.since_ms)], [w.text, "what"]]]));
-  fill("fronts", view.fronts.map(f => [f.stalled || f.dead ? "stalled" : "", [
-    [String(f.front)], [f.segment], [String(f.heartbeat)], [lag(f.heartbeat_lag_ms)],
-    [f.dead ? f.dead : f.declared ? "declared, waiting" : f.ended ? "ended"
-      : f.stalled ? "STALLED" : "ok"]]]));
-  lines("front-events", (view.front_events.recent || []).filter(e => e.includes(" dead")
-                                                                   || e.includes("retired")));
+  document.getElementById("open-windows-none").hidden = view.open_windows.length > 0;
+  fill("open-windows", view.open_windows.map(w => [w.late_ms > 0 ? "stuck" : "", [
+    [w.sink], [span(w.start_ms, w.end_ms)],
+    [w.eta_ms === null ? "never: a dead front holds it" : clock(w.eta_ms)],
+    [w.late_ms === null ? "no SLA" : w.late_ms > 0 ? lag(w.late_ms) : "no"],
+    [w.held_by, "what"]]]));
+  fill("fronts", view.fronts.map(f => [TROUBLE.has(f.state) ? "stalled" : "", [
+    [String(f.front)], [f.segment], [clock(f.heartbeat_ms)], [lag(f.heartbeat_lag_ms)],
+    [f.state, "state-" + f.state], [f.detail, "what"]]]));
+  lines("front-events", view.front_events.filter(e => e.includes(" dead")
+                                                     || e.includes("retired")));
   document.getElementById("waiting-section").hidden = view.waiting.length === 0;
   lines("waiting", view.waiting);
   document.getElementById("open-section").hidden = view.open_ends.length === 0;
@@ -284,7 +390,7 @@ async function refresh() {
     return;
   }
   render(view);
-  setState("live \u00b7 updated " + clock(view.now_ms).slice(11), false);
+  setState("live \u00b7 updated " + clock(view.now_ms).slice(11) + " UTC", false);
 }
 
 poll();

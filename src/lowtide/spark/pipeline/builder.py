@@ -306,7 +306,7 @@ class Pipeline:
         built = self.build(stream, sink_name, null_sink, sink[3] if null_sink else None)
         df, graph, ref = built.df, built.graph, built.ref
         if self._progress_metrics:
-            df = ProgressMetrics.of(self.name, graph, sink_name, PROGRESS_SAMPLE_BITS).observe(df)
+            df = ProgressMetrics.of(ref, sink_name, PROGRESS_SAMPLE_BITS).observe(df)
         batches = BatchReporter.starting(self.tracker.agent, sink_name, graph.names,
                                          checkpoint)  # a slow start is not a loss
         writer = df.writeStream.option("checkpointLocation", checkpoint)

@@ -3,22 +3,30 @@
 "window complete" and "segment stuck" events.
 
 Observed metrics (``df.observe``) are the one place of a progress report that a
-query's plan fills in, but Spark fixes their expressions when the query starts:
-a literal or a session variable keeps its value of that moment in every later
-batch (measured, PySpark 4.2). What moves is read at run time instead: a driver
-thread (:class:`ProgressPublisher`) copies the tracker's figures into JVM system
-properties every ``interval_s``, and the observed metrics read them with
-``java_method('java.lang.System', 'getProperty', ...)`` while the batch's rows pass
-(the largest value seen in the batch: min times only move forward, so that is the
-latest; for the lag and the stuck windows it is the batch's worst). Tasks read the
-properties of their own JVM, which is the driver's in local mode only: on a cluster
-the executors' JVMs have none and the metrics are null there; the listener, which
-asks the tracker from the driver, works everywhere.
+query's plan fills in, but Spark fixes their expressions when the query starts (a
+literal or a session variable keeps its value of that moment in every later batch)
+and evaluates them in the tasks (an expression outside an aggregate, which the driver
+would evaluate, must be deterministic: measured, PySpark 4.2). What moves is read at
+run time, where the tasks run (:mod:`lowtide.spark.pipeline.progress_delivery`):
+
+* tasks in the driver's JVM (local mode): a driver thread copies the tracker's
+  figures into JVM system properties every ``interval_s``; the tasks read them with
+  ``java_method('java.lang.System', 'getProperty', ...)`` on 1 row in
+  ``2**sample_bits`` (a reflective call per figure);
+* tasks on executors (a cluster: other JVMs, without those properties): an Arrow UDF
+  whose closure carries the :class:`~lowtide.spark.tracking.transport.TrackerRef`
+  asks the tracker, at most once a second per Python worker, and puts the figures on
+  the first row of each Arrow batch (every row crosses into Python once more; at load
+  30 on 2 cores no slower than the sampled reads: BENCHMARKS.md).
+
+The metrics take the largest figure seen in the batch (min times only move forward,
+so that is the latest; for the lag and the stuck windows it is the batch's worst) and
+the latest ``late`` (each front's late records, a JSON text).
 """
 
 from __future__ import annotations
 
-import contextlib
+import json
 import re
 import threading
 from dataclasses import dataclass
@@ -26,9 +34,15 @@ from typing import Any
 
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
-from lowtide.core.graph import SegmentGraph
-from lowtide.spark.pipeline.status import PipelineStatus, status_of
+from lowtide.spark.pipeline.progress_delivery import (
+    PROGRESS_COL,
+    ProgressPublisher,
+    figures_udf,
+    tasks_share_driver_jvm,
+)
+from lowtide.spark.pipeline.status import PipelineStatus
 from lowtide.spark.tracking.column import TRACK_COL
+from lowtide.spark.tracking.transport import TrackerRef
 
 __all__ = [
     "METRICS_NAME",
@@ -43,6 +57,8 @@ METRICS_NAME = "lowtide"
 #: what a Pipeline's queries sample (1 row in 256): about 0.1 us a row instead of
 #: 20 us for reading every row (BENCHMARKS.md, "Cost of the observed metrics")
 PROGRESS_SAMPLE_BITS = 8
+#: what each front did with late records (the FrontLate wire message's counts)
+LATE_COUNTS = ("late_clamped", "late_rejected", "late_raised", "out_of_range")
 _STUCK = re.compile(r"segment (['\"])(?P<segment>.*)\1, slots \[(?P<start>\d+), (?P<end>\d+)\): "
                     r"(?P<what>.*)")
 
@@ -50,36 +66,62 @@ _STUCK = re.compile(r"segment (['\"])(?P<segment>.*)\1, slots \[(?P<start>\d+), 
 @dataclass(frozen=True)
 class ProgressMetrics:
     """lowtide's observed metrics for one query: ``observe(df)`` on the DataFrame a
-    sink writes, then ``build(pipeline)`` and ``start()`` the publisher that feeds
-    them. ``key`` names the query among those of this driver (pipeline name and sink)."""
+    sink writes (and, in local mode, ``build(pipeline).start()`` the publisher that
+    feeds them). ``tracker``: ``Built.ref`` or ``pipe.tracker.ref``."""
 
-    key: str
+    tracker: TrackerRef
     sink: str
-    segments: tuple[str, ...]
-    interval_s: float = 0.25
     #: read the figures on 1 row in 2**sample_bits (by the low bits of its ack id in
-    #: ``lt_track``): each read is a reflective JVM call per figure, tens of
-    #: microseconds per row for all of them (BENCHMARKS.md); 0: every row
+    #: ``lt_track``), where tasks read the driver's properties; 0: every row
     sample_bits: int = 0
+    #: how old the figures may be in local mode (the publisher's period)
+    interval_s: float = 0.25
+    #: how long a task on an executor waits for the tracker before leaving them null
+    timeout_s: float = 2.0
+    #: True: the tasks ask the tracker; False: they read the driver's properties;
+    #: None: by the session's master (local: properties)
+    tasks_ask: bool | None = None
 
     @classmethod
-    def of(cls, pipeline_name: str, graph: SegmentGraph, sink: str,
-           sample_bits: int = 0) -> ProgressMetrics:
-        return cls(f"{pipeline_name}.{sink}", sink, tuple(graph.names),
-                   sample_bits=sample_bits)
+    def of(cls, tracker: TrackerRef, sink: str, sample_bits: int = 0) -> ProgressMetrics:
+        return cls(tracker, sink, sample_bits)
+
+    @property
+    def segments(self) -> tuple[str, ...]:
+        return tuple(self.tracker.graph.names)
 
     def figures(self) -> tuple[str, ...]:
         """The metric names, as ``lastProgress["observedMetrics"]["lowtide"]`` shows them."""
         per_segment = tuple(f"min_time.{s}" for s in self.segments)
         return ("sink_min_time", "global_min_time", "sink_lag_ms", "stuck_windows",
-                "fronts_refused", "fronts_waiting", *per_segment)
+                "fronts_refused", "fronts_waiting", "late_clamped", "late_rejected",
+                *per_segment, "late")
 
     def property_of(self, figure: str) -> str:
-        return f"lowtide.{self.key}.{figure}"
+        return f"lowtide.{self.tracker.url}.{self.sink}.{figure}"
 
     def observe(self, df: Any, name: Any = METRICS_NAME) -> Any:
         """``df`` with lowtide's figures as its observed metrics ``name`` (a string,
         or a ``pyspark.sql.Observation`` for a batch DataFrame)."""
+        from pyspark.sql import functions as F
+
+        asks = self.tasks_ask
+        if asks is None:
+            asks = not tasks_share_driver_jvm(df.sparkSession)
+        if asks:
+            df = df.withColumn(PROGRESS_COL, figures_udf(self, df))
+            got = F.col(PROGRESS_COL)
+
+            def read(figure: str) -> Any:
+                return got.getField(figure)
+        else:
+            read = self._property_reader(df)
+        aggregates = [F.max(read(f)).alias(f) for f in self.figures()[:-1]]
+        aggregates.append(F.max_by(read("late"), read("fetched_ms")).alias("late"))
+        observed = df.observe(name, *aggregates)
+        return observed.drop(PROGRESS_COL) if asks else observed
+
+    def _property_reader(self, df: Any) -> Any:
         from pyspark.sql import functions as F
 
         sampled = None
@@ -93,17 +135,33 @@ class ProgressMetrics:
                                  F.lit(self.property_of(figure)))
             # a property not (yet) published reads as the string "null": ANSI's cast
             # would fail the query; try_cast makes it a null figure
-            value = prop.try_cast("long")
-            return F.max(value if sampled is None else F.when(sampled, value)).alias(figure)
+            value = prop if figure == "late" else prop.try_cast("long")
+            value = F.when(value != "null", value) if figure == "late" else value
+            return value if sampled is None else F.when(sampled, value)
 
-        return df.observe(name, *(read(f) for f in self.figures()))
+        return read
 
-    def values(self, status: PipelineStatus) -> dict[str, int]:
-        """The figures of a tracker status (a figure it lacks is left out)."""
+    def schema(self) -> Any:
+        """The type of the figures' JSON text, as tasks that ask the tracker get it."""
+        from pyspark.sql import types as T
+
+        return T.StructType(
+            [T.StructField(f, T.LongType()) for f in self.figures()[:-1]]
+            + [T.StructField("late", T.StringType()), T.StructField("fetched_ms", T.LongType())])
+
+    def values(self, status: PipelineStatus) -> dict[str, Any]:
+        """The figures of a tracker status (a figure it lacks is left out); ``late``:
+        per front, its late records' counts, as a JSON text."""
         by_name = {s.segment: s for s in status.segments}
-        out = {"global_min_time": status.global_min, "stuck_windows": len(status.stuck),
-               "fronts_refused": status.fronts_refused,
-               "fronts_waiting": len(status.waiting_fronts)}
+        late = {str(f): {c: int(counts.get(c, 0)) for c in LATE_COUNTS}
+                for f, counts in sorted(status.late.items(), key=lambda kv: int(kv[0]))}
+        out: dict[str, Any] = {
+            "global_min_time": status.global_min, "stuck_windows": len(status.stuck),
+            "fronts_refused": status.fronts_refused,
+            "fronts_waiting": len(status.waiting_fronts),
+            "late_clamped": sum(c["late_clamped"] for c in late.values()),
+            "late_rejected": sum(c["late_rejected"] for c in late.values()),
+            "late": json.dumps(late)}
         sink = by_name.get(self.sink)
         if sink is not None:
             out["sink_min_time"] = sink.min_time
@@ -116,47 +174,6 @@ class ProgressMetrics:
 
     def build(self, pipeline: Any) -> ProgressPublisher:
         return ProgressPublisher(self, pipeline)
-
-
-class ProgressPublisher:
-    """A driver thread that copies a pipeline's figures into the JVM's system
-    properties, where :meth:`ProgressMetrics.observe`'s metrics read them."""
-
-    def __init__(self, metrics: ProgressMetrics, pipeline: Any) -> None:
-        self.metrics = metrics
-        self._pipeline = pipeline
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._published: dict[str, int] = {}
-
-    def publish(self) -> None:
-        """Copy the tracker's current figures once: those that changed (each is a
-        Py4J call: 40-60 us of the driver's Python CPU, measured)."""
-        handle = self._pipeline.tracker
-        status = status_of(handle.status(), handle.grid, graph=handle.graph)
-        system = self._pipeline.spark.sparkContext._jvm.java.lang.System
-        for figure, value in self.metrics.values(status).items():
-            if self._published.get(figure) != value:
-                system.setProperty(self.metrics.property_of(figure), str(value))
-                self._published[figure] = value
-
-    def start(self) -> ProgressPublisher:
-        self._thread = threading.Thread(target=self._run, name="lowtide-progress", daemon=True)
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            # a tracker or JVM going away means the query stops next: keep quiet till then
-            with contextlib.suppress(Exception):
-                self.publish()
-            self._stop.wait(self.metrics.interval_s)
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5.0)
-            self._thread = None
 
 
 @dataclass(frozen=True)

@@ -121,7 +121,7 @@ class TrackedQuery:
         self.query = query
         self.graph = graph
         self.sink = sink or graph.names[-1]
-        self.metrics = ProgressMetrics.of(pipeline.name, graph, self.sink)
+        self.metrics = ProgressMetrics.of(pipeline.tracker.ref, self.sink)
         self._publisher = self.metrics.build(pipeline).start()
         # the tracker tells this query's slow batches from losses (issue 34)
         batches = batches or BatchReporter(pipeline.tracker.agent, self.sink, graph.names)
