@@ -175,7 +175,8 @@ def as_int(col: Any) -> np.ndarray:
 
 
 def t0_of_checkpoint(ckpt: Path, query: Any, timeout_s: float = 60.0) -> int:
-    """The generator's t0, from the first offset Spark logged."""
+    """The generator's t0, from the first offset Spark logged (its line of the file:
+    a window planned in the JVM adds its clock's)."""
     deadline = time.monotonic() + timeout_s
     first = ckpt / "offsets" / "0"
     while not first.exists():
@@ -183,7 +184,16 @@ def t0_of_checkpoint(ckpt: Path, query: Any, timeout_s: float = 60.0) -> int:
         assert time.monotonic() < deadline, "no batch logged"
         time.sleep(0.1)
     time.sleep(0.1)
-    return int(json.loads(first.read_text().strip().splitlines()[-1])["t0"])
+    lines = first.read_text().strip().splitlines()
+    return next(int(doc["t0"]) for doc in map(_json_or_none, lines) if doc and "t0" in doc)
+
+
+def _json_or_none(line: str) -> Any:
+    try:
+        doc = json.loads(line)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 class Committed:

@@ -39,7 +39,12 @@ from lowtide.spark.operators.frames import (
 from lowtide.spark.operators.joins import JoinSpec, join_input
 from lowtide.spark.operators.keyed_state import StatefulSpec, build_keyed
 from lowtide.spark.operators.tracked import OpRuntime, OpSpec, operator_id, task_function
-from lowtide.spark.operators.window_state import build_window
+from lowtide.spark.operators.window_plan import (
+    WATERMARK_CONFS,
+    QueryWindows,
+    session_confs,
+    stateful_steps,
+)
 from lowtide.spark.operators.windows import WindowSpec
 from lowtide.spark.pipeline.dag import PipelineShapeError, SegmentPlan, derive, source_key
 from lowtide.spark.pipeline.handle import TrackerHandle, TrackerOptions
@@ -48,6 +53,7 @@ from lowtide.spark.pipeline.query import TrackedQuery, startup_phase
 from lowtide.spark.pipeline.status import PipelineStatus, status_of
 from lowtide.spark.pipeline.stream import SourceSpec, Step, Stream, TransformSpec
 from lowtide.spark.sinks import TrackedForeachBatch, TrackedSink
+from lowtide.spark.sources.clock import ClockSource
 from lowtide.spark.sources.generator import GeneratorSpec, GenSource
 from lowtide.spark.sources.log_source import LogSource
 from lowtide.spark.sources.read_stream import EntrySpec, check_labelled, entry_schema
@@ -63,7 +69,7 @@ def register_sources(spark: Any) -> None:
     with _REG_LOCK:
         if id(spark) in _REGISTERED:
             return
-        for ds in (LogSource, GenSource, TrackedSink):
+        for ds in (LogSource, GenSource, TrackedSink, ClockSource):
             spark.dataSource.register(ds)
         _REGISTERED.add(id(spark))
 
@@ -83,12 +89,12 @@ def _arrow_half(step: Step | EntrySpec) -> bool:
     return isinstance(step, OpSpec | EntrySpec) or (isinstance(step, FrameSpec) and step.tracked)
 
 
-def _plan_steps(df: Any, group: list[Step | EntrySpec], ref: TrackerRef,
-                after: dict[str, str], sink_name: str, null_sink: bool,
+def _plan_steps(df: Any, group: list[Step | EntrySpec], to: _Targets, null_sink: bool,
                 trace_file: str | None) -> Any:
     """The DataFrame plan of one step, or of tracked Arrow steps chained into one
     ``mapInArrow``, on top of ``df``; checks what can be checked before the query
     starts (see :mod:`lowtide.spark.operators.frames`)."""
+    ref, after, sink_name = to.ref, to.after, to.sink
     step = group[0]
     out_segment = after.get(step.name, sink_name)
     if isinstance(step, TransformSpec):
@@ -96,7 +102,7 @@ def _plan_steps(df: Any, group: list[Step | EntrySpec], ref: TrackerRef,
         check_added(df, out, step.name)
         return out
     if isinstance(step, WindowSpec):
-        return build_window(df, step, ref, out_segment, operator_id(step.name))
+        return to.windows.plan(df, step, ref, out_segment, operator_id(step.name))
     if isinstance(step, StatefulSpec):
         return build_keyed(df, step, ref, out_segment, operator_id(step.name))
     if isinstance(step, FrameSpec):
@@ -184,16 +190,19 @@ class _Targets:
     ref: TrackerRef
     after: dict[str, str]
     sink: str
+    windows: QueryWindows
 
 
 @dataclass(frozen=True)
 class Built:
     """A built pipeline: the streaming DataFrame (up to the sink), its graph and
-    tracker."""
+    tracker; ``holds``: the holds of its windows planned in the JVM, which its query
+    moves (:mod:`lowtide.spark.operators.window_hold`)."""
 
     df: Any
     graph: SegmentGraph
     ref: TrackerRef
+    holds: tuple[Any, ...] = ()
 
 
 class Pipeline:
@@ -317,12 +326,14 @@ class Pipeline:
 
     # running
     def build(self, stream: Stream, sink_name: str = "sink", null_sink: bool = False,
-              trace_file: str | None = None) -> Built:
+              trace_file: str | None = None, checkpoint: str | None = None) -> Built:
         """Start the tracker and build the streaming DataFrame of ``stream`` (tracking
         columns included), for a sink that the caller writes and acks itself.
         ``null_sink``: the rows go to Spark's ``noop`` sink and the last step, which
         must be a tracked operator, acks them as received there (``trace_file``: see
-        :meth:`Stream.to_null`; a path every executor can append to)."""
+        :meth:`Stream.to_null`; a path every executor can append to). ``checkpoint``:
+        the query's, for windows planned in Spark's JVM (without it they run on
+        ``transformWithState``; see docs/spark.md, "How exact windows work")."""
         if null_sink and not stream.ends_in_operator():
             raise ValueError("the null sink acks from the last step: a tracked operator")
         plan = refuse_fan_out(stream.plan(sink_name))
@@ -330,9 +341,10 @@ class Pipeline:
         register_sources(self.spark)
         # each sender sends into one segment (no fan-out above): named after its receiver
         after = {sender: segments[0] for sender, segments in plan.sends_into.items()}
-        df = self._plan_stream(stream, _Targets(handle.ref, after, sink_name), null_sink,
-                               trace_file)
-        return Built(df, plan.graph, handle.ref)
+        windows = QueryWindows(checkpoint, stateful_steps(stream), [])
+        df = self._plan_stream(stream, _Targets(handle.ref, after, sink_name, windows),
+                               null_sink, trace_file)
+        return Built(df, plan.graph, handle.ref, tuple(windows.holds))
 
     def _plan_stream(self, stream: Stream, to: _Targets, null_sink: bool,
                      trace_file: str | None) -> Any:
@@ -361,8 +373,7 @@ class Pipeline:
                     n += 1
             group, steps = steps[:n], steps[n:]
             last = null_sink and not steps
-            df = _plan_steps(df, group, to.ref, to.after, to.sink, last,
-                             trace_file if last else None)
+            df = _plan_steps(df, group, to, last, trace_file if last else None)
         return df
 
     def _read(self, src: SourceSpec, to: _Targets) -> Any:
@@ -380,7 +391,8 @@ class Pipeline:
     def _start(self, stream: Stream, sink: tuple[Any, ...], sink_name: str, checkpoint: str,
                trigger: str | None, query_name: str | None) -> TrackedQuery:
         null_sink = sink[0] == "foreach" and sink[1] is None and stream.ends_in_operator()
-        built = self.build(stream, sink_name, null_sink, sink[3] if null_sink else None)
+        built = self.build(stream, sink_name, null_sink, sink[3] if null_sink else None,
+                           checkpoint)
         df, graph, ref = built.df, built.graph, built.ref
         if self._progress_metrics:
             df = ProgressMetrics.of(self.name, graph, sink_name, PROGRESS_SAMPLE_BITS).observe(df)
@@ -390,17 +402,25 @@ class Pipeline:
         if query_name:
             writer = writer.queryName(query_name)
         if null_sink:
-            query = writer.format("noop").start()
+            writer = writer.format("noop")
         elif sink[0] == "foreach":
             fb = TrackedForeachBatch(sink[1], ref, sink_name, keep_tracking_columns=sink[2],
                                      trace_file=sink[3])
-            query = writer.foreachBatch(fb).start()
+            writer = writer.foreachBatch(fb)
         else:
             opts = dict(sink[1])
             opts["lowtide.tracker"] = ref.to_option()
             opts["lowtide.segment"] = sink_name
-            query = writer.format("lowtide_sink").options(**opts).start()
-        tq = TrackedQuery(self, query, graph, sink_name)
+            writer = writer.format("lowtide_sink").options(**opts)
+        # a query takes its session's confs when it starts: JVM windows need theirs then
+        with session_confs(self.spark, WATERMARK_CONFS if built.holds else ()):
+            query = writer.start()
+        listeners = [h.listener(str(query.id)) for h in built.holds]
+        for listener in listeners:
+            self.spark.streams.addListener(listener)
+        tq = TrackedQuery(self, query, graph, sink_name,
+                          closers=[lambda x=x: self.spark.streams.removeListener(x)
+                                   for x in listeners])
         self._queries.append(tq)
         return tq
 

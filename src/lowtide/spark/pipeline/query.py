@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from lowtide.core.graph import SegmentGraph
@@ -100,8 +101,10 @@ class TrackedQuery:
     (:mod:`lowtide.spark.pipeline.monitoring`)."""
 
     def __init__(self, pipeline: Pipeline, query: Any, graph: SegmentGraph,
-                 sink: str | None = None) -> None:
+                 sink: str | None = None, closers: list[Callable[[], None]] | None = None
+                 ) -> None:
         self.pipeline = pipeline
+        self._closers = closers or []  # what goes with the query (its listeners)
         self.query = query
         self.graph = graph
         self.sink = sink or graph.names[-1]
@@ -146,3 +149,6 @@ class TrackedQuery:
     def stop(self, *, graceful_s: float = 10.0) -> None:
         stop_between_batches(self.query, graceful_s)
         self._publisher.stop()
+        for close in self._closers:
+            close()
+        self._closers = []
