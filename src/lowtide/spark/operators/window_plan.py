@@ -166,21 +166,33 @@ class QueryWindows:
     holds: list[Any]
 
     def plan(self, df: Any, spec: WindowSpec, ref: TrackerRef, out_segment: str,
-             op_id: int) -> Any:
-        if self.checkpoint is None or fallback_reason(spec, self.stateful_steps):
+             op_id: int, null_sink: bool = False, trace_file: str | None = None) -> Any:
+        """The window's DataFrame; ``null_sink``: it is the last step and its results go
+        to Spark's ``noop`` sink, so its emit step acks them as received there too."""
+        if not self.in_jvm(spec):
             from lowtide.spark.operators.window_state import build_window
 
             return build_window(df, spec, ref, out_segment, op_id)
         from lowtide.spark.operators.window_hold import WatermarkHold
 
         hold = WatermarkHold(ref, spec.name, op_id, self.checkpoint)
-        out = build_window_plan(df, spec, ref, out_segment, op_id, hold)
+        emit = emit_function(ref, spec.name, out_segment, op_id, null_sink, trace_file)
+        out = build_window_plan(df, spec, ref, op_id, hold, emit)
         self.holds.append(hold)
         return out
 
+    def in_jvm(self, spec: WindowSpec) -> bool:
+        return self.checkpoint is not None and fallback_reason(spec, self.stateful_steps) is None
 
-def build_window_plan(df: Any, spec: WindowSpec, ref: TrackerRef, out_segment: str,
-                      op_id: int, hold: Any) -> Any:
+    def ends_in_window(self, stream: Any) -> bool:
+        """Does ``stream`` end in a window planned in the JVM (whose emit step can ack
+        the null sink's receipts)?"""
+        return bool(stream.steps) and isinstance(stream.steps[-1], WindowSpec) and \
+            self.in_jvm(stream.steps[-1])
+
+
+def build_window_plan(df: Any, spec: WindowSpec, ref: TrackerRef, op_id: int, hold: Any,
+                      emit: Callable[[Iterator[Any]], Iterator[Any]]) -> Any:
     """The DataFrame of a window step planned in the JVM (see the module docstring).
     Unknown columns and unsupported types raise here, before the query starts; then
     ``hold`` (a :class:`.window_hold.WatermarkHold`) is prepared."""
@@ -218,13 +230,18 @@ def build_window_plan(df: Any, spec: WindowSpec, ref: TrackerRef, out_segment: s
     out = grouped.select(*keys, w.start.alias("window_start"), w.end.alias("window_end"),
                          *[F.col(f"`{a.agg.out}`") for a in aggs],
                          result_track(keys, w, op_id, delta).alias(TRACK_COL))
-    return out.mapInArrow(emit_function(ref, spec.name, out_segment), out.schema)
+    return out.mapInArrow(emit, out.schema)
 
 
-def emit_function(ref: TrackerRef, in_segment: str, out_segment: str
+def emit_function(ref: TrackerRef, in_segment: str, out_segment: str, op_id: int,
+                  null_sink: bool = False, trace_file: str | None = None
                   ) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """The emit step (``mapInArrow`` over the results): their send-acks into
-    ``out_segment``, one keyed batch per task, confirmed before the rows go on."""
+    ``out_segment``, one keyed batch per task, confirmed before the rows go on;
+    ``null_sink``: then the sink's receipts, as the last tracked operator acks them."""
+    from lowtide.spark.operators.tracked import OpRuntime, ack_null_sink
+
+    rt = OpRuntime("emit", None, ref, in_segment, out_segment, op_id, null_sink, trace_file)
 
     def run(batches: Iterator[Any]) -> Iterator[Any]:
         from lowtide.spark.sources.log_source import submit_task_batch
@@ -239,7 +256,11 @@ def emit_function(ref: TrackerRef, in_segment: str, out_segment: str
                 zero_copy_only=False)
             acc.add_packed(idx, np.asarray(packed, np.int64), ref_slot, +1)
             held.append(b)
-        submit_task_batch(ref, EMIT_PREFIX + in_segment, task_partition(), acc).wait()
+        partition = task_partition()
+        sent = submit_task_batch(ref, EMIT_PREFIX + in_segment, partition, acc)
+        waits = [sent] + ([ack_null_sink(rt, partition, sent.acks, idx)] if null_sink else [])
+        for w in waits:
+            w.wait()
         yield from held
 
     return run

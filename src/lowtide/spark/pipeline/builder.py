@@ -102,7 +102,8 @@ def _plan_steps(df: Any, group: list[Step | EntrySpec], to: _Targets, null_sink:
         check_added(df, out, step.name)
         return out
     if isinstance(step, WindowSpec):
-        return to.windows.plan(df, step, ref, out_segment, operator_id(step.name))
+        return to.windows.plan(df, step, ref, out_segment, operator_id(step.name), null_sink,
+                               trace_file)
     if isinstance(step, StatefulSpec):
         return build_keyed(df, step, ref, out_segment, operator_id(step.name))
     if isinstance(step, FrameSpec):
@@ -334,14 +335,14 @@ class Pipeline:
         :meth:`Stream.to_null`; a path every executor can append to). ``checkpoint``:
         the query's, for windows planned in Spark's JVM (without it they run on
         ``transformWithState``; see docs/spark.md, "How exact windows work")."""
-        if null_sink and not stream.ends_in_operator():
+        windows = QueryWindows(checkpoint, stateful_steps(stream), [])
+        if null_sink and not (stream.ends_in_operator() or windows.ends_in_window(stream)):
             raise ValueError("the null sink acks from the last step: a tracked operator")
         plan = refuse_fan_out(stream.plan(sink_name))
         handle = self.start_tracker(plan.graph)
         register_sources(self.spark)
         # each sender sends into one segment (no fan-out above): named after its receiver
         after = {sender: segments[0] for sender, segments in plan.sends_into.items()}
-        windows = QueryWindows(checkpoint, stateful_steps(stream), [])
         df = self._plan_stream(stream, _Targets(handle.ref, after, sink_name, windows),
                                null_sink, trace_file)
         return Built(df, plan.graph, handle.ref, tuple(windows.holds))
@@ -390,7 +391,9 @@ class Pipeline:
 
     def _start(self, stream: Stream, sink: tuple[Any, ...], sink_name: str, checkpoint: str,
                trigger: str | None, query_name: str | None) -> TrackedQuery:
-        null_sink = sink[0] == "foreach" and sink[1] is None and stream.ends_in_operator()
+        acks_last = stream.ends_in_operator() or QueryWindows(
+            checkpoint, stateful_steps(stream), []).ends_in_window(stream)
+        null_sink = sink[0] == "foreach" and sink[1] is None and acks_last
         built = self.build(stream, sink_name, null_sink, sink[3] if null_sink else None,
                            checkpoint)
         df, graph, ref = built.df, built.graph, built.ref
