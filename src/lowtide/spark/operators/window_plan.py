@@ -7,7 +7,7 @@ step) is :mod:`.window_state`.
 
 ::
 
-    rows --receive--> lt_wm = S_in's min time (stamp)        (an Arrow UDF on lt_track)
+    rows, received and stamped by their senders: lt_wm      (window_input)
          ∪ clock rows (lt_wm only)                           (the idle clock source)
          .withWatermark(lt_wm, 0).withWatermark(lt_ts, 3650 days)
          .groupBy(keys, window(lt_ts)).agg(...)              (append mode)
@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -58,10 +58,9 @@ from lowtide.spark.tracking.column import (
     AckAccumulator,
     reference_slot,
 )
-from lowtide.spark.tracking.receive import receive_column
+from lowtide.spark.tracking.receive import WM_COL
 from lowtide.spark.tracking.transport import TrackerRef
 
-WM_COL = "lt_wm"  # the stamp: S_in's min time (timestamp)
 TS_COL = "lt_ts"  # the row's global time (timestamp)
 ORDER_COL = "lt_order"  # (slot, ack id): first / last
 WINDOW_COL = "lt_window"
@@ -71,16 +70,17 @@ WATERMARK_CONFS = (("spark.sql.streaming.multipleWatermarkPolicy", "max"),
                    ("spark.sql.streaming.statefulOperator.allowMultiple", "false"))
 #: ``lt_ts``'s own watermark: far enough back never to be the maximum
 TS_DELAY = "3650 days"
-NAMES = (WM_COL, TS_COL, ORDER_COL, WINDOW_COL)
+NAMES = (TS_COL, ORDER_COL, WINDOW_COL)
 
 
-def stateful_steps(stream: Any) -> int:
-    """Stateful steps (windows, keyed state, stream-stream joins) of a stream's query."""
+def stateful_steps(stream: Any) -> list[Any]:
+    """The stateful steps (windows, keyed state, stream-stream joins) of a stream's
+    query."""
     from lowtide.spark.operators.joins import JoinSpec
     from lowtide.spark.operators.keyed_state import StatefulSpec
 
-    mine = sum(isinstance(s, WindowSpec | StatefulSpec | JoinSpec) for s in stream.steps)
-    return mine + sum(stateful_steps(s) for s in stream.inputs)
+    mine = [s for s in stream.steps if isinstance(s, WindowSpec | StatefulSpec | JoinSpec)]
+    return mine + [s for up in stream.inputs for s in stateful_steps(up)]
 
 
 @contextmanager
@@ -162,8 +162,18 @@ class QueryWindows:
     (:func:`fallback_reason`); ``holds`` collects the holds the query must move."""
 
     checkpoint: str | None
-    stateful_steps: int
-    holds: list[Any]
+    stateful: list[Any]  # the query's stateful steps
+    holds: list[Any] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, stream: Any, checkpoint: str | None) -> QueryWindows:
+        return cls(checkpoint, stateful_steps(stream))
+
+    def receives(self, segment: str) -> bool:
+        """Is ``segment`` the inbound segment of a window planned in the JVM? (Its
+        senders receive and stamp their rows: :mod:`.window_input`.)"""
+        return any(isinstance(s, WindowSpec) and s.name == segment and self.in_jvm(s)
+                   for s in self.stateful)
 
     def plan(self, df: Any, spec: WindowSpec, ref: TrackerRef, out_segment: str,
              op_id: int, null_sink: bool = False, trace_file: str | None = None) -> Any:
@@ -182,7 +192,7 @@ class QueryWindows:
         return out
 
     def in_jvm(self, spec: WindowSpec) -> bool:
-        return self.checkpoint is not None and fallback_reason(spec, self.stateful_steps) is None
+        return self.checkpoint is not None and fallback_reason(spec, len(self.stateful)) is None
 
     def ends_in_window(self, stream: Any) -> bool:
         """Does ``stream`` end in a window planned in the JVM (whose emit step can ack
@@ -199,10 +209,10 @@ def build_window_plan(df: Any, spec: WindowSpec, ref: TrackerRef, op_id: int, ho
     from pyspark.sql import functions as F
 
     fields = {f.name: f.dataType.simpleString() for f in df.schema.fields
-              if f.name not in TRACKING_COLS}
+              if f.name not in (*TRACKING_COLS, WM_COL)}
     what = f"window {spec.name!r}"
     check_keys(what, spec.keys, fields)
-    taken = [c for c in NAMES if c in fields]
+    taken = [c for c in NAMES if c in fields]  # lt_wm: the stamp, added by the senders
     if taken:
         raise ValueError(f"{what}: column {taken[0]!r} is a name lowtide uses: rename it")
     aggs, columns = bind_aggs(spec.name, spec.aggs, fields)
@@ -213,8 +223,11 @@ def build_window_plan(df: Any, spec: WindowSpec, ref: TrackerRef, op_id: int, ho
     extra = [F.struct(slot.alias("slot"), track.bitwiseAND(F.lit(int(ID_MASK))).alias("ack")
                       ).alias(ORDER_COL)] if any(a.agg.fn in ("first", "last") for a in aggs) \
         else []
+    if WM_COL not in df.columns:
+        raise ValueError(f"{what}: a step before it dropped the column {WM_COL!r} its "
+                         "senders add: keep it (like lt_track)")
     rows = df.select(*picked, *extra, F.timestamp_millis(slot * F.lit(delta)).alias(TS_COL),
-                     receive_column(ref, spec.name, track).alias(WM_COL))
+                     F.col(WM_COL))
     hold.prepare()
     clock = clock_frame(df.sparkSession, ref, spec.name, spec.slide_ms,
                         (op_id, hold.checkpoint))

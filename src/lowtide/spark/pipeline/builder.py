@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from lowtide.core.graph import SegmentGraph
@@ -39,12 +39,13 @@ from lowtide.spark.operators.frames import (
 from lowtide.spark.operators.joins import JoinSpec, join_input
 from lowtide.spark.operators.keyed_state import StatefulSpec, build_keyed
 from lowtide.spark.operators.tracked import OpRuntime, OpSpec, operator_id, task_function
-from lowtide.spark.operators.window_plan import (
-    WATERMARK_CONFS,
-    QueryWindows,
-    session_confs,
-    stateful_steps,
+from lowtide.spark.operators.window_input import (
+    FORMAT,
+    ReceivingSource,
+    receiving_task,
+    with_stamp,
 )
+from lowtide.spark.operators.window_plan import WATERMARK_CONFS, QueryWindows, session_confs
 from lowtide.spark.operators.windows import WindowSpec
 from lowtide.spark.pipeline.dag import PipelineShapeError, SegmentPlan, derive, source_key
 from lowtide.spark.pipeline.handle import TrackerHandle, TrackerOptions
@@ -58,6 +59,7 @@ from lowtide.spark.sources.generator import GeneratorSpec, GenSource
 from lowtide.spark.sources.log_source import LogSource
 from lowtide.spark.sources.read_stream import EntrySpec, check_labelled, entry_schema
 from lowtide.spark.tracking.column import TRACK_COL
+from lowtide.spark.tracking.receive import WM_COL
 from lowtide.spark.tracking.transport import TrackerRef
 
 _REGISTERED: set[int] = set()
@@ -69,7 +71,7 @@ def register_sources(spark: Any) -> None:
     with _REG_LOCK:
         if id(spark) in _REGISTERED:
             return
-        for ds in (LogSource, GenSource, TrackedSink, ClockSource):
+        for ds in (LogSource, GenSource, TrackedSink, ClockSource, ReceivingSource):
             spark.dataSource.register(ds)
         _REGISTERED.add(id(spark))
 
@@ -107,7 +109,10 @@ def _plan_steps(df: Any, group: list[Step | EntrySpec], to: _Targets, null_sink:
     if isinstance(step, StatefulSpec):
         return build_keyed(df, step, ref, out_segment, operator_id(step.name))
     if isinstance(step, FrameSpec):
-        df = plan_frame(df, step)
+        planned = plan_frame(df, step)
+        if WM_COL in df.columns and WM_COL not in planned.columns:  # a select keeps it too
+            planned = plan_frame(df, replace(step, args=(*step.args, WM_COL)))
+        df = planned
         if not step.tracked:
             return df
     if isinstance(step, EntrySpec):
@@ -128,7 +133,11 @@ def _plan_steps(df: Any, group: list[Step | EntrySpec], to: _Targets, null_sink:
             kind, fn = s.kind, None
         chain.append(OpRuntime(kind, fn, ref, s.name, after.get(s.name, sink_name),
                                operator_id(s.name), last, trace_file if last else None))
-    return spark_step(step.name, lambda: df.mapInArrow(task_function(*chain), schema))
+    run = task_function(*chain)
+    target = chain[-1].out_segment
+    if to.windows.receives(target):  # a window planned in the JVM receives here
+        run, schema = receiving_task(run, ref, target, chain[-1].in_segment), with_stamp(schema)
+    return spark_step(step.name, lambda: df.mapInArrow(run, schema))
 
 
 def _arrow_output(schema: Any) -> Any:
@@ -335,7 +344,7 @@ class Pipeline:
         :meth:`Stream.to_null`; a path every executor can append to). ``checkpoint``:
         the query's, for windows planned in Spark's JVM (without it they run on
         ``transformWithState``; see docs/spark.md, "How exact windows work")."""
-        windows = QueryWindows(checkpoint, stateful_steps(stream), [])
+        windows = QueryWindows.of(stream, checkpoint)
         if null_sink and not (stream.ends_in_operator() or windows.ends_in_window(stream)):
             raise ValueError("the null sink acks from the last step: a tracked operator")
         plan = refuse_fan_out(stream.plan(sink_name))
@@ -383,16 +392,22 @@ class Pipeline:
         opts["lowtide.tracker"] = to.ref.to_option()
         out = to.after[source_key(src)]
         if src.kind == "log":
+            fmt = "lowtide_log"
             opts["lowtide.segment"] = source_key(src)
             opts["lowtide.out"] = out
-            return self.spark.readStream.format("lowtide_log").options(**opts).load()
-        opts["lowtide.segment"] = out
-        return self.spark.readStream.format("lowtide_gen").options(**opts).load()
+        else:
+            fmt = "lowtide_gen"
+            opts["lowtide.segment"] = out
+        if to.windows.receives(out):  # a window planned in the JVM receives in its tasks
+            opts.update({"lowtide.inner": fmt, "lowtide.receive": out,
+                         "lowtide.sender": source_key(src)})
+            fmt = FORMAT
+        return self.spark.readStream.format(fmt).options(**opts).load()
 
     def _start(self, stream: Stream, sink: tuple[Any, ...], sink_name: str, checkpoint: str,
                trigger: str | None, query_name: str | None) -> TrackedQuery:
-        acks_last = stream.ends_in_operator() or QueryWindows(
-            checkpoint, stateful_steps(stream), []).ends_in_window(stream)
+        acks_last = stream.ends_in_operator() or QueryWindows.of(
+            stream, checkpoint).ends_in_window(stream)
         null_sink = sink[0] == "foreach" and sink[1] is None and acks_last
         built = self.build(stream, sink_name, null_sink, sink[3] if null_sink else None,
                            checkpoint)

@@ -1,14 +1,18 @@
-"""The receive step of a window planned in Spark's JVM: a thin Arrow UDF over the
-tracking column only, which acks every row as received out of the window's inbound
-segment ``S_in`` and stamps the rows with ``S_in``'s min time (``lt_wm``, ms), the
-value Spark's watermark is driven by (:mod:`lowtide.spark.operators.window_plan`).
+"""The receive step of a window planned in Spark's JVM, fused into the task of each
+step that sends into the window's inbound segment ``S_in`` (a lowtide source, or a
+chain of tracked Arrow steps: every row crosses into Python there already): the rows
+it hands on are acked as received out of ``S_in`` and carry a column ``lt_wm`` (ms),
+0 except on the task's last rows, which carry the *stamp*: ``S_in``'s min time read
+after the receipts were confirmed. Spark's watermark is driven by the stamps
+(:mod:`lowtide.spark.operators.window_plan`).
 
-Per task (rules 5 and 6): the receive-acks of all its rows, XOR-reduced per slot, go
-out as ONE keyed batch ``(query id, batch id, "<receive>S_in", partition)`` once its
-input is exhausted; the task waits for the tracker's confirmation, then reads ``S_in``'s
-min time and hands back its last rows stamped with it (the rows before them carry 0,
-which never raises a maximum). Only ``lt_track`` crosses into Python and one long comes
-back: the rows' other columns stay in the JVM.
+Per task (rules 5 and 6): the receipts of all its rows, XOR-reduced per slot, are ONE
+keyed batch ``(query id, batch id, "<receive>S_in<-sender", partition)``, submitted
+after the sender's own batch is confirmed; the task waits for their confirmation, then
+reads the stamp and hands back its last rows. Received in the sender's task is
+received in the micro-batch that aggregates the rows: every row a task hands on goes
+into that batch's aggregation, as Spark commits a batch whole (the steps between must
+keep rows 1:1, as untracked steps must anyway).
 
 Why a stamp is safe (rule S below). Let ``w`` be a stamp read in micro-batch ``N``:
 
@@ -23,21 +27,25 @@ Why a stamp is safe (rule S below). Let ``w`` be a stamp read in micro-batch ``N
   ``N``; Spark applies the watermark from batch ``N + 1`` on, so a window it emits
   (end ``<=`` watermark) holds every one of its rows.
 
+A receive pass of its own (an Arrow UDF over ``lt_track`` before the aggregation)
+costs about a quarter of the query's CPU (BENCHMARKS.md): hence the fusion.
+
 Attempts may read different stamps: each is a min time of ``S_in``, at most the true
 one, and Spark records each batch's watermark in its offset log before the batch runs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
 
-from lowtide.spark.tracking.column import AckAccumulator, reference_slot
+from lowtide.spark.tracking.column import TRACK_COL, AckAccumulator, reference_slot
 from lowtide.spark.tracking.transport import TrackerRef, connect
 
 RECEIVE_PREFIX = "<receive>"
+WM_COL = "lt_wm"  # the stamp: the segment's min time (ms)
 #: the largest stamp, 9999-12-31T23:59:59.999Z (Spark's last timestamp): a min time past
 #: it means "nothing more will come" (every front finished)
 STAMP_MAX_MS = 253_402_300_799_999
@@ -61,31 +69,34 @@ def read_stamp(ref: TrackerRef, segment: str) -> int:
     return stamp_ms(int(agent.min_time_at(segment, wall_ms())), ref.grid.delta_ms)
 
 
-def receive_function(ref: TrackerRef, segment: str
-                     ) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """The Arrow UDF body: ``lt_track`` arrays in, ``lt_wm`` arrays (ms) out."""
+def stamped(ref: TrackerRef, segment: str, key: str, batches: Iterable[Any]
+            ) -> Iterator[Any]:
+    """``batches`` (Arrow record batches with ``lt_track``) received out of
+    ``segment`` and stamped: each with a column ``lt_wm`` (ms), 0 on all but the last,
+    which is held back until the receipts are confirmed and carries the stamp. The
+    receipts are ONE keyed batch ``(query, batch, key, partition)``, sent once
+    ``batches`` is exhausted: after the batch of the step that produced them, which
+    ``batches`` confirms before it ends."""
+    import pyarrow as pa
 
-    def run(arrays: Iterator[Any]) -> Iterator[Any]:
-        import pyarrow as pa
+    from lowtide.spark.sources.log_source import submit_task_batch
 
-        from lowtide.spark.sources.log_source import submit_task_batch
-
-        idx = ref.graph.index(segment)
-        acc = AckAccumulator()
-        ref_slot = reference_slot(ref.grid)
-        held = -1  # rows of the latest input, handed back once the stamp is known
-        for arr in arrays:
-            packed = np.asarray(arr.to_numpy(zero_copy_only=False), np.int64)
-            acc.add_packed(idx, packed, ref_slot, -1)
-            if held >= 0:
-                yield pa.array(np.zeros(held, np.int64))
-            held = len(packed)
-        if held < 0:
-            return
-        submit_task_batch(ref, RECEIVE_PREFIX + segment, task_partition(), acc).wait()
-        yield pa.array(np.full(held, read_stamp(ref, segment), np.int64))
-
-    return run
+    idx = ref.graph.index(segment)
+    acc = AckAccumulator()
+    ref_slot = reference_slot(ref.grid)
+    last = None
+    for batch in batches:
+        packed = batch.column(batch.schema.get_field_index(TRACK_COL)).to_numpy(
+            zero_copy_only=False)
+        acc.add_packed(idx, np.asarray(packed, np.int64), ref_slot, -1)
+        if last is not None:
+            yield last.append_column(WM_COL, pa.array(np.zeros(last.num_rows, np.int64)))
+        last = batch
+    if last is None:
+        return
+    submit_task_batch(ref, key, task_partition(), acc).wait()
+    stamp = np.full(last.num_rows, read_stamp(ref, segment), np.int64)
+    yield last.append_column(WM_COL, pa.array(stamp))
 
 
 def task_partition() -> int:
@@ -93,15 +104,3 @@ def task_partition() -> int:
 
     tc = TaskContext.get()
     return tc.partitionId() if tc is not None else 0
-
-
-def receive_column(ref: TrackerRef, segment: str, track: Any) -> Any:
-    """The Spark column of the receive step over the tracking column ``track``."""
-    import warnings
-
-    from pyspark.sql.functions import ArrowUDFType, arrow_udf
-
-    with warnings.catch_warnings():  # PySpark prefers type hints to the explicit type
-        warnings.simplefilter("ignore", UserWarning)
-        udf = arrow_udf(receive_function(ref, segment), "long", ArrowUDFType.SCALAR_ITER)
-    return udf(track)
