@@ -49,6 +49,7 @@ from lowtide.spark.operators.window_aggs import TypedAgg, bind_aggs
 from lowtide.spark.operators.windows import WindowSpec
 from lowtide.spark.sources.clock import clock_frame
 from lowtide.spark.tracking.column import (
+    HELD_RANGE,
     ID_BITS,
     ID_MASK,
     TRACK_COL,
@@ -111,14 +112,20 @@ def fallback_reason(spec: WindowSpec, stateful_steps: int) -> str | None:
 
 # ------------------------------------------------------------------ JVM expressions
 
-def slot_column(track: Any, delta_ms: int) -> Any:
-    """The full slot of ``lt_track`` (:func:`lowtide.spark.tracking.unwrap` in the
-    JVM), against the micro-batch's timestamp: the same in every attempt."""
+def slot_column(track: Any, ref_slot: int) -> Any:
+    """The full slot of ``lt_track`` (:func:`lowtide.spark.tracking.unwrap` in the JVM),
+    against ``ref_slot``, fixed when the plan is built: a literal that changed with every
+    micro-batch (its timestamp) would make Spark generate and compile the stage's code
+    again in every batch. Rows further than HELD_RANGE from it fail the query, with
+    what to do."""
     from pyspark.sql import functions as F
 
-    ref = F.floor(F.unix_millis(F.current_timestamp()) / F.lit(delta_ms))
-    base = ref - F.lit(UNWRAP_RANGE)
-    return base + (F.shiftright(track, ID_BITS) - base).bitwiseAND(F.lit(WRAP_SLOTS - 1))
+    base = F.lit(ref_slot - UNWRAP_RANGE)
+    slot = base + (F.shiftright(track, ID_BITS) - base).bitwiseAND(F.lit(WRAP_SLOTS - 1))
+    far = F.abs(slot - F.lit(ref_slot)) >= F.lit(HELD_RANGE)
+    return F.when(far, F.raise_error(F.lit(
+        "a row's slot is too far from the slot this window's plan was built at (the "
+        "tracking column holds slots modulo 2**32): restart the query"))).otherwise(slot)
 
 
 def agg_column(a: TypedAgg, col: Any) -> Any:
@@ -218,7 +225,7 @@ def build_window_plan(df: Any, spec: WindowSpec, ref: TrackerRef, op_id: int, ho
     aggs, columns = bind_aggs(spec.name, spec.aggs, fields)
     delta = ref.grid.delta_ms
     track = F.col(TRACK_COL)
-    slot = slot_column(track, delta)
+    slot = slot_column(track, reference_slot(ref.grid))
     picked = [F.col(f"`{c}`") for c in dict.fromkeys([*spec.keys, *columns])]
     extra = [F.struct(slot.alias("slot"), track.bitwiseAND(F.lit(int(ID_MASK))).alias("ack")
                       ).alias(ORDER_COL)] if any(a.agg.fn in ("first", "last") for a in aggs) \
