@@ -183,9 +183,9 @@ class QueryWindows:
                    for s in self.stateful)
 
     def plan(self, df: Any, spec: WindowSpec, ref: TrackerRef, out_segment: str,
-             op_id: int, null_sink: bool = False, trace_file: str | None = None) -> Any:
+             op_id: int, null_sink: bool = False) -> Any:
         """The window's DataFrame; ``null_sink``: it is the last step and its results go
-        to Spark's ``noop`` sink, so its emit step acks them as received there too."""
+        to Spark's ``noop`` sink."""
         if not self.in_jvm(spec):
             from lowtide.spark.operators.window_state import build_window
 
@@ -193,7 +193,9 @@ class QueryWindows:
         from lowtide.spark.operators.window_hold import WatermarkHold
 
         hold = WatermarkHold(ref, spec.name, op_id, self.checkpoint)
-        emit = emit_function(ref, spec.name, out_segment, op_id, null_sink, trace_file)
+        # into the null sink, results would be sent and received in one task: no acks,
+        # no Python pass; the hold alone keeps the sink from passing them
+        emit = None if null_sink else emit_function(ref, spec.name, out_segment)
         out = build_window_plan(df, spec, ref, op_id, hold, emit)
         self.holds.append(hold)
         return out
@@ -209,7 +211,7 @@ class QueryWindows:
 
 
 def build_window_plan(df: Any, spec: WindowSpec, ref: TrackerRef, op_id: int, hold: Any,
-                      emit: Callable[[Iterator[Any]], Iterator[Any]]) -> Any:
+                      emit: Callable[[Iterator[Any]], Iterator[Any]] | None) -> Any:
     """The DataFrame of a window step planned in the JVM (see the module docstring).
     Unknown columns and unsupported types raise here, before the query starts; then
     ``hold`` (a :class:`.window_hold.WatermarkHold`) is prepared."""
@@ -250,18 +252,13 @@ def build_window_plan(df: Any, spec: WindowSpec, ref: TrackerRef, op_id: int, ho
     out = grouped.select(*keys, w.start.alias("window_start"), w.end.alias("window_end"),
                          *[F.col(f"`{a.agg.out}`") for a in aggs],
                          result_track(keys, w, op_id, delta).alias(TRACK_COL))
-    return out.mapInArrow(emit, out.schema)
+    return out if emit is None else out.mapInArrow(emit, out.schema)
 
 
-def emit_function(ref: TrackerRef, in_segment: str, out_segment: str, op_id: int,
-                  null_sink: bool = False, trace_file: str | None = None
+def emit_function(ref: TrackerRef, in_segment: str, out_segment: str
                   ) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """The emit step (``mapInArrow`` over the results): their send-acks into
-    ``out_segment``, one keyed batch per task, confirmed before the rows go on;
-    ``null_sink``: then the sink's receipts, as the last tracked operator acks them."""
-    from lowtide.spark.operators.tracked import OpRuntime, ack_null_sink
-
-    rt = OpRuntime("emit", None, ref, in_segment, out_segment, op_id, null_sink, trace_file)
+    ``out_segment``, one keyed batch per task, confirmed before the rows go on."""
 
     def run(batches: Iterator[Any]) -> Iterator[Any]:
         from lowtide.spark.sources.log_source import submit_task_batch
@@ -276,11 +273,7 @@ def emit_function(ref: TrackerRef, in_segment: str, out_segment: str, op_id: int
                 zero_copy_only=False)
             acc.add_packed(idx, np.asarray(packed, np.int64), ref_slot, +1)
             held.append(b)
-        partition = task_partition()
-        sent = submit_task_batch(ref, EMIT_PREFIX + in_segment, partition, acc)
-        waits = [sent] + ([ack_null_sink(rt, partition, sent.acks, idx)] if null_sink else [])
-        for w in waits:
-            w.wait()
+        submit_task_batch(ref, EMIT_PREFIX + in_segment, task_partition(), acc).wait()
         yield from held
 
     return run

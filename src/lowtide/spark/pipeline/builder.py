@@ -104,8 +104,7 @@ def _plan_steps(df: Any, group: list[Step | EntrySpec], to: _Targets, null_sink:
         check_added(df, out, step.name)
         return out
     if isinstance(step, WindowSpec):
-        return to.windows.plan(df, step, ref, out_segment, operator_id(step.name), null_sink,
-                               trace_file)
+        return to.windows.plan(df, step, ref, out_segment, operator_id(step.name), null_sink)
     if isinstance(step, StatefulSpec):
         return build_keyed(df, step, ref, out_segment, operator_id(step.name))
     if isinstance(step, FrameSpec):
