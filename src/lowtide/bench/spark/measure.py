@@ -25,6 +25,9 @@ class BenchConfig:
     partitions: int = 2
     seconds: float = 10.0
     warmup_batches: int = 3
+    #: a round counts only whole runs of at least this many micro-batches per side: a
+    #: run that finishes fewer in ``seconds`` runs longer (up to 300 s, then fails)
+    min_batches: int = 3
     rounds: int = 5
     master: str = "local[2]"
     #: measured against "untracked" in every round; see VARIANTS
@@ -92,7 +95,7 @@ def cpu_seconds() -> float:
 CPU: dict[str, float] = {}
 
 
-def _next_batch(query: Any, after: int, deadline: float) -> int:
+def _next_batch(query: Any, after: int, deadline: float, why: str = "") -> int:
     """Wait until a batch with id > ``after`` has completed; its id."""
     while True:
         p = query.lastProgress
@@ -102,7 +105,7 @@ def _next_batch(query: Any, after: int, deadline: float) -> int:
         if query.exception() is not None:
             raise RuntimeError(f"benchmark query failed: {query.exception()}")
         if time.monotonic() > deadline:
-            raise RuntimeError("benchmark query made no progress in 300 s")
+            raise RuntimeError(why or "benchmark query made no progress in 300 s")
         time.sleep(0.01)
 
 
@@ -132,6 +135,10 @@ def _measure(query: Any, cfg: BenchConfig) -> Measured:
     cpu0 = cpu_seconds()
     time.sleep(cfg.seconds)
     last = _next_batch(query, int(query.lastProgress["batchId"]), deadline)
+    while last - first < cfg.min_batches:  # too few to count: run longer
+        why = (f"the query finished {last - first} micro-batches after warm-up in 300 s, "
+               f"fewer than {cfg.min_batches}: no ratio from this run")
+        last = _next_batch(query, last, deadline, why)
     CPU["last"] = cpu_seconds() - cpu0
     progress = [p for p in query.recentProgress if first < p["batchId"] <= last]
     rows = sum(int(p["numInputRows"]) for p in progress)
@@ -287,6 +294,7 @@ def versus(cfg: BenchConfig, shape: str, spark_side: tuple[str, Runner],
         "rows_per_cpu_s_lowtide": round(float(lt[:, 1].mean()), 1),
         "rows_per_cpu_s_spark": round(float(sp[:, 1].mean()), 1),
         "queries": [spark_side[0], lowtide_side[0]],
+        "min_batches": cfg.min_batches,
         # rows dropped by a watermark in the counted rounds (lowtide has none to drop)
         "spark_dropped_late": dropped["spark"],
         "lowtide_dropped_late": dropped["lowtide"],
@@ -304,7 +312,8 @@ def report_versus(result: dict[str, Any]) -> None:
           f" {result['rows_per_cpu_s_lowtide']:>11,.0f}")
     print(f"lowtide / Spark: throughput {result['throughput_ratio']:.3f} (rounds "
           f"{result['round_ratios']}), CPU {result['cpu_ratio']:.3f} (rounds "
-          f"{result['round_cpu_ratios']}); medians over the counted rounds")
+          f"{result['round_cpu_ratios']}); medians over the counted rounds, each run "
+          f"at least {result.get('min_batches', 1)} micro-batches after warm-up")
     if "spark_dropped_late" in result:
         print(f"rows dropped as late (counted rounds): Spark {result['spark_dropped_late']:,}"
               f" (its watermark), lowtide {result['lowtide_dropped_late']:,}")

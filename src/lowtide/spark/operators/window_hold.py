@@ -164,24 +164,30 @@ class WatermarkHold:
                            pending=None))
 
     def prepare(self) -> None:
-        """Before the query starts: make the file, or finish a move a crash cut short."""
+        """Before the query starts: make the file, or finish a move a crash cut short;
+        then open the first hold if a front feeds the window already (a re-run batch
+        reads its logged offsets: the clock is not asked again)."""
         with self._lock:
             record = self._load()
             if record is None:
                 self._save(HoldRecord(uuid.uuid4().hex))
-                return
-            self.record = record
-            if record.pending is None:
-                return
-            try:
-                self._move(record.pending)
-            except AckBehindHead:
-                if record.opened:
-                    raise RuntimeError(
-                        f"window {self.window!r}: the tracker does not have this window's "
-                        "hold (a new tracker with an old checkpoint?): start the query "
-                        "from a new checkpoint") from None
-                self._save(replace(record, pending=None))  # ensure_open tries again
+            else:
+                self.record = record
+                if record.pending is not None:
+                    self._finish_pending(record)
+        self.ensure_open(wait_s=0.0)
+
+    def _finish_pending(self, record: HoldRecord) -> None:
+        assert record.pending is not None
+        try:
+            self._move(record.pending)
+        except AckBehindHead:
+            if record.opened:
+                raise RuntimeError(
+                    f"window {self.window!r}: the tracker does not have this window's "
+                    "hold (a new tracker with an old checkpoint?): start the query "
+                    "from a new checkpoint") from None
+            self._save(replace(record, pending=None))  # ensure_open tries again
 
     def ensure_open(self, wait_s: float = 1.0) -> bool:
         """Open the first hold, at the state segment's min time, unless it is open:
