@@ -155,3 +155,14 @@ def test_the_fallback_is_chosen_where_the_pipeline_is_described() -> None:
     assert "another stateful step" in str(fallback_reason(agg, 2))
     applied = WindowSpec("w", ("k",), 1000, 1000, (), fn=lambda rows: {}, fn_schema="x long")
     assert "apply(fn)" in str(fallback_reason(applied, 1))
+
+
+def test_a_stopped_query_moves_no_hold(agent: Any, tmp_path: Path) -> None:
+    """After its query stopped, a late progress event moves nothing: its tracker may
+    be closed next, and a move blocked on it would hold up the session's listeners."""
+    hold = _hold(tmp_path)
+    hold.prepare()
+    assert hold.ensure_open() and hold.record.hold == 1_000
+    hold.close()
+    hold.advance(1_500 * 10)
+    assert hold.record.hold == 1_000 and agent.step()["out"] == 1_000

@@ -133,6 +133,7 @@ class WatermarkHold:
         self.path = os.path.join(checkpoint, "lowtide", f"hold-{window}.json")
         self._lock = threading.Lock()
         self.record = HoldRecord("")
+        self.closed = False
 
     # ------------------------------------------------------------ write-ahead file
     def _load(self) -> HoldRecord | None:
@@ -220,6 +221,8 @@ class WatermarkHold:
         """After a micro-batch emitted every window ending at or below
         ``watermark_ms``: move the hold there."""
         with self._lock:
+            if self.closed:
+                return
             if not self.record.opened:  # the clock source's process opens it
                 self.record = self._load() or self.record
             if not self.record.opened or self.record.hold is None or self.record.pending:
@@ -227,6 +230,13 @@ class WatermarkHold:
             target = hold_target(watermark_ms, self.ref.grid.delta_ms)
             for slot in hops(self.record.hold, target, hop_slots(self.ref.grid)):
                 self._move(slot)
+
+    def close(self) -> None:
+        """The query stopped: later progress events move nothing (its tracker may be
+        closed next; a move blocked on it would hold up every listener of the session).
+        Waits for a move under way."""
+        with self._lock:
+            self.closed = True
 
     def listener(self, query_id: str) -> HoldListener:
         return HoldListener(self, query_id)

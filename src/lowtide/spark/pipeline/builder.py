@@ -435,9 +435,9 @@ class Pipeline:
         listeners = [h.listener(str(query.id)) for h in built.holds]
         for listener in listeners:
             self.spark.streams.addListener(listener)
+        closers = [lambda x=x: self.spark.streams.removeListener(x) for x in listeners]
         tq = TrackedQuery(self, query, graph, sink_name,
-                          closers=[lambda x=x: self.spark.streams.removeListener(x)
-                                   for x in listeners])
+                          closers=[*closers, *(h.close for h in built.holds)])
         self._queries.append(tq)
         return tq
 
