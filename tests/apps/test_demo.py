@@ -38,8 +38,11 @@ def test_demo_json_line(spark, capsys, tmp_path: Path) -> None:
     assert doc["bench"] == "demo"
     assert doc["matches_batch"] is True and doc["same_events"] is True
     lt, wm = doc["lowtide"], doc["watermark"]
-    assert set(lt) >= {"windows", "late_dropped", "delay_p50_ms", "delay_p99_ms"}
-    assert set(wm) >= {"windows", "late_dropped", "delay_p50_ms", "delay_p99_ms"}
+    for q in (lt, wm):  # each query's delays and first window, the lag beside them
+        assert set(q) >= {"windows", "late_dropped", "delay_p50_ms", "delay_p99_ms",
+                          "lag_ms", "first_window_s"}
+    assert lt["lag_ms"] == wm["lag_ms"] == doc["lag_ms"] == 7000
+    assert doc["first_window_s"] == lt["first_window_s"] and wm["first_window_s"] > 0
     assert lt["late_dropped"] == 0 and lt["differ_from_batch"] == 0
     assert lt["windows"] > 0 and wm["windows"] > 0
     # from run()'s start to lowtide's first result file: after the first batch's work
