@@ -1,11 +1,13 @@
 """The tree keeps the architecture (docs/ARCHITECTURE.md): imports point one way,
 core <- wire <- service <- spark <- apps <- bench <- cli, and what sits above the
 product (apps, bench) uses only the product's public API: names a package lists in
-its ``__all__``, or the core's modules (the core is a library of its own)."""
+its ``__all__``, or the core's modules (the core is a library of its own). Within a
+layer, no two modules import each other at run time, not even through a third."""
 
 from __future__ import annotations
 
 import ast
+import graphlib
 import importlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -73,6 +75,50 @@ def private_imports(source: str) -> list[str]:
     return bad
 
 
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def runtime_imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import that runs, at module level or inside a function (a lazy import
+    closes a cycle all the same), but not those under ``if TYPE_CHECKING:``."""
+    if isinstance(tree, ast.If) and "TYPE_CHECKING" in ast.unparse(tree.test):
+        for node in tree.orelse:
+            yield from runtime_imports(node)
+        return
+    if isinstance(tree, (ast.Import, ast.ImportFrom)):
+        yield tree
+    for node in ast.iter_child_nodes(tree):
+        yield from runtime_imports(node)
+
+
+def import_graph(modules: dict[str, str]) -> dict[str, set[str]]:
+    """module -> the modules of ``modules`` (name -> source) it imports at run time;
+    ``from pkg import mod`` points at ``pkg.mod``, ``from mod import name`` at ``mod``."""
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, source in modules.items():
+        for node in runtime_imports(ast.parse(source)):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif node.level == 0 and node.module:
+                targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules
+                           else node.module for a in node.names]
+            else:
+                targets = []
+            graph[name] |= {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def import_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One cycle of ``graph`` (its modules in order, the first again last), or []."""
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as err:
+        return list(err.args[1])
+    return []
+
+
 def test_every_layer_is_a_package_of_the_tree() -> None:
     assert {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()} == set(LAYERS)
 
@@ -102,11 +148,42 @@ def test_the_checks_catch_what_they_should() -> None:
     up = "from lowtide.spark.pipeline import Pipeline\nimport lowtide.bench.core\n"
     assert len(upward_imports(up, "service")) == 2
     assert upward_imports(up, "cli") == []
-    private = ("from lowtide.service.agent import Agent\n"
+    private = ("from lowtide.service.client.agent import Agent\n"
                "from lowtide.spark import _REGISTERED\n"
                "from lowtide.core.acks import root_acks\n"
                "from lowtide.service import Agent\n")
     assert len(private_imports(private)) == 2
+
+
+def test_no_runtime_import_cycle() -> None:
+    graph = import_graph({module_name(p): p.read_text() for p in ROOT.rglob("*.py")})
+    assert import_cycle(graph) == []
+
+
+def test_the_cycle_check_sees_lazy_imports_and_skips_type_checking() -> None:
+    modules = {
+        "lowtide.apps.a": "from lowtide.apps import b\n",
+        "lowtide.apps.b": "def f():\n    from lowtide.apps.a import x\n",
+        "lowtide.apps.c": "if TYPE_CHECKING:\n    from lowtide.apps.a import y\n",
+        "lowtide.apps": "",
+    }
+    graph = import_graph(modules)
+    assert graph["lowtide.apps.c"] == set()
+    assert set(import_cycle(graph)) == {"lowtide.apps.a", "lowtide.apps.b"}
+    graph["lowtide.apps.b"].clear()
+    assert import_cycle(graph) == []
+
+
+def test_test_modules_share_helpers_not_each_other() -> None:
+    """What several test modules use lives in a helper module (tests/<area>/helpers.py
+    and the like): a test module imported by another runs its imports twice over and
+    has once made a cycle."""
+    tests = ROOT.parents[1] / "tests"
+    bad = [f"{p.relative_to(tests)}: {module}" for p in sorted(tests.rglob("*.py"))
+           for node in ast.walk(ast.parse(p.read_text()))
+           if isinstance(node, ast.ImportFrom) and (module := node.module or "")
+           and module.startswith("tests.") and module.rsplit(".", 1)[-1].startswith("test_")]
+    assert bad == []
 
 
 def test_the_architecture_map_names_every_module() -> None:

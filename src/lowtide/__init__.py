@@ -1,8 +1,9 @@
 """lowtide: exact progress tracking for streaming pipelines.
 
 ``lowtide.Pipeline`` describes a tracked PySpark pipeline, ``lowtide.Front`` labels
-records where they enter; see docs/spark.md. Both load on first use, so the core
-imports without pyspark.
+records where they enter; see docs/spark.md. They load on first use, so the core
+imports without pyspark. Every error lowtide raises on purpose is a
+``lowtide.LowtideError`` (and keeps its builtin parent, e.g. ``ValueError``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Front", "Pipeline"]
+__all__ = ["Front", "LowtideError", "Pipeline"]
 __version__ = "0.2.0.dev0"  # the one place: pyproject.toml reads it; see CHANGELOG.md
 
 
@@ -32,5 +33,6 @@ def lazy_exports(package: str, table: dict[str, str]) -> Callable[[str], Any]:
 
 __getattr__ = lazy_exports(__name__, {
     "Front": "lowtide.spark.sources.front",
+    "LowtideError": "lowtide.core.errors",
     "Pipeline": "lowtide.spark.pipeline.builder",
 })

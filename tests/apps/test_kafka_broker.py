@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lowtide.apps.kafka_broker import BrokerFailed, KafkaBroker, KafkaBrokerConfig
+from lowtide.apps.kafka_broker import BrokerFailed, KafkaBroker, KafkaBrokerConfig, default_dir
 from lowtide.cli import main
 
 
@@ -59,3 +59,47 @@ def test_cli_up_status_down_by_pid(kafka_broker: KafkaBroker, tmp_path: Path,
         assert main(["kafka", "status", "--dir", state_dir]) == 1
     finally:
         broker.stop()
+
+
+@pytest.mark.socket
+def test_cli_up_down_up_keeps_the_topics_and_reset_empties_them(
+        kafka_broker: KafkaBroker, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: the second `up` in the same dir formatted the storage with a new cluster
+    id and Kafka refused it (a Java and a Python traceback)."""
+    d = ["--dir", str(tmp_path / "k")]
+    started: list[KafkaBroker] = []
+
+    def up(*extra: str) -> None:
+        assert main(["kafka", "up", *d, *extra]) == 0
+        last = capsys.readouterr().out.splitlines()[-1]  # after a `down`'s line
+        started.append(KafkaBroker.load(Path(json.loads(last)["state"])))
+
+    try:
+        up()
+        assert main(["kafka", "topic", "events", "--partitions", "3", *d]) == 0
+        assert json.loads(capsys.readouterr().out)["partitions"] == 3
+        assert main(["kafka", "down", *d]) == 0
+        up()
+        assert main(["kafka", "topic", "events", "--partitions", "3", *d]) == 0
+        assert capsys.readouterr().out == "topic 'events' exists with 3 partition(s)\n"
+        assert main(["kafka", "down", *d]) == 0
+        up("--reset")
+        assert main(["kafka", "topic", "events", *d]) == 0
+        assert json.loads(capsys.readouterr().out)["partitions"] == 1  # a new topic
+        assert main(["kafka", "down", *d]) == 0
+        capsys.readouterr()
+        assert main(["kafka", "topic", "events", *d]) == 1  # no broker: one line
+        err = capsys.readouterr().err
+        assert err.startswith("lowtide kafka: no broker runs in ") and err.count("\n") == 1
+    finally:
+        for broker in started:
+            broker.stop()
+
+
+def test_the_default_dir_is_the_users_not_the_working_directory(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("LOWTIDE_KAFKA_DIR", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    assert default_dir() == tmp_path / "lowtide" / "kafka"
+    monkeypatch.setenv("LOWTIDE_KAFKA_DIR", "/srv/k")
+    assert default_dir() == Path("/srv/k")

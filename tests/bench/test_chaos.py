@@ -46,6 +46,17 @@ def test_a_retried_receipt_counts_from_its_first_attempt(tmp_path: Path) -> None
     assert truth.notify_delays_ms([("sink", 1001, 951_000_000 + 950)]) == pytest.approx([951.0])
 
 
+def test_a_receipt_refused_as_behind_the_head_is_premature(tmp_path: Path) -> None:
+    """Issue 29 point 2: when a producer's send-acks were lost, the tracker's min time
+    passes records nobody read yet, and refuses their receipt: that is premature."""
+    truth = write_journal(tmp_path, [
+        "recv src 5 1012 100", "refused sink 5 12 AckBehindHead 101",
+        "refused out 5 12 UnknownSegment 102",
+    ])
+    assert truth.premature([]) == [
+        "the receipt of front 5's batch 12 was refused: a min time had passed it"]
+
+
 @pytest.mark.socket
 def test_a_short_run_finds_nothing_premature_and_nothing_lost(capsys) -> None:  # type: ignore[no-untyped-def]
     names = [s.name for s in chaos.SCENARIOS]
@@ -61,3 +72,15 @@ def test_a_short_run_finds_nothing_premature_and_nothing_lost(capsys) -> None:  
     chaos.print_table(results)
     json.dumps(figures)  # the JSON line the bench prints
     assert "kill -9 tracker" in capsys.readouterr().out
+
+
+@pytest.mark.spark
+def test_a_spark_fault_kind_finds_nothing_premature_and_nothing_lost(spark, tmp_path: Path) -> None:
+    """One of ``--spark``'s scenarios on the shared session: a Parquet table rerun from a
+    new checkpoint (its rows were skipped, yet acked, before issue 29)."""
+    from lowtide.bench.chaos.spark_faults import rerun, sinks
+
+    result = rerun(spark, tmp_path, sinks()["write_table parquet"], "write_table parquet")
+    figures = chaos.summary([result])
+    assert (figures["faults"], figures["premature"], figures["lost"]) == (1, 0, 0), \
+        result.premature

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lowtide.apps import demo
+from lowtide.apps import demo, demo_report
 from lowtide.bench import sweep
 
 pytestmark = pytest.mark.spark
@@ -24,7 +24,7 @@ def test_sweep_counts_add_up(spark, tmp_path: Path) -> None:
     points = [("lowtide", result["lowtide"])]
     points += [(f"watermark_{p['delay_ms']}", p) for p in result["watermark"]]
     for name, p in points:
-        got = demo.read_windows(str(tmp_path / name / "out"))
+        got = demo_report.read_windows(str(tmp_path / name / "out"))
         judged = batch[batch["end_ms"] <= p["judged_to_ms"]]
         assert p["windows_emitted"] == len(got) > 0
         # every batch window up to the judged end is exact, partial or missing

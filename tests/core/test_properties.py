@@ -28,7 +28,8 @@ Invariants (named helpers on ``World``):
   rounded down to its window.
 * MONOTONIC (``assert_monotonic``): announced min times never go back.
 * FENCED (``intrude``): a session that does not own a front tries to move it far ahead
-  or to unregister it; every tracker refuses (FrontOwned) and SAFETY goes on holding.
+  (re-register, heartbeat alone or in a flush) or to unregister it; every tracker
+  refuses (FrontOwned) and SAFETY goes on holding.
 """
 
 from __future__ import annotations
@@ -102,11 +103,17 @@ def intrude(
     trackers: Sequence[Tracker | TrackerShard], front: int, segment: str, time: int
 ) -> None:
     """FENCED: another owner may neither move nor unregister a live front."""
+    far = Heartbeat(front, time, owner=INTRUDER)
     for tracker in trackers:
         with pytest.raises(FrontOwned):
             tracker.register_front(RegisterFront(front, segment, time, owner=INTRUDER))
         with pytest.raises(FrontOwned):
             tracker.unregister_front(UnregisterFront(front, owner=INTRUDER))
+        core = tracker.tracker if isinstance(tracker, TrackerShard) else tracker
+        with pytest.raises(FrontOwned):  # issue 29 point 4
+            core.heartbeat(far)
+        with pytest.raises(FrontOwned):
+            core.apply_flush(AckBatch.empty(), [far])
 
 
 class DirectEngine:
@@ -789,7 +796,7 @@ CHAIN = (("s0", ()), ("s1", ("s0",)))
 ONE_CHILD_SAME_TIME = 1 << 2
 ONE_CHILD_PLUS_ONE = (1 << 2) | (1 << 10)
 
-# seed 000: items at 0 (shard 0) and 2; the newer one goes through; every shard reports;
+# the race of rule 8: items at 0 (shard 0) and 2; the newer one goes through; every shard reports;
 # the older one then emits a child at 1 (shard 1's window, complete); shard 0 rushes ahead.
 SINGLE_NODE_RACE: tuple[Setup, Ops] = (
     Setup(CHAIN, fronts=(("s0", 0, 0),), n_shards=2),

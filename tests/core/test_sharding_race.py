@@ -1,4 +1,5 @@
-"""The sharding race of the tracker paper (seed 000, "Distributed tracker").
+"""The sharding race (rule 8): a shard's min time can go down when a parent's
+receive-ack and its child's send-ack land in two shards.
 
 (i)  One node: shard 0 applies the parent's receive-ack before shard 1 applies the
      child's send-ack. A listener that takes the plain minimum over the shards' latest
@@ -155,7 +156,7 @@ def child(parent: int, operator: int) -> int:
 
 
 def test_single_node_race_plain_min_announces_a_false_min_time() -> None:
-    # seed 000: min time t; items t and t+1 land in shards 0 and 1; t+1 is fully
+    # the race: min time t; items t and t+1 land in shards 0 and 1; t+1 is fully
     # processed; processing t emits a child at t+1 ("replay in grouping operators").
     graph = SegmentGraph.of(("src", ()), ("grouped", ("src",)))
     c = Cluster(graph, nodes=(1,))

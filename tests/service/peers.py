@@ -91,15 +91,15 @@ class FakeTracker(_Listener):
         return [Ok(req)]
 
 
-class AlteringProxy(_Listener):
-    """Forwards to ``target``, but flips bit 0 of byte ``offset`` in the first
-    client frame whose type byte is ``kind`` (then forwards everything unchanged)."""
+class FrameProxy(_Listener):
+    """Forwards to ``target``; each client frame's payload goes through ``alter``, which
+    returns it changed (counted in ``altered``) or None (forwarded as it is)."""
 
-    def __init__(self, target: str, kind: int, offset: int) -> None:
+    def __init__(self, target: str, alter: Callable[[bytes], bytes | None]) -> None:
         super().__init__()
         host, port = target.removeprefix("tcp://").rsplit(":", 1)
         self.target = (host, int(port))
-        self.kind, self.offset = kind, offset
+        self.alter = alter
         self.altered = 0
         self.start(self._serve)
 
@@ -109,16 +109,16 @@ class AlteringProxy(_Listener):
         except OSError:
             client.close()
             return
-        back = threading.Thread(target=self._pump, args=(server, client), daemon=True)
-        back.start()
+        threading.Thread(target=pump, args=(server, client), daemon=True).start()
         try:
             server.sendall(_read_exactly(client, len(PREAMBLE)))
             while True:
                 head = _read_exactly(client, HEADER.size)
-                payload = bytearray(_read_exactly(client, HEADER.unpack(head)[0]))
-                if not self.altered and payload[:1] == bytes([self.kind]):
-                    payload[self.offset] ^= 1
+                payload = _read_exactly(client, HEADER.unpack(head)[0])
+                changed = self.alter(payload)
+                if changed is not None:
                     self.altered += 1
+                    head, payload = HEADER.pack(len(changed)), changed
                 server.sendall(head + payload)
         except OSError:
             pass
@@ -126,15 +126,31 @@ class AlteringProxy(_Listener):
             _hang_up(client)
             _hang_up(server)
 
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            _hang_up(dst)
+
+class AlteringProxy(FrameProxy):
+    """Flips bit 0 of byte ``offset`` in the first client frame whose type byte is
+    ``kind`` (then forwards everything unchanged)."""
+
+    def __init__(self, target: str, kind: int, offset: int) -> None:
+        def flip(payload: bytes) -> bytes | None:
+            if self.altered or payload[:1] != bytes([kind]):
+                return None
+            flipped = bytearray(payload)
+            flipped[offset] ^= 1
+            return bytes(flipped)
+
+        super().__init__(target, flip)
+
+
+def pump(src: socket.socket, dst: socket.socket) -> None:
+    """Copy ``src`` to ``dst`` until either ends."""
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        _hang_up(dst)
 
 
 def _hang_up(sock: socket.socket) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import select
 import signal
 import subprocess
@@ -55,8 +56,16 @@ def write_graph(tmp: Path) -> Path:
 
 
 @contextmanager
-def serve(tmp: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[ServerProcess]:
-    """``lowtide serve`` in a subprocess; yields once it prints its URL(s)."""
+def serve(
+    tmp: Path, *args: str, env: dict[str, str] | None = None, nofile: int | None = None
+) -> Iterator[ServerProcess]:
+    """``lowtide serve`` in a subprocess; yields once it prints its URL(s). ``nofile``:
+    its file limit, as ``ulimit -n`` would set it (soft and hard)."""
+
+    def limit() -> None:  # in the child, before it runs the server
+        if nofile is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
     log_path = tmp / f"serve-{time.monotonic_ns()}.log"
     cmd = [sys.executable, "-m", "lowtide.cli", "serve", "--log-format", "json", *args]
     if "--port" not in args:
@@ -68,6 +77,7 @@ def serve(tmp: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[
             stderr=log_file,
             text=True,
             env={**os.environ, **(env or {})},
+            preexec_fn=limit,
         )
     try:
         lines = [read_line(proc, 30)]
@@ -119,12 +129,18 @@ def graph() -> SegmentGraph:
     return SegmentGraph.of(*((n, tuple(u)) for n, u in GRAPH_SPEC))
 
 
+#: the owner name the watcher registers the fronts with, proven by their producers
+FRONT_OWNER = "producers"
+
+
 def producer(url: str, front: int, slots: int) -> None:
-    """A front: each slot's items under a Spark-like key, heartbeat with them."""
+    """A front: each slot's items under a Spark-like key, heartbeat with them (proving
+    the owner the fronts were registered with, as a Spark source's tasks do)."""
     with Agent.connect(url, graph()) as agent:
         for slot in range(1, slots + 1):
             key = BatchKey("q", slot, "src", front)
-            agent.send_batch(key, produced(front, slot), [Heartbeat(front, slot + 1)])
+            agent.send_batch(key, produced(front, slot), [Heartbeat(front, slot + 1)],
+                             owner=FRONT_OWNER)
             time.sleep(0.03)
 
 
@@ -142,3 +158,23 @@ def consumer(
                     release.wait(60)
                 agent.send_batch(BatchKey("q", slot, "out", front), second)
             time.sleep(0.03)
+
+
+def wait_until(check: Any, timeout_s: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise TimeoutError("condition not met")
+
+
+def shard_pids(agent: Agent) -> list[int]:
+    def pids() -> list[int] | None:
+        shards = agent.status()["shards"]
+        if all(s["status"] for s in shards):
+            return [s["status"]["pid"] for s in shards]
+        return None
+
+    return wait_until(pids)

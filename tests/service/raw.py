@@ -6,7 +6,15 @@ import socket
 from dataclasses import dataclass, field
 
 from lowtide.wire import PREAMBLE, FrameDecoder, decode, encode, frame
-from lowtide.wire.messages import WIRE_VERSION, GraphSpec, Hello, Message, Role, Welcome
+from lowtide.wire.messages import (
+    WIRE_VERSION,
+    GraphSpec,
+    Hello,
+    Message,
+    Role,
+    ShardSpec,
+    Welcome,
+)
 
 
 @dataclass
@@ -16,17 +24,20 @@ class RawClient:
     ready: list[bytes] = field(default_factory=list)
 
     @classmethod
-    def open(cls, url: str, preamble: bytes = PREAMBLE) -> RawClient:
+    def open(cls, url: str, preamble: bytes = PREAMBLE, source: str | None = None) -> RawClient:
+        """Connected to ``url`` (from the address ``source``, if given)."""
         host, port = url.removeprefix("tcp://").rsplit(":", 1)
-        sock = socket.create_connection((host, int(port)), timeout=5)
+        address = None if source is None else (source, 0)
+        sock = socket.create_connection((host, int(port)), timeout=5, source_address=address)
         sock.sendall(preamble)
         return cls(sock)
 
     @classmethod
-    def welcomed(cls, url: str) -> RawClient:
+    def welcomed(cls, url: str, role: Role = Role.AGENT, shard: ShardSpec | None = None,
+                 source: str | None = None) -> RawClient:
         """Connected and through the handshake (no secret)."""
-        client = cls.open(url)
-        reply = client.hello()
+        client = cls.open(url, source=source)
+        reply = client.hello(role=role, shard=shard)
         if not isinstance(reply, Welcome):
             client.close()
             raise ConnectionError(f"not welcomed: {reply}")
@@ -37,8 +48,9 @@ class RawClient:
         self.send(msg)
         return self.recv()
 
-    def hello(self, graph: GraphSpec | None = None, timeout_s: float = 5.0) -> Message:
-        self.send(Hello(WIRE_VERSION, Role.AGENT, b"n" * 32, "raw", graph))
+    def hello(self, graph: GraphSpec | None = None, timeout_s: float = 5.0,
+              role: Role = Role.AGENT, shard: ShardSpec | None = None) -> Message:
+        self.send(Hello(WIRE_VERSION, role, b"n" * 32, "raw", graph, None, shard))
         return self.recv(timeout_s)
 
     def send(self, msg: Message) -> None:

@@ -20,9 +20,9 @@ from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import Ack, AckBatch, Heartbeat
 from lowtide.service import Agent, BatchKey, ServiceError, TrackerService
 from lowtide.service.auth import load_secret
+from lowtide.service.deploy.standalone import main as serve_main
 from lowtide.service.errors import ConnectionLost
 from lowtide.service.net import Limits, StreamChannel
-from lowtide.service.standalone import main as serve_main
 from lowtide.wire.frames import HEADER
 from lowtide.wire.messages import (
     Batch,
@@ -61,7 +61,7 @@ def one(segment: int, time: int, value: int = 0x5, count: int = 1) -> AckBatch:
 def test_protocol_errors_leave_the_state_unchanged(
     service: TrackerService, agent: Agent, graph: SegmentGraph, acks: AckBatch, heartbeats, error
 ) -> None:
-    agent.register_front(1, "src", 10)
+    agent.register_front(1, "src", 10, owner="producer")
     before = agent.status()
     with pytest.raises(error):
         agent.send_batch(BatchKey("q", 0, "src", 0), acks, heartbeats)
@@ -69,7 +69,8 @@ def test_protocol_errors_leave_the_state_unchanged(
     for field in ("segments", "fronts", "global_min", "acks_applied", "dedup_keys"):
         assert after[field] == before[field]
     with Agent.connect(service.url, graph) as good, good.subscribe("sink") as sub:
-        good.heartbeat(1, 30)
+        good.send_batch(BatchKey("task", 0, "src", 9), AckBatch.empty(), [Heartbeat(1, 30)],
+                        owner="producer")
         assert sub.wait_for(30, 5).time == 30
 
 

@@ -13,9 +13,13 @@ MODULES = [
     "lowtide.wire.frames",
     "lowtide.wire.log",
     "lowtide.service.auth",
-    "lowtide.service.dedup",
+    "lowtide.service.engine.coordinator",
+    "lowtide.service.engine.dedup",
+    "lowtide.service.logs",
     "lowtide.service.progress",
-    "lowtide.service.webview",
+    "lowtide.service.server.admission",
+    "lowtide.service.server.history",
+    "lowtide.service.web.view",
     "lowtide.bench.stats",
 ]
 

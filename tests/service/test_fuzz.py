@@ -19,7 +19,7 @@ from lowtide.service import Agent, BatchKey, Subscription, TrackerService
 from lowtide.wire import WireError, decode, encode, frame
 from lowtide.wire.messages import Batch, FrontOp, GraphSpec, Message, graph_spec
 from tests.service.raw import RawClient
-from tests.wire.test_wire import SAMPLES
+from tests.wire.helpers import SAMPLES
 
 pytestmark = pytest.mark.socket
 

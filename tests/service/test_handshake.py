@@ -13,7 +13,7 @@ import pytest
 from lowtide.core.graph import SegmentGraph
 from lowtide.service import Agent, TrackerService
 from lowtide.service.net import Limits
-from lowtide.wire.messages import Error, ErrorCode, Welcome, graph_spec
+from lowtide.wire.messages import WIRE_VERSION, Error, ErrorCode, Hello, Role, Welcome, graph_spec
 from tests.service.raw import RawClient
 
 pytestmark = pytest.mark.socket
@@ -95,3 +95,15 @@ def test_a_large_graph_is_admitted_within_the_handshake_timeout() -> None:
             assert isinstance(welcome, Welcome) and len(welcome.graph) == n
         finally:
             client.close()
+
+
+def test_a_client_of_another_wire_version_is_told_so(fresh: TrackerService) -> None:
+    """Version 2's Hello is laid out otherwise: the answer names both versions."""
+    client = RawClient.open(fresh.url)
+    try:
+        client.send(Hello(WIRE_VERSION - 1, Role.AGENT, b"n" * 32, "old", None))
+        err = client.recv()
+        assert isinstance(err, Error) and err.code == ErrorCode.BAD_FRAME
+        assert f"wire version {WIRE_VERSION - 1}, this lowtide speaks {WIRE_VERSION}" in err.message
+    finally:
+        client.close()

@@ -10,7 +10,7 @@ import pytest
 from lowtide.core.errors import UnknownSegment
 from lowtide.core.messages import MinTimeUpdate
 from lowtide.service import Agent, TrackerService
-from lowtide.service.history import MinTimeHistory
+from lowtide.service.server.history import MinTimeHistory
 from lowtide.wire.codec import decode, encode
 from lowtide.wire.messages import MinTimeAt, MinTimeAtReply
 
@@ -75,7 +75,7 @@ def test_unknown_segment(agent: Agent) -> None:
 def test_history_doctests() -> None:
     import doctest
 
-    import lowtide.service.history as history
+    import lowtide.service.server.history as history
 
     result = doctest.testmod(history)
     assert result.attempted > 0 and result.failed == 0

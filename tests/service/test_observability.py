@@ -15,8 +15,8 @@ from lowtide.cli import build_parser
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import AckBatch
 from lowtide.service import Agent, BatchKey, TrackerService
+from lowtide.service.client.status import render
 from lowtide.service.logs import JsonFormatter
-from lowtide.service.status import render
 
 pytestmark = pytest.mark.socket
 

@@ -11,8 +11,8 @@ import pytest
 from lowtide.cli import main as cli_main
 from lowtide.service import TrackerService
 from lowtide.service.auth import load_secret
-from lowtide.service.standalone import add_arguments, server_config
-from lowtide.service.standalone import main as serve_main
+from lowtide.service.deploy.standalone import add_arguments, server_config
+from lowtide.service.deploy.standalone import main as serve_main
 from tests.service.conftest import SECRET
 
 

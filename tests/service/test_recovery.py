@@ -20,7 +20,7 @@ from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import Ack, AckBatch, Heartbeat
 from lowtide.core.time import TimeGrid
 from lowtide.service import Agent, BatchKey, TrackerService
-from lowtide.service.persist import StateDirRefused
+from lowtide.service.persistence.state_dir import StateDirRefused
 
 pytestmark = pytest.mark.socket
 
@@ -28,7 +28,10 @@ GRAPH = SegmentGraph.of(("src", ()), ("sink", ("src",)))
 
 
 def run(state: Path, first_batch: int, batches: int = 6, **options: object) -> None:
-    """One server life: a front and ``batches`` keyed batches, one log group each."""
+    """One server life: a front and ``batches`` keyed batches, one log group each. (Each
+    life's agent is a new session of the front's owner: no lease, so it takes over at
+    once.)"""
+    options.setdefault("front_lease_ms", 0)
     svc = TrackerService.start(GRAPH, state_dir=state, **options)  # type: ignore[arg-type]
     try:
         with Agent.connect(svc.url, GRAPH) as agent:

@@ -4,15 +4,16 @@
 
 from __future__ import annotations
 
+import time
 from contextlib import closing
 from pathlib import Path
 
 import pytest
 
-from lowtide.core.errors import FrontOwned, TableOverflow
+from lowtide.core.errors import FrontHeld, FrontOwned, TableOverflow
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import Ack, AckBatch, Heartbeat
-from lowtide.service import Agent, SessionFailed, TrackerService
+from lowtide.service import Agent, BatchKey, SessionFailed, TrackerService
 from lowtide.wire.messages import Batch, Error, ErrorCode, FrontOp, Ok
 from tests.service.raw import RawClient
 
@@ -112,18 +113,46 @@ def test_another_session_may_not_move_or_unregister_a_front(
     service: TrackerService, graph: SegmentGraph
 ) -> None:
     with Agent.connect(service.url, graph) as owner, Agent.connect(service.url, graph) as other:
-        owner.register_front(1, "src", 5)
+        owner.register_front(1, "src", 5, owner="gateway")
         owner.add_acks(AckBatch.of([Ack(0, 6, 0xA, 1)]))  # in flight, not yet received
         owner.flush()
         with pytest.raises(FrontOwned):
-            other.unregister_front(1)
+            other.unregister_front(1, owner="mallory")
         with pytest.raises(FrontOwned):
-            other.register_front(1, "src", 100)
-        other.heartbeat(1, 7)  # heartbeats stay open to all (rule 3): not a takeover
-        other.flush()
-        assert service_fronts(other) == {"1": ["src", 7]}
+            other.register_front(1, "src", 100, owner="mallory")
+        assert service_fronts(owner) == {"1": ["src", 5]}
         assert sink_min(service.url, graph) <= 6
         owner.unregister_front(1)
+
+
+def test_another_owner_may_not_heartbeat_a_front(
+    service: TrackerService, graph: SegmentGraph
+) -> None:
+    """Issue 29 point 4: a heartbeat moves a front as much as a registration does, so it
+    proves the owner too, in a keyed batch and fire and forget alike."""
+    with Agent.connect(service.url, graph) as owner:
+        owner.register_front(1, "src", 5, owner="gateway")
+        owner.add_acks(AckBatch.of([Ack(0, 6, 0xA, 1)]))  # the owner's legal item
+        owner.flush()
+        with Agent.connect(service.url, graph) as other:
+            with pytest.raises(FrontOwned):
+                other.send_batch(BatchKey("x", 0, "src", 0), AckBatch.empty(),
+                                 [Heartbeat(1, 500)], owner="mallory")
+            other.heartbeat(1, 500, owner="mallory")
+            with pytest.raises(FrontOwned):
+                other.flush()
+        with Agent.connect(service.url, graph) as anonymous:
+            anonymous.heartbeat(1, 500)  # no owner named: its own session, not the owner
+            with pytest.raises(FrontOwned):
+                anonymous.flush()
+        assert service_fronts(owner) == {"1": ["src", 5]}
+        assert sink_min(service.url, graph) <= 6
+        with Agent.connect(service.url, graph) as task:  # a Spark task of the owner
+            task.send_batch(BatchKey("x", 1, "src", 0), AckBatch.empty(), [Heartbeat(1, 7)],
+                            owner="gateway")
+        owner.heartbeat(1, 8)  # the registering agent proves its owner by itself
+        owner.flush()
+        assert service_fronts(owner) == {"1": ["src", 8]}
 
 
 def test_a_successor_with_the_same_owner_name_takes_over(
@@ -132,6 +161,9 @@ def test_a_successor_with_the_same_owner_name_takes_over(
     with Agent.connect(service.url, graph) as first:
         first.register_front(1, "src", 5, owner="ingest")
     with Agent.connect(service.url, graph) as successor:  # a restarted process
+        with pytest.raises(FrontHeld):  # the first one was seen less than a lease ago
+            successor.register_front(1, "src", 9, owner="ingest")
+        time.sleep(1.1)  # EngineConfig.front_lease_ms: a live producer keeps its front
         successor.register_front(1, "src", 9, owner="ingest")
         assert service_fronts(successor) == {"1": ["src", 9]}
         successor.unregister_front(1, owner="ingest")

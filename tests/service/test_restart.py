@@ -17,10 +17,18 @@ import pytest
 
 from lowtide.core.messages import Ack, AckBatch, Heartbeat, MinTimeUpdate
 from lowtide.service import Agent, BatchKey, TrackerService
-from lowtide.service.persist import StateDirInUse
+from lowtide.service.persistence.state_dir import StateDirInUse
 from lowtide.wire.frames import HEADER
 from lowtide.wire.messages import Error, ErrorCode, FrontOp, Welcome
-from tests.service.procs import consumer, graph, produced, producer, serve, write_graph
+from tests.service.procs import (
+    FRONT_OWNER,
+    consumer,
+    graph,
+    produced,
+    producer,
+    serve,
+    write_graph,
+)
 from tests.service.raw import RawClient
 
 pytestmark = pytest.mark.socket
@@ -44,7 +52,7 @@ def test_kill9_restart_recovers_exact_state(tmp_path: Path, snapshot_every_s: fl
         watcher = Agent.connect(url, graph())
         try:
             for front in FRONTS:  # all before any progress: none may start behind the min
-                watcher.register_front(front, "src", 1)
+                watcher.register_front(front, "src", 1, owner=FRONT_OWNER)
             watcher.on_update(seen.append, "sink")
             procs = [ctx.Process(target=producer, args=(url, f, SLOTS)) for f in FRONTS]
             work = (url, FRONTS, SLOTS, (0, HELD), holding, release)

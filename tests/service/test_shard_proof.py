@@ -18,6 +18,7 @@ from lowtide.wire.messages import (
     ErrorCode,
     FrontOp,
     Ok,
+    Role,
     ShardReportFrame,
     WatchShard,
 )
@@ -30,21 +31,24 @@ LOW = 4  # window 4 of 1 slot: shard 0 of 2 owns it
 
 
 @pytest.fixture
-def shard0() -> Iterator[RawClient]:
+def shard0() -> Iterator[tuple[RawClient, RawClient]]:
+    """An agent's and a coordinator's connection to shard 0 of 2."""
     svc = TrackerService.start(GRAPH, grid=TimeGrid(10, 1), shard=(0, 2))
     try:
-        client = RawClient.welcomed(svc.url)
+        agent = RawClient.welcomed(svc.url, shard=(0, 2))
+        coordinator = RawClient.welcomed(svc.url, Role.COORDINATOR, (0, 2))
         try:
-            yield client
+            yield agent, coordinator
         finally:
-            client.close()
+            agent.close()
+            coordinator.close()
     finally:
         svc.stop()
 
 
-def reported(client: RawClient) -> tuple[int, ...]:
-    assert client.ask(WatchShard(99)) == Ok(99)
-    report = client.recv()
+def reported(coordinator: RawClient) -> tuple[int, ...]:
+    assert coordinator.ask(WatchShard(99)) == Ok(99)
+    report = coordinator.recv()
     assert isinstance(report, ShardReportFrame)
     return report.report.min_times
 
@@ -55,20 +59,22 @@ def reported(client: RawClient) -> tuple[int, ...]:
     ids=["no-node-time", "lying-min-time"],
 )
 def test_unproven_acks_are_refused_and_hold_the_shard(
-    shard0: RawClient, node_time: NodeTime | None
+    shard0: tuple[RawClient, RawClient], node_time: NodeTime | None
 ) -> None:
-    assert shard0.ask(FrontOp(1, 5, True, 1, "src", 0)) == Ok(1)
+    agent, coordinator = shard0
+    assert agent.ask(FrontOp(1, 5, True, 1, "src", 0)) == Ok(1)
     in_flight = AckBatch.of([Ack(0, LOW, 0xA, 1)])
-    refused = shard0.ask(Batch(2, 5, '["q",0,"src",0]', in_flight, (), node_time))
+    refused = agent.ask(Batch(2, 5, '["q",0,"src",0]', in_flight, (), node_time))
     assert isinstance(refused, Error) and refused.code == ErrorCode.BAD_REQUEST
     assert "rule 8" in refused.message
-    # someone heartbeats the front far past the refused item: the shard stays below it
-    assert shard0.ask(Batch(1, 6, "", AckBatch.empty(), (Heartbeat(1, 100),))) == Ok(1)
-    assert max(reported(shard0)) <= LOW
+    # its owner heartbeats the front far past the refused item: the shard stays below it
+    assert agent.ask(Batch(3, 5, "", AckBatch.empty(), (Heartbeat(1, 100),))) == Ok(3)
+    assert max(reported(coordinator)) <= LOW
 
 
-def test_proven_acks_are_applied(shard0: RawClient) -> None:
-    assert shard0.ask(FrontOp(1, 5, True, 1, "src", 0)) == Ok(1)
+def test_proven_acks_are_applied(shard0: tuple[RawClient, RawClient]) -> None:
+    agent, coordinator = shard0
+    assert agent.ask(FrontOp(1, 5, True, 1, "src", 0)) == Ok(1)
     acks = AckBatch.of([Ack(0, LOW, 0xA, 1), Ack(0, LOW, 0xA, -1)])
-    assert shard0.ask(Batch(2, 5, "", acks, (Heartbeat(1, 100),), NodeTime(5, 1, LOW))) == Ok(2)
-    assert min(reported(shard0)) >= 100
+    assert agent.ask(Batch(2, 5, "", acks, (Heartbeat(1, 100),), NodeTime(5, 1, LOW))) == Ok(2)
+    assert min(reported(coordinator)) >= 100

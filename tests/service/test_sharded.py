@@ -14,9 +14,20 @@ import pytest
 
 from lowtide.core.messages import Ack, AckBatch, Heartbeat, MinTimeUpdate
 from lowtide.service import Agent, BatchKey
-from lowtide.service.batches import stream_time
+from lowtide.service.client.batches import stream_time
 from lowtide.wire.messages import Batch, Ok, Welcome
-from tests.service.procs import consumed, consumer, graph, produced, producer, serve, write_graph
+from tests.service.procs import (
+    FRONT_OWNER,
+    consumed,
+    consumer,
+    graph,
+    produced,
+    producer,
+    serve,
+    shard_pids,
+    wait_until,
+    write_graph,
+)
 from tests.service.raw import RawClient
 
 pytestmark = pytest.mark.socket
@@ -24,26 +35,6 @@ pytestmark = pytest.mark.socket
 SLOTS = 12
 HELD = 6
 FRONTS = (0, 1)
-
-
-def wait_until(check: Any, timeout_s: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise TimeoutError("condition not met")
-
-
-def shard_pids(agent: Agent) -> list[int]:
-    def pids() -> list[int] | None:
-        shards = agent.status()["shards"]
-        if all(s["status"] for s in shards):
-            return [s["status"]["pid"] for s in shards]
-        return None
-
-    return wait_until(pids)
 
 
 def test_sharded_cluster_survives_a_shard_kill(tmp_path: Path) -> None:
@@ -58,7 +49,7 @@ def test_sharded_cluster_survives_a_shard_kill(tmp_path: Path) -> None:
         watcher = Agent.connect(url, graph())
         try:
             for front in FRONTS:
-                watcher.register_front(front, "src", 1)
+                watcher.register_front(front, "src", 1, owner=FRONT_OWNER)
             watcher.on_update(seen.append, None)
             victim = shard_pids(watcher)[1]
             procs = [ctx.Process(target=producer, args=(url, f, SLOTS)) for f in FRONTS]
@@ -102,7 +93,7 @@ def _split_batch_is_completed_by_a_retry(agent: Agent) -> None:
     shard0 = agent.status()["shards"][0]["url"]
     dying = RawClient.open(shard0)
     try:
-        assert isinstance(dying.hello(), Welcome)
+        assert isinstance(dying.hello(shard=(0, 2)), Welcome)
         part = batch.take(batch.time == 40)
         dying.send(Batch(1, 424242, key.text(), part, (), stream_time(key, 40)))
         assert dying.recv() == Ok(1)

@@ -19,9 +19,10 @@ from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import AckBatch
 from lowtide.core.time import TimeGrid
 from lowtide.service import Agent, BatchKey, TrackerService
-from lowtide.service.metrics import ServerMetrics
+from lowtide.service.client.status import render
 from lowtide.service.progress import RowRates, stalled_fronts
-from lowtide.service.status import render
+from lowtide.service.server.metrics import ServerMetrics
+from lowtide.service.web.view import view_document
 
 GRID = TimeGrid(delta_ms=10)
 
@@ -166,3 +167,21 @@ def test_coordinator_sums_row_counts_of_its_shards(tmp_path: Path) -> None:
             status = agent.status()
         per_shard = [rows_of(s["status"])["src"][0] for s in status["shards"]]
         assert per_shard == [20, 20]
+
+
+def test_declared_and_refused_fronts_show_in_lowtide_status() -> None:
+    """Issue 29 point 1: the consumer's side (``lowtide status``, the web view) shows a
+    declared front still awaited and a front refused for being behind."""
+    status = {"server": "t", "segments": [], "fronts": {}, "now_ms": 0,
+              "fronts_declared": {"4": ["src", 1000, -1]},
+              "front_events": {"behind": 1, "retired": 0, "recent": [
+                  "refused: front 5 registers at 80, below its segment's min time 120"]}}
+    text = text_of(status)
+    assert "front 4 declared on src, not registered: holds it at 1000" in text
+    assert "fronts refused as behind their segment: 1" in text
+    assert "front 5 registers at 80" in text
+    doc = view_document(status, SegmentGraph.of(("src", ())))
+    assert doc["fronts"] == [{"front": 4, "segment": "src", "heartbeat": 1000,
+                              "heartbeat_lag_ms": -10_000, "stalled": False,
+                              "declared": True}]
+    assert doc["front_events"]["behind"] == 1

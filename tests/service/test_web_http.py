@@ -18,7 +18,7 @@ import pytest
 from lowtide.core.graph import SegmentGraph
 from lowtide.service import TrackerService
 from lowtide.service.auth import web_token
-from lowtide.service.web import COOKIE
+from lowtide.service.web.app import COOKIE
 from tests.service.conftest import SECRET
 from tests.service.procs import serve, write_graph
 

@@ -13,9 +13,9 @@ from lowtide.core.graph import SegmentGraph
 from lowtide.service import ServerConfig, TrackerService
 from lowtide.service.auth import web_token
 from lowtide.service.net import HttpReply, HttpRequest, parse_http_head
-from lowtide.service.web import COOKIE, WebApp
-from lowtide.service.webpage import PAGE_HTML
-from lowtide.service.webview import WebView, view_document
+from lowtide.service.web.app import COOKIE, WebApp
+from lowtide.service.web.page import PAGE_HTML
+from lowtide.service.web.view import WebView, view_document
 from tests.service import lost
 from tests.service.conftest import SECRET
 

@@ -34,7 +34,9 @@ class Applied:
 
 class CoreAgent:
     """An agent that applies straight to a core Tracker (no network): for pure tests
-    of what the Spark layer sends. Keys are deduplicated as the service does."""
+    of what the Spark layer sends. Keys are deduplicated as the service does; owner
+    names are taken and ignored (every front belongs to owner 0: the service's tests
+    check owners)."""
 
     def __init__(self, graph: SegmentGraph, grid: TimeGrid | None = None) -> None:
         self.graph = graph
@@ -50,7 +52,7 @@ class CoreAgent:
             self.tracker.register_front(RegisterFront(front, segment, time))
 
     def send_batch(self, key: Any, acks: AckBatch, heartbeats: Iterable[Heartbeat] = (),
-                   timeout_s: float = 30.0) -> bool:
+                   timeout_s: float = 30.0, *, owner: str | None = None) -> bool:
         with self.lock:
             if key in self.keys:
                 return False
@@ -60,14 +62,14 @@ class CoreAgent:
             return True
 
     def submit_batch(self, key: Any, acks: AckBatch, heartbeats: Iterable[Heartbeat] = (),
-                     timeout_s: float = 30.0) -> Applied:
+                     timeout_s: float = 30.0, *, owner: str | None = None) -> Applied:
         return Applied(self.send_batch(key, acks, heartbeats, timeout_s))
 
     def add_acks(self, acks: AckBatch) -> None:
         with self.lock:
             self.tracker.apply(acks)
 
-    def heartbeat(self, front: int, time: int) -> None:
+    def heartbeat(self, front: int, time: int, *, owner: str | None = None) -> None:
         with self.lock:
             self.tracker.heartbeat(Heartbeat(front, time))
 

@@ -46,6 +46,9 @@ def test_a_broken_pipe_at_stop_is_muted_a_real_traceback_is_not() -> None:
     assert run([*BROKEN_PIPE, *REAL, "after\n"]) == [*REAL, "after\n"]
     reset = [*BROKEN_PIPE[:-1], "ConnectionResetError: [Errno 104] reset by peer\n"]
     assert run(reset) == []
+    # a worker that started after the JVM stopped waiting (the query's error says so)
+    late = [*BROKEN_PIPE[:-1], "ConnectionRefusedError: [Errno 111] Connection refused\n"]
+    assert run(late) == []
 
 
 def test_an_unfinished_or_endless_traceback_is_passed_on() -> None:

@@ -12,36 +12,17 @@ from hypothesis import strategies as st
 from lowtide.core.messages import (
     AckBatch,
     Heartbeat,
-    MinTimeUpdate,
     NodeTime,
-    ShardRelease,
-    ShardReport,
 )
 from lowtide.wire import FrameDecoder, FrameTooLarge, WireError, decode, encode, frame
 from lowtide.wire.log import decode_snapshot, encode_snapshot, read_records, record, torn_at
 from lowtide.wire.messages import (
-    Auth,
     Batch,
-    Challenge,
     Commit,
-    Error,
-    ErrorCode,
     FrontOp,
-    Hello,
-    Notify,
     Ok,
-    Role,
-    ShardReleaseFrame,
-    ShardReportFrame,
-    Status,
-    StatusRequest,
-    Subscribe,
-    Unsubscribe,
-    WatchShard,
-    Welcome,
 )
-
-GRAPH = (("src", ()), ("sink", ("src",)))
+from tests.wire.helpers import SAMPLES
 
 
 def acks(n: int) -> AckBatch:
@@ -52,28 +33,6 @@ def acks(n: int) -> AckBatch:
         rng.integers(0, 1 << 63, n),
         rng.integers(-5, 5, n),
     )
-
-
-SAMPLES = [
-    Hello(1, Role.AGENT, b"n" * 32, "agent-1", GRAPH),
-    Hello(1, Role.STATUS, b"", "", None),
-    Challenge(b"c" * 32, b"p" * 32),
-    Auth(b"p" * 32),
-    Welcome(1, "srv", GRAPH, 10, 4, ("tcp://127.0.0.1:1", "tcp://127.0.0.1:2")),
-    FrontOp(3, 9, True, 7, "src", 100),
-    Subscribe(4, None),
-    Subscribe(5, "sink"),
-    Unsubscribe(5),
-    StatusRequest(6),
-    Ok(7, True),
-    Error(8, ErrorCode.ACK_BEHIND_HEAD, "late"),
-    Notify(((1, MinTimeUpdate("src", 5)), (2, MinTimeUpdate(None, 4)))),
-    Status(9, '{"a": 1}'),
-    WatchShard(10),
-    ShardReportFrame(ShardReport(1, (3, 4), ((7, 2), (8, 1)), ((7, 2, 30),))),
-    ShardReleaseFrame(ShardRelease((3, 4)), ((7, 2),)),
-    Commit(123),
-]
 
 
 def same_batch(a: Batch, b: Batch) -> bool:

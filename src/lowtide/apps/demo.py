@@ -23,10 +23,10 @@ start, first micro-batches); each query's own beside its delays.
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -34,12 +34,31 @@ from typing import Any
 
 import numpy as np
 
-from lowtide.apps.startup import raise_if_failed, wait_warm
+from lowtide.apps.demo_report import (
+    compare,
+    dropped_by_watermark,
+    first_window_s,
+    judged_to_ms,
+    matches_batch,
+    print_table,
+    read_windows,
+    side,
+)
+from lowtide.apps.startup import (
+    QueryFailed,
+    WorkerStartFailed,
+    make_session,
+    prepare,
+    raise_if_failed,
+    wait_warm,
+)
 from lowtide.service import wall_ms
 
 WINDOW = "2 seconds"
 WINDOW_MS = 2_000
 USERS = 8
+START_ATTEMPTS = 3
+OUTPUTS = ("lt_out", "lt_ckpt", "wm_out", "wm_ckpt")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -63,21 +82,6 @@ def demo_spec(fronts: int, rate: float, lag_ms: int, t0_ms: int) -> Any:
 
     return GeneratorSpec(fronts=fronts, rate=rate, payload_bytes=8,
                          lag_ms={fronts - 1: lag_ms} if lag_ms else {}, t0_ms=t0_ms)
-
-
-def make_session(master: str, app: str, prewarm_workers: int = 0) -> Any:
-    from lowtide.spark import SessionConfig
-
-    return SessionConfig(master=master, app_name=app, ui=False,
-                         prewarm_workers=prewarm_workers).build()
-
-
-def prepare(spark: Any) -> None:
-    """Register the sources; keep every progress report (drops are summed over them)."""
-    from lowtide.spark.pipeline import register_sources
-
-    register_sources(spark)
-    spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "100000")
 
 
 # ------------------------------------------------------------------ the pipelines
@@ -189,51 +193,6 @@ def batch_events(spec: Any, horizon_ms: int) -> Any:
                                      for f in spec.front_ids()})
 
 
-def committed(out: str) -> set[str] | None:
-    """Names of the files a Spark file sink committed (its ``_spark_metadata`` log);
-    None for a sink without that log (lowtide's sink publishes files at commit)."""
-    log = Path(out) / "_spark_metadata"
-    if not log.is_dir():
-        return None
-    names = set()
-    for f in log.iterdir():
-        if f.name.startswith("."):
-            continue
-        for line in f.read_text().splitlines()[1:]:
-            entry = json.loads(line)
-            if entry.get("action") == "add":
-                names.add(os.path.basename(entry["path"]))
-    return names
-
-
-def read_windows(out: str) -> Any:
-    """user, start_ms, end_ms, n, total, done_ms (file mtime) of every committed result
-    row (a query stopped during a micro-batch may leave files of an aborted one)."""
-    import pandas as pd
-    import pyarrow.parquet as pq
-
-    frames = []
-    names = committed(out)
-    for f in sorted(glob.glob(os.path.join(out, "*.parquet"))):
-        if names is not None and os.path.basename(f) not in names:
-            continue
-        try:
-            t = pq.read_table(f, columns=["user", "window_start", "window_end", "n", "total"])
-        except Exception:  # a file being written
-            continue
-        df = t.to_pandas()
-        df["done_ms"] = os.stat(f).st_mtime_ns // 1_000_000
-        frames.append(df)
-    if not frames:
-        return pd.DataFrame(columns=["user", "start_ms", "end_ms", "n", "total", "done_ms"])
-    df = pd.concat(frames, ignore_index=True)
-    epoch = pd.Timestamp(0, tz="UTC")
-    for c in ("window_start", "window_end"):
-        df[c.replace("window_", "") + "_ms"] = (
-            (pd.to_datetime(df[c], utc=True) - epoch) // pd.Timedelta(1, "ms")).astype("int64")
-    return df[["user", "start_ms", "end_ms", "n", "total", "done_ms"]]
-
-
 def batch_recompute(spark: Any, spec: Any, horizon_ms: int) -> Any:
     """Spark batch: the same parse, filter and windows over every event labelled
     before ``horizon_ms`` (the generator is deterministic)."""
@@ -246,60 +205,6 @@ def batch_recompute(spark: Any, spec: Any, horizon_ms: int) -> Any:
                    (F.unix_millis(F.col("window.end"))).alias("end_ms"), "n", "total"))
     out = res.toPandas()
     return out[out["end_ms"] <= horizon_ms]
-
-
-def compare(got: Any, batch: Any, complete_below_ms: int) -> dict[str, int]:
-    """Emitted windows vs the batch, over the batch's windows ending at or below
-    ``complete_below_ms``: ``windows`` (in the batch) = ``exact`` + ``differ`` (emitted
-    with another count or sum) + ``missing`` (never emitted); ``unexpected`` (emitted,
-    not in the batch), ``duplicates``; ``rows_lost`` = ``rows`` (in the batch's
-    windows) - ``rows_emitted`` (in the first copy of each emitted window)."""
-    exp = {(u, int(s)): (int(n), float(t)) for u, s, e, n, t in
-           zip(batch["user"], batch["start_ms"], batch["end_ms"], batch["n"], batch["total"],
-               strict=True) if e <= complete_below_ms}
-    seen: set[tuple[str, int]] = set()
-    c = dict.fromkeys(("exact", "differ", "unexpected", "duplicates", "rows_emitted"), 0)
-    for u, s, e, n, t in zip(got["user"], got["start_ms"], got["end_ms"], got["n"], got["total"],
-                             strict=True):
-        k = (u, int(s))
-        if e > complete_below_ms:
-            continue  # beyond what the batch can judge
-        if k in seen:
-            c["duplicates"] += 1
-            continue
-        seen.add(k)
-        want = exp.get(k)
-        if want is None:
-            c["unexpected"] += 1
-            continue
-        c["rows_emitted"] += int(n)
-        same = want[0] == int(n) and np.isclose(want[1], float(t))
-        c["exact" if same else "differ"] += 1
-    rows = sum(n for n, _t in exp.values())
-    return {**c, "windows": len(exp), "missing": sum(1 for k in exp if k not in seen),
-            "rows": rows, "rows_lost": rows - c["rows_emitted"]}
-
-
-def judged_to_ms(got: Any, floor_ms: int = 0) -> int:
-    """Up to which window end a query's windows are judged: its last emitted window
-    (a window query emits in window-end order), or ``floor_ms`` if later."""
-    return int(max([floor_ms, *got["end_ms"]]))
-
-
-def delays(got: Any, since_ms: int) -> tuple[int, float, float, float]:
-    d = got[got["end_ms"] >= since_ms]
-    if not len(d):
-        return 0, float("nan"), float("nan"), float("nan")
-    x = (d["done_ms"] - d["end_ms"]).to_numpy(np.float64)
-    return len(d), float(x.mean()), float(np.percentile(x, 50)), float(np.percentile(x, 99))
-
-
-def dropped_by_watermark(query: Any) -> int:
-    total = 0
-    for p in query.recentProgress:
-        for op in p.get("stateOperators", []) or []:
-            total += int(op.get("numRowsDroppedByWatermark", 0) or 0)
-    return total
 
 
 # ------------------------------------------------------------------ live view
@@ -341,18 +246,36 @@ def render(pipe: Any, lt_out: str, wm_query: Any, delay_ms: int) -> Any:
 
 
 def main(args: argparse.Namespace) -> int:
-    if getattr(args, "input", None):
-        from lowtide.apps import demo_input
-
-        return demo_input.main(args)
-    started_ms = wall_ms()
-    # Python workers start while the queries are planned
-    spark = make_session(args.master, "lowtide-demo", prewarm_workers=2)
     try:
-        doc = run(spark, args, started_ms)
-    finally:
-        spark.stop()
+        if getattr(args, "input", None):
+            from lowtide.apps import demo_input
+
+            return demo_input.main(args)
+        started_ms = wall_ms()
+        # Python workers start while the queries are planned
+        spark = make_session(args.master, "lowtide-demo", prewarm_workers=2)
+        try:
+            doc = run_started(spark, args, started_ms)
+        finally:
+            spark.stop()
+    except QueryFailed as failed:  # one line, not Spark's and Python's stack traces
+        print(f"lowtide demo: {failed}", file=sys.stderr)
+        return 1
     return 0 if doc["matches_batch"] else 1
+
+
+def run_started(spark: Any, args: argparse.Namespace, started_ms: int) -> dict[str, Any]:
+    """:func:`run`, started again (fresh outputs) when a Python worker did not connect
+    back in time: on a loaded machine the next start usually makes it."""
+    for attempt in range(1, START_ATTEMPTS):
+        try:
+            return run(spark, args, started_ms)
+        except WorkerStartFailed as failed:
+            if not args.json:
+                print(f"{failed}; starting again ({attempt + 1} of {START_ATTEMPTS})")
+            for name in OUTPUTS if args.dir else ():
+                shutil.rmtree(os.path.join(args.dir, name), ignore_errors=True)
+    return run(spark, args, started_ms)
 
 
 def watch(args: argparse.Namespace, pipe: Any, lt: Any, wm: Any, lt_out: str) -> None:
@@ -383,7 +306,7 @@ def run(spark: Any, args: argparse.Namespace, started_ms: int | None = None) -> 
     spec = demo_spec(args.fronts, args.rate, args.lag_ms, wall_ms())
     prepare(spark)
     tmp = args.dir or tempfile.mkdtemp(prefix="lowtide-demo-")
-    d = {k: os.path.join(tmp, k) for k in ("lt_out", "lt_ckpt", "wm_out", "wm_ckpt")}
+    d = {k: os.path.join(tmp, k) for k in OUTPUTS}
     say = (lambda *a: None) if args.json else print
     pipe = wm = lt = None
     try:
@@ -414,64 +337,17 @@ def run(spark: Any, args: argparse.Namespace, started_ms: int | None = None) -> 
             shutil.rmtree(tmp, ignore_errors=True)
     lt_side, wm_side = side(lt_got, lt_cmp, warm_ms), side(wm_got, wm_cmp, warm_ms)
     lt_side["lag_ms"] = wm_side["lag_ms"] = args.lag_ms  # the physical limit: lag + a batch
-    matches = lt_cmp["windows"] == lt_cmp["exact"] and not (
-        lt_cmp["unexpected"] or lt_cmp["duplicates"])
-    if not args.json:
-        print_table(args, lt_side, wm_side, lt_cmp, wm_cmp, dropped_wm)
-        print(f"lowtide matches the batch recomputation: {matches}")
     lt_side["first_window_s"] = first_s = first_window_s(lt_got, started_ms)
     wm_side["first_window_s"] = first_window_s(wm_got, started_ms)
+    matches = matches_batch(lt_cmp)
+    if not args.json:
+        print_table(args, WINDOW, lt_side, wm_side, lt_cmp, wm_cmp, dropped_wm)
+        print(f"lowtide matches the batch recomputation: {matches}")
     doc = {"bench": "demo", "lowtide": lt_side, "watermark": wm_side, "matches_batch": matches,
            "same_events": same, "t0_ms": spec.t0_ms, "first_window_s": first_s,
            "lag_ms": args.lag_ms}
     print(json.dumps(doc), flush=True)
     return doc
-
-
-def first_window_s(got: Any, started_ms: int) -> float | None:
-    """Seconds from the command's start to a query's first result file."""
-    return round(float(got["done_ms"].min() - started_ms) / 1000, 1) if len(got) else None
-
-
-def side(got: Any, cmp: dict[str, int], warm_ms: int) -> dict[str, Any]:
-    """One query's JSON: windows, rows lost vs the batch, delays after warm-up."""
-    n, mean, p50, p99 = delays(got, warm_ms)
-
-    def ms(x: float) -> float | None:
-        return None if np.isnan(x) else round(x, 1)
-
-    return {"windows": len(got), "late_dropped": cmp["rows_lost"],
-            "delay_mean_ms": ms(mean), "delay_p50_ms": ms(p50), "delay_p99_ms": ms(p99),
-            "delay_windows": n, "differ_from_batch": cmp["differ"]}
-
-
-def print_table(args: argparse.Namespace, lt: dict[str, Any], wm: dict[str, Any],
-                lt_cmp: dict[str, int], wm_cmp: dict[str, int], dropped_wm: int) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    t = Table(title=f"lowtide vs withWatermark({args.watermark_ms} ms), front "
-                    f"{args.fronts - 1} lagging {args.lag_ms} ms, {WINDOW} windows")
-    for c in ("", "lowtide", "watermark"):
-        t.add_column(c, justify="right")
-    rows = [
-        ("windows emitted", lt["windows"], wm["windows"]),
-        ("rows dropped as late (missing vs batch)", lt["late_dropped"], wm["late_dropped"]),
-        ("  Spark's numRowsDroppedByWatermark", "-", dropped_wm),
-        ("windows differing from batch", lt_cmp["differ"], wm_cmp["differ"]),
-        ("complete windows never emitted", lt_cmp["missing"], wm_cmp["missing"]),
-        ("windows emitted twice", lt_cmp["duplicates"], wm_cmp["duplicates"]),
-        ("windows ending after warm-up", lt["delay_windows"], wm["delay_windows"]),
-        ("delay window end -> result, mean ms", lt["delay_mean_ms"], wm["delay_mean_ms"]),
-        ("delay p50 ms", lt["delay_p50_ms"], wm["delay_p50_ms"]),
-        ("  the lagging front's lag, ms", lt.get("lag_ms", "-"), wm.get("lag_ms", "-")),
-        ("delay p99 ms", lt["delay_p99_ms"], wm["delay_p99_ms"]),
-        ("first window, s after start", lt.get("first_window_s", "-"),
-         wm.get("first_window_s", "-")),
-    ]
-    for r in rows:
-        t.add_row(*(str(x) for x in r))
-    Console().print(t)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,16 @@ from typing import Any
 
 import numpy as np
 
-from lowtide.apps import demo
+from lowtide.apps.demo_report import (
+    compare,
+    dropped_by_watermark,
+    judged_to_ms,
+    matches_batch,
+    print_table,
+    read_windows,
+    side,
+)
+from lowtide.apps.startup import make_session, prepare, raise_if_failed
 from lowtide.core.acks import root_acks
 from lowtide.core.messages import AckBatch
 from lowtide.core.time import TimeGrid
@@ -278,7 +287,7 @@ def warm_up(folder: Path, queries: list[Any], timeout_s: float = 300.0) -> None:
     deadline = time.monotonic() + timeout_s
     k = 0
     while any(len(q.recentProgress) < 2 for q in queries):
-        demo.raise_if_failed(queries)
+        raise_if_failed(queries)
         if time.monotonic() > deadline:
             raise RuntimeError(f"queries did not start within {timeout_s:.0f} s")
         k += 1
@@ -308,7 +317,7 @@ def replay(fronts: Fronts, queries: list[Any], rp: Replay) -> int:
     """Run the fronts on the wall clock; then heartbeat past the last window. Returns
     the replay time by which every window has ended."""
     while fronts.step(wall_ms()):
-        demo.raise_if_failed(queries)
+        raise_if_failed(queries)
         time.sleep(0.05)
     last = int(fronts.plan["replay_ms"].max())
     end_ms = rp.t0_ms + ((last - rp.t0_ms) // rp.replay_window_ms + 1) * rp.replay_window_ms
@@ -322,10 +331,10 @@ def results(d: dict[str, str], rp: Replay, plan: Any) -> dict[str, Any]:
     """Both sides judged against the batch: lowtide up to its sink's min time (all of
     it), the watermark query up to its last emitted window."""
     batch = batch_windows(plan, rp)
-    lt_ev, lt_rp = on_event_clock(demo.read_windows(d["lt_out"]), rp, True)
-    wm_ev, wm_rp = on_event_clock(demo.read_windows(d["wm_out"]), rp, False)
-    lt_cmp = demo.compare(lt_ev, batch, int(batch["end_ms"].max()))
-    wm_cmp = demo.compare(wm_ev, batch, demo.judged_to_ms(wm_ev))
+    lt_ev, lt_rp = on_event_clock(read_windows(d["lt_out"]), rp, True)
+    wm_ev, wm_rp = on_event_clock(read_windows(d["wm_out"]), rp, False)
+    lt_cmp = compare(lt_ev, batch, int(batch["end_ms"].max()))
+    wm_cmp = compare(wm_ev, batch, judged_to_ms(wm_ev))
     return {"lt": (lt_rp, lt_cmp), "wm": (wm_rp, wm_cmp), "fronts": int(plan["front"].nunique())}
 
 
@@ -340,7 +349,7 @@ def run(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
                          f"{GRID.delta_ms} ms")
     e0 = int(ev["event_ms"].min()) // window_ms * window_ms
     rp = Replay(window_ms, args.replay_window_ms, e0, 0)
-    demo.prepare(spark)
+    prepare(spark)
     tmp = args.dir or tempfile.mkdtemp(prefix="lowtide-demo-input-")
     d = {k: os.path.join(tmp, k) for k in ("lt_out", "lt_ckpt", "wm_out", "wm_ckpt", "in")}
     Path(d["in"]).mkdir(parents=True, exist_ok=True)
@@ -358,7 +367,7 @@ def run(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
             f"{rp.replay_window_ms} ms, {int(plan['front'].nunique())} fronts; outputs in {tmp}")
         end_ms = replay(fronts, [lt.query, wm], rp)
         lt.wait_for_min_time(GRID.slot_of(end_ms), timeout_s=600)
-        dropped_wm = demo.dropped_by_watermark(wm)
+        dropped_wm = dropped_by_watermark(wm)
         lt.stop()
         stop_between_batches(wm)
         res = results(d, rp, plan)
@@ -375,13 +384,12 @@ def run(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
 def report(args: argparse.Namespace, res: dict[str, Any], since_ms: int,
            dropped_wm: int) -> dict[str, Any]:
     (lt_got, lt_cmp), (wm_got, wm_cmp) = res["lt"], res["wm"]
-    lt_side, wm_side = demo.side(lt_got, lt_cmp, since_ms), demo.side(wm_got, wm_cmp, since_ms)
-    matches = lt_cmp["windows"] == lt_cmp["exact"] and not (
-        lt_cmp["unexpected"] or lt_cmp["duplicates"])
+    lt_side, wm_side = side(lt_got, lt_cmp, since_ms), side(wm_got, wm_cmp, since_ms)
+    matches = matches_batch(lt_cmp)
     if not args.json:
         shown = argparse.Namespace(**{**vars(args), "fronts": res["fronts"],
                                       "watermark_ms": duration_ms(args.watermark_delay)})
-        demo.print_table(shown, lt_side, wm_side, lt_cmp, wm_cmp, dropped_wm)
+        print_table(shown, args.window, lt_side, wm_side, lt_cmp, wm_cmp, dropped_wm)
         print(f"lowtide matches the batch recomputation: {matches}")
     doc = {"bench": "demo", "input": args.input, "lowtide": lt_side, "watermark": wm_side,
            "matches_batch": matches, "rows": lt_cmp["rows"], "window": args.window,
@@ -393,7 +401,7 @@ def report(args: argparse.Namespace, res: dict[str, Any], since_ms: int,
 def main(args: argparse.Namespace) -> int:
     if not args.time_column:
         raise SystemExit("lowtide demo --input needs --time-column (the event time)")
-    spark = demo.make_session(args.master, "lowtide-demo-input")
+    spark = make_session(args.master, "lowtide-demo-input")
     try:
         doc = run(spark, args)
     finally:

@@ -1,5 +1,5 @@
 """A single-node Apache Kafka broker (KRaft mode, no ZooKeeper) on 127.0.0.1, for tests,
-the demo and ``lowtide kafka up|down|status``.
+the demo and ``lowtide kafka up|down|status|topic``.
 
 ``KafkaBrokerConfig(data_dir).build()`` picks free ports, writes ``server.properties``
 under ``data_dir``, formats the storage (``kafka.tools.StorageTool format``, Kafka
@@ -8,6 +8,12 @@ group of its own and returns once the broker accepts connections; ``stop()`` end
 process group by its id (TERM, then KILL). A broker that does not come up is stopped
 before the error is raised. The jars come from ``make setup`` (jars/kafka/pom.xml);
 nothing is downloaded at run time.
+
+The broker's data stays in ``data_dir`` across ``stop()`` and a later ``build()``: the
+storage is formatted once, and later starts reuse its cluster id (``reset=True``
+deletes the data first). ``lowtide kafka up`` keeps it under the user's state
+directory (``$XDG_STATE_HOME/lowtide/kafka``, else ``~/.local/state/lowtide/kafka``;
+``$LOWTIDE_KAFKA_DIR`` or ``--dir`` elsewhere), never in the working directory.
 
 A user with a real cluster skips all of this: their brokers' address is the
 ``bootstrap.servers`` of lowtide's producer helpers and of Spark's Kafka source.
@@ -20,6 +26,7 @@ import base64
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -28,14 +35,26 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["BrokerFailed", "KafkaBroker", "KafkaBrokerConfig", "kafka_jars_dir", "register"]
+from lowtide import LowtideError
+
+__all__ = ["BrokerFailed", "KafkaBroker", "KafkaBrokerConfig", "default_dir", "kafka_jars_dir",
+           "register"]
 
 JARS_ENV = "LOWTIDE_KAFKA_JARS"
+DIR_ENV = "LOWTIDE_KAFKA_DIR"
 STATE_FILE = "broker.json"
-DEFAULT_DIR = ".lowtide/kafka"
 
 
-class BrokerFailed(RuntimeError):
+def default_dir() -> Path:
+    """Where ``lowtide kafka`` keeps the broker: ``$LOWTIDE_KAFKA_DIR``, else
+    ``$XDG_STATE_HOME/lowtide/kafka``, else ``~/.local/state/lowtide/kafka``."""
+    if os.environ.get(DIR_ENV):
+        return Path(os.environ[DIR_ENV])
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "lowtide" / "kafka"
+
+
+class BrokerFailed(LowtideError, RuntimeError):
     """The broker could not be started (the message names the log to read)."""
 
 
@@ -97,21 +116,25 @@ class KafkaBrokerConfig:
     jars: Path | None = None
     heap_mb: int = 384
     start_timeout_s: float = 60.0
+    reset: bool = False  # delete the broker's data (topics, offsets) first
 
     def build(self) -> KafkaBroker:
-        """Format the storage and start the broker; returns once it accepts connections."""
+        """Format the storage (once: a later start keeps the data and its cluster id)
+        and start the broker; returns once it accepts connections."""
         jars = self.jars or kafka_jars_dir()
         if not any(jars.glob("kafka_2.13-*.jar")):
             raise BrokerFailed(f"no Kafka broker jars in {jars}: run `make setup` "
                                f"(or set {JARS_ENV})")
         data_dir = Path(self.data_dir).resolve()
+        if self.reset:
+            shutil.rmtree(data_dir / "logs", ignore_errors=True)
         data_dir.mkdir(parents=True, exist_ok=True)
         port, controller_port = free_port(), free_port()
         props = data_dir / "server.properties"
         props.write_text(server_properties(data_dir, port, controller_port))
         java = ["java", f"-Xmx{self.heap_mb}m", "-cp", f"{jars}/*"]
         log_path = data_dir / "broker.log"
-        cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster = cluster_id(data_dir / "logs")
         with open(log_path, "ab") as log:
             fmt = subprocess.run([*java, "kafka.tools.StorageTool", "format", "-t", cluster,
                                   "-c", str(props), "--ignore-formatted"],
@@ -128,6 +151,17 @@ class KafkaBrokerConfig:
             broker.stop()
             raise
         return broker
+
+
+def cluster_id(logs: Path) -> str:
+    """The cluster id the storage in ``logs`` was formatted with (Kafka refuses to start
+    on storage of another cluster), or a new one."""
+    meta = logs / "meta.properties"
+    if meta.exists():
+        for line in meta.read_text().splitlines():
+            if line.startswith("cluster.id="):
+                return line.split("=", 1)[1].strip()
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
 
 @dataclass(frozen=True)
@@ -206,34 +240,40 @@ class KafkaBroker:
 
 
 def _state(args: argparse.Namespace) -> Path:
-    return Path(args.dir) / STATE_FILE
+    return Path(args.dir or default_dir()) / STATE_FILE
+
+
+def _recorded(args: argparse.Namespace) -> KafkaBroker | None:
+    state = _state(args)
+    return KafkaBroker.load(state) if state.exists() else None
 
 
 def _up(args: argparse.Namespace) -> int:
-    state = _state(args)
-    if state.exists() and KafkaBroker.load(state).running():
-        print(f"already running: {KafkaBroker.load(state).bootstrap} (lowtide kafka down)")
+    broker = _recorded(args)
+    if broker is not None and broker.running():
+        print(f"already running: {broker.bootstrap} (lowtide kafka down --dir "
+              f"{_state(args).parent})")
         return 1
-    broker = KafkaBrokerConfig(Path(args.dir)).build()
+    state = _state(args)
+    broker = KafkaBrokerConfig(state.parent, reset=args.reset).build()
     broker.save(state)
     print(json.dumps({"bootstrap": broker.bootstrap, "pid": broker.pid, "state": str(state)}))
     return 0
 
 
 def _down(args: argparse.Namespace) -> int:
-    state = _state(args)
-    if not state.exists():
-        print(f"no broker recorded in {state}")
+    broker = _recorded(args)
+    if broker is None:
+        print(f"no broker recorded in {_state(args)}")
         return 1
-    KafkaBroker.load(state).stop()
-    state.unlink()
-    print("stopped")
+    broker.stop()
+    _state(args).unlink()
+    print("stopped (its data stays: `lowtide kafka up` starts it again, --reset empties it)")
     return 0
 
 
 def _status(args: argparse.Namespace) -> int:
-    state = _state(args)
-    broker = KafkaBroker.load(state) if state.exists() else None
+    broker = _recorded(args)
     running = broker is not None and broker.running()
     print(json.dumps({"running": running,
                       "bootstrap": broker.bootstrap if broker else None,
@@ -241,16 +281,57 @@ def _status(args: argparse.Namespace) -> int:
     return 0 if running else 1
 
 
+def _topic(args: argparse.Namespace) -> int:
+    """Create topic ``args.name`` with ``args.partitions`` partitions (one replica)."""
+    broker = _recorded(args)
+    bootstrap = args.bootstrap or (broker.bootstrap if broker and broker.running() else None)
+    if bootstrap is None:
+        raise BrokerFailed(f"no broker runs in {_state(args).parent}: `lowtide kafka up` "
+                           "first, or give --bootstrap HOST:PORT")
+    try:
+        from confluent_kafka.admin import AdminClient, NewTopic
+    except ImportError:
+        raise BrokerFailed("creating a topic needs confluent-kafka: "
+                           "pip install 'lowtide[kafka]'") from None
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    have = admin.list_topics(timeout=10).topics.get(args.name)
+    if have is not None:
+        n = len(have.partitions)
+        print(f"topic {args.name!r} exists with {n} partition(s)")
+        return 0 if n == args.partitions else 1
+    future = admin.create_topics([NewTopic(args.name, args.partitions, 1)])[args.name]
+    try:
+        future.result(timeout=30)
+    except Exception as err:  # KafkaException: the broker's reason, in one line
+        raise BrokerFailed(f"creating topic {args.name!r} failed: {err}") from None
+    print(json.dumps({"topic": args.name, "partitions": args.partitions,
+                      "bootstrap": bootstrap}))
+    return 0
+
+
 def register(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """``lowtide kafka up|down|status [--dir DIR]``."""
+    """``lowtide kafka up|down|status|topic [--dir DIR]``."""
     kafka = sub.add_parser("kafka", help="a local single-node Kafka broker (KRaft) for "
                            "trying lowtide on Kafka")
-    kafka.set_defaults(handler=_status, dir=DEFAULT_DIR)  # bare `lowtide kafka`: status
+    kafka.set_defaults(handler=_status, dir=None)  # bare `lowtide kafka`: status
     actions = kafka.add_subparsers(dest="kafka", metavar="ACTION")
-    for name, handler, text in (("up", _up, "start it; prints its bootstrap address"),
-                                ("down", _down, "stop it by its recorded pid"),
-                                ("status", _status, "running or not, and where")):
-        p = actions.add_parser(name, help=text)
-        p.add_argument("--dir", default=DEFAULT_DIR,
-                       help=f"data dir and state file {STATE_FILE} (default {DEFAULT_DIR})")
+    for name, handler, text in (
+            ("up", _up, "start it (its data kept from the last run); prints its bootstrap "
+                        "address"),
+            ("down", _down, "stop it by its recorded pid; its data stays"),
+            ("status", _status, "running or not, and where; exits 1 when no broker runs"),
+            ("topic", _topic, "create topic NAME (--partitions N) on it")):
+        p = actions.add_parser(name, help=text, description=text)
+        p.add_argument("--dir", default=None,
+                       help=f"data dir and state file {STATE_FILE} (default "
+                            f"${DIR_ENV}, else $XDG_STATE_HOME/lowtide/kafka, else "
+                            "~/.local/state/lowtide/kafka)")
         p.set_defaults(handler=handler)
+        if name == "up":
+            p.add_argument("--reset", action="store_true",
+                           help="delete the broker's data (topics, offsets) first")
+        if name == "topic":
+            p.add_argument("name", help="the topic")
+            p.add_argument("--partitions", type=int, default=1, help="(default 1)")
+            p.add_argument("--bootstrap", default=None,
+                           help="another broker's HOST:PORT (default: the one `up` started)")

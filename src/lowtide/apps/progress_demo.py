@@ -65,7 +65,7 @@ def main(args: argparse.Namespace) -> int:
                 if query.query.exception() is not None:
                     print(f"query failed: {query.query.exception()}", file=sys.stderr)
                     return 1
-                status = query.status()
+                status = query.progress()
                 if end is None and status.starting is None:
                     end = time.monotonic() + args.seconds
                 print(status.render(pipe.grid.delta_ms), flush=True)

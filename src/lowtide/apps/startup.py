@@ -1,23 +1,66 @@
-"""Start-up of the demos' queries: wait until they are warm, saying meanwhile what
-their first micro-batch is doing (tens of seconds on a busy machine: Python workers
-and state stores start), so a user does not look at a silent terminal."""
+"""Start-up of the demos: their SparkSession, and their queries: wait until they are
+warm, saying meanwhile what their first micro-batch is doing (tens of seconds on a busy
+machine: Python workers and state stores start), so a user does not look at a silent
+terminal."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any
 
 from lowtide.service import wall_ms
-from lowtide.spark.pipeline import startup_phase
+from lowtide.spark.pipeline import register_sources, startup_phase
 
 SAY_EVERY_S = 2.0
 
 
+def make_session(master: str, app: str, prewarm_workers: int = 0) -> Any:
+    from lowtide.spark import SessionConfig
+
+    return SessionConfig(master=master, app_name=app, ui=False,
+                         prewarm_workers=prewarm_workers).build()
+
+
+def prepare(spark: Any) -> None:
+    """Register the sources; keep every progress report (drops are summed over them)."""
+    register_sources(spark)
+    spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "100000")
+
+
+#: how Spark 4.2 says a Python worker did not start in time (its 10 s wait is fixed)
+WORKER_START_FAILED = ("Python worker failed to connect back",
+                       "waiting for the Python worker to connect back")
+
+
+class QueryFailed(RuntimeError):
+    """A demo's query failed; the message is one line that says what to do."""
+
+
+class WorkerStartFailed(QueryFailed):
+    """A query could not start: a Python worker did not connect back in time."""
+
+
+def failure_line(name: str, error: BaseException) -> str:
+    """One line for a query's failure: a Python worker that did not start in time (a
+    loaded machine) says so and what to do; anything else, its first line."""
+    text = str(error).strip()
+    if any(marker in text for marker in WORKER_START_FAILED):
+        load = os.getloadavg()[0]
+        return (f"query {name} could not start: a Spark Python worker did not connect back "
+                f"in time (Spark waits 10 s; load average {load:.1f} on {os.cpu_count()} "
+                "cores): run it again when the machine is less busy")
+    first = text.splitlines()[0] if text else type(error).__name__
+    return f"query {name} failed: {first}"
+
+
 def raise_if_failed(queries: list[Any]) -> None:
     for q in queries:
-        if q.exception() is not None:
-            raise RuntimeError(f"query {q.name} failed: {q.exception()}")
+        error = q.exception()
+        if error is not None:
+            slow = any(marker in str(error) for marker in WORKER_START_FAILED)
+            raise (WorkerStartFailed if slow else QueryFailed)(failure_line(q.name, error))
 
 
 def phases(queries: list[Any]) -> str:

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from lowtide.bench.service import (
+    FRONT_OWNER,
     GRAPH,
     START_SLOT,
     AgentReport,
@@ -144,7 +145,8 @@ class RoundSender:
         while (item := self.queues[hop].get()) is not None:
             r, key, acks, hb = item
             self.last_send[hop][r] = time.monotonic_ns()
-            self.agent.send_batch(key, acks, (Heartbeat(self.front, hb),) if hb else ())
+            self.agent.send_batch(key, acks, (Heartbeat(self.front, hb),) if hb else (),
+                                  owner=FRONT_OWNER)
 
     def run(self, start_ns: int) -> None:
         threads = [threading.Thread(target=self.send, args=(h,)) for h in range(HOPS)]

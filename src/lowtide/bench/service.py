@@ -99,6 +99,11 @@ class Run:
 Work = list[tuple[int, BatchKey, AckBatch, tuple[Heartbeat, ...]]]  # (round, key, acks, hbs)
 
 
+#: the owner name run_fronts registers the fronts with, proven by the agent processes
+#: that heartbeat them in their keyed batches (as a Spark source's tasks do)
+FRONT_OWNER = "bench-fronts"
+
+
 def make_rounds(front: int, rounds: int, slots: int, base: int) -> Work:
     """Four batches per round: into src (with the heartbeat), src->mid, mid->sink, out."""
     out: Work = []
@@ -149,7 +154,7 @@ def agent_process(
                     return
                 r, key, acks, hbs = item
                 last_send[r] = max(last_send[r], time.monotonic_ns())
-            agent.send_batch(key, acks, hbs)
+            agent.send_batch(key, acks, hbs, owner=FRONT_OWNER)
 
     threads = [threading.Thread(target=worker) for _ in range(config.threads)]
     go.wait()
@@ -168,7 +173,7 @@ def agent_process(
 def serve_subprocess(args: list[str], timeout_s: float = 60.0) -> Iterator[str]:
     """``lowtide serve <args>`` on loopback in a subprocess; yields its url once it
     says it serves, and stops it (and so its shards) by its pid."""
-    cmd = [sys.executable, "-m", "lowtide.service.standalone", "--port", "0", *args]
+    cmd = [sys.executable, "-m", "lowtide.service.deploy.standalone", "--port", "0", *args]
     # --watch-stdin: the server exits when this process dies, even by SIGKILL
     cmd += ["--log-level", "warning", "--stuck-after-ms", "60000", "--watch-stdin"]
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -282,7 +287,7 @@ def run_fronts(
     try:
         pids = server_pids(watch.agent)
         for front in fronts:
-            watch.agent.register_front(front, "src", base)
+            watch.agent.register_front(front, "src", base, owner=FRONT_OWNER)
         procs = [
             ctx.Process(target=target, args=(url, f, base, *args, go, results)) for f in fronts
         ]

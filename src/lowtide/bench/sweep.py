@@ -109,7 +109,7 @@ def run(quick: bool) -> dict[str, Any]:
 
 
 def measure(cfg: SweepConfig) -> dict[str, Any]:
-    from lowtide.apps.demo import make_session
+    from lowtide.apps.startup import make_session
 
     spark = make_session(cfg.master, "lowtide-sweep")
     try:
@@ -128,12 +128,12 @@ def say(*parts: Any) -> None:
 def sweep(spark: Any, cfg: SweepConfig, keep_dir: str | None = None) -> dict[str, Any]:
     """Run the lowtide query and every watermark query at once on ``spark`` (left
     running); ``keep_dir``: keep outputs and checkpoints there."""
-    from lowtide.apps import demo
+    from lowtide.apps import demo, demo_report, startup
     from lowtide.service import wall_ms
     from lowtide.spark.pipeline import stop_between_batches
 
     spec = demo.demo_spec(cfg.fronts, cfg.rate, cfg.lag_ms, wall_ms())
-    demo.prepare(spark)
+    startup.prepare(spark)
     tmp = keep_dir or tempfile.mkdtemp(prefix="lowtide-sweep-")
     path = {name: os.path.join(tmp, name) for name in
             ["lowtide", *(f"watermark_{d}" for d in cfg.delays_ms)]}
@@ -148,17 +148,17 @@ def sweep(spark: Any, cfg: SweepConfig, keep_dir: str | None = None) -> dict[str
             queries[name] = demo.start_watermark(spark, spec, path[name] + "/out",
                                                  path[name] + "/ckpt", d, name=name)
         say(f"{len(queries)} queries started; front {cfg.fronts - 1} lags {cfg.lag_ms} ms")
-        warm_ms = demo.wait_warm(list(queries.values()))
+        warm_ms = startup.wait_warm(list(queries.values()))
         say(f"warm after {(warm_ms - spec.t0_ms) / 1000:.0f} s; running {cfg.seconds:.0f} s")
         wait(list(queries.values()), cfg.seconds)
         lt_horizon_ms = pipe.grid.slot_start_ms(lt.min_time())
-        spark_dropped = {n: demo.dropped_by_watermark(q) for n, q in queries.items()}
+        spark_dropped = {n: demo_report.dropped_by_watermark(q) for n, q in queries.items()}
         batch_ms = {n: median_batch_ms(q) for n, q in queries.items()}
         lt.stop()
         for q in queries.values():
             stop_between_batches(q)
-        got = {n: demo.read_windows(p + "/out") for n, p in path.items()}
-        judged = {n: demo.judged_to_ms(g, lt_horizon_ms if n == "lowtide" else 0)
+        got = {n: demo_report.read_windows(p + "/out") for n, p in path.items()}
+        judged = {n: demo_report.judged_to_ms(g, lt_horizon_ms if n == "lowtide" else 0)
                   for n, g in got.items()}
         horizon_ms = max(warm_ms, *judged.values())
         say(f"batch recomputation up to {horizon_ms - spec.t0_ms} ms after t0")
@@ -171,8 +171,8 @@ def sweep(spark: Any, cfg: SweepConfig, keep_dir: str | None = None) -> dict[str
             pipe.close()
         if keep_dir is None:
             shutil.rmtree(tmp, ignore_errors=True)
-    points = [point(g, demo.compare(g, batch, judged[n]), judged[n], warm_ms, spark_dropped[n],
-                    batch_ms[n]) for n, g in got.items()]
+    points = [point(g, demo_report.compare(g, batch, judged[n]), judged[n], warm_ms,
+                    spark_dropped[n], batch_ms[n]) for n, g in got.items()]
     return {"bench": "sweep", "config": {**asdict(cfg), "delays_ms": list(cfg.delays_ms)},
             "t0_ms": spec.t0_ms, "warm_ms": warm_ms,
             "horizon_ms": horizon_ms, "lowtide": points[0],
@@ -181,7 +181,7 @@ def sweep(spark: Any, cfg: SweepConfig, keep_dir: str | None = None) -> dict[str
 
 
 def wait(queries: list[Any], seconds: float) -> None:
-    from lowtide.apps.demo import raise_if_failed
+    from lowtide.apps.startup import raise_if_failed
 
     start = time.monotonic()
     next_say = start + 10
@@ -204,7 +204,7 @@ def median_batch_ms(query: Any) -> float | None:
 def point(got: Any, cmp: dict[str, int], judged_ms: int, warm_ms: int, spark_dropped: int,
           batch_ms: float | None) -> dict[str, Any]:
     """One query's numbers: its windows and rows against the batch, its delays."""
-    from lowtide.apps.demo import delays
+    from lowtide.apps.demo_report import delays
 
     n, mean, p50, p99 = delays(got, warm_ms)
 

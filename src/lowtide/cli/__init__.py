@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from lowtide import __version__
+from lowtide import LowtideError, __version__
 
 # (module, the extra that provides its dependencies); each has register(subparsers, bench).
 AREAS: tuple[tuple[str, str], ...] = (
@@ -29,6 +29,7 @@ AREAS: tuple[tuple[str, str], ...] = (
     ("lowtide.bench.rr", "lowtide[spark]"),
     ("lowtide.bench.sweep", "lowtide[spark]"),
     ("lowtide.bench.chaos", "lowtide[service]"),
+    ("lowtide.bench.producer", "lowtide[service]"),
     ("lowtide.bench.paper", "lowtide[bench]"),
 )
 
@@ -75,6 +76,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except LowtideError as err:  # lowtide's own errors are one line, no traceback
+        print(f"lowtide {args.command}: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

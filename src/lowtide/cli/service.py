@@ -11,9 +11,9 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 
+from lowtide.service.client.status import NoAnswer, answer_wait_s, render, watch
+from lowtide.service.deploy.standalone import add_arguments as add_serve_arguments
 from lowtide.service.progress import RowRates
-from lowtide.service.standalone import add_arguments as add_serve_arguments
-from lowtide.service.status import NoAnswer, answer_wait_s, render, watch
 
 PROG = "lowtide status"
 

@@ -32,8 +32,8 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
 
 def run_status(args: argparse.Namespace) -> int:
     from lowtide.core.time import TimeGrid
+    from lowtide.service.client.status import NoAnswer, answer_wait_s, watch
     from lowtide.service.progress import RowRates
-    from lowtide.service.status import NoAnswer, answer_wait_s, watch
     from lowtide.spark.pipeline import status_of
 
     rates = RowRates()

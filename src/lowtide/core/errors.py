@@ -7,7 +7,13 @@ offending message, keep serving everyone else, and trust that the state is uncha
 from __future__ import annotations
 
 
-class ProtocolError(ValueError):
+class LowtideError(Exception):
+    """The base of every error lowtide raises on purpose (``lowtide.LowtideError``).
+    Each subclass also keeps the builtin parent callers already catch (``ValueError``
+    for bad input, ``RuntimeError`` for a failed run, ...)."""
+
+
+class ProtocolError(LowtideError, ValueError):
     """Input that no legal sender produces; the tracker state is unchanged."""
 
 
@@ -24,7 +30,18 @@ class NonMonotonicHeartbeat(ProtocolError):
 
 
 class FrontOwned(ProtocolError):
-    """A register or unregister of a live front by someone other than its owner."""
+    """A register, heartbeat, unregister or retire of a front by someone other than
+    its owner."""
+
+
+class FrontHeld(FrontOwned):
+    """A register or unregister of a front by its owner's other session while the
+    session holding it is live (seen within the lease): a second producer."""
+
+
+class FrontBehind(ProtocolError):
+    """A new front that registers below what its segment already announced: it
+    started too late, and nobody had declared it (its records would be passed)."""
 
 
 class AckBehindHead(ProtocolError):
@@ -35,5 +52,5 @@ class TableOverflow(ProtocolError):
     """An ack so far ahead of the head that the checksum table may not grow to hold it."""
 
 
-class GraphError(ValueError):
+class GraphError(LowtideError, ValueError):
     """A pipeline graph that cannot be tracked (cycle, unknown or duplicate names)."""

@@ -1,4 +1,4 @@
-"""Local tracker: one per process, between the operators and the tracker (seed 000).
+"""Local tracker: one per process, between the operators and the tracker.
 
 It XOR-merges acks by (segment, window) and sums their counts, keeps only the latest
 heartbeat per front, and flushes by size or age. A flush lists acks in descending
@@ -14,7 +14,7 @@ every ack they cover.
 (True, 5)
 >>> f = lt.poll(now_ms=5)
 >>> [(a.segment, a.time, a.xor, a.count) for a in f.acks.to_acks()], f.heartbeats
-([(1, 0, 4, 1), (0, 10, 3, 2)], (Heartbeat(front=1, time=20),))
+([(1, 0, 4, 1), (0, 10, 3, 2)], (Heartbeat(front=1, time=20, owner=0),))
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class LocalTracker:
         self.node = node
         self._acks: list[AckBatch] = []
         self._entries = 0
-        self._heartbeats: dict[int, int] = {}
+        self._heartbeats: dict[int, Heartbeat] = {}
         self._oldest_ms: int | None = None
         self._seq = 0
 
@@ -72,9 +72,10 @@ class LocalTracker:
 
     def add_heartbeat(self, hb: Heartbeat, now_ms: int) -> None:
         last = self._heartbeats.get(hb.front)
-        if last is not None and hb.time < last:
-            raise NonMonotonicHeartbeat(f"front {hb.front} went back from {last} to {hb.time}")
-        self._heartbeats[hb.front] = hb.time
+        if last is not None and hb.time < last.time:
+            raise NonMonotonicHeartbeat(
+                f"front {hb.front} went back from {last.time} to {hb.time}")
+        self._heartbeats[hb.front] = hb
         self._touch(now_ms)
 
     def pending(self) -> int:
@@ -99,7 +100,7 @@ class LocalTracker:
         if self._oldest_ms is None:
             return None
         acks = merge_acks(AckBatch.concat(self._acks), self.config.grid.window_slots)
-        heartbeats = tuple(Heartbeat(f, t) for f, t in sorted(self._heartbeats.items()))
+        heartbeats = tuple(hb for _f, hb in sorted(self._heartbeats.items()))
         self._acks, self._entries, self._heartbeats, self._oldest_ms = [], 0, {}, None
         self._seq += 1
         return Flush(self.node, self._seq, acks, heartbeats)

@@ -34,26 +34,53 @@ class Ack:
 
 @dataclass(frozen=True)
 class Heartbeat:
-    """The front will never again emit an item with slot < time."""
+    """The front will never again emit an item with slot < time. ``owner``: the
+    front's owner id (see :class:`RegisterFront`); anyone else's heartbeat is refused."""
 
     front: int
-    time: int
-
-
-@dataclass(frozen=True)
-class RegisterFront:
-    """A front starts feeding source segment ``segment`` with items of slot >= time.
-    ``owner``: an opaque id; only the same owner may move or unregister the front."""
-
-    front: int
-    segment: str
     time: int
     owner: int = 0
 
 
 @dataclass(frozen=True)
+class RegisterFront:
+    """A front starts feeding source segment ``segment`` with items of slot >= time.
+    ``owner``: an opaque id; only the same owner may move or unregister the front.
+    ``session``: who registers it (one live session of an owner holds a front)."""
+
+    front: int
+    segment: str
+    time: int
+    owner: int = 0
+    session: int = 0
+
+
+@dataclass(frozen=True)
 class UnregisterFront:
     """The front is done: it no longer holds its segment's bound back."""
+
+    front: int
+    owner: int = 0
+    session: int = 0
+
+
+@dataclass(frozen=True)
+class DeclareFront:
+    """A front that may still produce into source segment ``segment`` from slot
+    ``time`` on (-1: where the segment starts, see :mod:`lowtide.core.fronts`): the
+    segment's bound waits for it until it registers or is retired (by ``owner``, or
+    once ``retire_after_ms`` of tracker time passed; None: never)."""
+
+    front: int
+    segment: str
+    time: int
+    owner: int = 0
+    retire_after_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class RetireFront:
+    """The declaring owner gives up on a declared front that never registered."""
 
     front: int
     owner: int = 0

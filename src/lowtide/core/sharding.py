@@ -1,4 +1,4 @@
-"""Sharded tracking (seed 000, "Distributed tracker"; DESIGN rule 8).
+"""Sharded tracking: N tracker processes, acks routed by window (rule 8).
 
 Acks are routed by window: window ``w`` belongs to shard ``w % n_shards``. Every shard
 sees every front and heartbeat, rounded up past the windows it does not own. A listener
@@ -40,15 +40,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lowtide.core.errors import ProtocolError
+from lowtide.core.errors import FrontBehind
+from lowtide.core.fronts import AT_START
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import (
     AckBatch,
+    DeclareFront,
     Flush,
     Heartbeat,
     MinTimeUpdate,
     NodeTime,
     RegisterFront,
+    RetireFront,
     ShardFlush,
     ShardRelease,
     ShardReport,
@@ -114,7 +117,7 @@ class ShardRouter:
             rounded = self.layout.shard_bound(shard, hb.time)
             if rounded > sent.get(hb.front, -1):
                 sent[hb.front] = rounded
-                out.append(Heartbeat(hb.front, hb.time))
+                out.append(hb)
         return tuple(out)
 
 
@@ -138,30 +141,46 @@ class TrackerShard:
         self._last_report: ShardReport | None = None
         self._reported = [0] * len(config.graph)  # highest min time reported, per segment
 
-    def register_front(self, msg: RegisterFront) -> None:
+    def register_front(self, msg: RegisterFront, now_ms: int = 0) -> None:
         time = self.layout.shard_bound(self.index, msg.time)
         floor = self._reported[self.tracker.graph.index(msg.segment)]
         if time < floor and msg.front not in self.tracker.fronts():
             # a report saying "nothing below floor" may be announced (or on its way)
-            raise ProtocolError(
+            raise FrontBehind(
                 f"front {msg.front} registers at {msg.time}, below min time {floor} "
-                f"that shard {self.index} reported"
+                f"that shard {self.index} reported: declare every front that may still "
+                "produce with the pipeline"
             )
-        self.tracker.register_front(RegisterFront(msg.front, msg.segment, time, msg.owner))
+        self.tracker.register_front(
+            RegisterFront(msg.front, msg.segment, time, msg.owner, msg.session), now_ms)
 
-    def unregister_front(self, msg: UnregisterFront) -> None:
-        self.tracker.unregister_front(msg)
+    def declare_front(self, msg: DeclareFront, now_ms: int = 0) -> None:
+        """Held at the shard's rounding of ``time``, like a heartbeat there; never
+        below what the shard reported."""
+        time = msg.time
+        if time != AT_START:
+            floor = self._reported[self.tracker.graph.index(msg.segment)]
+            time = max(self.layout.shard_bound(self.index, time), floor)
+        self.tracker.declare_front(
+            DeclareFront(msg.front, msg.segment, time, msg.owner, msg.retire_after_ms), now_ms)
 
-    def receive(self, flush: ShardFlush) -> None:
-        """Node time, acks and heartbeats of one flush, all or nothing."""
+    def retire_front(self, msg: RetireFront) -> None:
+        self.tracker.retire_front(msg)
+
+    def unregister_front(self, msg: UnregisterFront, now_ms: int = 0) -> None:
+        self.tracker.unregister_front(msg, now_ms)
+
+    def receive(self, flush: ShardFlush, session: int | None = None, now_ms: int = 0) -> None:
+        """Node time, acks and heartbeats of one flush, all or nothing (``session``:
+        as for :meth:`Tracker.apply_flush`)."""
         heartbeats = [
-            Heartbeat(h.front, self.layout.shard_bound(self.index, h.time))
+            Heartbeat(h.front, self.layout.shard_bound(self.index, h.time), h.owner)
             for h in flush.heartbeats
         ]
         nt = flush.node_time
         if nt is not None and nt.counter <= self._node_times.get(nt.node, 0):
             return  # a resent flush: already applied
-        self.tracker.apply_flush(flush.acks, heartbeats)
+        self.tracker.apply_flush(flush.acks, heartbeats, session, now_ms)
         if nt is not None:
             self._node_times[nt.node] = nt.counter
             self._applied.append((nt.node, nt.counter, nt.min_time))

@@ -1,4 +1,4 @@
-"""The tracker state machine (seed 000, algorithm "tracker implementation sketch").
+"""The tracker state machine: checksums per (segment, window), min times (rule 4).
 
 Inputs (acks, heartbeats, fronts) are validated as a whole and then folded into state;
 nothing is announced until :meth:`Tracker.step`, which walks the segments in
@@ -29,23 +29,21 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from lowtide.core.diagnostics import StuckDetector, StuckWindow
-from lowtide.core.errors import (
-    NonMonotonicHeartbeat,
-    ProtocolError,
-    UnknownFront,
-    UnknownSegment,
-)
-from lowtide.core.fronts import FrontTable, check_time
+from lowtide.core.errors import ProtocolError, UnknownSegment
+from lowtide.core.fronts import NEVER, Declared, FrontRow, FrontTable, check_time
 from lowtide.core.graph import SegmentGraph
+from lowtide.core.holders import HolderRow
 from lowtide.core.messages import (
     I32,
     I64,
     U64,
     AckBatch,
+    DeclareFront,
     Flush,
     Heartbeat,
     MinTimeUpdate,
     RegisterFront,
+    RetireFront,
     UnregisterFront,
 )
 from lowtide.core.table import ChecksumTable
@@ -60,6 +58,9 @@ class TrackerConfig:
     max_windows: int = 1 << 20
     stuck_after_ms: int = 5_000
     stuck_check_ms: int = 100
+    #: how long a silent session keeps its front from another session of its owner
+    #: (:mod:`lowtide.core.holders`); 0: a successor takes over at once
+    front_lease_ms: int = 0
 
     def build(self) -> Tracker:
         return Tracker(self)
@@ -74,16 +75,20 @@ class TrackerSnapshot:
     window_slots: int
     bases: I64
     cells: tuple[I64, U64, I64, I32]
-    fronts: tuple[tuple[int, int, int, int], ...]  # (front, segment, time, owner)
+    fronts: tuple[FrontRow, ...]  # (front, segment, time, owner)
     done_bounds: tuple[int, ...]
     min_times: tuple[int, ...]
     global_min: int
+    declared: tuple[Declared, ...] = ()
+    done_fronts: tuple[int, ...] = ()
+    holders: tuple[HolderRow, ...] = ()  # (front, session, seen_ms)
 
 
 @dataclass(frozen=True)
 class Step:
     updates: tuple[MinTimeUpdate, ...] = ()
     stuck: tuple[StuckWindow, ...] = ()
+    retired: tuple[Declared, ...] = ()  # declared fronts retired by their deadline
 
 
 class Tracker:
@@ -124,7 +129,7 @@ class Tracker:
             owned_every=owned_every,
             owned_index=owned_index,
         )
-        self._fronts = FrontTable(n)
+        self._fronts = FrontTable(n, config.front_lease_ms)
         self._mins = [0] * n
         self._limits = [0] * n
         self._global = 0
@@ -132,43 +137,65 @@ class Tracker:
         self._next_stuck_check_ms: int | None = None
 
     # ----------------------------------------------------------------- inputs
-    def register_front(self, msg: RegisterFront) -> None:
-        segment = self.graph.index(msg.segment)
+    def _source(self, front: int, name: str) -> int:
+        segment = self.graph.index(name)
         if not self.graph.is_source(segment):
-            raise ProtocolError(f"front {msg.front}: {msg.segment!r} has inbound segments")
-        self._fronts.register(
-            msg.front, segment, msg.time, floor=self._floor(segment), owner=msg.owner
-        )
+            raise ProtocolError(f"front {front}: {name!r} has inbound segments")
+        return segment
 
-    def unregister_front(self, msg: UnregisterFront) -> None:
-        self._fronts.unregister(msg.front, msg.owner)
+    def register_front(self, msg: RegisterFront, now_ms: int = 0) -> None:
+        """``now_ms``: the clock :meth:`step` gets (the holder's lease counts in it)."""
+        segment = self._source(msg.front, msg.segment)
+        self._fronts.register(msg.front, segment, msg.time, self._floor(segment), msg.owner,
+                              msg.session, now_ms)
+
+    def unregister_front(self, msg: UnregisterFront, now_ms: int = 0) -> None:
+        self._fronts.unregister(msg.front, msg.owner, msg.session, now_ms)
+
+    def declare_front(self, msg: DeclareFront, now_ms: int = 0) -> None:
+        """``now_ms``: the clock that :meth:`step` gets, for ``retire_after_ms``."""
+        segment = self._source(msg.front, msg.segment)
+        after = msg.retire_after_ms
+        if after is not None and after < 0:
+            raise ProtocolError(f"front {msg.front}: retire_after_ms must be >= 0")
+        retire_at = NEVER if after is None else now_ms + after
+        self._fronts.declare(msg.front, segment, msg.time, self._floor(segment), msg.owner,
+                             retire_at)
+
+    def retire_front(self, msg: RetireFront) -> None:
+        self._fronts.retire(msg.front, msg.owner)
 
     def heartbeat(self, msg: Heartbeat) -> None:
-        self._fronts.heartbeat(msg.front, msg.time)
+        self._fronts.heartbeat(msg.front, msg.time, msg.owner)
 
     def apply(self, batch: AckBatch) -> None:
         """Fold a batch of acks in, all or nothing."""
         windows, bounds = self._windows(batch)
         self._table.apply(batch.segment, windows, batch.xor, batch.count, bounds=bounds)
 
-    def apply_flush(self, acks: AckBatch, heartbeats: Iterable[Heartbeat] = ()) -> None:
-        """Acks, then heartbeats (rule 3), validated together before any is applied."""
+    def apply_flush(self, acks: AckBatch, heartbeats: Iterable[Heartbeat] = (),
+                    session: int | None = None, now_ms: int = 0) -> None:
+        """Acks, then heartbeats (rule 3), validated together before any is applied.
+        ``session``: the sender's own flush (its heartbeats must come from the session
+        holding their fronts); None: a keyed batch (they prove the owner only)."""
         hbs = list(heartbeats)
         windows, bounds = self._windows(acks)
         checked = self._table.check(acks.segment, windows, bounds)
-        self._check_heartbeats(hbs)
+        self._check_heartbeats(hbs, session)
         self._table.apply(
             acks.segment, windows, acks.xor, acks.count, checked=checked, bounds=bounds
         )
         for hb in hbs:
-            self._fronts.heartbeat(hb.front, hb.time)
+            self._fronts.heartbeat(hb.front, hb.time, hb.owner, session, now_ms)
 
     def receive_flush(self, flush: Flush) -> None:
         self.apply_flush(flush.acks, flush.heartbeats)
 
     # ---------------------------------------------------------------- outputs
     def step(self, now_ms: int) -> Step:
-        """Advance every segment as far as its bound and its checksums allow."""
+        """Retire declared fronts whose deadline passed, then advance every segment as
+        far as its bound and its checksums allow."""
+        retired = tuple(self._fronts.expire(now_ms))
         updates: list[MinTimeUpdate] = []
         for s in range(len(self.graph)):
             bound = self._bound(s)
@@ -185,7 +212,7 @@ class Tracker:
         if low != self._global:
             self._global = low
             updates.append(MinTimeUpdate(None, low))
-        return Step(tuple(updates), tuple(self._check_stuck(now_ms)))
+        return Step(tuple(updates), tuple(self._check_stuck(now_ms)), retired)
 
     def release(self, min_times: Iterable[int]) -> None:
         """Forget windows below ``min_times`` (per segment), never past an open one."""
@@ -194,6 +221,8 @@ class Tracker:
 
     def snapshot(self) -> TrackerSnapshot:
         live, done = self._fronts.export()
+        declared, done_fronts = self._fronts.export_declared()
+        holders = self._fronts.holders.export()
         return TrackerSnapshot(
             self.graph.fingerprint(),
             self._w,
@@ -203,6 +232,9 @@ class Tracker:
             done,
             tuple(self._mins),
             self._global,
+            declared,
+            done_fronts,
+            holders,
         )
 
     def restore(self, snap: TrackerSnapshot) -> None:
@@ -210,7 +242,8 @@ class Tracker:
         if snap.graph_fingerprint != self.graph.fingerprint() or snap.window_slots != self._w:
             raise ProtocolError("snapshot was taken from a different graph or window size")
         self._table.load(snap.bases, snap.cells)
-        self._fronts.restore(snap.fronts, snap.done_bounds)
+        self._fronts.restore(snap.fronts, snap.done_bounds, snap.declared, snap.done_fronts,
+                             snap.holders)
         self._mins = list(snap.min_times)
         self._global = snap.global_min
 
@@ -229,6 +262,10 @@ class Tracker:
 
     def fronts(self) -> dict[int, tuple[str, int]]:
         return {f: (self.graph.names[s], t) for f, (s, t) in self._fronts.live().items()}
+
+    def declared_fronts(self) -> dict[int, Declared]:
+        """Declared fronts that have not registered yet (they hold their segment)."""
+        return self._fronts.declared()
 
     def open_windows(self, segment: str) -> tuple[I64, U64, I64]:
         """Windows of ``segment`` still held open by the checksum table."""
@@ -261,15 +298,11 @@ class Tracker:
         windows = batch.time if w == 1 else batch.time // w
         return windows, (low // w, high // w)
 
-    def _check_heartbeats(self, heartbeats: list[Heartbeat]) -> None:
+    def _check_heartbeats(self, heartbeats: list[Heartbeat], session: int | None) -> None:
         latest: dict[int, int] = {}
         for hb in heartbeats:
-            check_time(hb.time, "heartbeat")
-            last = latest.get(hb.front, self._fronts.time_of(hb.front))
-            if last is None:
-                raise UnknownFront(f"heartbeat from unregistered front {hb.front}")
-            if hb.time < last:
-                raise NonMonotonicHeartbeat(f"front {hb.front} went back from {last} to {hb.time}")
+            self._fronts.check_heartbeat(hb.front, hb.time, hb.owner, latest.get(hb.front),
+                                         session=session)
             latest[hb.front] = hb.time
 
     def _check_stuck(self, now_ms: int) -> list[StuckWindow]:

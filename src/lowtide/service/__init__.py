@@ -3,16 +3,17 @@
 >>> from lowtide.service import TrackerService, Agent, BatchKey  # the Spark layer's API
 """
 
-from lowtide.service.agent import Agent, AgentConfig
 from lowtide.service.auth import load_secret
-from lowtide.service.batches import BatchKey, PendingBatch
-from lowtide.service.caller import CallerAgent
+from lowtide.service.client.agent import Agent
+from lowtide.service.client.agent_state import AgentConfig
+from lowtide.service.client.batches import BatchKey, PendingBatch
+from lowtide.service.client.caller import CallerAgent
+from lowtide.service.client.subscription import AsyncSubscription, Subscription
 from lowtide.service.clock import wall_ms
-from lowtide.service.config import ServerConfig
-from lowtide.service.embedded import TrackerService
+from lowtide.service.deploy.embedded import TrackerService
 from lowtide.service.errors import ConnectionLost, ServiceError, SessionFailed
-from lowtide.service.server import TrackerServer
-from lowtide.service.subscribe import AsyncSubscription, Subscription
+from lowtide.service.server.config import ServerConfig
+from lowtide.service.server.tracker_server import TrackerServer
 
 __all__ = [
     "Agent",

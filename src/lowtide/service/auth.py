@@ -2,19 +2,26 @@
 that then protect every frame.
 
 The client sends a nonce in its Hello; the server answers with its own nonce and
-proves the secret with HMAC(secret, "server" | client nonce | server nonce); the client
-checks that before it proves the secret in turn with HMAC(secret, "client" | server
-nonce | client nonce). A server that does not know the secret learns nothing it could
-use and is told nothing. The secret itself never travels. Each direction's frames then
-carry an HMAC under a key derived from the secret and both nonces (see
-:class:`lowtide.wire.frames.FrameSeal`).
+proves the secret with HMAC(secret, "server" | client nonce | server nonce | H); the
+client checks that before it proves the secret in turn with HMAC(secret, "client" |
+server nonce | client nonce | H). H is the SHA-256 of the Hello as the side computing
+it has it: a Hello changed on the way (its graph, role, grid, shard, name) makes the
+proofs disagree, so the client refuses the server's and the server the client's; what
+either side relies on is the Hello it sent or read, proven equal. A server that does
+not know the secret learns nothing it could use and is told nothing. The secret itself
+never travels. Each direction's frames then carry an HMAC under a key derived from the
+secret, both nonces and H (see :class:`lowtide.wire.frames.FrameSeal`), so the Welcome
+that follows, and everything after it, is covered too.
 
->>> s, c, n = b"k" * 32, b"c" * 32, b"n" * 32
->>> verify(s, n, c, proof(s, n, c)), verify(s, n, c, b"x")
+>>> s, c, n, h = b"k" * 32, b"c" * 32, b"n" * 32, hello_digest(b"hello")
+>>> verify(s, n, c, h, proof(s, n, c, h)), verify(s, n, c, h, b"x")
 (True, False)
->>> verify_server(s, c, n, server_proof(s, c, n)), verify_server(s, c, n, proof(s, c, n))
+>>> verify(s, n, c, hello_digest(b"hellO"), proof(s, n, c, h))  # another Hello
+False
+>>> mine = server_proof(s, c, n, h)
+>>> verify_server(s, c, n, h, mine), verify_server(s, c, n, h, proof(s, c, n, h))
 (True, False)
->>> keys = frame_keys(s, c, n)
+>>> keys = frame_keys(s, c, n, h)
 >>> keys.client_to_server != keys.server_to_client
 True
 """
@@ -39,26 +46,36 @@ def nonce() -> bytes:
     return secrets.token_bytes(NONCE_BYTES)
 
 
-def _mac(secret: bytes, label: bytes, first: bytes, second: bytes) -> bytes:
-    return hmac.new(secret, label + first + second, hashlib.sha256).digest()
+def hello_digest(hello: bytes) -> bytes:
+    """H: what the proofs and frame keys say about the Hello (its encoded bytes)."""
+    return hashlib.sha256(hello).digest()
 
 
-def proof(secret: bytes, server_nonce: bytes, client_nonce: bytes) -> bytes:
-    """The client's proof."""
-    return _mac(secret, b"client", server_nonce, client_nonce)
+def _mac(secret: bytes, label: bytes, first: bytes, second: bytes, hello: bytes) -> bytes:
+    # nonces and digests are 32 bytes each (checked before use): the parts cannot shift
+    return hmac.new(secret, label + first + second + hello, hashlib.sha256).digest()
 
 
-def verify(secret: bytes, server_nonce: bytes, client_nonce: bytes, given: bytes) -> bool:
-    return hmac.compare_digest(proof(secret, server_nonce, client_nonce), given)
+def proof(secret: bytes, server_nonce: bytes, client_nonce: bytes, hello: bytes) -> bytes:
+    """The client's proof; ``hello``: :func:`hello_digest` of the Hello it sent."""
+    return _mac(secret, b"client", server_nonce, client_nonce, hello)
 
 
-def server_proof(secret: bytes, client_nonce: bytes, server_nonce: bytes) -> bytes:
+def verify(
+    secret: bytes, server_nonce: bytes, client_nonce: bytes, hello: bytes, given: bytes
+) -> bool:
+    return hmac.compare_digest(proof(secret, server_nonce, client_nonce, hello), given)
+
+
+def server_proof(secret: bytes, client_nonce: bytes, server_nonce: bytes, hello: bytes) -> bytes:
     """The server's proof: another label, so neither side's proof serves as the other's."""
-    return _mac(secret, b"server", client_nonce, server_nonce)
+    return _mac(secret, b"server", client_nonce, server_nonce, hello)
 
 
-def verify_server(secret: bytes, client_nonce: bytes, server_nonce: bytes, given: bytes) -> bool:
-    return hmac.compare_digest(server_proof(secret, client_nonce, server_nonce), given)
+def verify_server(
+    secret: bytes, client_nonce: bytes, server_nonce: bytes, hello: bytes, given: bytes
+) -> bool:
+    return hmac.compare_digest(server_proof(secret, client_nonce, server_nonce, hello), given)
 
 
 @dataclass(frozen=True)
@@ -69,10 +86,10 @@ class FrameKeys:
     server_to_client: bytes
 
 
-def frame_keys(secret: bytes, client_nonce: bytes, server_nonce: bytes) -> FrameKeys:
+def frame_keys(secret: bytes, client_nonce: bytes, server_nonce: bytes, hello: bytes) -> FrameKeys:
     return FrameKeys(
-        _mac(secret, b"frames client->server", client_nonce, server_nonce),
-        _mac(secret, b"frames server->client", client_nonce, server_nonce),
+        _mac(secret, b"frames client->server", client_nonce, server_nonce, hello),
+        _mac(secret, b"frames server->client", client_nonce, server_nonce, hello),
     )
 
 

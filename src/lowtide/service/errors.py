@@ -3,23 +3,32 @@ raised again on the client side as the same core exception classes."""
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from lowtide.core.errors import (
     AckBehindHead,
+    FrontBehind,
+    FrontHeld,
     FrontOwned,
+    LowtideError,
     NonMonotonicHeartbeat,
     ProtocolError,
     TableOverflow,
     UnknownFront,
     UnknownSegment,
 )
-from lowtide.wire.codec import WireError
+from lowtide.wire.buffers import WireError
 from lowtide.wire.messages import Error, ErrorCode
+
+E = TypeVar("E", bound=BaseException)
 
 # Most specific first: the first match wins.
 _CORE: tuple[tuple[type[ProtocolError], ErrorCode], ...] = (
     (UnknownSegment, ErrorCode.UNKNOWN_SEGMENT),
     (UnknownFront, ErrorCode.UNKNOWN_FRONT),
+    (FrontHeld, ErrorCode.FRONT_HELD),
     (FrontOwned, ErrorCode.FRONT_OWNED),
+    (FrontBehind, ErrorCode.FRONT_BEHIND),
     (NonMonotonicHeartbeat, ErrorCode.NON_MONOTONIC_HEARTBEAT),
     (AckBehindHead, ErrorCode.ACK_BEHIND_HEAD),
     (TableOverflow, ErrorCode.TABLE_OVERFLOW),
@@ -27,7 +36,7 @@ _CORE: tuple[tuple[type[ProtocolError], ErrorCode], ...] = (
 )
 
 
-class ServiceError(RuntimeError):
+class ServiceError(LowtideError, RuntimeError):
     """The server refused a request for a reason that is not a core protocol error
     (bad frame, authentication, graph mismatch, limits)."""
 
@@ -55,8 +64,17 @@ class SessionFailed(ServiceError):
         super().__init__(ErrorCode.SESSION_FAILED, message)
 
 
-class ConnectionLost(ConnectionError):
+class ConnectionLost(LowtideError, ConnectionError):
     """The channel to a peer closed; the agent reconnects and resends."""
+
+
+def fresh(exc: E) -> E:
+    """A copy of ``exc`` with no traceback, to raise again: raising the one object
+    kept for later calls adds each raise's frames to its traceback, without bound."""
+    new = type(exc).__new__(type(exc))  # BaseException.__new__: __init__ is not rerun
+    new.args = exc.args
+    new.__dict__.update(exc.__dict__)
+    return new
 
 
 def error_of(req: int, exc: Exception) -> Error:

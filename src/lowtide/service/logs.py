@@ -2,10 +2,13 @@ r"""Structured logs: one JSON object per line, the ``extra`` fields as keys.
 
 Modules log with ``log.warning("refused peer", extra={"peer": ..., "reason": ...})``;
 this formatter keeps those fields machine-readable instead of pasting them into text.
-Fields often come from peers (client names, error text): each is cut to
-``MAX_FIELD`` characters, and the text format escapes control characters, so a peer
-can neither flood the log nor forge lines in it. :class:`LogBudget` rate-limits what
-one peer can make us log.
+A handler lowtide did not set up (Python's last-resort handler, ``basicConfig``, a
+notebook's) prints only the record's message: so the message of every ``lowtide.*``
+record carries its fields too (``refused peer: peer=..., reason=...``), and no line
+is ever just an event's name. Fields often come from peers (client names, error
+text): each is cut to ``MAX_FIELD`` characters and control characters are escaped,
+so a peer can neither flood the log nor forge lines in it. :class:`LogBudget`
+rate-limits what one peer can make us log.
 
 >>> clip("a\nb" * 100, 8)
 'a\nba\nba\n... (300 chars)'
@@ -14,6 +17,10 @@ one peer can make us log.
 >>> budget = LogBudget(burst=2, period_s=60, clock=lambda: 0.0)
 >>> [budget.allow("peer") for _ in range(4)]
 [0, 0, None, None]
+>>> record = logging.getLogger("lowtide.x").makeRecord(
+...     "lowtide.x", logging.WARNING, "f", 1, "stuck window", (), None, extra={"where": "a\nb"})
+>>> record.getMessage(), event_of(record)
+('stuck window: where=a\\nb', 'stuck window')
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Hashable
+from typing import Any
 
 _STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
 MAX_FIELD = 256
@@ -54,6 +62,40 @@ def _field(value: object) -> object:
 
 def _fields(record: logging.LogRecord) -> dict[str, object]:
     return {k: _field(v) for k, v in record.__dict__.items() if k not in _STANDARD}
+
+
+class _EventRecord(logging.LogRecord):
+    """A ``lowtide.*`` record: its message is the event followed by its fields."""
+
+    def getMessage(self) -> str:
+        event = super().getMessage()
+        fields = _fields(self)
+        if not fields:
+            return event
+        return f"{event}: " + ", ".join(f"{k}={escape(str(v))}" for k, v in fields.items())
+
+
+def event_of(record: logging.LogRecord) -> str:
+    """The event alone, without the fields a lowtide record's message carries."""
+    if isinstance(record, _EventRecord):
+        return logging.LogRecord.getMessage(record)
+    return record.getMessage()
+
+
+def _lowtide_records(base: Callable[..., logging.LogRecord]) -> Callable[..., logging.LogRecord]:
+    def make(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = base(*args, **kwargs)
+        name = record.name or ""  # logging.makeLogRecord sets it only afterwards
+        if type(record) is logging.LogRecord and name.split(".", 1)[0] == "lowtide":
+            record.__class__ = _EventRecord  # fields are set after this: read when formatted
+        return record
+
+    return make
+
+
+# The documented hook for the records every logger makes; other records are untouched,
+# and a factory set before this one still makes them.
+logging.setLogRecordFactory(_lowtide_records(logging.getLogRecordFactory()))
 
 
 class LogBudget:
@@ -106,7 +148,7 @@ class JsonFormatter(logging.Formatter):
             "ts": round(record.created, 3),
             "level": record.levelname.lower(),
             "logger": record.name,
-            "event": clip(record.getMessage()),
+            "event": clip(event_of(record)),
         }
         body.update(_fields(record))
         if record.exc_info:
@@ -120,7 +162,7 @@ class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         extras = " ".join(f"{k}={escape(str(v))}" for k, v in _fields(record).items())
         stamp = self.formatTime(record, "%H:%M:%S")
-        event = escape(clip(record.getMessage()))
+        event = escape(clip(event_of(record)))
         line = f"{stamp} {record.levelname.lower():7} {record.name}: {event} {extras}"
         if record.exc_info:  # our own traceback, several lines on purpose
             line += "\n" + self.formatException(record.exc_info)

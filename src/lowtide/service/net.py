@@ -1,28 +1,30 @@
-"""The one module that talks to the network: asyncio TCP streams, framing I/O, the
-handshake, and a small HTTP responder (Prometheus metrics, the web view); what it
-answers comes from handlers that only turn a request into bytes.
+"""The one module that talks to the network: asyncio TCP streams, framing I/O, and a
+small HTTP responder (Prometheus metrics, the web view); what it answers comes from
+handlers that only turn a request into bytes (the handshake: :mod:`.handshake`).
 
 Limits (:class:`Limits`): until a peer is admitted its frames may be at most
-``max_handshake_frame`` long and the whole handshake must end within
-``handshake_timeout_s``; afterwards a frame longer than ``max_frame`` ends the
-connection (its length cannot be trusted, so neither can anything after it), and a
-server drops a peer that sends nothing, not even a keepalive, for ``idle_timeout_s``.
-A peer that does not read its messages fast enough is dropped once ``max_buffer``
-bytes wait for it. A server accepts at most ``max_connections`` at once.
+``max_handshake_frame`` long, and preamble and handshake together must end within
+``handshake_timeout_s`` of the connection being accepted; unfinished handshakes have
+slots of their own (``max_handshakes``, ``max_handshakes_per_host``; see
+:mod:`.server.admission`). Afterwards a frame longer than ``max_frame`` ends the connection
+(its length cannot be trusted, so neither can anything after it), and a server drops
+a peer that sends nothing, not even a keepalive, for ``idle_timeout_s``. A peer that
+does not read its messages fast enough is dropped once ``max_buffer`` bytes wait for
+it. A server admits at most ``max_connections`` peers at once, fewer if the file
+limit requires it (:func:`.server.admission.fit_file_limit`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from lowtide.service import auth
-from lowtide.service.channel import Address, Channel
-from lowtide.service.errors import ConnectionLost, ServiceError, exception_of
-from lowtide.service.logs import LogBudget
+from lowtide.service.channel import Address
+from lowtide.service.errors import ConnectionLost
+from lowtide.service.handshake import log_refusal
+from lowtide.service.server.admission import Gate, Ticket
 from lowtide.wire.codec import decode, encode
 from lowtide.wire.frames import (
     DEFAULT_MAX_FRAME,
@@ -31,9 +33,7 @@ from lowtide.wire.frames import (
     FrameSeal,
     check_length,
 )
-from lowtide.wire.messages import Auth, Challenge, Error, ErrorCode, Hello, Message, Welcome
-
-log = logging.getLogger("lowtide.service.net")
+from lowtide.wire.messages import Message
 
 HTTP_TIMEOUT_S = 10.0
 #: How far a stream reads ahead of what is parsed; a frame may still be longer.
@@ -42,19 +42,35 @@ READ_AHEAD = 256 << 10
 
 @dataclass(frozen=True)
 class Limits:
-    """What one peer can make a process hold; see the module docstring. The two
-    per-peer quotas bound a server's standing requests: pending ``MinTimeAt``
-    questions and live subscriptions per connection."""
+    """What one peer can make a process hold; see the module docstring. The quotas
+    of standing requests (pending ``MinTimeAt`` questions, live subscriptions) hold
+    per connection, per address (a host's connections together) and in all; the
+    last bounds the work one step's notifications may cost."""
 
     max_frame: int = DEFAULT_MAX_FRAME
     max_buffer: int = 64 << 20
-    max_handshake_frame: int = 1 << 20
-    handshake_timeout_s: float = 10.0
+    #: a Hello of 4,000 segments with 20-character names fits
+    max_handshake_frame: int = 256 << 10
+    handshake_timeout_s: float = 5.0
+    max_handshakes: int = 64
+    max_handshakes_per_host: int = 8
     idle_timeout_s: float = 60.0
     keepalive_s: float = 15.0  # clients send an empty frame this often
     max_connections: int = 1024
     max_questions_per_peer: int = 1024
+    max_questions_per_host: int = 4096
+    max_questions: int = 16_384
     max_subscriptions_per_peer: int = 1024
+    max_subscriptions_per_host: int = 2048
+    max_subscriptions: int = 8192
+
+
+def _address(writer: asyncio.StreamWriter) -> tuple[str, str]:
+    """The peer's host and its ``host:port``."""
+    peer = writer.get_extra_info("peername")
+    if isinstance(peer, tuple):
+        return str(peer[0]), f"{peer[0]}:{peer[1]}"
+    return str(peer), str(peer)
 
 
 class StreamChannel:
@@ -69,8 +85,7 @@ class StreamChannel:
         self._idle_timeout_s: float | None = None
         self._seal: FrameSeal | None = None
         self._unseal: FrameSeal | None = None
-        peer = writer.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.host, self.peer = _address(writer)
 
     def protect(self, send_key: bytes, recv_key: bytes) -> None:
         """From now on every frame carries a MAC, and one that fails ends the stream."""
@@ -133,31 +148,25 @@ class StreamChannel:
 
 
 # ------------------------------------------------------------------ server
-Admit = Callable[[Hello], Awaitable[Welcome]]
-_refusals = LogBudget()  # per remote host: a flood of bad handshakes logs a few lines
+OnChannel = Callable[[StreamChannel, Ticket], Awaitable[None]]
 
 
 async def serve_tcp(
-    host: str,
-    port: int,
-    on_channel: Callable[[StreamChannel], Awaitable[None]],
-    limits: Limits,
+    host: str, port: int, on_channel: OnChannel, gate: Gate
 ) -> tuple[asyncio.Server, int]:
-    """Listen; each connection that sends the right preamble becomes a channel."""
-    open_now = 0
+    """Listen; each connection gets a :class:`Ticket` from ``gate`` (see
+    :mod:`.server.admission`), and once it sends the right preamble it becomes a channel."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        nonlocal open_now
-        channel = StreamChannel(reader, writer, limits)
-        if open_now >= limits.max_connections:
-            _log_refusal(channel, f"over the limit of {limits.max_connections} connections")
-            writer.close()
-            return
-        open_now += 1
+        channel = StreamChannel(reader, writer, gate.limits)
+        ticket = gate.arrive(channel.host, asyncio.current_task())
         try:
-            await _handle(reader, channel, on_channel, limits)
+            # Dropped to make room (see Gate), or the server is stopping; Python 3.11
+            # would log a cancelled handler as an error.
+            with contextlib.suppress(asyncio.CancelledError):
+                await _handle(reader, channel, on_channel, ticket)
         finally:
-            open_now -= 1
+            gate.leave(ticket)
             writer.close()
 
     server = await asyncio.start_server(handle, host, port, limit=READ_AHEAD)
@@ -166,77 +175,17 @@ async def serve_tcp(
 
 
 async def _handle(
-    reader: asyncio.StreamReader,
-    channel: StreamChannel,
-    on_channel: Callable[[StreamChannel], Awaitable[None]],
-    limits: Limits,
+    reader: asyncio.StreamReader, channel: StreamChannel, on_channel: OnChannel, ticket: Ticket
 ) -> None:
     try:
-        preamble = await asyncio.wait_for(
-            reader.readexactly(len(PREAMBLE)), limits.handshake_timeout_s
-        )
+        async with asyncio.timeout_at(ticket.deadline):
+            preamble = await reader.readexactly(len(PREAMBLE))
     except (asyncio.IncompleteReadError, ConnectionError, TimeoutError):
         return
     if preamble != PREAMBLE:
-        _log_refusal(channel, "bad preamble")
+        log_refusal(channel, "bad preamble")
         return
-    with contextlib.suppress(asyncio.CancelledError):  # the server is stopping; Python
-        await on_channel(channel)  # 3.11 would log a cancelled handler as an error
-
-
-async def server_handshake(
-    channel: Channel, secret: bytes | None, admit: Admit, limits: Limits
-) -> Hello | None:
-    """Hello, then (with a secret) the mutual HMAC challenge, then Welcome or Error.
-    Returns the Hello of an admitted peer; None (after telling it why) otherwise."""
-    try:
-        hello = await asyncio.wait_for(
-            _server_handshake(channel, secret, admit), limits.handshake_timeout_s
-        )
-    except TimeoutError:
-        _refuse(channel, ErrorCode.BAD_REQUEST, "handshake timed out")
-    except ServiceError as exc:
-        _refuse(channel, exc.code, str(exc))
-    except ValueError as exc:  # WireError and friends: garbage instead of a handshake
-        _refuse(channel, ErrorCode.BAD_FRAME, str(exc))
-    except ConnectionLost:
-        _log_refusal(channel, "left during the handshake", logging.INFO)
-    else:
-        channel.admitted(limits.idle_timeout_s)
-        return hello
-    return None
-
-
-async def _server_handshake(channel: Channel, secret: bytes | None, admit: Admit) -> Hello:
-    hello = await channel.recv()
-    if not isinstance(hello, Hello):
-        raise ServiceError(ErrorCode.BAD_FRAME, f"expected Hello, got {type(hello).__name__}")
-    if secret is not None:
-        if not auth.is_nonce(hello.nonce):
-            raise ServiceError(ErrorCode.AUTH_FAILED, f"need a {auth.NONCE_BYTES}-byte nonce")
-        server_nonce = auth.nonce()
-        channel.send(Challenge(server_nonce, auth.server_proof(secret, hello.nonce, server_nonce)))
-        answer = await channel.recv()
-        if not (
-            isinstance(answer, Auth)
-            and auth.verify(secret, server_nonce, hello.nonce, answer.proof)
-        ):
-            raise ServiceError(ErrorCode.AUTH_FAILED, "authentication failed")
-        keys = auth.frame_keys(secret, hello.nonce, server_nonce)
-        channel.protect(keys.server_to_client, keys.client_to_server)
-    channel.send(await admit(hello))
-    return hello
-
-
-def _refuse(channel: Channel, code: ErrorCode, message: str) -> None:
-    _log_refusal(channel, message)
-    with contextlib.suppress(ConnectionLost):
-        channel.send(Error(0, code, message))
-
-
-def _log_refusal(channel: Channel, reason: str, level: int = logging.WARNING) -> None:
-    host = channel.peer.rpartition(":")[0] or channel.peer
-    _refusals.warn(log, host, "refused peer", level, peer=channel.peer, reason=reason)
+    await on_channel(channel, ticket)
 
 
 # ------------------------------------------------------------------ client
@@ -250,41 +199,6 @@ async def connect_tcp(url: str, limits: Limits, timeout_s: float) -> StreamChann
         raise ConnectionLost(f"cannot reach {url}: {exc}") from exc
     writer.write(PREAMBLE)
     return StreamChannel(reader, writer, limits)
-
-
-async def client_handshake(channel: Channel, hello: Hello, secret: bytes | None) -> Welcome:
-    """The client's side of :func:`server_handshake`. With a secret, the server must
-    prove it first: a server that cannot is refused before it is told anything."""
-    channel.send(hello)
-    reply = await channel.recv()
-    if isinstance(reply, Challenge):
-        if secret is None:
-            raise ServiceError(ErrorCode.AUTH_FAILED, "the tracker requires a shared secret")
-        if not (
-            auth.is_nonce(reply.nonce)
-            and auth.verify_server(secret, hello.nonce, reply.nonce, reply.proof)
-        ):
-            raise ServiceError(
-                ErrorCode.AUTH_FAILED,
-                "the tracker could not prove the shared secret (another secret, or not "
-                "your tracker)",
-            )
-        channel.send(Auth(auth.proof(secret, reply.nonce, hello.nonce)))
-        keys = auth.frame_keys(secret, hello.nonce, reply.nonce)
-        channel.protect(keys.client_to_server, keys.server_to_client)
-        reply = await channel.recv()
-    elif secret is not None and isinstance(reply, Welcome):
-        raise ServiceError(
-            ErrorCode.AUTH_FAILED,
-            "the tracker did not ask for the shared secret, so it cannot prove it: "
-            "refusing it (give it the secret too)",
-        )
-    if isinstance(reply, Error):
-        raise exception_of(reply)
-    if not isinstance(reply, Welcome):
-        raise ServiceError(ErrorCode.BAD_FRAME, f"expected Welcome, got {type(reply).__name__}")
-    channel.admitted(None)
-    return reply
 
 
 # ------------------------------------------------------------------ HTTP
@@ -341,24 +255,23 @@ async def serve_http(
     host: str, port: int, handler: HttpHandler, max_connections: int = MAX_HTTP_CONNECTIONS
 ) -> tuple[asyncio.Server, int]:
     """A minimal HTTP/1.1 responder: one request per connection, its head at most
-    :data:`MAX_HTTP_HEAD` bytes and read within ``HTTP_TIMEOUT_S``; ``handler`` makes
-    the reply (it runs on this loop, so it must not block). Connections beyond
-    ``max_connections`` are closed at once."""
-    open_now = 0
+    :data:`MAX_HTTP_HEAD` bytes and read within ``HTTP_TIMEOUT_S`` of the accept;
+    ``handler`` makes the reply (it runs on this loop, so it must not block). At most
+    ``max_connections`` at once, 8 per address: past that the oldest is dropped for
+    the new one (see :mod:`.server.admission`), so slow requests never lock a scraper out."""
+    gate = Gate(Limits(max_handshakes=max_connections, handshake_timeout_s=HTTP_TIMEOUT_S))
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        nonlocal open_now
-        if open_now >= max_connections:
-            writer.close()
-            return
-        open_now += 1
+        ticket = gate.arrive(_address(writer)[0], asyncio.current_task())
         try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HTTP_TIMEOUT_S)
-            request = parse_http_head(head)
-            reply = HttpReply(400, b"not an HTTP/1.x request\n")
-            writer.write(http_bytes(reply if request is None else handler(request)))
-            await writer.drain()
+            async with asyncio.timeout_at(ticket.deadline):
+                head = await reader.readuntil(b"\r\n\r\n")
+                request = parse_http_head(head)
+                reply = HttpReply(400, b"not an HTTP/1.x request\n")
+                writer.write(http_bytes(reply if request is None else handler(request)))
+                await writer.drain()
         except (
+            asyncio.CancelledError,  # dropped to make room
             asyncio.IncompleteReadError,
             asyncio.LimitOverrunError,
             ConnectionError,
@@ -366,7 +279,7 @@ async def serve_http(
         ):
             pass
         finally:
-            open_now -= 1
+            gate.leave(ticket)
             writer.close()
 
     server = await asyncio.start_server(handle, host, port, limit=MAX_HTTP_HEAD)

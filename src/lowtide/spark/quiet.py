@@ -27,8 +27,9 @@ __all__ = ["NoiseFilter", "filtered_jvm_stderr"]
 _WORKER_NOISE = "TransformWithStateInPandas Python worker"
 _START_NOISE = ("WARNING: Using incubator modules:", "Setting default log level to",
                 "To adjust logging level use sc.setLogLevel")
-#: a PySpark process's end of a socket the JVM already closed: a query stopping
-_STOP_ERRORS = ("BrokenPipeError", "ConnectionResetError")
+#: a PySpark process's end of a socket the JVM already closed: a query stopping, or a
+#: worker that started after the JVM stopped waiting for it (the query's error says so)
+_STOP_ERRORS = ("BrokenPipeError", "ConnectionResetError", "ConnectionRefusedError")
 _TRACEBACK = "Traceback (most recent call last):"
 _CHAINED = ("During handling of the above exception", "The above exception was the direct")
 _EXCEPTION = re.compile(r"[A-Za-z_][\w.]*(: |$)")

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lowtide.core.errors import LowtideError
 from lowtide.spark.quiet import filtered_jvm_stderr
 
 __all__ = ["QUIET_LOG4J2", "JarsMissing", "SessionConfig", "jars_dir", "prewarm",
@@ -47,7 +48,9 @@ _DELTA_JARS = ("delta-spark_", "delta-storage-", "delta-kernel-", "unitycatalog-
 # run, but Spark still logs the cancelled tasks of the trigger it interrupts (the
 # writer's "Aborting commit" and the v2 write's "is aborting", a file sink's "Aborting
 # job" when the stop lands as the next trigger starts writing, the Python runner's
-# interrupted read): those loggers are off. Real failures still reach the caller as the query's exception.
+# interrupted read): those loggers are off. Real failures still reach the caller as the
+# query's exception, so a query's own "terminated with error" line (with a Java frame)
+# is off too: lowtide's commands print that exception as one line.
 QUIET_LOG4J2 = """\
 rootLogger.level = error
 rootLogger.appenderRef.stderr.ref = console
@@ -62,6 +65,8 @@ logger.files.name = org.apache.spark.sql.execution.datasources.FileFormatWriter
 logger.files.level = off
 logger.v2write.name = org.apache.spark.sql.execution.datasources.v2.WriteToDataSourceV2Exec
 logger.v2write.level = off
+logger.query.name = org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution
+logger.query.level = off
 """
 
 
@@ -77,7 +82,7 @@ def quiet_log4j2_file() -> Path:
     return path
 
 
-class JarsMissing(RuntimeError):
+class JarsMissing(LowtideError, RuntimeError):
     """The Kafka or Delta jars are not in the local jars folder."""
 
 
@@ -128,6 +133,10 @@ class SessionConfig:
     ui: bool = True
     #: Python workers to start in the background once the session is up (:func:`prewarm`)
     prewarm_workers: int = 0
+    #: how long a Python worker may take to authenticate once it connected back
+    #: (``spark.python.authenticate.socketTimeout``, Spark's default 15 s): long enough
+    #: for a loaded machine; Spark 4.2's 10 s for a worker to connect back is fixed
+    worker_timeout_s: int = 120
     conf: tuple[tuple[str, str], ...] = ()
 
     def settings(self) -> dict[str, str]:
@@ -143,6 +152,7 @@ class SessionConfig:
             # changelog checkpoints: a batch commits its state changes, not RocksDB files
             "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
             "spark.python.worker.reuse": "true",
+            "spark.python.authenticate.socketTimeout": f"{self.worker_timeout_s}s",
         }
         if self.quiet:
             java += f" -Dlog4j2.configurationFile=file:{quiet_log4j2_file()}"
@@ -184,7 +194,7 @@ class SessionConfig:
 
 def _import_modules(batches: Any) -> Any:
     """A worker's share of :func:`prewarm`: import what lowtide's tasks import."""
-    import lowtide.spark.operators.window_state
+    import lowtide.spark.operators.state_processor
     import lowtide.spark.sinks
     import lowtide.spark.sources  # noqa: F401
 

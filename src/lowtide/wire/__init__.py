@@ -3,10 +3,12 @@
 The messages a peer exchanges are public too, for tools that speak the protocol
 below the agent (raw clients, fuzzers, test doubles)."""
 
-from lowtide.wire.codec import WireError, decode, encode, expect
+from lowtide.wire.buffers import WireError
+from lowtide.wire.codec import decode, encode, expect
 from lowtide.wire.frames import PREAMBLE, FrameDecoder, FrameTooLarge, frame
 from lowtide.wire.messages import (
     WIRE_VERSION,
+    GraphSpec,
     Hello,
     Message,
     Notify,
@@ -22,6 +24,7 @@ __all__ = [
     "WIRE_VERSION",
     "FrameDecoder",
     "FrameTooLarge",
+    "GraphSpec",
     "Hello",
     "Message",
     "Notify",

@@ -9,12 +9,14 @@ from typing import Any
 
 import numpy as np
 
+from lowtide.core.errors import LowtideError
+
 #: Bounds on variable-length fields, so a hostile length cannot make us allocate.
 MAX_STRING = 1 << 20
 MAX_ITEMS = 1 << 24
 
 
-class WireError(ValueError):
+class WireError(LowtideError, ValueError):
     """Bytes that are not a well-formed message of this wire version."""
 
 

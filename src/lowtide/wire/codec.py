@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from itertools import groupby, repeat
+from operator import itemgetter
 from typing import Any, TypeVar
 
 import numpy as np
@@ -30,12 +32,14 @@ from lowtide.core.messages import (
 )
 from lowtide.wire.buffers import Reader, WireError, Writer
 from lowtide.wire.messages import (
+    WIRE_VERSION,
     Auth,
     Batch,
     Challenge,
     Commit,
     Error,
     ErrorCode,
+    FrontAction,
     FrontOp,
     GraphSpec,
     Hello,
@@ -118,6 +122,19 @@ def _get_ints(r: Reader) -> tuple[int, ...]:
 
 
 # ---------------------------------------------------------------- messages
+def _put_pair(w: Writer, pair: tuple[int, int] | None) -> None:
+    w.pack("B", pair is not None)
+    if pair is not None:
+        w.pack("II", *pair)
+
+
+def _get_pair(r: Reader) -> tuple[int, int] | None:
+    if not r.one("B"):
+        return None
+    first, second = r.unpack("II")
+    return first, second
+
+
 def _enc_hello(w: Writer, m: Hello) -> None:
     w.pack("HB", m.version, m.role)
     w.blob(m.nonce)
@@ -125,14 +142,20 @@ def _enc_hello(w: Writer, m: Hello) -> None:
     w.pack("B", m.graph is not None)
     if m.graph is not None:
         _put_graph(w, m.graph)
+    _put_pair(w, m.grid)
+    _put_pair(w, m.shard)
 
 
 def _dec_hello(r: Reader) -> Hello:
     version, role = r.unpack("HB")
+    if version != WIRE_VERSION:  # the rest may be laid out otherwise: say so, not "truncated"
+        raise WireError(f"wire version {version}, this lowtide speaks {WIRE_VERSION}: run the "
+                        "same lowtide version on both sides")
     nonce, name = bytes(r.blob(256)), r.text()
     graph = _get_graph(r) if r.one("B") else None
+    grid, shard = _get_pair(r), _get_pair(r)
     try:
-        return Hello(version, Role(role), nonce, name, graph)
+        return Hello(version, Role(role), nonce, name, graph, grid, shard)
     except ValueError as exc:
         raise WireError(f"unknown role {role}") from exc
 
@@ -144,13 +167,14 @@ def _enc_welcome(w: Writer, m: Welcome) -> None:
     w.pack("I", len(m.shards))
     for url in m.shards:
         w.text(url)
+    _put_pair(w, m.shard)
 
 
 def _dec_welcome(r: Reader) -> Welcome:
     version, delta, window = r.unpack("HII")
     server, graph = r.text(), _get_graph(r)
     shards = tuple(r.text() for _ in range(r.count()))
-    return Welcome(version, server, graph, delta, window, shards)
+    return Welcome(version, server, graph, delta, window, shards, _get_pair(r))
 
 
 def _enc_batch(w: Writer, m: Batch) -> None:
@@ -162,6 +186,7 @@ def _enc_batch(w: Writer, m: Batch) -> None:
         w.pack("qqq", nt.node, nt.counter, nt.min_time)
     _put_acks(w, m.acks)
     _put_pairs(w, [(h.front, h.time) for h in m.heartbeats])
+    w.array(np.array([h.owner for h in m.heartbeats], np.uint64), np.dtype("<u8"))
 
 
 def _dec_batch(r: Reader) -> Batch:
@@ -169,32 +194,45 @@ def _dec_batch(r: Reader) -> Batch:
     key = r.text()
     nt = NodeTime(*r.unpack("qqq")) if r.one("B") else None
     acks = _get_acks(r)
-    heartbeats = tuple(Heartbeat(f, t) for f, t in _get_pairs(r))
+    pairs = _get_pairs(r)
+    owners = r.array(len(pairs), np.dtype("<u8"), np.uint64).tolist()
+    heartbeats = tuple(Heartbeat(f, t, o) for (f, t), o in zip(pairs, owners, strict=True))
     return Batch(req, session, key, acks, heartbeats, nt)
 
 
 def _enc_front(w: Writer, m: FrontOp) -> None:
-    w.pack("QQBqqQ", m.req, m.session, m.register, m.front, m.time, m.owner)
+    w.pack("QQBqqQq", m.req, m.session, m.action, m.front, m.time, m.owner,
+           m.retire_after_ms)
     w.text(m.segment)
 
 
 def _dec_front(r: Reader) -> FrontOp:
-    req, session, register, front, time, owner = r.unpack("QQBqqQ")
-    return FrontOp(req, session, bool(register), front, r.text(), time, owner)
+    req, session, action, front, time, owner, after = r.unpack("QQBqqQq")
+    try:
+        kind = FrontAction(action)
+    except ValueError as exc:
+        raise WireError(f"unknown front action {action}") from exc
+    return FrontOp(req, session, kind, front, r.text(), time, owner, after)
 
 
 def _enc_notify(w: Writer, m: Notify) -> None:
-    w.pack("I", len(m.updates))
-    for sub, u in m.updates:
-        w.pack("Qq", sub, u.time)
+    """Runs of one update (a peer's many subscriptions to one segment) are written
+    once, their subscription ids as a packed column: a server's cost per step grows
+    with the updates it sends, hardly with the subscriptions."""
+    runs = [(u, [sub for sub, _u in run]) for u, run in groupby(m.updates, itemgetter(1))]
+    w.pack("I", len(runs))
+    for u, subs in runs:
+        w.pack("qI", u.time, len(subs))
         w.opt_text(u.segment)
+        w.array(np.array(subs, dtype=np.uint64), np.dtype("<u8"))
 
 
 def _dec_notify(r: Reader) -> Notify:
-    out = []
+    out: list[tuple[int, MinTimeUpdate]] = []
     for _ in range(r.count()):
-        sub, time = r.unpack("Qq")
-        out.append((sub, MinTimeUpdate(r.opt_text(), time)))
+        time, n = r.unpack("qI")
+        update = MinTimeUpdate(r.opt_text(), time)
+        out.extend(zip(r.array(n, np.dtype("<u8"), np.uint64).tolist(), repeat(update)))
     return Notify(tuple(out))
 
 

@@ -20,7 +20,7 @@ import hashlib
 import hmac
 import struct
 
-from lowtide.wire.codec import WireError
+from lowtide.wire.buffers import WireError
 
 #: Sent once by the client before its first frame; tells a lowtide peer from a stray
 #: HTTP client or port scanner before any parsing happens.
@@ -105,7 +105,7 @@ class FrameSeal:
     def seal(self, payload: bytes) -> bytes:
         return payload + self._tag(payload)
 
-    def open(self, sealed: bytes) -> memoryview:
+    def open(self, sealed: bytes | memoryview) -> memoryview:
         seq = self._seq
         view = memoryview(sealed)
         payload, tag = view[: len(view) - TAG_BYTES], view[len(view) - TAG_BYTES :]

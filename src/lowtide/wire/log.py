@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from lowtide.wire.codec import WireError, decode, encode
+from lowtide.wire.buffers import WireError
+from lowtide.wire.codec import decode, encode
 from lowtide.wire.messages import Commit, Message
 
 _RECORD = struct.Struct("<II")

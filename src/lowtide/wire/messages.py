@@ -24,7 +24,12 @@ from lowtide.core.messages import (
 #: Bumped on any incompatible change of the byte format; checked at handshake.
 #: 2: FrontOp carries its owner; error codes FRONT_OWNED, SESSION_FAILED; Challenge
 #:    carries the server's proof of the secret (mutual authentication).
-WIRE_VERSION = 2
+#: 3: both proofs cover the whole Hello; Hello names the grid and shard it expects,
+#:    Welcome the shard it is; error codes GRID_MISMATCH, SHARD_MISMATCH, FORBIDDEN.
+#:    Heartbeats carry their front's owner id; FrontOp carries an action (register,
+#:    unregister, declare, retire) and a retirement deadline; error codes FRONT_BEHIND,
+#:    FRONT_HELD.
+WIRE_VERSION = 3
 
 #: A graph as plain data: ((name, (inbound names...)), ...) in topological order.
 GraphSpec = tuple[tuple[str, tuple[str, ...]], ...]
@@ -42,7 +47,9 @@ def graph_of(spec: GraphSpec) -> SegmentGraph:
 
 
 class Role(IntEnum):
-    """Who opens a connection: decides nothing about rights, only logs and metrics."""
+    """Who opens a connection, and so which requests it may make (see
+    :data:`lowtide.service.server.inbox.RIGHTS`): an agent reports acks and fronts, a status
+    client only reads, a coordinator watches and releases shards."""
 
     AGENT = 1
     STATUS = 2
@@ -56,6 +63,9 @@ class ErrorCode(IntEnum):
     GRAPH_MISMATCH = 4
     BAD_REQUEST = 5
     LIMIT = 6
+    GRID_MISMATCH = 7
+    SHARD_MISMATCH = 8
+    FORBIDDEN = 9
     PROTOCOL = 10
     UNKNOWN_SEGMENT = 11
     UNKNOWN_FRONT = 12
@@ -63,21 +73,33 @@ class ErrorCode(IntEnum):
     ACK_BEHIND_HEAD = 14
     TABLE_OVERFLOW = 15
     FRONT_OWNED = 16
+    FRONT_BEHIND = 17
+    FRONT_HELD = 18
     INTERNAL = 20
     SESSION_FAILED = 21
 
 
 # ----------------------------------------------------------------- handshake
+#: (delta_ms, window_slots) of a time grid; (index, count) of a shard.
+GridSpec = tuple[int, int]
+ShardSpec = tuple[int, int]
+
+
 @dataclass(frozen=True)
 class Hello:
     """First frame of a client. ``graph`` lets a fresh standalone server adopt the
-    pipeline; a server that has one refuses a client whose graph differs."""
+    pipeline; a server that has one refuses a client whose graph differs. ``grid``
+    and ``shard`` (None: any, not a shard) are what the client expects the server to
+    be; it is refused otherwise. With a secret, both proofs cover the whole Hello
+    (see :mod:`lowtide.service.auth`), so nobody on the way can change a field."""
 
     version: int
     role: Role
     nonce: bytes
     name: str
     graph: GraphSpec | None
+    grid: GridSpec | None = None
+    shard: ShardSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -96,7 +118,9 @@ class Auth:
 
 @dataclass(frozen=True)
 class Welcome:
-    """``shards``: in a sharded deployment, the shard URLs agents send acks to."""
+    """What the server agreed to: its graph and grid, and which shard it is (None: not
+    a shard); the client checks them against its Hello. ``shards``: in a sharded
+    deployment, the shard URLs agents send acks to."""
 
     version: int
     server: str
@@ -104,6 +128,7 @@ class Welcome:
     delta_ms: int
     window_slots: int
     shards: tuple[str, ...] = ()
+    shard: ShardSpec | None = None
 
 
 # ------------------------------------------------------------ agent -> server
@@ -125,18 +150,30 @@ class Batch:
     node_time: NodeTime | None = None
 
 
+class FrontAction(IntEnum):
+    """What a :class:`FrontOp` does (False and True still mean unregister, register)."""
+
+    UNREGISTER = 0
+    REGISTER = 1
+    DECLARE = 2  # the front may still produce from ``time`` on: hold the segment there
+    RETIRE = 3  # the declaring owner gives up on a declared front
+
+
 @dataclass(frozen=True)
 class FrontOp:
-    """Register (``time`` >= 0) or unregister (``register`` False) a front.
-    ``owner``: who may unregister or move it (see :mod:`lowtide.core.fronts`)."""
+    """Register, unregister, declare or retire a front (``action``, a
+    :class:`FrontAction`). ``owner``: who may move, unregister or retire it (see
+    :mod:`lowtide.core.fronts`); ``retire_after_ms`` (declare only, -1: never): the
+    tracker retires the declared front if it has not registered by then."""
 
     req: int
     session: int
-    register: bool
+    action: int
     front: int
     segment: str
     time: int
     owner: int = 0
+    retire_after_ms: int = -1
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from tests.spark.helpers import (
     generated,
     run_past_lag,
 )
-from tests.spark.operators.test_frames_e2e import start_fails
+from tests.spark.operators.helpers import start_fails
 
 pytestmark = pytest.mark.spark
 
@@ -114,8 +114,8 @@ def test_enrich_errors(spark, tmp_path: Path) -> None:
     msg = fails(lambda s: s.join(static, on=F.col("user"), name="j"))
     assert msg.startswith("step 'j': join key Column<")
     msg = fails(lambda s: s.join(s, on="user", name="j"))
-    assert msg == ("join 'j': give exactly one of within= (an interval join) and window= "
-                   "(a window join)")
+    assert msg == ("join 'j': give exactly one of within=, lower= with upper= (interval "
+                   "joins) and window= (a window join)")
     msg = fails(lambda s: s.join(static, on="user", within="1 second", name="j"))
     assert msg.startswith("step 'j': within= and window= are for stream-stream joins")
     msg = fails(lambda s: s.join(static, on="user", window="1 second", name="j"))

@@ -13,7 +13,7 @@ import lowtide
 from lowtide.core.time import TimeGrid
 from lowtide.spark.sources.generator import GeneratorSpec
 from tests.spark.helpers import Committed, assert_equal_below, generated, run_past_lag
-from tests.spark.operators.test_windows_e2e import STUCK_MS
+from tests.spark.operators.helpers import STUCK_MS, start_fails
 
 pytestmark = pytest.mark.spark
 
@@ -70,20 +70,6 @@ def test_where_select_from_json_equal_plain_spark(spark, tmp_path: Path) -> None
     t0, final = run_past_lag(pipe, stream, sink, tmp_path / "ckpt")
     expected = plain_spark(generated(spark, spec, t0, final, GRID.delta_ms)).toPandas()
     assert_equal_below(sink.rows(), expected, final, ["front", "seq", "tag"])
-
-
-def start_fails(spark: Any, tmp_path: Path, describe: Any) -> str:
-    """The one-line error describing a pipeline raises when its query starts."""
-    pipe = lowtide.Pipeline(spark, "bad", grid=GRID)
-    try:
-        with pytest.raises(ValueError) as err:
-            describe(pipe.generate(fronts=1, rate=10.0)).to_null(
-                checkpoint=str(tmp_path / "ckpt"))
-    finally:
-        pipe.close()
-    message = str(err.value)
-    assert "\n" not in message
-    return message
 
 
 def test_unknown_column_names_the_step(spark, tmp_path: Path) -> None:

@@ -1,8 +1,8 @@
 """End to end, a user's own keyed state (``stream.stateful``): a running count and sum
 per user, one output row per (user, slot), equals a batch fold of the same events in
 slot order, under a lagging front and injected task failures before and after the
-step; every (user, slot) below the sink's announced min time is there (its pending
-rows held the min time until the step ran)."""
+step, also across a restart from the checkpoint; every (user, slot) below the sink's
+announced min time is there (its pending rows held the min time until the step ran)."""
 
 from __future__ import annotations
 
@@ -15,35 +15,17 @@ import pytest
 
 import lowtide
 from lowtide.spark.sources.generator import GeneratorSpec
-from tests.spark.helpers import fail_once, t0_of_checkpoint
-from tests.spark.operators.test_windows_e2e import GRID, STUCK_MS, all_input, parse, read_results
+from tests.spark.helpers import fail_once
+from tests.spark.operators.helpers import GRID, SCHEMA, STUCK_MS, all_input, parse, run_timed
 
 pytestmark = pytest.mark.spark
 
-SCHEMA = "front int, seq long, user string, amount double"
 
 
 def running(key: tuple[Any, ...], rows: pd.DataFrame, state: Any) -> tuple[Any, pd.DataFrame]:
     n, total = state or (0, 0.0)
     n, total = n + len(rows), total + float(rows["amount"].sum())
     return (n, total), pd.DataFrame({"n": [n], "total": [total], "rows": [len(rows)]})
-
-
-def run_timed(pipe: Any, stream: Any, tmp: Path, slots: int) -> tuple[pd.DataFrame, int, int]:
-    """Write ``stream`` with its rows' slots (``lt_time``) until the sink's min time is
-    ``slots`` past the first batch's t0; (results, t0, the sink's final min time)."""
-    out, ckpt = tmp / "out", tmp / "ckpt"
-    try:
-        query = stream.write_parquet(str(out), checkpoint=str(ckpt), keep_tracking_columns=True,
-                                     trigger="200 milliseconds")
-        t0 = t0_of_checkpoint(ckpt, query)
-        query.wait_for_min_time(GRID.slot_of(t0) + slots, timeout_s=120)
-        assert not query.stuck()
-        query.stop()
-        final = query.min_time()
-    finally:
-        pipe.close()
-    return read_results(out), t0, final
 
 
 def batch_fold(rows: pd.DataFrame) -> pd.DataFrame:
@@ -55,9 +37,14 @@ def batch_fold(rows: pd.DataFrame) -> pd.DataFrame:
     return g.set_index(["user", "slot"])
 
 
-def test_running_state_with_lag_and_failures_equals_batch(spark, tmp_path: Path) -> None:
+@pytest.mark.parametrize("restart", [False, True], ids=["running", "restarted"])
+def test_running_state_with_lag_and_failures_equals_batch(spark, tmp_path: Path,
+                                                          restart: bool) -> None:
+    """Restarted: the query stops once the sink is 100 slots in and starts again from
+    its checkpoint; the users' running states (and their pending rows) come back from
+    the state store, so the fold goes on as if it had never stopped."""
     spec = GeneratorSpec(fronts=3, rate=150.0, payload_bytes=4, lag_ms={2: 1200})
-    pipe = lowtide.Pipeline(spark, "keyed", grid=GRID, stuck_after_ms=STUCK_MS)
+    pipe = lowtide.Pipeline(spark, f"keyed-{restart}", grid=GRID, stuck_after_ms=STUCK_MS)
     before = fail_once(lambda b, p: b % 5 == 3 and p == 0)
     after = fail_once(lambda b, p: b % 4 == 2)
     stream = (pipe.generate(spec)
@@ -66,7 +53,7 @@ def test_running_state_with_lag_and_failures_equals_batch(spark, tmp_path: Path)
               .stateful(running, "n long, total double, rows long", key="user", name="run")
               .transform(lambda df: df.mapInArrow(after, df.schema)))
     assert stream.segment_names() == ["parse", "run", "run.state", "sink"]
-    results, t0, final = run_timed(pipe, stream, tmp_path, 250)
+    results, t0, final = run_timed(pipe, stream, tmp_path, 250, 100 if restart else 0)
     got = results.rename(columns={"lt_time": "slot"}).set_index(["user", "slot"])
     assert got.index.is_unique, "a (user, slot) emitted twice"
     horizon = max(final, int(got.index.get_level_values("slot").max()) + 1)
@@ -120,7 +107,7 @@ def test_stateful_key_errors_name_the_step(spark, tmp_path: Path) -> None:
     try:
         with pytest.raises(ValueError, match=r"^stateful 'run': no key column 'nobody' "):
             stream.to_null(checkpoint=str(tmp_path / "ckpt"))
-        with pytest.raises(ValueError, match=r"^stateful key \[\]"):
+        with pytest.raises(ValueError, match=r"^stateful '\w+' key \[\]"):
             stream.stateful(running, "n long", key=[])
     finally:
         pipe.close()

@@ -313,9 +313,9 @@ def test_a_task_submits_its_acks_before_its_held_outputs_and_waits_at_its_end(
             events.append("wait")
             return bool(self.pending.wait())
 
-    def recording(key, acks, heartbeats=(), timeout_s=30.0):
+    def recording(key, acks, heartbeats=(), timeout_s=30.0, *, owner=None):
         events.append(f"submit {key.segment}")
-        return Recorded(submit(key, acks, heartbeats, timeout_s))
+        return Recorded(submit(key, acks, heartbeats, timeout_s, owner=owner))
 
     batches, _hb = _source_batches(memory_agent)
     assert len(batches) >= 2

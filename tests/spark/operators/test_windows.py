@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import doctest
+from typing import Any
 
 import numpy as np
 import pytest
 
 import lowtide.spark.operators.windows as windows
 from lowtide.core.time import TimeGrid
-from lowtide.spark.operators.state_clock import hold_ack
+from lowtide.spark.operators.state_clock import holds_under, key_hash
 from lowtide.spark.operators.window_state import window_starts
 from lowtide.spark.operators.windows import Agg, duration_ms, parse_aggs
 from lowtide.spark.pipeline.builder import Pipeline
@@ -44,10 +45,13 @@ def test_aggs_parse() -> None:
 
 
 def test_hold_acks_are_deterministic_and_distinct() -> None:
-    a = {hold_ack(7, k, s) for k in ("u1", "u2", 3) for s in (0, 100, 200)}
+    def hold(op: int, key: Any, slot: int) -> int:
+        return int(holds_under(op, key_hash(key), np.array([slot], np.int64))[0])
+
+    a = {hold(7, k, s) for k in ("u1", "u2", 3) for s in (0, 100, 200)}
     assert len(a) == 9 and 0 not in a
-    assert hold_ack(7, "u1", 100) == hold_ack(7, "u1", 100)
-    assert hold_ack(7, "u1", 100) != hold_ack(8, "u1", 100)
+    assert hold(7, "u1", 100) == hold(7, "u1", 100)
+    assert hold(7, "u1", 100) != hold(8, "u1", 100)
 
 
 def test_graph_has_a_state_segment() -> None:

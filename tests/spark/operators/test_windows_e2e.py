@@ -5,8 +5,6 @@ the checkpoint."""
 
 from __future__ import annotations
 
-import glob
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,35 +12,25 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import pytest
 
 import lowtide
-from lowtide.core.time import TimeGrid
-from lowtide.spark.operators.window_state import window_starts
-from lowtide.spark.sources.generator import GeneratorSpec, label_ms, rows_before
+from lowtide.spark.sources.generator import GeneratorSpec
 from tests.spark.helpers import fail_once, t0_of_checkpoint
+from tests.spark.operators.helpers import (
+    AGG_COLS,
+    GRID,
+    STUCK_MS,
+    all_input,
+    batch_windows,
+    check,
+    parse,
+    read_results,
+    run_timed,
+    start_slots,
+)
 
 pytestmark = pytest.mark.spark
-
-GRID = TimeGrid(delta_ms=10)
-#: a micro-batch here can take several seconds (Python workers start after a restart,
-#: retried tasks): "stuck" must mean stuck, not a slow batch between emission and sink
-STUCK_MS = 60_000
-
-try:  # the workers cannot import this test module: ship its functions by value
-    from pyspark import cloudpickle
-
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-except ImportError:  # pragma: no cover
-    pass
-
-
-def parse(b: pa.RecordBatch) -> pa.RecordBatch:
-    seq = b["seq"]
-    user = pc.cast(pc.bit_wise_and(pc.add(seq, pc.cast(b["front"], pa.int64())), 3), pa.string())
-    return pa.record_batch({"front": b["front"], "seq": seq, "user": user,
-                            "amount": pc.cast(pc.bit_wise_and(seq, 63), pa.float64())})
 
 
 def not_front0(b: pa.RecordBatch) -> Any:
@@ -52,61 +40,6 @@ def not_front0(b: pa.RecordBatch) -> Any:
 def spread(rows: pd.DataFrame) -> dict[str, Any]:
     return {"fronts": int(rows["front"].nunique()), "span": float(rows["amount"].max()
                                                                   - rows["amount"].min())}
-
-
-def all_input(spec: GeneratorSpec, t0: int, horizon: int,
-              drop_front0: bool = False) -> pd.DataFrame:
-    """Every row the generator labels with a slot < ``horizon`` (it is deterministic)."""
-    parts = []
-    for f in spec.front_ids():
-        if drop_front0 and f == 0:
-            continue
-        n = rows_before(t0, spec.rate_of(f), horizon * GRID.delta_ms - 1)
-        seq = np.arange(n, dtype=np.int64)
-        ms = label_ms(t0, spec.rate_of(f), seq)
-        parts.append(pd.DataFrame({"front": f, "seq": seq, "slot": ms // GRID.delta_ms,
-                                   "user": ((seq + f) & 3).astype(str),
-                                   "amount": (seq & 63).astype(np.float64)}))
-    return pd.concat(parts, ignore_index=True)
-
-
-def batch_windows(rows: pd.DataFrame, size: int, slide: int) -> pd.DataFrame:
-    """The batch recomputation: every (user, window) over the whole input."""
-    starts = window_starts(rows["slot"].to_numpy(), size, slide)
-    exploded = pd.concat([rows.assign(start=starts[:, j]) for j in range(starts.shape[1])])
-    g = exploded.groupby(["user", "start"])
-    out = g.agg(n=("amount", "size"), total=("amount", "sum"), lo=("amount", "min"),
-                hi=("amount", "max"), avg=("amount", "mean"),
-                fronts=("front", "nunique")).reset_index()
-    out["span"] = out["hi"] - out["lo"]
-    return out
-
-
-def read_results(out: Path) -> pd.DataFrame:
-    files = sorted(glob.glob(str(out / "*.parquet")))
-    return pa.concat_tables([pq.read_table(f) for f in files]).to_pandas()
-
-
-def start_slots(df: pd.DataFrame) -> pd.Series:
-    ms = pd.to_datetime(df["window_start"], utc=True).map(lambda t: t.value // 1_000_000)
-    return ms // GRID.delta_ms
-
-
-def check(results: pd.DataFrame, expected: pd.DataFrame, horizon: int, size: int,
-          cols: list[str]) -> None:
-    """``expected``: the batch recomputation over every row with slot < ``horizon``;
-    every window ending at or below the sink's final min time must be there."""
-    results = results.assign(start=start_slots(results))
-    keys = list(zip(results["user"], results["start"], strict=True))
-    assert len(keys) == len(set(keys)), "a window was emitted twice"
-    exp = expected[expected["start"] + size <= horizon].set_index(["user", "start"])
-    got = results.set_index(["user", "start"]).sort_index()
-    assert set(got.index) <= set(exp.index), "a window the batch does not have"
-    # emitted windows hold exactly the rows of the whole input: none came later
-    exp_got = exp.loc[got.index]
-    for c in cols:
-        np.testing.assert_allclose(got[c].to_numpy(np.float64),
-                                   exp_got[c].to_numpy(np.float64), err_msg=c)
 
 
 def run(stream: Any, tmp: Path, spec: GeneratorSpec, size: int, slide: int,
@@ -142,9 +75,6 @@ def run(stream: Any, tmp: Path, spec: GeneratorSpec, size: int, slide: int,
     assert not missing, f"complete windows not emitted: {missing[:5]}"
     assert len(done) >= 4
     return results, expected, horizon
-
-
-AGG_COLS = ["n", "total", "lo", "hi", "avg"]
 
 
 def test_tumbling_with_a_lagging_front_equals_batch(spark, tmp_path: Path) -> None:
@@ -201,10 +131,7 @@ def test_task_failures_and_restart_from_checkpoint(spark, tmp_path: Path) -> Non
 def test_sharded_tracker_equals_batch(spark, tmp_path: Path) -> None:
     """The same exact windows against `lowtide serve --shards 2` (a coordinator and two
     shard processes): state holds, MinTimeAt and completeness go through the shards."""
-    sys.path.insert(0, str(Path(__file__).parents[1] / "service"))
-    from tests.service.procs import (
-        serve,  # the service tests' process helper: stops the server by pid
-    )
+    from tests.service.procs import serve  # the service tests' servers: stopped by pid
 
     spec = GeneratorSpec(fronts=2, rate=200.0, payload_bytes=4, lag_ms={1: 800})
     with serve(tmp_path, "--shards", "2", "--delta-ms", str(GRID.delta_ms)) as server:
@@ -227,8 +154,6 @@ def test_a_nullable_long_key_keeps_its_windows_apart(spark, tmp_path: Path) -> N
     call and mixed key 2's rows into the null key's state: its windows were missing
     and the null key's counted key 2's rows. The window groups by the keys' JSON."""
     from pyspark.sql import functions as F
-
-    from tests.spark.operators.test_keyed_state_e2e import run_timed
 
     spec = GeneratorSpec(fronts=2, rate=150.0, payload_bytes=4)
     pipe = lowtide.Pipeline(spark, "win-null", grid=GRID, stuck_after_ms=STUCK_MS)

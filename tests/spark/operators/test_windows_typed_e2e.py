@@ -15,8 +15,7 @@ import lowtide
 from lowtide.core.time import TimeGrid
 from lowtide.spark.sources.generator import GeneratorSpec
 from tests.spark.helpers import t0_of_checkpoint
-from tests.spark.operators.test_frames_e2e import start_fails
-from tests.spark.operators.test_windows_e2e import all_input
+from tests.spark.operators.helpers import all_input, start_fails
 
 pytestmark = pytest.mark.spark
 

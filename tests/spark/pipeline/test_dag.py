@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 import lowtide
-from lowtide.spark.pipeline.builder import covers
-from lowtide.spark.pipeline.dag import PipelineShapeError, derive
+from lowtide.spark.pipeline.dag import PipelineShapeError, covers, derive
 
 
 def ident(b):  # type: ignore[no-untyped-def]

@@ -13,7 +13,7 @@ import pytest
 import lowtide
 from lowtide.spark.sources.generator import GeneratorSpec
 from tests.spark.helpers import fail_once, gen_expected
-from tests.spark.operators.test_windows_e2e import (
+from tests.spark.operators.helpers import (
     AGG_COLS,
     GRID,
     STUCK_MS,

@@ -22,7 +22,7 @@ from lowtide.core.time import TimeGrid
 from lowtide.service.clock import wall_ms
 from lowtide.spark.sources.ingest import IngestReader
 from tests.spark.helpers import fail_once
-from tests.spark.operators.test_windows_e2e import STUCK_MS, read_results
+from tests.spark.operators.helpers import STUCK_MS, read_results
 
 pytestmark = pytest.mark.spark
 

@@ -26,9 +26,26 @@ def test_figures_of_a_status() -> None:
     status = status_of(doc(2_000, ["segment 'keep', slots [100, 101): 1 item(s) missing"]), GRID)
     assert metrics.values(status) == {
         "sink_min_time": 90, "global_min_time": 90, "sink_lag_ms": 2_000 - 90 * 10,
-        "stuck_windows": 1, "min_time.parse": 120, "min_time.keep": 100, "min_time.sink": 90}
+        "stuck_windows": 1, "min_time.parse": 120, "min_time.keep": 100, "min_time.sink": 90,
+        "fronts_refused": 0, "fronts_waiting": 0}
     assert set(metrics.values(status)) == set(metrics.figures())
     assert metrics.property_of("sink_min_time") == "lowtide.orders.sink.sink_min_time"
+
+
+def test_fronts_refused_and_waiting_show_at_the_consumer() -> None:
+    """Issue 29 point 1: a producer that started late and was refused, or a declared
+    one still awaited, is in the query's progress and the status table, not only in
+    the producer's exception."""
+    body = doc(2_000, [])
+    body["fronts_declared"] = {"4": ["parse", 100, -1]}
+    body["front_events"] = {"behind": 1, "retired": 0, "recent": [
+        "refused: front 5 registers at 80, below its segment's min time 120: ..."]}
+    status = status_of(body, GRID)
+    figures = ProgressMetrics.of("orders", GRAPH, "sink").values(status)
+    assert (figures["fronts_refused"], figures["fronts_waiting"]) == (1, 1)
+    text = status.render(GRID.delta_ms)
+    assert "front 4" in text and "declared, not registered: holds it at 100" in text
+    assert "FRONTS REFUSED: 1" in text and "FRONT: refused: front 5 registers at 80" in text
 
 
 def test_stuck_lines_parse_back_into_events() -> None:

@@ -12,7 +12,7 @@ from lowtide.core.time import ManualClock
 from lowtide.spark.sources.front import Front
 from lowtide.spark.sources.lateness import LateRecords
 from tests.spark.helpers import CoreAgent
-from tests.spark.sources.test_front_label import GRAPH, GRID, T0, receive
+from tests.spark.sources.helpers import GRAPH, GRID, T0, receive
 
 
 def event_front(agent: CoreAgent, late: str, lag_ms: int = 0) -> Front:

@@ -15,7 +15,7 @@ from lowtide.core.time import ManualClock
 from lowtide.spark.sources.files_producer import FilesProducerConfig
 from lowtide.spark.sources.front import Front
 from tests.spark.helpers import CoreAgent
-from tests.spark.sources.test_front_label import GRAPH, GRID, T0, receive
+from tests.spark.sources.helpers import GRAPH, GRID, T0, receive
 
 
 def make_front(agent: CoreAgent, clock: ManualClock) -> Front:

@@ -24,7 +24,7 @@ PRODUCER = """
 import json, os, signal, sys
 from lowtide.spark.sources.front import Front
 from lowtide.spark.tracking.transport import TrackerRef
-front = Front(None, 1, TrackerRef.from_option(sys.argv[1]), heartbeat_ms=5, confirm=True)
+front = Front(None, 1, TrackerRef.from_option(sys.argv[1]), heartbeat_ms=5, owner="gw")
 batch = front.label([b"a", b"b"])  # acked, confirmed by the tracker
 print(json.dumps({"times": batch.times.tolist()}), flush=True)
 os.kill(os.getpid(), signal.SIGKILL)  # ... and never written
@@ -40,7 +40,7 @@ def test_a_producer_killed_between_label_and_write_is_reported_missing() -> None
                              capture_output=True, text=True, timeout=120)
         assert run.returncode == -9, run.stderr
         (slot,) = set(json.loads(run.stdout)["times"])
-        successor = Front(None, 1, ref, heartbeat_ms=5)  # the restarted producer
+        successor = Front(None, 1, ref, heartbeat_ms=5, owner="gw")  # the restarted producer
         try:
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline and not svc.status()["stuck"]:

@@ -4,7 +4,6 @@ fan-out to several consumers, and the faults (killed between label and write).""
 
 from __future__ import annotations
 
-import itertools
 import subprocess
 import sys
 
@@ -14,24 +13,11 @@ import pyarrow as pa
 import pytest
 
 from lowtide.core.acks import root_acks
-from lowtide.core.graph import SegmentGraph
-from lowtide.core.time import ManualClock, TimeGrid
+from lowtide.core.time import ManualClock
 from lowtide.spark.sources.front import CONSUMER_STRIDE, Front, Labelled
 from lowtide.spark.sources.labels import from_label
-from lowtide.spark.tracking import AckAccumulator
 from tests.spark.helpers import CoreAgent
-
-GRID = TimeGrid(delta_ms=10)
-GRAPH = SegmentGraph.of(("ingest", ()), ("ingest_b", ()), ("sink", ("ingest", "ingest_b")))
-T0 = 1_000_000  # ms: slot 100_000
-_keys = itertools.count()
-
-
-def receive(agent: CoreAgent, segment: str, times: np.ndarray, labels: np.ndarray) -> None:
-    """A consumer's receipt: lt_ack XOR-ed into lt_time of its segment, count -1."""
-    acc = AckAccumulator()
-    acc.add(GRAPH.index(segment), np.asarray(times), from_label(labels), -1)
-    agent.send_batch(("consumer", next(_keys), segment, 0), acc.build(GRID.window_slots))
+from tests.spark.sources.helpers import GRAPH, GRID, T0, receive
 
 
 def make_front(agent: CoreAgent, clock: ManualClock, **kw) -> Front:

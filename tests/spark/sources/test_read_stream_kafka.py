@@ -6,10 +6,7 @@ failure."""
 
 from __future__ import annotations
 
-import threading
-import time
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 import pytest
@@ -17,48 +14,18 @@ import pytest
 import lowtide
 from lowtide.spark.sources.front import Front
 from lowtide.spark.sources.kafka_producer import KafkaProducerConfig
-from lowtide.spark.sources.labels import KAFKA_HEADER_EXPRS
-from tests.spark.sources.test_read_stream import (
+from tests.spark.sources.helpers import (
     GRID,
     SIZE,
     assert_equal_to_batch,
+    close_all,
     exact_windows,
+    kafka_labelled,
+    producing,
     results_of,
 )
 
 pytestmark = pytest.mark.spark
-
-
-def kafka_labelled(spark: Any, bootstrap: str, topic: str) -> Any:
-    """The topic's records: the JSON fields, and the labels from the headers."""
-    raw = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
-           .option("subscribe", topic).option("startingOffsets", "earliest")
-           .option("includeHeaders", "true").load())
-    labels = [f"{expr} AS {name}" for name, expr in KAFKA_HEADER_EXPRS.items()]
-    return (raw.selectExpr("from_json(CAST(value AS STRING), 'k string, v long') AS r",
-                           *labels).selectExpr("r.k AS k", "r.v AS v", "lt_time", "lt_ack"))
-
-
-def producing(producer: Any, rounds: int, every_s: float, out: list) -> threading.Thread:
-    def run() -> None:
-        for i in range(rounds):
-            rows = pd.DataFrame({"k": [f"k{j % 3}" for j in range(i, i + 12)],
-                                 "v": list(range(i, i + 12))})
-            out.append(producer.send(rows).records)
-            time.sleep(every_s)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread
-
-
-def close_all(pipe: Any, queries: list[Any], producers: list[Any], fronts: list[Any]) -> None:
-    """Stop the queries, then the producers and their fronts, then the pipeline."""
-    for query in queries:
-        query.stop()
-    for closable in (*producers, *fronts):
-        closable.close()
-    pipe.close()
 
 
 def test_kafka_entry_equals_batch(spark, kafka_broker, kafka_topic, tmp_path: Path) -> None:

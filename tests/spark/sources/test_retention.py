@@ -20,7 +20,7 @@ from lowtide.spark.sources.retention import (
 )
 from lowtide.spark.tracking.transport import TrackerRef
 from tests.spark.helpers import CoreAgent
-from tests.spark.sources.test_front_label import GRAPH, GRID, T0
+from tests.spark.sources.helpers import GRAPH, GRID, T0
 
 
 def fill(directory: Path, n: int) -> CoreAgent:

@@ -14,14 +14,16 @@ import pytest
 import lowtide
 from lowtide.spark.sources.front import Front
 from lowtide.spark.sources.kafka_producer import KafkaProducerConfig
-from tests.spark.sources.test_read_stream import (
+from tests.spark.sources.helpers import (
     GRID,
     SIZE,
     WINDOW_MS,
     assert_equal_to_batch,
+    close_all,
+    kafka_labelled,
+    producing,
     results_of,
 )
-from tests.spark.sources.test_read_stream_kafka import close_all, kafka_labelled, producing
 
 pytestmark = pytest.mark.spark
 

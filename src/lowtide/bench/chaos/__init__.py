@@ -11,7 +11,10 @@ its faults (:mod:`.faults`, :mod:`.hostile`) and counts:
   answer; the scenario then restores the state dir, the documented way out);
 * the good clients' notification delay, quiet and under attack.
 
-Human table, then one JSON line; ``--quick`` runs in under five minutes.
+Human table, then one JSON line; ``--quick`` runs in under five minutes. ``--spark``
+adds the fault kinds that need real Spark queries and files (:mod:`.spark_faults`:
+reruns from a new checkpoint into every file sink, two writers of one Delta table),
+a few minutes more; ``--only`` picks among both groups.
 """
 
 from __future__ import annotations
@@ -39,9 +42,19 @@ SCENARIOS = (
     Scenario("full disk", (faults.full_disk,)),
     Scenario("refused flush", rogue=True),
     Scenario("skewed clocks", skew=((1, 300),)),
-    Scenario("hostile peers", hostile=True),
+    Scenario("hostile peers", attacks=("fuzz", "flood", "hijack", "replay")),
     Scenario("fake server", probe=hostile.fooled_by_fake_server),
+    Scenario("hello rewritten", probe=hostile.fooled_by_rewritten_hello),
+    Scenario("fd exhaustion", attacks=("connections",), nofile=512),
+    Scenario("slow handshakes", (faults.kill_tracker,), attacks=("slow handshakes",),
+             serve_args=("--max-connections", "64")),
+    Scenario("subscription flood", attacks=("subscriptions",)),
+    Scenario("producer crash", (faults.crash_producer,), producer="crash"),
+    Scenario("tracker outage under a producer", (faults.outage_under_producer,),
+             producer="pause"),
 )
+#: with --spark (lowtide.bench.chaos.spark_faults: real Spark queries and files)
+SPARK_SCENARIOS = ("rerun from a new checkpoint", "two writers of one table")
 
 
 def run(work: Workload, names: list[str] | None = None) -> list[Result]:
@@ -83,18 +96,19 @@ def summary(results: list[Result]) -> dict[str, Any]:
         "notify_p50_ms_attacked": p50("hostile peers"),
         "notify_p99_ms_attacked": p99("hostile peers"),
         "scenarios": {r.name: {"faults": r.faults, "premature": len(r.premature),
-                               "lost": r.lost, "refused_starts": r.refused_starts}
+                               "lost": r.lost, "refused_starts": r.refused_starts,
+                               "notify_p99_ms": p99(r.name)}
                       for r in results},
     }
 
 
 def print_table(results: list[Result]) -> None:
-    print(f"{'scenario':<18} {'faults':>6} {'refused':>7} {'premature':>9} {'lost':>4}"
+    print(f"{'scenario':<32} {'faults':>6} {'refused':>7} {'premature':>9} {'lost':>4}"
           f" {'notify p50/p99 ms':>18}")
     for r in results:
         lat = (f"{percentile(r.delays_ms, 50):.1f}/{percentile(r.delays_ms, 99):.1f}"
                if r.delays_ms else "-")
-        print(f"{r.name:<18} {r.faults:>6} {r.refused_starts:>7} {len(r.premature):>9}"
+        print(f"{r.name:<32} {r.faults:>6} {r.refused_starts:>7} {len(r.premature):>9}"
               f" {r.lost:>4} {lat:>18}")
         for line in [*r.premature[:3], *r.notes[:3]]:
             print(f"    {line}")
@@ -103,11 +117,19 @@ def print_table(results: list[Result]) -> None:
 def main(args: argparse.Namespace) -> int:
     work = Workload(slots=24 if args.quick else 60, secret=b"chaos-secret-0123456789abcdef")
     names = [n.strip() for n in args.only.split(",")] if args.only else None
-    unknown = set(names or ()) - {s.name for s in SCENARIOS}
+    known = [s.name for s in SCENARIOS] + (list(SPARK_SCENARIOS) if args.spark else [])
+    unknown = set(names or ()) - set(known)
     if unknown:
-        raise SystemExit(f"unknown scenarios {sorted(unknown)}; choose from"
-                         f" {[s.name for s in SCENARIOS]}")
-    results = run(work, names)
+        raise SystemExit(f"unknown scenarios {sorted(unknown)}; choose from {known}"
+                         + ("" if args.spark else " (Spark's: with --spark)"))
+    service = [n for n in names or () if n not in SPARK_SCENARIOS]
+    results = run(work, service) if service or not names else []
+    if args.spark:
+        spark_names = [n for n in names or () if n in SPARK_SCENARIOS]
+        if spark_names or not names:
+            from lowtide.bench.chaos.spark_faults import run_spark  # imports pyspark
+
+            results += run_spark(spark_names or None)
     print_table(results)
     figures = summary(results)
     print(json.dumps(figures))
@@ -117,6 +139,9 @@ def main(args: argparse.Namespace) -> int:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="fewer slots per scenario")
     p.add_argument("--only", help="comma-separated scenario names")
+    p.add_argument("--spark", action="store_true",
+                   help="also the Spark fault kinds: reruns from a new checkpoint, two "
+                        "writers of one table (needs `make setup`'s Delta jars)")
     p.set_defaults(handler=main)
 
 

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from lowtide.bench.chaos.producer import command, tell
+
 if TYPE_CHECKING:
     from lowtide.bench.chaos.run import Run
 
@@ -84,6 +86,37 @@ def full_disk(run: Run) -> None:
     else:
         run.refused_starts += 1
     run.restart_tracker()
+
+
+def crash_producer(run: Run) -> None:
+    """The Front producer is killed right after a write, inside its agent's flush
+    interval; a successor (same front and owner) goes on from what its topic holds."""
+    run.producer.join(30)  # it was armed with "crash@K" (Scenario.producer)
+    if run.producer.exitcode != -signal.SIGKILL:
+        run.say(f"the producer was not killed (exit {run.producer.exitcode})")
+        return
+    run.faults += 1
+    run.start_producer()
+
+
+def outage_under_producer(run: Run) -> None:
+    """The tracker is killed under the Front producer, which then stops cleanly (exit
+    0) while a label waits for the tracker; the tracker restarts and a successor (same
+    front and owner) goes on from what the topic holds."""
+    jdir, front = run.journal, run.producer_front
+    deadline = time.monotonic() + 30  # armed "pause@K": no label is on its way then
+    while command(jdir, front) != "paused" and time.monotonic() < deadline:
+        time.sleep(0.005)
+    run.tracker.kill9()
+    tell(jdir, front, "go")
+    time.sleep(0.3)  # its next label now waits for a tracker that is down
+    os.kill(run.producer.pid, signal.SIGTERM)
+    run.producer.join(30)
+    if run.producer.exitcode != 0:
+        run.say(f"the producer did not stop cleanly (exit {run.producer.exitcode})")
+    run.faults += 1
+    run.restart_tracker()
+    run.start_producer()
 
 
 def _restart_or_restore(run: Run, backup: os.PathLike[str]) -> None:

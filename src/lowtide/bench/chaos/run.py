@@ -12,6 +12,7 @@ from typing import Any
 
 from lowtide.bench.chaos import hostile
 from lowtide.bench.chaos.faults import Fault
+from lowtide.bench.chaos.producer import producer_process, tell
 from lowtide.bench.chaos.tracker import TrackerProcess
 from lowtide.bench.chaos.workload import (
     GRAPH,
@@ -25,6 +26,7 @@ from lowtide.core.messages import MinTimeUpdate
 from lowtide.service import Agent
 
 ROGUE_FRONT = 7
+PRODUCER_FRONT = 5
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,12 @@ class Scenario:
     shards: int = 0
     skew: tuple[tuple[int, int], ...] = ()  # (front, slots its clock is off)
     rogue: bool = False  # a front whose refused flush must hold the min times back
-    hostile: bool = False  # fuzzed and replayed frames, floods, a front takeover
+    attacks: tuple[str, ...] = ()  # hostile peers while the work runs (see hostile.Attack)
+    nofile: int | None = None  # the tracker's file limit (ulimit -n), snapshots often
+    serve_args: tuple[str, ...] = ()  # more `lowtide serve` options
+    #: a lowtide.Front producer writing a topic (producer.py), armed with "crash" or
+    #: "pause" at its middle line for the faults; "": no producer
+    producer: str = ""
     probe: Callable[[bytes | None], bool] | None = None  # True: the probe was fooled
 
     @property
@@ -60,7 +67,8 @@ class Run:
 
     def __init__(self, tmp: Path, work: Workload, scenario: Scenario, secret_file: Path) -> None:
         self.tmp, self.work, self.scenario = tmp, work, scenario
-        self.tracker = TrackerProcess(tmp, shards=scenario.shards, secret_file=secret_file)
+        self.tracker = TrackerProcess(tmp, shards=scenario.shards, secret_file=secret_file,
+                                      nofile=scenario.nofile, args=scenario.serve_args)
         self.journal = tmp / "journal"
         self.journal.mkdir()
         self.ctx = multiprocessing.get_context("spawn")
@@ -72,6 +80,8 @@ class Run:
         self.refused_starts = 0
         self.notes: list[str] = []
         self.skew = dict(scenario.skew)
+        self.producer: Any = None
+        self.producer_front = PRODUCER_FRONT
 
     def say(self, note: str) -> None:
         self.notes.append(note)
@@ -81,9 +91,17 @@ class Run:
             self.refused_starts += 1
             self.say(f"the tracker would not restart: see {self.tracker.log_path}")
 
+    def start_producer(self) -> None:
+        """The Front producer (again: a successor takes over its front and topic)."""
+        self.producer = self.ctx.Process(target=producer_process, args=(
+            self.tracker.url, self.work, self.producer_front, str(self.journal), self.go))
+        self.producer.start()
+        self.procs.append(self.producer)
+
     def start_consumer(self) -> None:
         fronts = (*self.work.fronts, *((ROGUE_FRONT,) if self.scenario.rogue else ()))
-        work = replace(self.work, fronts=fronts)
+        producers = (PRODUCER_FRONT,) if self.scenario.producer else ()
+        work = replace(self.work, fronts=fronts, producers=producers)
         self.consumer = self.ctx.Process(
             target=consumer_process, args=(self.tracker.url, work, self.skew, str(self.journal)))
         self.consumer.start()
@@ -117,6 +135,12 @@ class Run:
             self.procs[-1].start()
             _wait(lambda: self._registered() == len(self.procs), 60, "fronts to register",
                   self.procs, self.journal)
+        if self.scenario.producer:
+            tell(self.journal, self.producer_front,
+                 f"{self.scenario.producer}@{self.work.slots // 2}")
+            self.start_producer()
+            _wait(lambda: self._registered() == len(self.procs), 60, "the producer",
+                  self.procs, self.journal)
         self.go.set()
 
     def _registered(self) -> int:
@@ -139,7 +163,7 @@ def run_scenario(tmp: Path, work: Workload, scenario: Scenario, secret_file: Pat
     started = time.monotonic()
     if scenario.probe is not None:
         fooled = scenario.probe(work.secret)
-        premature = ["an agent believed a server without the secret"] if fooled else []
+        premature = [f"{scenario.name}: believed a peer without the secret"] if fooled else []
         return Result(scenario.name, faults=1, premature=premature,
                       seconds=time.monotonic() - started)
     run = Run(tmp, work, scenario, secret_file)
@@ -153,16 +177,22 @@ def run_scenario(tmp: Path, work: Workload, scenario: Scenario, secret_file: Pat
         run.start_fronts()
         run.start_consumer()
         run.faults += scenario.rogue + bool(scenario.skew)
-        if scenario.hostile:
-            attack = hostile.Attack(run.tracker.url, work.secret)
+        if scenario.attacks:
+            attack = hostile.Attack(run.tracker.url, work.secret, scenario.attacks)
             attack.start()
-            run.faults += 4  # fuzz, replay, flood, front takeover
-        fronts = len(work.fronts) + scenario.rogue
-        _wait(lambda: run.done_slots() >= fronts * work.slots // 3, 60, "a third of the work")
-        for fault in scenario.faults:
-            fault(run)
-            time.sleep(0.3)
-        lost = _finish(run, watcher, scenario)
+            run.faults += len(scenario.attacks)
+        fronts = len(work.fronts) + scenario.rogue + bool(scenario.producer)
+        try:
+            _wait(lambda: run.done_slots() >= fronts * work.slots // 3, 60,
+                  "a third of the work")
+        except TimeoutError as exc:  # the tracker stopped serving: that run is lost
+            run.say(str(exc))
+            lost = 1
+        else:
+            for fault in scenario.faults:
+                fault(run)
+                time.sleep(0.3)
+            lost = _finish(run, watcher, scenario)
     finally:
         if attack is not None:
             attack.stop()

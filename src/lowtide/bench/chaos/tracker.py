@@ -1,6 +1,7 @@
 """The tracker under test: ``lowtide serve`` in a subprocess on loopback, killed and
 restarted on the same port and state dir, optionally with a file size limit (a disk
-that fills up). Stopped by its own pid."""
+that fills up) or a file descriptor limit (``ulimit -n``, with a snapshot every half
+second, so that snapshots meet whatever holds the descriptors). Stopped by its own pid."""
 
 from __future__ import annotations
 
@@ -20,12 +21,14 @@ from lowtide.wire import graph_spec
 
 
 class TrackerProcess:
-    def __init__(self, tmp: Path, *, shards: int = 0, secret_file: Path | None = None) -> None:
+    def __init__(self, tmp: Path, *, shards: int = 0, secret_file: Path | None = None,
+                 nofile: int | None = None, args: tuple[str, ...] = ()) -> None:
         self.state_dir = tmp / "state"
         self.graph_file = tmp / "graph.json"
         self.graph_file.write_text(json.dumps(graph_spec(GRAPH)))
         self.log_path = tmp / "tracker.log"
-        self.shards, self.secret_file = shards, secret_file
+        self.shards, self.secret_file, self.nofile = shards, secret_file, nofile
+        self.args = args
         self.port = 0
         self.proc: subprocess.Popen[str] | None = None
 
@@ -34,14 +37,16 @@ class TrackerProcess:
         return f"tcp://127.0.0.1:{self.port}"
 
     def _command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "lowtide.service.standalone", "--port", str(self.port),
+        cmd = [sys.executable, "-m", "lowtide.service.deploy.standalone", "--port", str(self.port),
                "--graph", str(self.graph_file), "--state-dir", str(self.state_dir),
                "--log-level", "warning", "--stuck-after-ms", "60000", "--watch-stdin"]
         if self.shards:
             cmd += ["--shards", str(self.shards)]
         if self.secret_file is not None:
             cmd += ["--secret-file", str(self.secret_file)]
-        return cmd
+        if self.nofile is not None:
+            cmd += ["--snapshot-every-s", "0.5"]
+        return cmd + list(self.args)
 
     def start(self, *, file_limit_bytes: int | None = None, timeout_s: float = 30.0) -> bool:
         """Start (on the port it had, once it had one); False if it would not start
@@ -50,6 +55,8 @@ class TrackerProcess:
             if file_limit_bytes is not None:
                 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
                 resource.setrlimit(resource.RLIMIT_FSIZE, (file_limit_bytes, file_limit_bytes))
+            if self.nofile is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
 
         with self.log_path.open("a") as log:
             self.proc = subprocess.Popen(self._command(), stdin=subprocess.PIPE,

@@ -15,11 +15,16 @@ applied its receive-ack by then. The first journal line of an item is a lower bo
 when its receipt was applied, so a flagged notification is premature for certain.
 Processes retry a call that failed (the tracker was killed, refused, or is restarting)
 with the same key: keyed batches apply at most once.
+
+A scenario may add ``producers``: real ``lowtide.Front`` producers
+(:mod:`~lowtide.bench.chaos.producer`) that write labelled batches to a *topic* file,
+one JSON line per batch; the consumer receives line k with the keyed fronts' slot k.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -34,6 +39,7 @@ from lowtide.core.errors import ProtocolError
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import AckBatch, Heartbeat
 from lowtide.service import Agent, BatchKey
+from lowtide.spark.sources import from_label
 
 GRAPH = SegmentGraph.of(("src", ()), ("sink", ("src",)))
 ITEMS_PER_SLOT = 20
@@ -52,6 +58,7 @@ class Workload:
     hold_every: int = 6
     hold_ms: float = 250.0
     secret: bytes | None = None
+    producers: tuple[int, ...] = ()  # fronts of lowtide.Front producers (a topic each)
 
     def final_time(self, skew: dict[int, int]) -> int:
         """The sink's min time once every front's last heartbeat is in."""
@@ -74,8 +81,12 @@ def sent_into_src(front: int, slot: int) -> AckBatch:
 def received(front: int, slot: int) -> tuple[AckBatch, AckBatch]:
     """(receipt out of src with the children's send into sink, receipt out of sink)."""
     parents = item_values(front, slot)
+    return receipts(np.full(len(parents), slot), parents)
+
+
+def receipts(times: np.ndarray, parents: np.ndarray) -> tuple[AckBatch, AckBatch]:
+    """:func:`received` of any items (times, root ack values)."""
     children = child_acks(parents, operator=1, child_index=np.zeros(len(parents), np.uint64))
-    times = np.full(len(parents), slot)
     first = AckBatch.concat([AckBatch.from_columns(1, times, children, 1),
                              AckBatch.from_columns(0, times, parents, -1)])
     return first, AckBatch.from_columns(1, times, children, -1)
@@ -165,13 +176,47 @@ def consumer_process(url: str, work: Workload, skew: dict[int, int], journal_dir
                 if front in stopped or not _await_sent(jdir, front, slot):
                     stopped.add(front)
                     continue
-                first, second = received(front, slot)
-                notes.note("recv", "src", front, slot)
-                _send(notes, agent, BatchKey(QUERY, k, "sink", front), first)
-                if k % work.hold_every == work.hold_every - 1:
-                    time.sleep(work.hold_ms / 1000)
-                notes.note("recv", "sink", front, slot)
-                _send(notes, agent, BatchKey(QUERY, k, "out", front), second)
+                _receive(notes, agent, work, k, front, slot, received(front, slot))
+            for front in work.producers:
+                line = _await_line(jdir, front, k)
+                times = np.asarray(line["times"], np.int64)
+                _receive(notes, agent, work, k, front, int(times.min()),
+                         receipts(times, from_label(line["acks"])))
+
+
+def _receive(notes: Journal, agent: Agent, work: Workload, k: int, front: int, slot: int,
+             batches: tuple[AckBatch, AckBatch]) -> None:
+    first, second = batches
+    notes.note("recv", "src", front, slot)
+    _send(notes, agent, BatchKey(QUERY, k, "sink", front), first)
+    if k % work.hold_every == work.hold_every - 1:
+        time.sleep(work.hold_ms / 1000)
+    notes.note("recv", "sink", front, slot)
+    _send(notes, agent, BatchKey(QUERY, k, "out", front), second)
+
+
+def topic_path(journal_dir: Path, front: int) -> Path:
+    """Where producer ``front`` writes its labelled batches, one JSON line each."""
+    return journal_dir / f"topic-{front}.jsonl"
+
+
+def topic_lines(journal_dir: Path, front: int) -> list[dict[str, Any]]:
+    """The complete lines of a topic (a line is written whole, then synced)."""
+    path = topic_path(journal_dir, front)
+    text = path.read_text() if path.exists() else ""
+    return [json.loads(line) for line in text.splitlines() if line.endswith("}")]
+
+
+def _await_line(journal_dir: Path, front: int, k: int) -> dict[str, Any]:
+    """Line ``k`` of a producer's topic, once written (by it or its successor)."""
+    end = time.monotonic() + 120.0
+    while True:
+        lines = topic_lines(journal_dir, front)
+        if len(lines) > k:
+            return lines[k]
+        if time.monotonic() > end:
+            raise TimeoutError(f"producer {front} wrote no line {k} in 120 s")
+        time.sleep(0.005)
 
 
 def _await_sent(journal_dir: Path, front: int, slot: int) -> bool:
@@ -218,12 +263,18 @@ class Truth:
 
     first_recv_ns: dict[tuple[str, int, int], int]  # (segment, front, slot)
     sink_sent_ns: dict[int, int]
+    #: receipts the tracker refused as behind its head: a min time had passed them
+    behind: tuple[str, ...] = ()
 
     @classmethod
     def read(cls, journal_dir: Path) -> Truth:
         first: dict[tuple[str, int, int], int] = {}
         last: dict[tuple[int, int], int] = {}
+        behind = []
         for fields in _lines(journal_dir / "consumer.log"):
+            if fields[:1] == ["refused"] and "AckBehindHead" in fields:
+                behind.append(f"the receipt of front {fields[2]}'s batch {fields[3]} was "
+                              "refused: a min time had passed it")
             if fields[0] == "recv":
                 seg, front, slot, ns = fields[1], int(fields[2]), int(fields[3]), int(fields[4])
                 first[(seg, front, slot)] = min(first.get((seg, front, slot), ns), ns)
@@ -232,12 +283,13 @@ class Truth:
         sink_sent: dict[int, int] = {}
         for (_front, slot), ns in last.items():
             sink_sent[slot] = max(sink_sent.get(slot, 0), ns)
-        return cls(first, sink_sent)
+        return cls(first, sink_sent, tuple(behind))
 
     def premature(self, seen: list[tuple[str | None, int, int]]) -> list[str]:
         """Notifications that claimed a time while an item below it was in flight in
-        that segment or upstream of it (sink's min time covers src's items too)."""
-        out = []
+        that segment or upstream of it (sink's min time covers src's items too), and
+        receipts refused because such a notification had been made."""
+        out = list(self.behind)
         for segment, t, at_ns in seen:
             covered = COVERS[segment]
             late = [(s, covered.index(seg), f) for (seg, f, s), ns in self.first_recv_ns.items()

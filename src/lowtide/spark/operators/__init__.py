@@ -1,7 +1,9 @@
 """Tracked steps: map, flat_map and filter over Arrow batches (:mod:`.tracked`),
-DataFrame-native steps evaluated by the JVM (:mod:`.frames`), and exact keyed windows
-(:mod:`.windows` describes them, :mod:`.window_state` runs them, :mod:`.window_aggs`
-computes their typed aggregates)."""
+DataFrame-native steps evaluated by the JVM (:mod:`.frames`), and the exact stateful
+steps, each a slot logic (:mod:`.slot_logic`) on one keyed runtime (:mod:`.keyed_state`,
+:mod:`.state_processor`, :mod:`.state_clock`): exact keyed windows (:mod:`.windows`
+describes them, :mod:`.window_state` is their logic, :mod:`.window_aggs` computes their
+typed aggregates), a user's ``stateful`` fold, and the joins (:mod:`.joins`)."""
 
 from lowtide.spark.operators.frames import FrameSpec, StepError
 from lowtide.spark.operators.state_clock import ROCKSDB, StateClock

@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from lowtide.core.errors import LowtideError
 from lowtide.spark.tracking.column import (
     TRACK_COL,
     AckAccumulator,
@@ -54,7 +55,6 @@ from lowtide.spark.tracking.column import (
     with_ids,
 )
 
-FRAME_KINDS = ("select", "with_column", "where", "explode", "enrich")
 TRACKED_FRAME_KINDS = ("where", "explode", "enrich")
 KEEP_COL = "_lt_keep"  # where: the condition, evaluated by the JVM
 POS_COL = "_lt_pos"  # explode, enrich: the child's position (null: a parent with none)
@@ -78,11 +78,11 @@ class FrameSpec:
         return [self.name] if self.tracked else []
 
 
-class StepError(ValueError):
+class StepError(LowtideError, ValueError):
     """A step that cannot be tracked, found when the plan is built."""
 
 
-def _first_line(err: BaseException) -> str:
+def first_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     line = text[0] if text else type(err).__name__
     return re.sub(r"\s*SQLSTATE: \w+;?$", "", line)
@@ -95,7 +95,7 @@ def spark_step(name: str, build: Any) -> Any:
     try:
         return build()
     except PySparkException as err:
-        raise StepError(f"step {name!r}: {_first_line(err)}") from None
+        raise StepError(f"step {name!r}: {first_line(err)}") from None
 
 
 def plan_frame(df: Any, spec: FrameSpec) -> Any:
@@ -105,17 +105,8 @@ def plan_frame(df: Any, spec: FrameSpec) -> Any:
     from pyspark.sql import functions as F
 
     kind, args = spec.kind, spec.args
-    if kind == "select":
-        out = spark_step(spec.name, lambda: df.select(*args))
-        if TRACK_COL not in out.columns:
-            out = spark_step(spec.name, lambda: df.select(*args, TRACK_COL))
-        check_added(df, out, spec.name, ("Project",))
-        return out
-    if kind == "with_column":
-        col_name, col = args
-        if col_name == TRACK_COL:
-            raise StepError(f"step {spec.name!r}: {TRACK_COL!r} is lowtide's tracking column")
-        out = spark_step(spec.name, lambda: df.withColumn(col_name, col))
+    if kind in ("select", "select_expr", "drop", "rename", "with_column"):
+        out = _project(df, spec)
         check_added(df, out, spec.name, ("Project",))
         return out
     if kind == "where":
@@ -135,6 +126,27 @@ def plan_frame(df: Any, spec: FrameSpec) -> Any:
     if kind == "enrich":
         return _plan_enrich(df, spec)
     raise ValueError(f"unknown DataFrame step {kind!r}")
+
+
+def _project(df: Any, spec: FrameSpec) -> Any:
+    """A step that keeps rows 1:1 (``select``, ``selectExpr``, ``drop``,
+    ``withColumnRenamed``, ``withColumn``), ``lt_track`` kept: a ``select`` that does
+    not name it gets it appended, the others may not touch it."""
+    kind, args = spec.kind, spec.args
+    if kind in ("select", "select_expr"):
+        method = df.select if kind == "select" else df.selectExpr
+        out = spark_step(spec.name, lambda: method(*args))
+        if TRACK_COL not in out.columns:
+            out = spark_step(spec.name, lambda: method(*args, TRACK_COL))
+        return out
+    named = args[:1] if kind == "with_column" else args  # the names it writes or drops
+    if any(isinstance(a, str) and a == TRACK_COL for a in named):
+        raise StepError(f"step {spec.name!r}: {TRACK_COL!r} is lowtide's tracking column")
+    if kind == "drop":
+        return spark_step(spec.name, lambda: df.drop(*args))
+    if kind == "rename":
+        return spark_step(spec.name, lambda: df.withColumnRenamed(*args))
+    return spark_step(spec.name, lambda: df.withColumn(*args))
 
 
 # ------------------------------------------------------------------ stream-static joins

@@ -33,7 +33,6 @@ tracker reports the outbound segment stuck.
 from __future__ import annotations
 
 import hashlib
-import io
 from typing import Any
 
 import numpy as np
@@ -57,15 +56,19 @@ def state_segment(name: str) -> str:
     return name + STATE_SUFFIX
 
 
+class StatefulStep:
+    """A step description (a dataclass with a ``name``) whose step has a state segment."""
+
+    name: str
+
+    def segments(self) -> list[str]:
+        return [self.name, state_segment(self.name)]
+
+
 def key_hash(value: Any) -> int:
     """A deterministic 64-bit hash of a key value (Python's hash() is salted)."""
     text = f"{type(value).__name__}:{value}".encode()
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
-
-
-def hold_ack(op_id: int, key_value: Any, start: int) -> int:
-    """The hold of a (key, ``start``) of operator ``op_id``: the same in every attempt."""
-    return int(holds_under(op_id, key_hash(key_value), np.array([start], np.int64))[0])
 
 
 def holds_under(op_id: int, parent: int, starts: np.ndarray) -> np.ndarray:
@@ -94,27 +97,6 @@ def check_keys(step: str, keys: tuple[str, ...], fields: dict[str, str]) -> None
         if fields[k].startswith("map<"):
             raise ValueError(f"{step}: key column {k!r} ({fields[k]}) is a map, which Spark "
                              "cannot group by")
-
-
-def to_ipc(frame: Any) -> bytes:
-    """A pandas DataFrame as Arrow IPC bytes (types kept exactly, for the state store)."""
-    import pyarrow as pa
-
-    buf = io.BytesIO()
-    table = pa.Table.from_pandas(frame, preserve_index=False)
-    with pa.ipc.new_stream(buf, table.schema) as w:
-        w.write_table(table)
-    return buf.getvalue()
-
-
-def from_ipc(parts: list[bytes]) -> Any:
-    """The pandas DataFrame of :func:`to_ipc` parts, concatenated (None: no parts)."""
-    import pyarrow as pa
-
-    if not parts:
-        return None
-    tables = [pa.ipc.open_stream(io.BytesIO(bytes(p))).read_all() for p in parts]
-    return pa.concat_tables(tables).to_pandas()
 
 
 def insert_keys(res: Any, names: tuple[str, ...], values: tuple[Any, ...]) -> None:

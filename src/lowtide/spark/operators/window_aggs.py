@@ -1,5 +1,5 @@
 """Typed window aggregates: what an exact window computes, kept apart from when it
-emits (holds and completeness live in :mod:`.window_state`).
+emits (the window's slot logic is in :mod:`.window_state`).
 
 Results are typed as Spark types them: ``count`` and ``count_distinct`` long; ``sum``
 of integers long, of decimals ``decimal(p + 10, s)``, of floats double; ``mean`` of
@@ -100,10 +100,11 @@ def _supported(fn: str, type_name: str) -> str | None:
     return None  # count, count_distinct: any type
 
 
-def bind_aggs(name: str, aggs: tuple[Agg, ...], fields: dict[str, str]
+def bind_aggs(name: str, aggs: tuple[Agg, ...], fields: dict[str, str], what: str = "window"
               ) -> tuple[tuple[TypedAgg, ...], list[str]]:
     """(typed aggregates, the distinct columns they read) for input columns ``fields``
-    (name -> simpleString). Raises a one-line error naming the window and column."""
+    (name -> simpleString). Raises a one-line error naming the step (``what name``) and
+    column."""
     columns: list[str] = []
     typed = []
     for a in aggs:
@@ -111,12 +112,12 @@ def bind_aggs(name: str, aggs: tuple[Agg, ...], fields: dict[str, str]
             typed.append(TypedAgg(a, None, ""))
             continue
         if a.column not in fields:
-            raise ValueError(f"window {name!r}: aggregate {a.out!r} reads no column "
+            raise ValueError(f"{what} {name!r}: aggregate {a.out!r} reads no column "
                              f"{a.column!r} (columns: {', '.join(fields)})")
         t = fields[a.column]
         takes = _supported(a.fn, t)
         if takes is not None:
-            raise ValueError(f"window {name!r}: {a.fn} of column {a.column!r} ({t}) is not "
+            raise ValueError(f"{what} {name!r}: {a.fn} of column {a.column!r} ({t}) is not "
                              f"supported: {a.fn} takes {takes}")
         if a.column not in columns:
             columns.append(a.column)
@@ -142,6 +143,33 @@ def input_columns(df: Any, columns: list[str], fields: dict[str, str]) -> Any:
         df = df.withColumn(f"{VALUE_PREFIX}{j}", value).withColumn(
             f"{VALID_PREFIX}{j}", col.isNotNull())
     return df
+
+
+def aggregated_input(df: Any, what: str, name: str, keys: tuple[str, ...],
+                     aggs: tuple[Agg, ...], keep: tuple[Any, ...] = ()
+                     ) -> tuple[Any, tuple[TypedAgg, ...]]:
+    """The input of a keyed aggregation step (``what name``, e.g. "groupBy 'g'"): its
+    keys, the aggregated columns as :func:`input_columns` hands them over, ``keep``
+    (more columns), the tracking column; and the aggregates typed. Unknown columns and
+    unsupported types raise here, naming the step."""
+    from lowtide.spark.operators.state_clock import check_keys
+    from lowtide.spark.tracking.column import TRACK_COL, TRACKING_COLS
+
+    fields = {f.name: f.dataType.simpleString() for f in df.schema.fields
+              if f.name not in TRACKING_COLS}
+    check_keys(f"{what} {name!r}", keys, fields)
+    typed, columns = bind_aggs(name, aggs, fields, what)
+    prepared = input_columns(df, columns, fields)
+    cols = [f"`{c}`" for c in [*keys, *helper_columns(columns)]]
+    return prepared.select(*cols, *keep, TRACK_COL), typed
+
+
+def time_column(slots: Any, delta_ms: int) -> Any:
+    """Slots as a pandas column of UTC timestamps (their start, ``slot * delta_ms``)."""
+    import pandas as pd
+
+    ms = pd.Series(np.asarray(slots, np.int64) * delta_ms)
+    return pd.to_datetime(ms, unit="ms", utc=True)
 
 
 # ------------------------------------------------------------------ executors
@@ -272,18 +300,21 @@ def _mean(total: Any, n: int, a: TypedAgg) -> Any:
         decimal.Decimal(1).scaleb(-s), rounding=decimal.ROUND_HALF_UP)
 
 
-def result_series(aggs: tuple[TypedAgg, ...], values: list[Any], m: int) -> dict[str, Any]:
-    """Result columns of ``m`` rows each (timestamps as pandas timestamps)."""
+def result_columns(aggs: tuple[TypedAgg, ...], rows: list[list[Any]]) -> dict[str, Any]:
+    """Result columns, one row per window: ``rows`` are each window's :func:`results`
+    (timestamps as pandas timestamps)."""
     import pandas as pd
 
     cols = {}
-    for a, v in zip(aggs, values, strict=True):
+    for j, a in enumerate(aggs):
+        values = [r[j] for r in rows]
         out_kind = _kind(a.out_type())
         if out_kind == "timestamp":
-            cols[a.agg.out] = pd.Series([pd.NaT if v is None else pd.Timestamp(v)] * m,
-                                        dtype="datetime64[ns]")
+            cols[a.agg.out] = pd.Series([pd.NaT if v is None else pd.Timestamp(v)
+                                         for v in values], dtype="datetime64[ns]")
         elif out_kind == "float":
-            cols[a.agg.out] = pd.Series([np.nan if v is None else v] * m, dtype=np.float64)
+            cols[a.agg.out] = pd.Series([np.nan if v is None else v for v in values],
+                                        dtype=np.float64)
         else:
-            cols[a.agg.out] = pd.Series([v] * m, dtype=object)
+            cols[a.agg.out] = pd.Series(values, dtype=object)
     return cols

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from lowtide.spark.operators.state_clock import check_keys
+from lowtide.spark.operators.state_clock import StatefulStep, check_keys
 from lowtide.spark.operators.window_aggs import TypedAgg, bind_aggs
 from lowtide.spark.operators.windows import WindowSpec
 from lowtide.spark.sources.clock import clock_frame
@@ -75,12 +75,12 @@ NAMES = (TS_COL, ORDER_COL, WINDOW_COL)
 
 
 def stateful_steps(stream: Any) -> list[Any]:
-    """The stateful steps (windows, keyed state, stream-stream joins) of a stream's
-    query."""
+    """The stateful steps (windows, session windows, groupBy, keyed state,
+    dropDuplicates, stream-stream joins) of a stream's query."""
+    from lowtide.spark.operators.dedup import DedupSpec
     from lowtide.spark.operators.joins import JoinSpec
-    from lowtide.spark.operators.keyed_state import StatefulSpec
 
-    mine = [s for s in stream.steps if isinstance(s, WindowSpec | StatefulSpec | JoinSpec)]
+    mine = [s for s in stream.steps if isinstance(s, StatefulStep | JoinSpec | DedupSpec)]
     return mine + [s for up in stream.inputs for s in stateful_steps(up)]
 
 

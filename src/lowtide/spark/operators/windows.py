@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from lowtide.spark.operators.state_clock import state_segment
+from lowtide.spark.operators.state_clock import StatefulStep
 
 AGG_FUNCTIONS = ("count", "sum", "min", "max", "mean", "first", "last", "count_distinct",
                  "percentile")
@@ -93,6 +93,36 @@ def parse_aggs(aggs: dict[str, Any]) -> tuple[Agg, ...]:
     return tuple(_agg(name, spec) for name, spec in aggs.items())
 
 
+def checked_aggs(step: str, keys: tuple[str, ...], taken: tuple[str, ...],
+                 aggs: dict[str, Any]) -> tuple[Agg, ...]:
+    """The aggregates of ``step`` (e.g. "window 'w'"), at least one, none named like a
+    key or a column the step adds (``taken``)."""
+    if not aggs:
+        raise ValueError("agg() needs at least one aggregate")
+    clash = (set(keys) | set(taken)) & set(aggs)
+    if clash:
+        raise ValueError(f"{step}: aggregate name {sorted(clash)[0]!r} is taken by a key or "
+                         f"a column it adds ({', '.join(taken)})")
+    return parse_aggs(aggs)
+
+
+@dataclass(frozen=True)
+class Grouping:
+    """A keyed aggregation being described (``groupBy``, ``session_window``):
+    :meth:`agg` finishes it with ``spec(aggregates)``, the step's description."""
+
+    stream: Any
+    step: str  # e.g. "groupBy 'g'", for errors
+    keys: tuple[str, ...]
+    taken: tuple[str, ...]  # the columns the step adds besides the keys
+    spec: Callable[[tuple[Agg, ...]], Any]
+
+    def agg(self, **aggs: Any) -> Any:
+        """The aggregates of :meth:`WindowedStream.agg`."""
+        return self.stream._then(self.spec(checked_aggs(self.step, self.keys, self.taken,
+                                                        aggs)))
+
+
 def parse_keys(key: Any, what: str = "window") -> tuple[str, ...]:
     """``"user"`` or ``["user", "region"]``: the key columns of a ``what`` step."""
     keys = (key,) if isinstance(key, str) else tuple(key) if isinstance(key, list | tuple) \
@@ -105,7 +135,7 @@ def parse_keys(key: Any, what: str = "window") -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
-class WindowSpec:
+class WindowSpec(StatefulStep):
     """A window step of a :class:`lowtide.spark.pipeline.builder.Stream`."""
 
     name: str
@@ -116,9 +146,6 @@ class WindowSpec:
     fn: Callable[[Any], Any] | None = None
     fn_schema: str | None = None
     poll_ms: int = 100
-
-    def segments(self) -> list[str]:
-        return [self.name, state_segment(self.name)]
 
 
 @dataclass(frozen=True)
@@ -137,13 +164,8 @@ class WindowedStream:
         ``min``, ``max``, ``mean`` (``avg``), ``first``, ``last``, ``count_distinct``,
         or ``name=(column, "percentile", 0.5)``; typed as Spark types them (see
         :mod:`.window_aggs`)."""
-        if not aggs:
-            raise ValueError("agg() needs at least one aggregate")
-        parsed = parse_aggs(aggs)
-        clash = set(self.keys) & set(aggs) | {"window_start", "window_end"} & set(aggs)
-        if clash:
-            raise ValueError(f"window {self.name!r}: aggregate name {sorted(clash)[0]!r} is "
-                             "taken by a key or the window's bounds")
+        parsed = checked_aggs(f"window {self.name!r}", self.keys,
+                              ("window_start", "window_end"), aggs)
         spec = WindowSpec(self.name, self.keys, self.size_ms, self.slide_ms, parsed,
                           poll_ms=self.poll_ms)
         return self.stream._then(spec)

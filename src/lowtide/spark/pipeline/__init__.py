@@ -1,12 +1,14 @@
 """The pipeline description and its queries: :class:`Pipeline`, :class:`Stream`, its
-segment graph (:class:`SegmentPlan`), :class:`TrackedQuery`, and the progress they
-report."""
+segment graph (:class:`SegmentPlan`), its writer (``stream.writeStream``,
+:class:`TrackedStreamWriter`), :class:`TrackedQuery`, and the progress they report."""
 
-from lowtide.spark.pipeline.builder import Built, Pipeline, register_sources
+from lowtide.spark.pipeline.builder import Built, Pipeline, TrackerNotStarted, register_sources
 from lowtide.spark.pipeline.dag import PipelineShapeError, SegmentPlan, derive
+from lowtide.spark.pipeline.describe import Aggregated, Windowed
 from lowtide.spark.pipeline.handle import TrackerHandle
 from lowtide.spark.pipeline.monitoring import CompletenessListener, ProgressMetrics
 from lowtide.spark.pipeline.query import (
+    QueryFailed,
     TrackedQuery,
     await_jobs_gone,
     startup_phase,
@@ -14,19 +16,25 @@ from lowtide.spark.pipeline.query import (
 )
 from lowtide.spark.pipeline.status import PipelineStatus, SegmentProgress, status_of
 from lowtide.spark.pipeline.stream import Stream
+from lowtide.spark.pipeline.write_stream import TrackedStreamWriter
 
 __all__ = [
+    "Aggregated",
     "Built",
     "CompletenessListener",
     "Pipeline",
     "PipelineShapeError",
     "PipelineStatus",
     "ProgressMetrics",
+    "QueryFailed",
     "SegmentPlan",
     "SegmentProgress",
     "Stream",
     "TrackedQuery",
+    "TrackedStreamWriter",
     "TrackerHandle",
+    "TrackerNotStarted",
+    "Windowed",
     "await_jobs_gone",
     "derive",
     "register_sources",

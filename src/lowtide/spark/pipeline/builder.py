@@ -25,9 +25,11 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Any
 
+from lowtide.core.errors import LowtideError
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.time import TimeGrid
 from lowtide.service.progress import RowRates
+from lowtide.spark.operators.dedup import DedupSpec, dedup_input
 from lowtide.spark.operators.frames import (
     KEEP_COL,
     POS_COL,
@@ -36,8 +38,9 @@ from lowtide.spark.operators.frames import (
     plan_frame,
     spark_step,
 )
-from lowtide.spark.operators.joins import JoinSpec, join_input
-from lowtide.spark.operators.keyed_state import StatefulSpec, build_keyed
+from lowtide.spark.operators.joins import JoinSpec, join_input, joined
+from lowtide.spark.operators.keyed_state import KeyedStep, StatefulSpec
+from lowtide.spark.operators.state_processor import build_keyed
 from lowtide.spark.operators.tracked import OpRuntime, OpSpec, operator_id, task_function
 from lowtide.spark.operators.window_input import (
     FORMAT,
@@ -47,16 +50,31 @@ from lowtide.spark.operators.window_input import (
 )
 from lowtide.spark.operators.window_plan import WATERMARK_CONFS, QueryWindows, session_confs
 from lowtide.spark.operators.windows import WindowSpec
-from lowtide.spark.pipeline.dag import PipelineShapeError, SegmentPlan, derive, source_key
+from lowtide.spark.pipeline.dag import (
+    PipelineShapeError,
+    SegmentPlan,
+    covers,
+    derive,
+    refuse_fan_out,
+    source_key,
+)
+from lowtide.spark.pipeline.describe import described
 from lowtide.spark.pipeline.handle import TrackerHandle, TrackerOptions
 from lowtide.spark.pipeline.monitoring import PROGRESS_SAMPLE_BITS, ProgressMetrics
 from lowtide.spark.pipeline.query import TrackedQuery, startup_phase
 from lowtide.spark.pipeline.status import PipelineStatus, status_of
-from lowtide.spark.pipeline.stream import SourceSpec, Step, Stream, TransformSpec
+from lowtide.spark.pipeline.stream import (
+    DeclaredFronts,
+    SourceSpec,
+    Step,
+    Stream,
+    TransformSpec,
+    declare_fronts,
+)
 from lowtide.spark.sinks import TrackedForeachBatch, TrackedSink
 from lowtide.spark.sources.clock import ClockSource
 from lowtide.spark.sources.generator import GeneratorSpec, GenSource
-from lowtide.spark.sources.log_source import LogSource
+from lowtide.spark.sources.log_source import LogSource, parse_fronts
 from lowtide.spark.sources.read_stream import EntrySpec, check_labelled, entry_schema
 from lowtide.spark.tracking.column import TRACK_COL
 from lowtide.spark.tracking.receive import WM_COL
@@ -83,10 +101,11 @@ def _with_tracking(schema: Any) -> Any:
         return f"{schema}, {TRACK_COL} long"
     if isinstance(schema, StructType):
         return StructType([*schema.fields, StructField(TRACK_COL, LongType(), False)])
-    raise TypeError(f"schema must be a DDL string or StructType, got {type(schema)}")
+    raise PipelineShapeError(f"schema must be a DDL string or StructType, got "
+                             f"{type(schema).__name__}")
 
 
-def _arrow_half(step: Step | EntrySpec) -> bool:
+def _ends_in_arrow_map(step: Step | EntrySpec) -> bool:
     """Does ``step`` end in a tracked ``mapInArrow`` (to chain the next ones into)?"""
     return isinstance(step, OpSpec | EntrySpec) or (isinstance(step, FrameSpec) and step.tracked)
 
@@ -104,9 +123,16 @@ def _plan_steps(df: Any, group: list[Step | EntrySpec], to: _Targets, null_sink:
         check_added(df, out, step.name)
         return out
     if isinstance(step, WindowSpec):
-        return to.windows.plan(df, step, ref, out_segment, operator_id(step.name), null_sink)
+        return described(lambda: to.windows.plan(df, step, ref, out_segment,
+                                                 operator_id(step.name), null_sink))
+    if isinstance(step, DedupSpec):
+        df, keyed = described(lambda: dedup_input(df, step))
+        return _keyed(df, keyed, ref, out_segment, step.name)
+    if isinstance(step, KeyedStep):  # session windows, groupBy().agg()
+        df, keyed = described(lambda: step.keyed_input(df, ref.grid.delta_ms))
+        return _keyed(df, keyed, ref, out_segment, step.name)
     if isinstance(step, StatefulSpec):
-        return build_keyed(df, step, ref, out_segment, operator_id(step.name))
+        return _keyed(df, step, ref, out_segment, step.name)
     if isinstance(step, FrameSpec):
         planned = plan_frame(df, step)
         if WM_COL in df.columns and WM_COL not in planned.columns:  # a select keeps it too
@@ -139,6 +165,13 @@ def _plan_steps(df: Any, group: list[Step | EntrySpec], to: _Targets, null_sink:
     return spark_step(step.name, lambda: df.mapInArrow(run, schema))
 
 
+def _keyed(df: Any, step: StatefulSpec, ref: TrackerRef, out_segment: str, name: str) -> Any:
+    """A keyed stateful step's plan (``stateful``, a join's, ``dropDuplicates``'), its
+    output as the user sees it."""
+    out = described(lambda: build_keyed(df, step, ref, out_segment, operator_id(name)))
+    return joined(out, step)
+
+
 def _arrow_output(schema: Any) -> Any:
     """The schema of ``schema``'s rows after a tracked Arrow step that keeps their
     columns: a DataFrame step's helper column gone, ``lt_track`` last."""
@@ -146,16 +179,6 @@ def _arrow_output(schema: Any) -> Any:
 
     helpers = (KEEP_COL, POS_COL, TRACK_COL)
     return _with_tracking(StructType([f for f in schema.fields if f.name not in helpers]))
-
-
-def covers(whole: SegmentGraph, part: SegmentGraph) -> bool:
-    """Is every segment of ``part`` in ``whole`` with the same inbound segments? (A
-    query on a part then sends and receives exactly what the whole expects there.)"""
-
-    def ups(g: SegmentGraph, name: str) -> set[str]:
-        return {g.names[j] for j in g.inbound[g.index(name)]}
-
-    return all(n in whole and ups(whole, n) == ups(part, n) for n in part.names)
 
 
 def union_by_name(dfs: list[Any]) -> Any:
@@ -173,22 +196,6 @@ def union_by_name(dfs: list[Any]) -> Any:
     for df in dfs[1:]:
         out = out.unionByName(df)
     return out
-
-
-def refuse_fan_out(plan: SegmentPlan) -> SegmentPlan:
-    """``plan``, or a one-line error naming a sender read by several consumers: a
-    tracked step's task sends its children into one segment, so a step (or source)
-    shared by two branches would leave the other branch's copies unsent. Fan-out is
-    built at the front instead (rule 11): one ``read_log(path, name=...)`` per branch,
-    whose fronts send each record into every branch's ingest segment."""
-    fan_out = plan.fan_out()
-    if fan_out:
-        sender, segments = next(iter(fan_out.items()))
-        raise PipelineShapeError(
-            f"{sender!r} feeds {', '.join(segments)}: a step or source shared by two "
-            "branches is not built in Spark; read the log once per branch "
-            "(read_log(path, name=...)) and describe its steps once per branch")
-    return plan
 
 
 @dataclass(frozen=True)
@@ -212,6 +219,10 @@ class Built:
     graph: SegmentGraph
     ref: TrackerRef
     holds: tuple[Any, ...] = ()
+
+
+class TrackerNotStarted(LowtideError, RuntimeError):
+    """The pipeline's tracker was asked for before a query (or start_tracker) began."""
 
 
 class Pipeline:
@@ -265,16 +276,20 @@ class Pipeline:
     # sources
     def read_log(
         self, path: str, *, fronts: str | list[int] | None = None, name: str = "ingest",
-        max_records_per_batch: int | None = None,
+        max_records_per_batch: int | None = None, retire_after_ms: int | None = None,
     ) -> Stream:
         """The ingest log written by :class:`lowtide.Front` producers; one partition
-        per front. ``name`` is the ingest segment (the fronts' source segment)."""
+        per front. ``name`` is the ingest segment (the fronts' source segment).
+        ``fronts``: the fronts to read (``[0, 1]``, ``"0-3"``; None or ``"auto"``: every
+        front the log has); listed ones are also declared (see :meth:`read_stream`)."""
         opts = {"path": os.fspath(path)}
         if fronts is not None:
             opts["fronts"] = fronts if isinstance(fronts, str) else ",".join(map(str, fronts))
         if max_records_per_batch is not None:
             opts["maxRecordsPerBatch"] = str(max_records_per_batch)
-        return self._set_source(SourceSpec("log", name, opts))
+        ids = parse_fronts(opts.get("fronts"))
+        declared = DeclaredFronts(tuple(ids), retire_after_ms) if ids else None
+        return self._set_source(SourceSpec("log", name, opts, fronts=declared))
 
     def generate(self, spec: GeneratorSpec | None = None, **kwargs: Any) -> Stream:
         """The generator source (see :class:`GeneratorSpec` for ``kwargs``)."""
@@ -300,17 +315,20 @@ class Pipeline:
         a later query may use a part of the graph the tracker was started with."""
         if self._handle is not None:
             if not covers(self._handle.graph, graph):
-                raise ValueError("this pipeline's tracker already tracks another graph: "
+                raise PipelineShapeError("this pipeline's tracker already tracks another graph: "
                                  "start it with every sink's graph (Pipeline.plan)")
             return self._handle
         self._graph = graph
         self._handle = TrackerHandle(graph, self.grid, self._tracker_options)
+        # before any query runs: the tracker waits for a producer that starts late
+        declare_fronts(self._sources, self._handle.agent, graph, self.name)
         return self._handle
 
     @property
     def tracker(self) -> TrackerHandle:
         if self._handle is None:
-            raise RuntimeError("the tracker starts with the query (or start_tracker(graph))")
+            raise TrackerNotStarted("the tracker starts with the query (or "
+                                    "start_tracker(graph))")
         return self._handle
 
     @property
@@ -328,7 +346,7 @@ class Pipeline:
             logs = [s for s in logs if s.options["path"] == os.fspath(log_dir)] or logs
         paths = {s.options["path"] for s in logs}
         if len(paths) != 1:
-            raise ValueError("fronts feed a read_log() source: this pipeline reads "
+            raise PipelineShapeError("fronts feed a read_log() source: this pipeline reads "
                              f"{len(paths)} logs (pass the log_dir of one)")
         return Front(log_dir or paths.pop(), front, self.tracker_ref,
                      segment=tuple(source_key(s) for s in logs), **kwargs)
@@ -345,7 +363,8 @@ class Pipeline:
         ``transformWithState``; see docs/spark.md, "How exact windows work")."""
         windows = QueryWindows.of(stream, checkpoint)
         if null_sink and not (stream.ends_in_operator() or windows.ends_in_window(stream)):
-            raise ValueError("the null sink acks from the last step: a tracked operator")
+            raise PipelineShapeError("the null sink acks from the last step: a tracked "
+                                     "operator")
         plan = refuse_fan_out(stream.plan(sink_name))
         handle = self.start_tracker(plan.graph)
         register_sources(self.spark)
@@ -370,14 +389,16 @@ class Pipeline:
             df = self._read(stream.source, to)
         elif steps and isinstance(steps[0], JoinSpec):
             left, right = (self._plan_stream(s, to, False, None) for s in stream.inputs)
-            df, keyed = join_input(steps[0].name, left, right, steps[0], self.grid.delta_ms)
+            spec = steps[0]
+            df, keyed = described(lambda: join_input(spec.name, left, right, spec,
+                                                     self.grid.delta_ms))
             steps[0] = keyed
         else:
             df = union_by_name([self._plan_stream(s, to, False, None) for s in stream.inputs])
         while steps:
             # tracked Arrow steps that follow each other directly share one task
             n = 1
-            if _arrow_half(steps[0]):
+            if _ends_in_arrow_map(steps[0]):
                 while n < len(steps) and isinstance(steps[n], OpSpec):
                     n += 1
             group, steps = steps[:n], steps[n:]
@@ -449,8 +470,15 @@ class Pipeline:
             (p for p in (startup_phase(q.query) for q in self._queries) if p), None)
         return status
 
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
-        """Stop this pipeline's queries and its embedded tracker."""
+        """Stop this pipeline's queries and its embedded tracker (also at the end of a
+        ``with lowtide.Pipeline(spark, name) as pipe:`` block)."""
         for q in self._queries:
             q.stop()
         self._queries.clear()
@@ -459,11 +487,20 @@ class Pipeline:
             self._handle = None
 
     def read_stream(self, df: Any, *, time: str = "lt_time", ack: str = "lt_ack",
-                    name: str = "ingest") -> Stream:
+                    name: str = "ingest", fronts: list[int] | None = None,
+                    retire_after_ms: int | None = None) -> Stream:
         """A streaming DataFrame from any Spark source (Kafka, files, a Delta table)
         whose rows carry a front's labels (``time``: slot, ``ack``: root ack) as a
         tracked stream; ``name`` is its ingest segment, the one its fronts feed. See
-        :mod:`lowtide.spark.sources.read_stream`."""
+        :mod:`lowtide.spark.sources.read_stream`.
+
+        ``fronts``: the ids of every producer that feeds it (one per gateway, per
+        Kafka partition, ...). They are declared when the tracker starts: its min
+        times wait for each until it registers, so a producer that starts late is
+        not refused as behind (its records would be lost); ``retire_after_ms``: stop
+        waiting for one that has not registered by then (None: wait until
+        ``pipe.tracker.agent.retire_front(id, owner="lowtide-pipeline:<name>")``)."""
         check_labelled(df, time, ack)
+        declared = None if fronts is None else DeclaredFronts(tuple(fronts), retire_after_ms)
         return self._set_source(SourceSpec("frame", name, {"time_col": time, "ack_col": ack},
-                                           frame=df))
+                                           frame=df, fronts=declared))

@@ -23,14 +23,14 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import TYPE_CHECKING
 
-from lowtide.core.errors import GraphError
+from lowtide.core.errors import GraphError, LowtideError
 from lowtide.core.graph import SegmentGraph
 
 if TYPE_CHECKING:
     from lowtide.spark.pipeline.stream import SourceSpec, Stream
 
 
-class PipelineShapeError(ValueError):
+class PipelineShapeError(LowtideError, ValueError):
     """The description cannot be tracked as written (names, shape, schemas)."""
 
 
@@ -173,3 +173,29 @@ def derive(sinks: Sequence[tuple[Stream, str]]) -> SegmentPlan:
         raise PipelineShapeError(str(exc)) from None
     sends = {s: tuple(reversed(t)) for s, t in walk.sends.items()}
     return SegmentPlan(graph, sends, tuple(name for _, name in sinks))
+
+
+def covers(whole: SegmentGraph, part: SegmentGraph) -> bool:
+    """Is every segment of ``part`` in ``whole`` with the same inbound segments? (A
+    query on a part then sends and receives exactly what the whole expects there.)"""
+
+    def ups(g: SegmentGraph, name: str) -> set[str]:
+        return {g.names[j] for j in g.inbound[g.index(name)]}
+
+    return all(n in whole and ups(whole, n) == ups(part, n) for n in part.names)
+
+
+def refuse_fan_out(plan: SegmentPlan) -> SegmentPlan:
+    """``plan``, or a one-line error naming a sender read by several consumers: a
+    tracked step's task sends its children into one segment, so a step (or source)
+    shared by two branches would leave the other branch's copies unsent. Fan-out is
+    built at the front instead (rule 11): one ``read_log(path, name=...)`` per branch,
+    whose fronts send each record into every branch's ingest segment."""
+    fan_out = plan.fan_out()
+    if fan_out:
+        sender, segments = next(iter(fan_out.items()))
+        raise PipelineShapeError(
+            f"{sender!r} feeds {', '.join(segments)}: a step or source shared by two "
+            "branches is not built in Spark; read the log once per branch "
+            "(read_log(path, name=...)) and describe its steps once per branch")
+    return plan

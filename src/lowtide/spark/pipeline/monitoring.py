@@ -72,7 +72,7 @@ class ProgressMetrics:
         """The metric names, as ``lastProgress["observedMetrics"]["lowtide"]`` shows them."""
         per_segment = tuple(f"min_time.{s}" for s in self.segments)
         return ("sink_min_time", "global_min_time", "sink_lag_ms", "stuck_windows",
-                *per_segment)
+                "fronts_refused", "fronts_waiting", *per_segment)
 
     def property_of(self, figure: str) -> str:
         return f"lowtide.{self.key}.{figure}"
@@ -101,7 +101,9 @@ class ProgressMetrics:
     def values(self, status: PipelineStatus) -> dict[str, int]:
         """The figures of a tracker status (a figure it lacks is left out)."""
         by_name = {s.segment: s for s in status.segments}
-        out = {"global_min_time": status.global_min, "stuck_windows": len(status.stuck)}
+        out = {"global_min_time": status.global_min, "stuck_windows": len(status.stuck),
+               "fronts_refused": status.fronts_refused,
+               "fronts_waiting": len(status.waiting_fronts)}
         sink = by_name.get(self.sink)
         if sink is not None:
             out["sink_min_time"] = sink.min_time

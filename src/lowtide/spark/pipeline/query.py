@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from lowtide.core.errors import LowtideError
 from lowtide.core.graph import SegmentGraph
+from lowtide.core.time import TimeGrid
+from lowtide.spark.operators.frames import first_line
 from lowtide.spark.pipeline.monitoring import ProgressMetrics
 from lowtide.spark.pipeline.status import PipelineStatus
 
@@ -96,8 +102,12 @@ def startup_phase(query: Any) -> str | None:
 
 
 class TrackedQuery:
-    """A running tracked query: Spark's ``StreamingQuery`` plus the tracker's view.
-    While it runs, its figures are published for its observed metrics
+    """A running tracked query: what Spark's ``StreamingQuery`` answers (``id``,
+    ``runId``, ``name``, ``status``, ``lastProgress``, ``recentProgress``,
+    ``awaitTermination``, ``exception``, ``stop``, ``isActive``, ``explain``) plus the
+    tracker's view, in timestamps: :meth:`complete_below` (every row before it is
+    committed at the sink), :meth:`wait_until_complete`, :meth:`stuck`,
+    :meth:`progress`. While it runs, its figures are published for its observed metrics
     (:mod:`lowtide.spark.pipeline.monitoring`)."""
 
     def __init__(self, pipeline: Pipeline, query: Any, graph: SegmentGraph,
@@ -111,29 +121,96 @@ class TrackedQuery:
         self.metrics = ProgressMetrics.of(pipeline.name, graph, self.sink)
         self._publisher = self.metrics.build(pipeline).start()
 
+    # what StreamingQuery answers
     @property
     def id(self) -> str:
         return str(self.query.id)
 
-    def status(self) -> PipelineStatus:
+    @property
+    def runId(self) -> str:
+        return str(self.query.runId)
+
+    @property
+    def name(self) -> str | None:
+        return self.query.name  # type: ignore[no-any-return]
+
+    @property
+    def isActive(self) -> bool:
+        return bool(self.query.isActive)
+
+    @property
+    def status(self) -> dict[str, Any]:
+        """Spark's status (``message``, ``isDataAvailable``, ``isTriggerActive``) with
+        ``completeBelow`` (ISO timestamp, the sink's) and, until the first batch is
+        done, ``starting``."""
+        out = dict(self.query.status)
+        with contextlib.suppress(LowtideError):  # the pipeline (its tracker) is closed
+            out["completeBelow"] = self.complete_below().isoformat()
+        starting = startup_phase(self.query)
+        if starting:
+            out["starting"] = starting
+        return out
+
+    @property
+    def lastProgress(self) -> dict[str, Any] | None:
+        return self.query.lastProgress  # type: ignore[no-any-return]
+
+    @property
+    def recentProgress(self) -> list[dict[str, Any]]:
+        return list(self.query.recentProgress)
+
+    def awaitTermination(self, timeout: float | None = None) -> bool | None:
+        """Spark's: block until the query ends (``timeout`` s: False if it did not)."""
+        return self.query.awaitTermination(timeout)  # type: ignore[no-any-return]
+
+    def exception(self) -> Any:
+        return self.query.exception()
+
+    def explain(self, extended: bool = False) -> None:
+        self.query.explain(extended)
+
+    def processAllAvailable(self) -> None:
+        self.query.processAllAvailable()
+
+    # lowtide's own
+    def progress(self) -> PipelineStatus:
         """The pipeline's progress, with this query's start-up phase until its first
         batch is done."""
         status = self.pipeline.status()
         status.starting = startup_phase(self.query)
         return status
 
+    def complete_below(self, segment: str | None = None) -> datetime:
+        """Every row with a time before this (UTC) is committed at ``segment`` (default:
+        the sink): its min time, as a timestamp."""
+        return timestamp_of(self.min_time(segment or self.sink), self.pipeline.grid)
+
+    def wait_until_complete(self, until: datetime | int, segment: str | None = None,
+                            timeout_s: float = 60.0) -> datetime:
+        """Block until every row before ``until`` (a datetime, or ms since the epoch)
+        is committed at ``segment`` (default: the sink); returns :meth:`complete_below`."""
+        slot = self.wait_for_min_time(slot_after(until, self.pipeline.grid), segment,
+                                      timeout_s)
+        return timestamp_of(slot, self.pipeline.grid)
+
     def min_time(self, segment: str | None = None) -> int:
+        """The min time of ``segment`` (None: the global one), as a slot."""
         doc = self.pipeline.tracker.status()
         if segment is None:
             return int(doc["global_min"])
         return next(int(s["min_time"]) for s in doc["segments"] if s["segment"] == segment)
 
     def stuck(self) -> list[str]:
-        return list(self.pipeline.tracker.status().get("stuck", []))
+        """Each stuck window: its segment, its time range (UTC) and what is missing or
+        extra."""
+        grid = self.pipeline.grid
+        return [f"segment {w['segment']!r}, {span(w['window_start'], w['window_end'], grid)}:"
+                f" {what_of(w)}" for w in self.pipeline.tracker.status().get("stuck_detail", [])]
 
     def wait_for_min_time(self, time_slot: int, segment: str | None = None,
                           timeout_s: float = 60.0) -> int:
-        """Block until ``segment`` (default: the sink) passes ``time_slot``."""
+        """Block until ``segment`` (default: the sink) passes slot ``time_slot``
+        (:meth:`wait_until_complete` takes a timestamp)."""
         seg = segment or self.sink
         deadline = time.monotonic() + timeout_s
         while True:
@@ -141,9 +218,12 @@ class TrackedQuery:
             if t >= time_slot:
                 return t
             if self.query.exception() is not None:
-                raise RuntimeError(f"query failed: {self.query.exception()}")
+                raise QueryFailed(f"query failed: {first_line(self.query.exception())}")
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{seg!r} at {t}, waited for {time_slot}; stuck: {self.stuck()}")
+                grid = self.pipeline.grid
+                raise TimeoutError(f"{seg!r} complete below {timestamp_of(t, grid)}, waited "
+                                   f"for {timestamp_of(time_slot, grid)}; stuck: "
+                                   f"{self.stuck()}")
             time.sleep(0.05)
 
     def stop(self, *, graceful_s: float = 10.0) -> None:
@@ -152,3 +232,60 @@ class TrackedQuery:
         for close in self._closers:
             close()
         self._closers = []
+
+    def stop_when_complete(self) -> threading.Thread:
+        """A backfill (``trigger(availableNow=True)``): stop the query once the sink is
+        complete up to what the fronts had promised when its first batch ended (the
+        sources' fronts are registered then), so every window ending by then was
+        emitted; for finished fronts, every window. Returns the thread that waits."""
+        thread = threading.Thread(target=self._stop_at_input_bound, daemon=True,
+                                  name=f"lowtide-backfill-{self.id}")
+        thread.start()
+        return thread
+
+    def _stop_at_input_bound(self) -> None:
+        try:
+            while self.query.isActive and _last_batch(self.query) < 0:
+                time.sleep(0.05)
+            target = input_bound(self.pipeline.tracker.status(), self.graph)
+            while self.query.isActive:
+                if self.min_time(self.sink) >= target:
+                    log.info("backfill complete", extra={"query": self.id, "slot": target})
+                    self.stop()
+                    return
+                time.sleep(0.05)
+        except (LowtideError, OSError) as err:  # the pipeline closed under it
+            log.info("backfill watch ended", extra={"query": self.id, "why": str(err)})
+
+
+class QueryFailed(LowtideError, RuntimeError):
+    """The tracked query failed (Spark's error, first line)."""
+
+
+def input_bound(doc: dict[str, Any], graph: SegmentGraph) -> int:
+    """The fronts' promise over the graph's source segments: the smallest bound of a
+    segment with no inbound segment."""
+    sources = {graph.names[i] for i in range(len(graph.names)) if not graph.inbound[i]}
+    return min(int(s["bound"]) for s in doc["segments"] if s["segment"] in sources)
+
+
+def timestamp_of(slot: int, grid: TimeGrid) -> datetime:
+    """The start of ``slot`` as a UTC timestamp."""
+    return datetime.fromtimestamp(grid.slot_start_ms(slot) / 1000, tz=UTC)
+
+
+def slot_after(until: datetime | int, grid: TimeGrid) -> int:
+    """The first slot whose rows are all at or after ``until`` (datetime or epoch ms):
+    a min time there means every row before ``until`` is complete."""
+    ms = until if isinstance(until, int) else round(until.timestamp() * 1000)
+    return -(-ms // grid.delta_ms)
+
+
+def span(start: int, end: int, grid: TimeGrid) -> str:
+    return f"{timestamp_of(start, grid).isoformat()} to {timestamp_of(end, grid).isoformat()}"
+
+
+def what_of(window: dict[str, Any]) -> str:
+    parts = [f"{window['missing']} item(s) missing"] if window.get("missing") else []
+    parts += [f"{window['extra']} extra item(s) (duplicates)"] if window.get("extra") else []
+    return ", ".join(parts) or "open"

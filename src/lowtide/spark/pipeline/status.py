@@ -36,6 +36,13 @@ class PipelineStatus:
     stuck: list[str] = field(default_factory=list)
     #: a query's first batch still running: "batch 0 planning" / "batch 0 running ..."
     starting: str | None = None
+    #: declared fronts that have not registered yet: front -> (segment, held at slot)
+    waiting_fronts: dict[str, Any] = field(default_factory=dict)
+    #: registrations refused for being behind their segment (a producer that started
+    #: late, undeclared), declared fronts retired by their deadline, the latest of them
+    fronts_refused: int = 0
+    fronts_retired: int = 0
+    front_events: list[str] = field(default_factory=list)
 
     def render(self, delta_ms: int) -> str:
         lines = [f"starting: {self.starting}"] if self.starting else []
@@ -51,6 +58,12 @@ class PipelineStatus:
             flag = "  STALLED" if int(f) in self.stalled_fronts else ""
             lag = self.wall_ms - t * delta_ms
             lines.append(f"front {f:<10} {seg:<8} heartbeat lag {lag} ms{flag}")
+        for f, (seg, t, *_rest) in sorted(self.waiting_fronts.items(), key=lambda kv: int(kv[0])):
+            lines.append(f"front {f:<10} {seg:<8} declared, not registered: holds it at {t}")
+        if self.fronts_refused:
+            lines.append(f"FRONTS REFUSED: {self.fronts_refused} registration(s) behind their "
+                         "segment (records of a producer that started late were not written)")
+        lines.extend(f"FRONT: {e}" for e in self.front_events)
         lines.extend(f"STUCK: {s}" for s in self.stuck)
         return "\n".join(lines)
 
@@ -75,5 +88,8 @@ def status_of(doc: dict[str, Any], grid: TimeGrid, rates: RowRates | None = None
                                     s.get("in_flight"), s.get("bound"), ups))
     fronts = doc.get("fronts", {})
     stalled = stalled_fronts(fronts, now, grid, stall_after_ms)
+    events = doc.get("front_events", {})
     return PipelineStatus(now, doc.get("global_min", 0), segs, fronts, sorted(stalled),
-                          list(doc.get("stuck", [])))
+                          list(doc.get("stuck", [])), None, doc.get("fronts_declared", {}),
+                          int(events.get("behind", 0)), int(events.get("retired", 0)),
+                          list(events.get("recent", [])))

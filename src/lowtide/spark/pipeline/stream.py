@@ -21,12 +21,27 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from lowtide.core.graph import SegmentGraph
+from lowtide.spark.operators.dedup import DedupSpec
+from lowtide.spark.operators.fold import FoldLogic, time_mode_of
 from lowtide.spark.operators.frames import FrameSpec, enrich_spec
 from lowtide.spark.operators.joins import JoinSpec, check_join
-from lowtide.spark.operators.keyed_state import FoldLogic, StatefulSpec
+from lowtide.spark.operators.keyed_state import StatefulSpec
+from lowtide.spark.operators.running import GroupedSpec, make_grouped
+from lowtide.spark.operators.sessions import SessionSpec, make_sessions
+from lowtide.spark.operators.slot_logic import KeptRows
 from lowtide.spark.operators.tracked import OpSpec
-from lowtide.spark.operators.windows import WindowSpec, duration_ms, make_windowed, parse_keys
+from lowtide.spark.operators.windows import WindowSpec, make_windowed
 from lowtide.spark.pipeline.dag import PipelineShapeError, SegmentPlan, derive
+from lowtide.spark.pipeline.describe import (
+    Aggregated,
+    Keys,
+    Windowed,
+    described,
+    duration_of,
+    names_of,
+    with_keys,
+)
+from lowtide.spark.pipeline.write_stream import TrackedStreamWriter
 from lowtide.spark.sinks import console_writer
 from lowtide.spark.sinks.tables import TableConfig, check_feeds
 from lowtide.spark.sources.generator import GeneratorSpec
@@ -37,12 +52,52 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class DeclaredFronts:
+    """The fronts that feed a source's ingest segment, declared with the pipeline: the
+    tracker holds the segment for each until it registers (a producer that starts
+    late), or until ``retire_after_ms`` passed (None: until retired by hand)."""
+
+    ids: tuple[int, ...]
+    retire_after_ms: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.ids:
+            raise ValueError("fronts=: name at least one front id (or leave it out)")
+        if any(f < 0 for f in self.ids):
+            raise ValueError(f"fronts=: front ids are >= 0, got {list(self.ids)}")
+        if self.retire_after_ms is not None and self.retire_after_ms < 0:
+            raise ValueError("retire_after_ms must be >= 0 (None: never)")
+
+
+@dataclass(frozen=True)
 class SourceSpec:
     kind: str  # "log" | "gen" | "frame" (a labelled streaming DataFrame: read_stream)
     name: str | None  # ingest segment name (log, frame) or None (the generator is the front)
     options: dict[str, str]
     spec: GeneratorSpec | None = None
     frame: Any = None  # kind "frame": the user's streaming DataFrame
+    fronts: DeclaredFronts | None = None
+
+
+def declare_fronts(sources: list[SourceSpec], agent: Any, graph: SegmentGraph,
+                   pipeline: str) -> None:
+    """Declare the fronts each source listed (owner ``lowtide-pipeline:<pipeline>``).
+    A front that feeds several reads of one log registers on the k-th of them as
+    ``front + k * CONSUMER_STRIDE`` (``Pipeline.front``), and is declared so."""
+    from lowtide.spark.sources.front import CONSUMER_STRIDE
+
+    for src in sources:
+        segment = src.name or "ingest"
+        if src.fronts is None or src.kind == "gen" or segment not in graph:
+            continue
+        stride = 0
+        if src.kind == "log":
+            same = [s for s in sources
+                    if s.kind == "log" and s.options["path"] == src.options["path"]]
+            stride = same.index(src) * CONSUMER_STRIDE
+        for front in src.fronts.ids:
+            agent.declare_front(front + stride, segment, owner=f"lowtide-pipeline:{pipeline}",
+                                retire_after_ms=src.fronts.retire_after_ms)
 
 
 @dataclass(frozen=True)
@@ -56,7 +111,8 @@ class TransformSpec:
         return []
 
 
-Step = OpSpec | WindowSpec | StatefulSpec | JoinSpec | TransformSpec | FrameSpec
+Step = (OpSpec | WindowSpec | StatefulSpec | JoinSpec | TransformSpec | FrameSpec | DedupSpec
+        | SessionSpec | GroupedSpec)
 
 
 @dataclass(frozen=True)
@@ -90,28 +146,35 @@ class Stream:
             raise PipelineShapeError("union() of streams of different Pipelines")
         return Stream(self.pipeline, inputs=(self, *others))
 
-    def join(self, other: Stream | Any, on: str | list[str] | tuple[str, ...], *,
-             within: str | int | None = None, window: str | int | None = None,
-             how: str = "inner", name: str | None = None, poll_ms: int = 100) -> Stream:
-        """Exact join over global time: rows of this stream and ``other`` with equal
-        ``on`` keys whose slots are at most ``within`` apart (an interval join), or in
-        the same tumbling ``window`` (a window join; exactly one of the two); ``how``:
-        "inner", "left" or "full". Results are emitted when both inputs are complete
-        for them, outer rows with nulls when the other side is. See
-        :mod:`lowtide.spark.operators.joins`. ``other`` a static DataFrame: see
-        :meth:`join_static`."""
+    def join(self, other: Stream | Any, on: Keys | Any = None, how: str = "inner", *,
+             left_on: Keys | None = None, right_on: Keys | None = None,
+             within: str | int | None = None, lower: str | int | None = None,
+             upper: str | int | None = None, window: str | int | None = None,
+             name: str | None = None, poll_ms: int = 100) -> Stream:
+        """Exact join over global time of rows of this stream and ``other`` with equal
+        keys: ``on`` (names on both sides, or a Column condition of equalities joined
+        by ``&``) or ``left_on``/``right_on``. An interval join matches a left row at
+        time ``a`` and a right row at ``b`` when ``lower <= b - a <= upper``
+        (``within=w``: ``lower=-w, upper=w``); a window join (``window=``) when both
+        are in the same tumbling window. ``how``: "inner", "left", "right", "full",
+        "semi", "anti" (or Spark's names, "left_outer", ...). Results are emitted when
+        both inputs are complete for them, outer rows with nulls when the other side
+        is. See :mod:`lowtide.spark.operators.joins`. ``other`` a static DataFrame:
+        see :meth:`join_static`."""
+        timed = any(v is not None for v in (within, lower, upper, window))
         if not isinstance(other, Stream):
-            return self.join_static(other, on, how=how, name=name,
-                                    timed=within is not None or window is not None)
+            return self.join_static(other, on, how=how, name=name, timed=timed)
         if other.pipeline is not self.pipeline:
             raise PipelineShapeError("join() of streams of different Pipelines")
         name = name or self._default_name("join")
-        within_ms = None if within is None else duration_ms(within)
-        window_ms = None if window is None else duration_ms(window)
-        check_join(name, within_ms, how, self.pipeline.grid.delta_ms, window_ms)
-        spec = JoinSpec(name, parse_keys(on, "join"), within_ms or 0, how, poll_ms,
-                        window_ms or 0)
-        return Stream(self.pipeline, steps=(spec,), inputs=(self, other))
+        how, lower_ms, upper_ms = check_join(
+            name, how, self.pipeline.grid.delta_ms,
+            **{f"{k}_ms": duration_of(v, f"join {name!r}: {k}=") for k, v in (
+                ("within", within), ("lower", lower), ("upper", upper), ("window", window))
+               if v is not None})
+        spec = JoinSpec(name, (), lower_ms, upper_ms, how, poll_ms, duration_of(window))
+        return Stream(self.pipeline, steps=(with_keys(spec, on, left_on, right_on),),
+                      inputs=(self, other))
 
     def join_static(self, other: Any, on: str | list[str] | tuple[str, ...], *,
                     how: str = "inner", name: str | None = None,
@@ -128,11 +191,7 @@ class Stream:
             raise PipelineShapeError(f"step {name!r}: within= and window= are for "
                                      "stream-stream joins; the other side is a static "
                                      "DataFrame")
-        try:
-            keys = parse_keys(on, "join")
-        except ValueError as err:
-            raise PipelineShapeError(f"step {name!r}: {err}") from None
-        return self._then(enrich_spec(name, other, keys, how))
+        return self._then(enrich_spec(name, other, names_of(on, f"step {name!r}: join"), how))
 
     # tracked operators
     def map(
@@ -146,28 +205,64 @@ class Stream:
         return self._then(OpSpec("flat_map", fn, name or self._default_name("flat_map"), schema))
 
     def filter(self, fn: Callable[[Any], Any], *, name: str | None = None) -> Stream:
-        """Tracked filter: ``fn(batch) -> boolean mask``."""
+        """Tracked filter: ``fn(batch) -> boolean mask``. A SQL condition (a string or
+        a Column) is :meth:`where`'s."""
+        if not callable(fn):
+            cond = repr(fn) if isinstance(fn, str) else "condition"
+            raise PipelineShapeError(f"filter() takes a function of an Arrow batch (a "
+                                     f"boolean mask), got {type(fn).__name__}: for a SQL "
+                                     f"condition use where({cond})")
         return self._then(OpSpec("filter", fn, name or self._default_name("filter"), None))
 
     def window(self, size: str | int, *, key: str | list[str] | tuple[str, ...],
                slide: str | int | None = None,
-               name: str | None = None, poll_ms: int = 100) -> Any:
+               name: str | None = None, poll_ms: int = 100) -> Windowed:
         """Exact keyed windows over global time (tumbling, or sliding with ``slide``);
         finish with ``.agg(n="count", total=("amount", "sum"))`` or ``.apply(fn,
         schema)``. See :mod:`lowtide.spark.operators.windows`."""
-        return make_windowed(self, size, key, slide, name or self._default_name("window"),
-                             poll_ms, self.pipeline.grid.delta_ms)
+        name = name or self._default_name("window")
+        return Windowed(described(lambda: make_windowed(
+            self, size, key, slide, name, poll_ms, self.pipeline.grid.delta_ms)))
 
-    def stateful(self, fn: Callable[[Any, Any, Any], tuple[Any, Any]], schema: str, *,
+    def session_window(self, gap: str | int | Any, *, key: str | list[str] | tuple[str, ...],
+                       name: str | None = None, poll_ms: int = 100) -> Aggregated:
+        """Exact keyed session windows over global time (``gap`` a duration, or a Spark
+        Column of per-row gaps); finish with ``.agg(n="count", ...)``. A session is
+        emitted once no row that could join it is in flight. See
+        :mod:`lowtide.spark.operators.sessions`."""
+        name = name or self._default_name("session_window")
+        return Aggregated(described(lambda: make_sessions(
+            self, gap, key, name, poll_ms, self.pipeline.grid.delta_ms)))
+
+    def groupBy(self, *cols: str | list[str], every: str | int | None = None,
+                name: str | None = None, poll_ms: int = 100) -> Aggregated:
+        """Aggregation without a window: ``groupBy("word").count()``, ``.agg(...)``;
+        per key, the exact running result as of the end of each range of ``every``
+        (default one slot) in which it has rows, with ``as_of``. See
+        :mod:`lowtide.spark.operators.running`."""
+        name = name or self._default_name("groupBy")
+        return Aggregated(described(lambda: make_grouped(
+            self, cols, every, name, poll_ms, self.pipeline.grid.delta_ms)))
+
+    groupby = groupBy
+
+    def stateful(self, fn: Callable[..., tuple[Any, Any]], schema: str, *,
                  key: str | list[str] | tuple[str, ...], name: str | None = None,
-                 poll_ms: int = 100) -> Stream:
+                 poll_ms: int = 100, on_timer: Callable[..., tuple[Any, Any]] | None = None,
+                 time_mode: str = "EventTime") -> Stream:
         """Exact keyed state in global time order: ``fn(key, rows, state) -> (state,
         out)`` once per key and complete slot, in slot order; ``out`` (pandas, columns
         of the DDL ``schema``, or None) follows the key columns. Pending rows hold the
-        min time downstream. See :mod:`lowtide.spark.operators.keyed_state`."""
+        min time downstream. With ``on_timer``, ``fn(key, rows, state, timers)`` sets
+        timers (``timers.register_timer(ms)``) and ``on_timer(key, expiry_ms, state,
+        timers) -> (state, out)`` runs when one fires (``time_mode`` "EventTime": when
+        the min time passes it; "ProcessingTime"). See
+        :mod:`lowtide.spark.operators.keyed_state` and :mod:`lowtide.spark.operators.fold`."""
         name = name or self._default_name("stateful")
-        return self._then(StatefulSpec(name, parse_keys(key, "stateful"), FoldLogic(fn, name),
-                                       schema, poll_ms))
+        keys = names_of(key, f"stateful {name!r}")
+        mode = described(lambda: time_mode_of(time_mode, f"stateful {name!r}"))
+        logic = FoldLogic(fn, name, on_timer, mode, self.pipeline.grid.delta_ms)
+        return self._then(StatefulSpec(name, keys, KeptRows(logic), schema, poll_ms))
 
     # DataFrame-native steps, evaluated by Spark's JVM (see operators.frames)
     def where(self, condition: Any, *, name: str | None = None) -> Stream:
@@ -183,6 +278,49 @@ class Stream:
         """Like ``DataFrame.withColumn`` (rows 1:1)."""
         return self._then(FrameSpec("with_column", name or self._default_name("with_column"),
                                     (col_name, col)))
+
+    def selectExpr(self, *exprs: str, name: str | None = None) -> Stream:
+        """Like ``DataFrame.selectExpr`` (rows 1:1; ``lt_track`` is kept for you)."""
+        return self._then(FrameSpec("select_expr", name or self._default_name("select"),
+                                    exprs))
+
+    def drop(self, *cols: Any, name: str | None = None) -> Stream:
+        """Like ``DataFrame.drop`` (rows 1:1)."""
+        return self._then(FrameSpec("drop", name or self._default_name("drop"), cols))
+
+    def withColumnRenamed(self, existing: str, new: str, *, name: str | None = None
+                          ) -> Stream:
+        """Like ``DataFrame.withColumnRenamed`` (rows 1:1)."""
+        return self._then(FrameSpec("rename", name or self._default_name("rename"),
+                                    (existing, new)))
+
+    withColumn = with_column
+
+    def withWatermark(self, eventTime: str, delayThreshold: str) -> Stream:
+        """Accepted for ported code, and not needed: this stream is unchanged. Windows,
+        joins and ``dropDuplicates`` are complete when the tracker proves their input
+        is (global time: the front's clock, or event time with ``Front(time_from=)``),
+        not after a delay; no row is ever dropped as late."""
+        return self
+
+    def dropDuplicates(self, subset: str | list[str] | tuple[str, ...] | None = None, *,
+                       within: str | int | None = None, name: str | None = None,
+                       poll_ms: int = 100) -> Stream:
+        """Exact ``DataFrame.dropDuplicates``: a row is dropped when a row with the same
+        ``subset`` values (all columns when None) was kept at most ``within`` before it
+        in global time (None: ever before). See :mod:`lowtide.spark.operators.dedup`."""
+        name = name or self._default_name("dropDuplicates")
+        keys = None if subset is None else names_of(subset, f"dropDuplicates {name!r}")
+        delta = self.pipeline.grid.delta_ms
+        window = None if within is None else duration_of(
+            within, f"dropDuplicates {name!r}: within=")
+        if window is not None and (window < 0 or window % delta):
+            raise PipelineShapeError(f"dropDuplicates {name!r}: within={window} ms must be a "
+                                     f"non-negative multiple of delta_ms={delta}")
+        return self._then(DedupSpec(name, keys, None if window is None else window // delta,
+                                    poll_ms))
+
+    drop_duplicates = dropDuplicates
 
     def explode(self, column: Any, alias: str | None = None, *,
                 name: str | None = None) -> Stream:
@@ -232,11 +370,20 @@ class Stream:
         )
 
     def to_console(
-        self, *, checkpoint: str, name: str = "sink", num_rows: int = 20, trigger: str | None = None
+        self, *, checkpoint: str, name: str = "sink", num_rows: int = 20, truncate: bool = True,
+        trigger: str | None = None, query_name: str | None = None,
     ) -> TrackedQuery:
         return self.foreach_batch(
-            console_writer(num_rows), checkpoint=checkpoint, name=name, trigger=trigger
+            console_writer(num_rows, truncate), checkpoint=checkpoint, name=name,
+            trigger=trigger, query_name=query_name,
         )
+
+    @property
+    def writeStream(self) -> TrackedStreamWriter:
+        """PySpark's builder: ``.format(...).option(...).outputMode("append")
+        .trigger(...).queryName(...).start()`` / ``.toTable(path)`` /
+        ``.foreachBatch(fn)``; see :mod:`lowtide.spark.pipeline.write_stream`."""
+        return TrackedStreamWriter(self)
 
     def write_parquet(
         self,
@@ -290,12 +437,15 @@ class Stream:
 
     def write_table(self, path: str, *, checkpoint: str, format: str = "delta",
                     name: str = "sink", feeds: tuple[str, ...] = (), trigger: str | None = None,
-                    query_name: str | None = None) -> TrackedQuery:
+                    query_name: str | None = None,
+                    writers: tuple[str, ...] = ()) -> TrackedQuery:
         """A Delta (or ``format="parquet"``) table that keeps ``lt_time``/``lt_ack``,
         publishes its completeness (``lowtide.spark.complete_below(path)``) and, for
         each ingest segment in ``feeds``, is the front of the query that reads it with
-        ``read_stream``. See :mod:`lowtide.spark.sinks.tables`."""
-        config = TableConfig(path, format, tuple(feeds))
+        ``read_stream``. ``writers``: the sink names of every tracked query writing
+        this table (its completeness is their minimum). See
+        :mod:`lowtide.spark.sinks.tables`."""
+        config = TableConfig(path, format, tuple(feeds), tuple(writers))
         if feeds:  # readers' segments must be tracked before the first batch
             try:
                 graph = self.pipeline.tracker.graph

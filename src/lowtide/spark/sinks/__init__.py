@@ -15,10 +15,14 @@ Two mechanisms:
   operator is no sink object at all: Spark's ``noop`` sink, and the operator's
   tasks ack the rows as received (see ``Stream.to_null``).
 * ``format("lowtide_sink")``: a Python data source stream writer (Arrow). Each task
-  writes its rows (``mode=parquet``: a Parquet file per (batch, partition), named
-  deterministically, so a re-run batch overwrites instead of duplicating;
+  writes its rows (``mode=parquet``: a Parquet file per (batch, partition);
   ``mode=null``: drops them) and returns its per-time XORs in its commit message;
-  the driver-side ``commit`` publishes the files and then sends the acks.
+  the driver-side ``commit`` publishes the files under names that carry the query's
+  id (a rerun from a new checkpoint never replaces an earlier run's files; a re-run
+  batch whose files hold exactly its rows is not written again: :mod:`.batches`) and
+  then sends the acks.
+* Tables (``Stream.write_table``, :mod:`.tables`): Delta or Parquet, the labels kept,
+  the completeness published over every tracked writer (:mod:`.completeness`).
 
 With ``keep_tracking_columns`` the output has ``lt_time`` (the row's full slot) and
 ``lt_ack`` (its 32-bit ack id) instead of the packed ``lt_track``.
@@ -28,19 +32,24 @@ null sink after a tracked operator commits nothing and is no object here: that
 operator's tasks ack it, see ``lowtide.spark.operators.tracked.ack_null_sink``.)
 """
 
+from lowtide.spark.sinks.batches import BatchRewritten
 from lowtide.spark.sinks.foreach import (
     TrackedForeachBatch,
     append_trace,
     console_writer,
     unpacked_columns,
 )
+from lowtide.spark.sinks.table_formats import RowsBelowTable, retire_writer
 from lowtide.spark.sinks.writer import SINK_MODES, TrackedSink
 
 __all__ = [
     "SINK_MODES",
+    "BatchRewritten",
+    "RowsBelowTable",
     "TrackedForeachBatch",
     "TrackedSink",
     "append_trace",
     "console_writer",
+    "retire_writer",
     "unpacked_columns",
 ]

@@ -25,14 +25,6 @@ from lowtide.spark.tracking.column import (
 )
 from lowtide.spark.tracking.transport import TrackerRef, batch_key, connect
 
-try:
-    from pyspark.sql.datasource import (
-        DataSource,
-        DataSourceStreamArrowWriter,
-        WriterCommitMessage,
-    )
-except ImportError:  # pragma: no cover
-    DataSource = DataSourceStreamArrowWriter = WriterCommitMessage = object  # type: ignore
 
 def append_trace(path: str, batch_id: int, started_ns: int, rows: int) -> None:
     """One line of a sink's trace (benchmarks): ``<batch> <ack start ns> <acks confirmed

@@ -6,52 +6,52 @@ completeness where readers look, and feed the tracked queries that read them.
 received after the write) whose rows keep ``lt_time`` (slot) and ``lt_ack`` (32-bit id):
 the labels ``Pipeline.read_stream`` takes. Per batch, :class:`TableWriter`
 
-1. sends the batch's rows into every reader segment it ``feeds`` (the ingest segments
+1. on its first batch, declares the writer in the table and learns its floor
+   (:mod:`lowtide.spark.sinks.table_formats`); refuses a batch with rows below it;
+2. sends the batch's rows into every reader segment it ``feeds`` (the ingest segments
    of the queries that read the table), one keyed batch, before the rows are written,
    as any front does (children before their parent's receipt, rule 2);
-2. writes the rows: Delta, an append made idempotent by ``txnAppId``/``txnVersion``
-   (a batch re-run after a restart is skipped, not duplicated); Parquet, one file per
-   batch written aside and renamed into the folder (a re-run finds it there);
-3. returns, and the sink's receipts are acked.
+3. writes the rows: Delta, an append made idempotent by ``txnAppId``/``txnVersion``;
+   Parquet, one file per batch named after the query, written aside and renamed in (a
+   re-run batch whose file holds exactly its rows is not written again);
+4. returns, and the sink's receipts are acked.
 
 Each reader segment has a front owned by this sink (:func:`bridge_front`) that
 heartbeats with the sink segment's min time: once that is ``t``, every row below ``t``
 was received here, and its send into the readers went in the same atomic batch, so no
 row below ``t`` can still come. The tracker then bounds the downstream query by the
-upstream one: the last sink's min time means complete through every query.
+upstream one: the last sink's min time means complete through every query. Two writers
+feeding one reader are two fronts of its segment: the reader waits for both.
 
 Completeness, published without the tracker (:mod:`lowtide.spark.sinks.completeness`
-reads it): the sink segment's min time as last announced, which only counts rows whose
-receipts followed their commit. Delta: in the commit's ``userMetadata`` of each batch,
+reads it): each writer's record is its sink segment's min time as last announced,
+which only counts rows whose receipts followed their commit, with the writers it
+declares (``writers=``, default: itself); the table's completeness is the minimum over
+every declared writer. Delta: a record in the commit's ``userMetadata`` of each batch,
 in the same transaction as the batch's rows (so a version's value holds for that
-version). It is the value known when the batch starts: one batch behind, and an idle
-stream publishes nothing new. Parquet: ``_lowtide_manifest.json`` in the folder,
-rewritten (atomically) on every min time update and after every batch.
+version); the value known when the batch starts: one batch behind, and an idle stream
+publishes nothing new. Parquet: ``_lowtide_manifest.json`` in the folder, updated under
+a lock on every min time update and after every batch.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import threading
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from lowtide.service.clock import wall_ms
+from lowtide.spark.sinks.batches import digest
+from lowtide.spark.sinks.completeness import Record
+from lowtide.spark.sinks.table_formats import DeltaTable, ParquetTable, check_floor
 from lowtide.spark.sources.log_source import ensure_front
 from lowtide.spark.tracking.column import ACK_COL, TIME_COL, AckAccumulator, as_u64
 from lowtide.spark.tracking.transport import TrackerRef, batch_key, connect
 
 TABLE_FORMATS = ("delta", "parquet")
-#: the key commit info and manifests carry lowtide's completeness under
-META_KEY = "lowtide"
-MANIFEST = "_lowtide_manifest.json"  # leading "_": Spark's file source skips it
-STAGING = "_lowtide_staging"
 
 
 def bridge_front(segment: str, reader: str) -> int:
@@ -77,17 +77,22 @@ def check_feeds(graph: Any, feeds: tuple[str, ...]) -> None:
 @dataclass(frozen=True)
 class TableConfig:
     """Where and how a tracked table sink writes; ``.build()`` gives its foreachBatch
-    function."""
+    function. ``writers``: the sink segments of every tracked writer of the table (this
+    one included; empty: this one alone)."""
 
     path: str
     format: str = "delta"
     feeds: tuple[str, ...] = ()
+    writers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.format not in TABLE_FORMATS:
             raise ValueError(f"table format {self.format!r}: use one of {TABLE_FORMATS}")
 
     def build(self, ref_of: Callable[[], TrackerRef], segment: str) -> TableWriter:
+        if self.writers and segment not in self.writers:
+            raise ValueError(f"write_table(name={segment!r}) is not among writers="
+                             f"{self.writers}: list every writer of {self.path}, this one too")
         return TableWriter(self, ref_of, segment)
 
 
@@ -98,12 +103,16 @@ class TableWriter:
     def __init__(self, config: TableConfig, ref_of: Callable[[], TrackerRef],
                  segment: str) -> None:
         self.config, self.segment = config, segment
+        self.table = (DeltaTable(config.path) if config.format == "delta"
+                      else ParquetTable(config.path))
         self._ref_of = ref_of
         self._ref: TrackerRef | None = None
         self._lock = threading.Lock()
         self.complete_below = 0  # the sink segment's latest min time
+        self.floor: int | None = None  # None until declared in the table
         self._beaten = 0  # the latest heartbeat of the bridge fronts
         self.committed_batch: int | None = None
+        self._query = ""  # the writing query's id, known at its first batch
         self._cancel: Callable[[], None] | None = None
 
     def start(self) -> TrackerRef:
@@ -116,11 +125,21 @@ class TableWriter:
             agent: Any = connect(ref)
             now = agent.min_time_at(self.segment, wall_ms())
             self.complete_below = self._beaten = now
-            for reader in self.config.feeds:
-                ensure_front(agent, bridge_front(self.segment, reader), reader, now)
+            self._register_bridges(agent, ref, now)
             self._ref = ref
         self._cancel = agent.on_update(self._on_update, self.segment)
         return ref
+
+    def _register_bridges(self, agent: Any, ref: TrackerRef, now: int) -> None:
+        """The bridge front of every declared writer on this tracker into each reader,
+        at that writer's sink min time, lowest first: the reader's segment waits for
+        all of them, and one starting later is not refused for being behind."""
+        writers = [w for w in self.config.writers if w != self.segment and w in ref.graph]
+        starts = sorted([(now, self.segment),
+                         *((agent.min_time_at(w, wall_ms()), w) for w in writers)])
+        for reader in self.config.feeds:
+            for t, writer in starts:
+                ensure_front(agent, bridge_front(writer, reader), reader, t)
 
     def _on_update(self, update: Any) -> None:
         """On the agent's thread: a new min time of the sink segment."""
@@ -133,8 +152,7 @@ class TableWriter:
             for reader in self.config.feeds:
                 agent.heartbeat(bridge_front(self.segment, reader), update.time)
             self._beaten = update.time
-        if self.config.format == "parquet":
-            self._write_manifest()
+        self._publish()
 
     def stop(self) -> None:
         """Stop following the sink's min time (the bridge fronts stay where they are)."""
@@ -142,83 +160,67 @@ class TableWriter:
             self._cancel()
             self._cancel = None
 
-    def metadata(self, batch_id: int) -> dict[str, Any]:
+    def record(self, batch_id: int, query: str = "", rows_digest: str = "") -> Record:
+        """This writer's record now: its sink's min time, never below its floor."""
         ref = self._ref
         assert ref is not None
-        return {"complete_below": self.complete_below,
-                "complete_below_ms": self.complete_below * ref.grid.delta_ms,
-                "wall_ms": wall_ms(), "graph": ref.graph.fingerprint(),
-                "segment": self.segment, "batch": batch_id}
+        t = max(self.complete_below, self.floor or 0)
+        return Record(self.segment, t, t * ref.grid.delta_ms, wall_ms(),
+                      ref.graph.fingerprint(), self.segment, batch_id, query,
+                      self.config.writers or (self.segment,), rows_digest)
 
     def __call__(self, df: Any, batch_id: int) -> None:
         ref = self.start()
-        query = df.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
-        self._feed(ref, df, str(query), batch_id)
-        meta = json.dumps({META_KEY: self.metadata(batch_id)})
-        if self.config.format == "delta":
-            (df.write.format("delta").mode("append").option("txnAppId", str(query))
-             .option("txnVersion", batch_id).option("userMetadata", meta)
-             .save(self.config.path))
-        else:
-            write_parquet_batch(df, Path(self.config.path), batch_id)
+        query = str(df.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId"))
+        self._query = query
+        times, xors, counts = label_sums(df)
+        if self.floor is None:
+            self.floor = self.table.declare(df, query, self.record(-1, query))
+        if len(times):
+            check_floor(self.config.path, self.segment, int(times.min()), self.floor)
+        self._feed(ref, query, batch_id, times, xors, counts)
+        record = self.record(batch_id, query, digest(times, xors, counts))
+        self.table.write(df, query, batch_id, record)
         self.committed_batch = batch_id
-        if self.config.format == "parquet":
-            self._write_manifest()
+        self._publish()
 
-    def _feed(self, ref: TrackerRef, df: Any, query: str, batch_id: int) -> None:
+    def _feed(self, ref: TrackerRef, query: str, batch_id: int, times: np.ndarray,
+              xors: np.ndarray, counts: np.ndarray) -> None:
         """Send the batch's rows into every reader segment, before they are written."""
-        if not self.config.feeds:
+        if not self.config.feeds or not len(times):
             return
-        from pyspark.sql import functions as F
-
-        rows = (df.groupBy(TIME_COL).agg(F.bit_xor(ACK_COL).alias("x"),
-                                         F.count(F.lit(1)).alias("n")).collect())
-        if not rows:
-            return
-        times = np.array([r[0] for r in rows], np.int64)
-        xors = as_u64(np.array([r[1] for r in rows], np.int64))
-        counts = np.array([r[2] for r in rows], np.int64)
         acc = AckAccumulator()
         for reader in self.config.feeds:
             acc.add_reduced(ref.graph.index(reader), times, xors, counts)
         key = batch_key(query, batch_id, f"<table>{self.segment}", 0)
         connect(ref).send_batch(key, acc.build(ref.grid.window_slots))
 
-    def _write_manifest(self) -> None:
-        if self._ref is None:
+    def _publish(self) -> None:
+        """This writer's record now (once declared): Parquet, into the manifest."""
+        if self.floor is None:
             return
         with self._lock:
-            doc = {META_KEY: self.metadata(self.committed_batch if self.committed_batch
-                                           is not None else -1)}
-            folder = Path(self.config.path)
-            folder.mkdir(parents=True, exist_ok=True)
-            tmp = folder / f".{MANIFEST}.{uuid.uuid4().hex}"
-            tmp.write_text(json.dumps(doc))
-            os.replace(tmp, folder / MANIFEST)
+            batch = -1 if self.committed_batch is None else self.committed_batch
+            self.table.publish(self.record(batch, self._query), self.floor)
 
 
-def write_parquet_batch(df: Any, folder: Path, batch_id: int) -> None:
-    """One Parquet file per batch, ``part-<batch>.parquet``: written aside, renamed in
-    (a reader never sees half of it); a batch re-run after a restart finds its file
-    and writes nothing. Local (POSIX) folders: renames must be atomic."""
-    final = folder / f"part-{batch_id:010d}.parquet"
-    if final.exists():
-        return
-    stage = folder / STAGING / f"batch-{batch_id}"
-    df.coalesce(1).write.mode("overwrite").parquet(str(stage))
-    parts = sorted(stage.glob("part-*.parquet"))
-    if len(parts) != 1:
-        raise RuntimeError(f"expected one Parquet file in {stage}, found {len(parts)}")
-    os.replace(parts[0], final)
+def label_sums(df: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per slot of the batch's rows: (slots, XOR of the 32-bit acks as uint64, count),
+    from one aggregation in the JVM."""
+    from pyspark.sql import functions as F
+
+    rows = (df.groupBy(TIME_COL).agg(F.bit_xor(ACK_COL).alias("x"),
+                                     F.count(F.lit(1)).alias("n")).collect())
+    return (np.array([r[0] for r in rows], np.int64),
+            as_u64(np.array([r[1] for r in rows], np.int64)),
+            np.array([r[2] for r in rows], np.int64))
 
 
 __all__ = [
-    "MANIFEST",
-    "META_KEY",
     "TABLE_FORMATS",
     "TableConfig",
     "TableWriter",
     "bridge_front",
     "check_feeds",
-    "write_parquet_batch",
+    "label_sums",
 ]

@@ -1,7 +1,8 @@
 """``format("lowtide_sink")``: a Python data source stream writer. Each task writes
-its rows (``mode=parquet``: one deterministically named file per (batch, partition);
-``mode=null``: drops them) and returns its per-time XORs in its commit message; the
-driver-side commit publishes the files, then sends the acks."""
+its rows (``mode=parquet``: one file per (batch, partition), written aside; ``mode=null``:
+drops them) and returns its per-time XORs in its commit message; the driver-side commit
+publishes the files under names that carry the query's id, records the batch with the
+digest of its rows (:mod:`lowtide.spark.sinks.batches`), then sends the acks."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from lowtide.spark.sinks.batches import BatchFiles, digest
 from lowtide.spark.sinks.foreach import append_trace
 from lowtide.spark.tracking.column import (
     ACK_COL,
@@ -56,10 +58,6 @@ class SinkCommit(WriterCommitMessage):  # type: ignore[misc]
     times: list[int]
     xors: list[int]
     counts: list[int]
-
-
-def _final_name(batch_id: int, partition: int) -> str:
-    return f"part-{batch_id:010d}-{partition:05d}.parquet"
 
 
 class SinkWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
@@ -122,10 +120,6 @@ class SinkWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
     def commit(self, messages: list[SinkCommit | None], batchId: int) -> None:
         started_ns = time.time_ns()
         done = [m for m in messages if m is not None]
-        if self.mode == "parquet":
-            for m in done:
-                if m.tmp_file is not None:
-                    os.replace(m.tmp_file, Path(self.path) / _final_name(batchId, m.partition))  # type: ignore[arg-type]
         acc = AckAccumulator()
         seg = self.ref.graph.index(self.segment)
         for m in done:
@@ -138,9 +132,23 @@ class SinkWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
         acks = acc.build(self.ref.grid.window_slots)
         if len(acks):
             query = next(m.query for m in done if m.rows)
+            if self.mode == "parquet":
+                self._publish(done, query, batchId, digest(acks.time, acks.xor, acks.count))
             connect(self.ref).send_batch(batch_key(query, batchId, self.segment, 0), acks)
         if self.trace:
             append_trace(self.trace, batchId, started_ns, sum(m.rows for m in done))
+
+    def _publish(self, done: list[SinkCommit], query: str, batch_id: int,
+                 rows_digest: str) -> None:
+        """The tasks' files under this run's names, unless a re-run of the batch finds
+        them committed already with exactly these rows."""
+        staged = [(Path(m.tmp_file), f"{m.partition:05d}") for m in done if m.tmp_file]
+        files = BatchFiles(Path(self.path), query, batch_id)  # type: ignore[arg-type]
+        if files.committed(rows_digest):
+            for path, _part in staged:
+                path.unlink()
+        else:
+            files.publish(staged, rows_digest)
 
     def abort(self, messages: list[SinkCommit | None], batchId: int) -> None:
         for m in messages:

@@ -23,11 +23,27 @@ confirmed written: the front's promise means "everything below is written". A ba
 whose write failed for good stays in flight, so the ingest segment stops there and the
 tracker reports its records as missing (fail closed).
 
-Acks go to the agent *before* the records are handed back. With ``confirm=True``
-:meth:`label` waits for the tracker to confirm them: a producer killed between label and
-write then shows as missing records in the ingest segment. With ``confirm=False`` the
-agent buffers them for at most ``max_age_ms``: a crash inside that window shows written
-records as extra items once they are read. Either way no min time passes them.
+Acks go to the agent *before* the records are handed back. By default (``confirm=True``,
+durable send-acks) :meth:`label` and :meth:`send` return only once the tracker has
+confirmed (and logged) them: a record that reaches the log or topic is always covered by
+acks the tracker has, whatever happens to the producer afterwards (a crash, an exit
+while the tracker is down). A producer killed between label and write shows as
+missing records in the ingest segment. ``confirm=False`` saves that round trip per
+batch (docs/spark.md prices it): the agent buffers the acks for at most ``max_age_ms``,
+and a producer that dies in that window, or exits while the tracker is unreachable,
+leaves written records without send-acks; its successor's heartbeats then let min
+times pass them. Use it only where the records can be produced again.
+
+The owner. A front belongs to the producer that registered it: ``owner`` names it
+(default: derived from the log directory, or from the host and the program), and only
+a process that names the same owner (with the same secret) may register, heartbeat or
+unregister the front: a restarted producer is its own successor, while a second
+producer configured with the same front id is refused (``FrontOwned``).
+
+Range check. Event times more than ``max_ahead_ms`` ahead of the front's clock (a unit
+mix-up) or before the epoch are found in :meth:`label`, before any ack is sent: refused
+with the batch under ``late="raise"``, else returned in ``Labelled.rejected`` and
+counted in ``out_of_range``; they never get a label the tracker would refuse.
 
 Event time (``time_from="ts"``): records are labelled from their own column instead of
 the clock (:mod:`~lowtide.spark.sources.lateness` for the late policies). Several
@@ -39,7 +55,10 @@ from __future__ import annotations
 
 import itertools
 import os
+import socket
+import sys
 import threading
+import time as _time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,9 +67,11 @@ import numpy as np
 import numpy.typing as npt
 
 from lowtide.core.acks import root_acks
+from lowtide.core.errors import FrontHeld, FrontOwned, NonMonotonicHeartbeat
 from lowtide.core.time import Clock, TimeGrid
 from lowtide.service.clock import SystemClock
 from lowtide.spark.sources import records as rec
+from lowtide.spark.sources.event_time import event_time_of
 from lowtide.spark.sources.ingest import IngestWriter
 from lowtide.spark.sources.labels import as_label
 from lowtide.spark.sources.lateness import LatePolicy, LateStats
@@ -58,16 +79,48 @@ from lowtide.spark.sources.retention import retain
 from lowtide.spark.tracking.column import AckAccumulator
 from lowtide.spark.tracking.transport import AgentLike, TrackerRef, connect
 
-__all__ = ["CONSUMER_STRIDE", "OWNER", "Front", "Labelled"]
+__all__ = ["CONSUMER_STRIDE", "Front", "Labelled", "default_owner", "register_when_free"]
 
-#: The owner name fronts register with: a restarted producer of a front is its
-#: successor (see ``Agent.register_front``).
-OWNER = "lowtide-front"
 #: Front ids of one front's registrations on its 2nd, 3rd, ... consumer segment.
 CONSUMER_STRIDE = 1 << 32
 # A front with no log numbers its records from its start time, so a restarted
 # producer does not reuse the ack values of its previous run.
 SEQ_PER_MS = 1 << 20
+#: how far ahead of its clock an event time may be (a unit mix-up is years ahead); well
+#: inside a default tracker's window (2**20 windows of 10 ms: 2.9 hours)
+MAX_AHEAD_MS = 3_600_000
+
+
+#: how long a successor retries while its predecessor still holds the front: the
+#: tracker's lease (1 s by default) must lapse; a second live producer is refused then
+HELD_WAIT_S = 5.0
+
+
+def register_when_free(agent: AgentLike, front: int, segment: str, time: int, owner: str,
+                       wait_s: float = HELD_WAIT_S) -> None:
+    """``agent.register_front``, retried while another session of ``owner`` holds the
+    front (``FrontHeld``): a restarted producer waits for its predecessor's lease to
+    lapse; a second producer that is live all along is refused after ``wait_s``."""
+    deadline = _time.monotonic() + wait_s
+    while True:
+        try:
+            agent.register_front(front, segment, time, owner=owner)
+            return
+        except FrontHeld:
+            if _time.monotonic() > deadline:
+                raise
+            _time.sleep(0.1)
+
+
+def default_owner(log_dir: str | os.PathLike[str] | None) -> str:
+    """The owner name of a front that was given none: its log directory (the log is
+    the producer's identity: whoever continues it is the successor), else the host
+    and the program. A successor that runs elsewhere (another host, a container with
+    a new host name) must be given the same ``owner=`` explicitly."""
+    if log_dir is not None:
+        return f"lowtide-front:log:{os.path.realpath(log_dir)}"
+    program = os.path.realpath(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+    return f"lowtide-front:{socket.gethostname()}:{program}"
 
 
 @dataclass(frozen=True)
@@ -93,7 +146,14 @@ class Front:
     (or segments, one per consumer) of the pipeline; ``lag_ms`` (event time only): how
     far behind its newest event time the front promises, i.e. how much disorder is
     labelled as is rather than handled as late; ``rotate_bytes``: the size of one file
-    of the ingest log (files every consumer committed are deleted at each rotation).
+    of the ingest log (files every consumer committed are deleted at each rotation);
+    ``owner``: who the front belongs to (see the module docstring; default
+    :func:`default_owner`); ``confirm``: durable send-acks (see the module docstring);
+    ``max_ahead_ms``: the range check of event times (None: no clock check);
+    ``start_ms`` (event time): register at this time now, instead of at the first
+    batch's earliest time (records below it are late); ``confirm_timeout_s``: how long
+    :meth:`label` waits for the tracker's confirmation (then TimeoutError: do not write
+    the batch, its records show as missing).
     """
 
     def __init__(
@@ -107,12 +167,16 @@ class Front:
         clock: Clock | None = None,
         fsync: str = "always",
         heartbeat_ms: int | None = 20,
-        confirm: bool = False,
+        confirm: bool = True,
         time_from: str | None = None,
+        time_format: str | None = None,
         late: str = "clamp",
         lag_ms: int = 0,
         start_ms: int | None = None,
         rotate_bytes: int | None = 64 << 20,
+        owner: str | None = None,
+        max_ahead_ms: int | None = MAX_AHEAD_MS,
+        confirm_timeout_s: float = 30.0,
     ) -> None:
         self.segments = (segment,) if isinstance(segment, str) else tuple(segment)
         if not self.segments:
@@ -120,8 +184,13 @@ class Front:
         self.segment = self.segments[0]
         self.front = front
         self.confirm = confirm
-        self.time_from = time_from
+        self.confirm_timeout_s = confirm_timeout_s
+        self.time_from = event_time_of(time_from, time_format)
+        self.owner = owner or default_owner(log_dir)
+        if max_ahead_ms is not None and max_ahead_ms < 0:
+            raise ValueError("max_ahead_ms must be >= 0 (None: no clock check)")
         self._connect(tracker, grid)
+        self._ahead_slots = None if max_ahead_ms is None else self.grid.slot_of(max_ahead_ms)
         self._clock = clock or SystemClock()
         self._late = LatePolicy(late, self.grid.slot_of(lag_ms) if lag_ms else 0)
         self.late_stats = LateStats()
@@ -150,10 +219,14 @@ class Front:
             self._thread.start()
 
     def _connect(self, tracker: TrackerRef | AgentLike, grid: TimeGrid | None) -> None:
-        if isinstance(tracker, TrackerRef):
+        if isinstance(tracker, TrackerRef):  # its agent's handshake checks the grid
             self._agent, self.grid = connect(tracker), grid or tracker.grid
-        else:
-            self._agent, self.grid = tracker, grid or TimeGrid()
+        else:  # the tracker's grid, as the agent's handshake learnt it
+            self._agent, told = tracker, getattr(tracker, "grid", None) or TimeGrid()
+            if grid is not None and grid != told:
+                raise ValueError(f"grid {grid} is not the tracker's {told}: label with "
+                                 "the tracker's grid (pass none to use it)")
+            self.grid = told
         graph = tracker.graph if isinstance(tracker, TrackerRef) else getattr(
             tracker, "graph", None)
         if graph is None:
@@ -175,9 +248,32 @@ class Front:
         return [self.front + k * CONSUMER_STRIDE for k in range(len(self.segments))]
 
     def _register(self, slot: int) -> None:
-        for fid, segment in zip(self.front_ids(), self.segments, strict=True):
-            self._agent.register_front(fid, segment, slot, owner=OWNER)
+        """Register (or, as the successor of a previous run, resume) the front at
+        ``slot``; a successor whose front already promised more resumes there."""
+        try:
+            for fid, segment in zip(self.front_ids(), self.segments, strict=True):
+                register_when_free(self._agent, fid, segment, slot, self.owner)
+        except NonMonotonicHeartbeat:
+            slot = max(slot, self._promised())
+            for fid, segment in zip(self.front_ids(), self.segments, strict=True):
+                register_when_free(self._agent, fid, segment, slot, self.owner)
+        except FrontHeld as exc:
+            raise FrontHeld(f"front {self.front}: a live producer with the same owner "
+                            f"{self.owner!r} holds it ({exc})") from None
+        except FrontOwned:
+            raise FrontOwned(
+                f"front {self.front} belongs to another producer (this one is owner "
+                f"{self.owner!r}): two producers configured with one front id? Give each "
+                "its own front id; a restarted producer must name its predecessor's "
+                "owner=") from None
         self._last_beat = slot
+
+    def _promised(self) -> int:
+        """What the tracker holds as this front's heartbeat (a successor resumes there)."""
+        status = getattr(self._agent, "status", None)
+        fronts = status().get("fronts", {}) if status is not None else {}
+        times = [int(fronts[str(f)][1]) for f in self.front_ids() if str(f) in fronts]
+        return max(times, default=-1)
 
     @property
     def registered(self) -> bool:
@@ -218,38 +314,44 @@ class Front:
     def _label(self, records: Any) -> Labelled:
         if self._closed:
             raise RuntimeError(f"front {self.front} is closed")
-        n = rec.count(records)
-        if self.time_from is None:
-            times = np.full(n, max(self._now_slot(), self._max_label, self._last_beat),
-                            np.int64)
-            keep, rejected = records, None
-        else:
-            slots = rec.event_times_ms(records, self.time_from) // self.grid.delta_ms
-            if not self.registered and n:  # the first batch says where event time starts
-                self._register(max(int(slots.min()) - self._late.lag_slots, 0))
-            times, kept = self._late.apply(slots, self._last_beat, self.late_stats)
-            keep = records if kept is None else rec.take(records, kept)
-            rejected = None if kept is None else rec.take(
-                records, np.setdiff1d(np.arange(n), kept))
+        times, keep, rejected = self._times(records)
         k = len(times)
-        seq = np.arange(self._next_seq, self._next_seq + k, dtype=np.uint64)
-        acks = root_acks(self.front, seq)
+        first_seq = self._next_seq
+        acks = root_acks(self.front, np.arange(first_seq, first_seq + k, dtype=np.uint64))
+        # in flight (heartbeats stop below it) and numbered before the acks leave: a
+        # batch whose confirmation fails stays in flight, its ack values never reused
+        token = next(self._tokens)
+        self._in_flight[token] = (int(times.min()) if k else self._last_beat, k)
+        self._next_seq += k
         if k:
             acc = AckAccumulator()
             for index in self._segment_index:
                 acc.add(index, times, acks, +1)
             self._agent.add_acks(acc.build(self.grid.window_slots))
-            if self.confirm:
-                self.flush()
             self._max_label = max(self._max_label, int(times.max()))
-        token = next(self._tokens)
-        self._in_flight[token] = (int(times.min()) if k else self._last_beat, k)
+            if self.confirm:
+                self.flush()  # durable send-acks: the tracker has them before the write
         labels = as_label(acks)
-        batch = Labelled(rec.with_labels(keep, times, labels), times, labels,
-                         self._next_seq, rejected, token)
-        self._next_seq += k
         self.late_stats.labelled += k
-        return batch
+        return Labelled(rec.with_labels(keep, times, labels), times, labels, first_seq,
+                        rejected, token)
+
+    def _times(self, records: Any) -> tuple[npt.NDArray[np.int64], Any, Any]:
+        """(labels of the kept records, the kept records, the records handed back)."""
+        n = rec.count(records)
+        if self.time_from is None:
+            now = max(self._now_slot(), self._max_label, self._last_beat)
+            return np.full(n, now, np.int64), records, None
+        slots = rec.event_times_ms(records, self.time_from) // self.grid.delta_ms
+        limit = None if self._ahead_slots is None else self._now_slot() + self._ahead_slots
+        valid = self._late.in_range(slots, limit)
+        if not self.registered and valid.any():  # the first batch: where event time starts
+            self._register(max(int(slots[valid].min()) - self._late.lag_slots, 0))
+        times, kept = self._late.apply(slots, self._last_beat, self.late_stats, limit)
+        if kept is None:
+            return times, records, None
+        rejected = rec.take(records, np.setdiff1d(np.arange(n), kept))
+        return times, rec.take(records, kept), rejected
 
     def written(self, batch: Labelled) -> None:
         """The producer's write of ``batch`` is confirmed: heartbeats may pass it."""
@@ -279,11 +381,11 @@ class Front:
         what it refused."""
         flush = getattr(self._agent, "flush", None)
         if flush is not None:
-            flush()
+            flush(self.confirm_timeout_s)
 
     def _send_beat(self, slot: int) -> int:
         for fid in self.front_ids():
-            self._agent.heartbeat(fid, slot)
+            self._agent.heartbeat(fid, slot, owner=self.owner)
         self._last_beat = slot
         return slot
 
@@ -330,7 +432,7 @@ class Front:
             unreg = getattr(self._agent, "unregister_front", None)
             if unreg is not None:
                 for fid in self.front_ids():
-                    unreg(fid, owner=OWNER)
+                    unreg(fid, owner=self.owner)
         return self._last_beat
 
     def __enter__(self) -> Front:

@@ -46,6 +46,7 @@ from lowtide.spark.sources.log_source import (
     FrontPartition,
     ensure_front,
     front_key,
+    source_owner,
     submit_task_batch,
 )
 from lowtide.spark.tracking.column import (
@@ -294,7 +295,8 @@ class GenStreamReader(DataSourceStreamReader):  # type: ignore[misc]
         acc.add(self.ref.graph.index(self.segment), times, ack_ids(packed), +1)
         hb = (Heartbeat(partition.front, int(partition.extra[1])),)
         # key namespace "<source>": the first operator's tasks key on the same segment
-        sent = submit_task_batch(self.ref, f"<source>{self.segment}", partition.front, acc, hb)
+        sent = submit_task_batch(self.ref, f"<source>{self.segment}", partition.front, acc, hb,
+                                 owner=source_owner(self.segment))
         if len(times):
             yield attach(batch, packed)
         sent.wait()

@@ -54,6 +54,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from lowtide.core.errors import LowtideError
+
 MAGIC = 0x3146544C  # "LTF1" little endian
 HEADER = np.dtype(
     [
@@ -110,11 +112,11 @@ def log_files(directory: str | os.PathLike[str], front: int) -> list[int]:
     return sorted(base for f, base in _names(directory) if f == front)
 
 
-class LogCorrupt(RuntimeError):
+class LogCorrupt(LowtideError, RuntimeError):
     """A frame that the index points at does not match its header or checksum."""
 
 
-class RecordsDeleted(IndexError):
+class RecordsDeleted(LowtideError, IndexError):
     """Records asked for were deleted by retention (every registered consumer had
     committed them)."""
 
@@ -340,17 +342,6 @@ class IngestReader:
         assert frame is not None
         times = frame[0]
         return int(idx[k]["first"]) + int(np.searchsorted(times, time, side="left"))
-
-    def time_bounds(self, start: int, end: int) -> tuple[int, int] | None:
-        """(first, last) record time in [start, end), from the index alone (approximate
-        at frame granularity: the times of the frames that hold the range)."""
-        idx = self.index()
-        if start >= end or len(idx) == 0:
-            return None
-        firsts = idx["first"].astype(np.int64)
-        a = max(int(np.searchsorted(firsts, start, side="right")) - 1, 0)
-        b = max(int(np.searchsorted(firsts, end - 1, side="right")) - 1, 0)
-        return int(idx[a]["first_time"]), int(idx[b]["last_time"])
 
     def read(
         self, start: int, end: int, *, verify: bool = True

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from lowtide.core.errors import LowtideError
 from lowtide.spark.sources import records as rec
 from lowtide.spark.sources.front import Front, Labelled
 from lowtide.spark.sources.labels import ACK_COLUMN, TIME_COLUMN, header_value
@@ -41,7 +42,7 @@ __all__ = ["KAFKA_CLIENT_LOGGER", "DeliveryFailed", "KafkaFrontProducer",
 KAFKA_CLIENT_LOGGER = "lowtide.kafka.client"
 
 
-class DeliveryFailed(RuntimeError):
+class DeliveryFailed(LowtideError, RuntimeError):
     """The broker did not confirm every record of a batch (it stays in flight)."""
 
 

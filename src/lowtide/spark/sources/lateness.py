@@ -23,6 +23,16 @@ A record whose event slot is below ``h`` is *late*; the policy decides, and coun
 >>> times, kept = LatePolicy("reject").apply(np.array([5, 9, 12]), 10, stats)
 >>> times.tolist(), kept.tolist(), stats.late_rejected
 ([12], [2], 2)
+
+Out of range. A time past ``limit`` (the front's clock plus ``max_ahead_ms``: a unit
+mix-up) or before the epoch is no event time at all: under ``"raise"`` the batch is
+refused, else the record is returned like a rejected one; counted in ``out_of_range``.
+Either way it is found before any ack is sent, so it never fails a flush of good
+records after they were written.
+
+>>> times, kept = LatePolicy("clamp").apply(np.array([12, 10**12, -3]), 10, stats, limit=100)
+>>> times.tolist(), kept.tolist(), stats.out_of_range
+([12], [0], 2)
 """
 
 from __future__ import annotations
@@ -32,13 +42,20 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["LATE_POLICIES", "LatePolicy", "LateRecords", "LateStats"]
+from lowtide.core.errors import LowtideError
+
+__all__ = ["LATE_POLICIES", "LatePolicy", "LateRecords", "LateStats", "TimesOutOfRange"]
 
 LATE_POLICIES = ("clamp", "reject", "raise")
 
 
-class LateRecords(ValueError):
+class LateRecords(LowtideError, ValueError):
     """Records older than the front's promise under ``late="raise"``."""
+
+
+class TimesOutOfRange(LateRecords):
+    """Records whose event time is no time the tracker can take (far in the future,
+    or before the epoch) under ``late="raise"``."""
 
 
 @dataclass
@@ -50,6 +67,7 @@ class LateStats:
     late_clamped: int = 0
     late_rejected: int = 0
     late_raised: int = 0
+    out_of_range: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -66,22 +84,42 @@ class LatePolicy:
         if self.lag_slots < 0:
             raise ValueError("lag_ms must be >= 0")
 
+    @staticmethod
+    def in_range(slots: npt.NDArray[np.int64], limit: int | None) -> npt.NDArray[np.bool_]:
+        """Which slots are event times at all: not before the epoch nor past ``limit``."""
+        slots = np.asarray(slots, np.int64)
+        return (slots >= 0) if limit is None else (slots >= 0) & (slots <= limit)
+
     def apply(
-        self, slots: npt.NDArray[np.int64], promise: int, stats: LateStats
+        self, slots: npt.NDArray[np.int64], promise: int, stats: LateStats,
+        limit: int | None = None,
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64] | None]:
         """(the labels of the kept records, their positions; None: all kept, in order)."""
         slots = np.asarray(slots, np.int64)
-        late = slots < promise
+        valid = self.in_range(slots, limit)
+        n_bad = len(slots) - int(valid.sum())
+        late = valid & (slots < promise)
         n_late = int(late.sum())
-        if n_late == 0:
-            return slots, None
+        if self.name == "raise" and (n_bad or n_late):
+            stats.out_of_range += n_bad
+            stats.late_raised += n_late
+            if n_bad:
+                raise TimesOutOfRange(
+                    f"{n_bad} records have event times outside [epoch, front clock + "
+                    f"max_ahead_ms] (slot {limit}): a unit mix-up? Nothing of the batch "
+                    "was labelled")
+            raise LateRecords(f"{n_late} records have event times below the front's "
+                              f"promise (slot {promise}): pass late='clamp' or 'reject' "
+                              "to keep them")
+        stats.out_of_range += n_bad
         if self.name == "clamp":
             stats.late_clamped += n_late
-            return np.maximum(slots, promise), None
-        if self.name == "reject":
+            slots = np.maximum(slots, promise)
+            keep = valid
+        else:
             stats.late_rejected += n_late
-            kept = np.flatnonzero(~late).astype(np.int64)
-            return slots[kept], kept
-        stats.late_raised += n_late
-        raise LateRecords(f"{n_late} records have event times below the front's promise "
-                          f"(slot {promise}): pass late='clamp' or 'reject' to keep them")
+            keep = valid & ~late
+        if keep.all():
+            return slots, None
+        kept = np.flatnonzero(keep).astype(np.int64)
+        return slots[kept], kept

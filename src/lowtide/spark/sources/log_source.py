@@ -27,6 +27,7 @@ import numpy as np
 from lowtide.core.acks import root_acks
 from lowtide.core.errors import NonMonotonicHeartbeat
 from lowtide.core.messages import AckBatch, Heartbeat
+from lowtide.spark.sources.front import register_when_free
 from lowtide.spark.sources.ingest import IngestReader, list_fronts
 from lowtide.spark.sources.retention import commit_consumer, register_consumer, retain
 from lowtide.spark.tracking.column import (
@@ -73,6 +74,13 @@ def parse_fronts(text: str | None) -> list[int] | None:
     return sorted(set(out))
 
 
+def source_owner(segment: str) -> str:
+    """The owner name of the fronts a Spark source registers for ``segment``: the
+    driver registers them, its tasks heartbeat them (in their keyed batches, rule 3)
+    and a restarted driver takes them over, each proving this name (with the secret)."""
+    return f"lowtide-spark-source:{segment}"
+
+
 def ensure_front(agent: AgentLike, front: int, segment: str, time: int) -> None:
     """Register ``front`` at ``time`` unless it is already live further ahead.
 
@@ -81,7 +89,7 @@ def ensure_front(agent: AgentLike, front: int, segment: str, time: int) -> None:
     committed), which is fine: the front stays where it is. The owner name makes any
     driver of this pipeline (with its secret) the front's successor (a restart)."""
     try:
-        agent.register_front(front, segment, time, owner=f"lowtide-spark-source:{segment}")
+        register_when_free(agent, front, segment, time, source_owner(segment))
     except NonMonotonicHeartbeat:
         return
 
@@ -105,17 +113,19 @@ def submit_task_batch(
     partition: int,
     acc: AckAccumulator,
     heartbeats: Sequence[Heartbeat] = (),
+    owner: str | None = None,
 ) -> TaskBatch:
     """Submit one task's acks (and heartbeats after them) as one idempotent batch,
     without waiting. A task submits once its acks are all known, possibly before its
     last rows are emitted (acks early only keep rows in flight longer), and waits
-    before it ends, so the round trip overlaps the emitting."""
+    before it ends, so the round trip overlaps the emitting. ``owner``: the name the
+    heartbeats' fronts were registered with (:func:`source_owner`)."""
     acks = acc.build(ref.grid.window_slots)
     if len(acks) == 0 and not heartbeats:
         return TaskBatch(acks, None)
     ident = task_identity()
     key = batch_key(ident.query, ident.batch_id, segment, partition)
-    pending = connect(ref).submit_batch(key, acks, tuple(heartbeats))
+    pending = connect(ref).submit_batch(key, acks, tuple(heartbeats), owner=owner)
     return TaskBatch(acks, pending if ref.confirm else None)
 
 
@@ -254,5 +264,6 @@ __all__ = [
     "parse_fronts",
     "read_log_partition",
     "send_task_batch",
+    "source_owner",
     "submit_task_batch",
 ]

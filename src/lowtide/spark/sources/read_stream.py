@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from lowtide.core.errors import LowtideError
 from lowtide.spark.tracking.column import (
     TRACK_COL,
     AckAccumulator,
@@ -46,7 +47,7 @@ from lowtide.spark.tracking.column import (
 LABEL_TYPES = ("bigint", "int")
 
 
-class NotLabelled(ValueError):
+class NotLabelled(LowtideError, ValueError):
     """The DataFrame cannot be a tracked entry as it is (not streaming, no labels)."""
 
 

@@ -3,8 +3,8 @@ pyarrow ``Table`` or ``RecordBatch``, or a pandas ``DataFrame``. No pyspark; pya
 and pandas are imported only when such a batch is given.
 
 * :func:`count` -- how many records;
-* :func:`event_times_ms` -- a column of event times as int64 milliseconds (integers
-  are taken as milliseconds since the epoch; timestamps of any unit are converted);
+* :func:`event_times_ms` -- a column of event times as int64 milliseconds (how the
+  column is read: :mod:`~lowtide.spark.sources.event_time`);
 * :func:`take` -- the records at some positions, same kind;
 * :func:`with_labels` -- the batch with int64 columns ``lt_time`` and ``lt_ack`` set
   (replaced if present); a list of bytes has no columns and comes back unchanged (its
@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from lowtide.spark.sources.event_time import EventTime, event_time
 from lowtide.spark.sources.labels import ACK_COLUMN, TIME_COLUMN
 
 __all__ = ["count", "event_times_ms", "json_lines", "kind", "take", "with_labels"]
@@ -52,8 +53,11 @@ def count(records: Any) -> int:
     return len(records) if not hasattr(records, "num_rows") else int(records.num_rows)
 
 
-def event_times_ms(records: Any, column: str) -> npt.NDArray[np.int64]:
-    """The ``column`` of a table or DataFrame as int64 milliseconds since the epoch."""
+def event_times_ms(records: Any, time: str | EventTime) -> npt.NDArray[np.int64]:
+    """The event times of a table or DataFrame as int64 milliseconds since the epoch:
+    ``time`` a column name (read by its type) or an :class:`EventTime`."""
+    spec = time if isinstance(time, EventTime) else event_time(time)
+    column = spec.column
     k = kind(records)
     if k == "bytes":
         raise TypeError(f"time_from={column!r} needs records with columns (a pyarrow "
@@ -61,24 +65,11 @@ def event_times_ms(records: Any, column: str) -> npt.NDArray[np.int64]:
     names = records.column_names if k == "arrow" else list(records.columns)
     if column not in names:
         raise KeyError(f"time_from={column!r}: no such column (columns: {names})")
-    if k == "arrow":
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        col = records.column(column)
-        if pa.types.is_timestamp(col.type):
-            col = pc.cast(col, pa.timestamp("ms", col.type.tz)).cast(pa.int64())
-        if col.null_count:
-            raise ValueError(f"time_from={column!r}: {col.null_count} records have no time")
-        return np.asarray(col.to_numpy(), np.int64)
-    values = records[column]
+    values = records.column(column).to_pandas() if k == "arrow" else records[column]
     if values.isna().any():
         raise ValueError(f"time_from={column!r}: {int(values.isna().sum())} records have "
                          "no time")
-    if str(values.dtype).startswith("datetime64"):
-        return np.asarray(values.astype("datetime64[ms, UTC]" if values.dt.tz is not None
-                                        else "datetime64[ms]").astype("int64"), np.int64)
-    return np.asarray(values, np.int64)
+    return spec.ms(values.reset_index(drop=True))
 
 
 def take(records: Any, positions: npt.NDArray[np.int64]) -> Any:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from lowtide.core.errors import LowtideError
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import AckBatch, Heartbeat
 from lowtide.core.time import TimeGrid
@@ -43,6 +44,8 @@ class AgentLike(Protocol):
         acks: AckBatch,
         heartbeats: Iterable[Heartbeat] = (),
         timeout_s: float = 30.0,
+        *,
+        owner: str | None = None,
     ) -> Any: ...
 
     def submit_batch(
@@ -51,11 +54,13 @@ class AgentLike(Protocol):
         acks: AckBatch,
         heartbeats: Iterable[Heartbeat] = (),
         timeout_s: float = 30.0,
+        *,
+        owner: str | None = None,
     ) -> Pending: ...
 
     def add_acks(self, acks: AckBatch) -> None: ...
 
-    def heartbeat(self, front: int, time: int) -> None: ...
+    def heartbeat(self, front: int, time: int, *, owner: str | None = None) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -122,7 +127,8 @@ def connect(ref: TrackerRef) -> AgentLike:
     secret = text.strip().encode() if text else None
     # a task only makes calls, and blocks on them: its own thread runs the agent's loop
     kind = CallerAgent if _in_task() else Agent
-    agent: AgentLike = kind.shared(ref.url, ref.graph, secret=secret)
+    # the grid is part of the handshake: a tracker with another refuses the agent
+    agent: AgentLike = kind.shared(ref.url, ref.graph, secret=secret, grid=ref.grid)
     return agent
 
 
@@ -151,7 +157,7 @@ class TaskIdentity:
     attempt: int
 
 
-class NotAStreamingTask(RuntimeError):
+class NotAStreamingTask(LowtideError, RuntimeError):
     """A tracked operator ran outside a streaming query's micro-batch."""
 
 

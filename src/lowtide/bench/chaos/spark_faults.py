@@ -1,0 +1,222 @@
+"""``lowtide bench chaos --spark``: the fault kinds that need real Spark queries and real
+files (rule 14), each against a known ground truth (every record a producer wrote):
+
+* ``rerun from a new checkpoint``: each file sink (``write_parquet``, ``write_table``
+  Parquet and Delta) runs, stops, and reruns from a new checkpoint into the same
+  folder, as a user does after an upgrade; Spark's batch ids start at 0 again;
+* ``two writers of one table``: two tracked queries append to one Delta table, one
+  writer's records 2 s behind the other's.
+
+``premature``: a time announced complete (the sink's min time, or a version's published
+``complete_below``) while a record below it was not in the output; ``lost``: records
+the producers wrote that are not in the output at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from lowtide.bench.chaos.run import Result
+from lowtide.service import wall_ms
+from lowtide.spark import Front, Pipeline, SessionConfig, complete_below
+from lowtide.spark.sources import FilesProducerConfig
+
+SCHEMA = "rid long, lt_time long, lt_ack long"
+TRIGGER = "300 milliseconds"
+LAG_MS = 2_000  # the slower writer's records, behind the clock
+
+
+class Behind:
+    """A front's clock ``ms`` behind the wall clock (its records are older)."""
+
+    def __init__(self, ms: int) -> None:
+        self.ms = ms
+
+    def now_ms(self) -> int:
+        return wall_ms() - self.ms
+
+
+class Producer:
+    """A front writing Parquet files of records with unique ids; the ground truth."""
+
+    def __init__(self) -> None:
+        self.next_id = 0
+        self.written: dict[int, int] = {}  # record id -> lt_time
+
+    def write(self, producer: Any, n: int) -> int:
+        """``n`` records through ``producer``; returns their slot."""
+        import pandas as pd
+
+        ids = range(self.next_id, self.next_id + n)
+        batch = producer.send(pd.DataFrame({"rid": list(ids)}))
+        self.written.update(zip(ids, batch.times.tolist(), strict=True))
+        self.next_id += n
+        return int(batch.times.max())
+
+
+def produce(producers: list[Any], ground: Producer, rounds: int) -> list[int]:
+    """``rounds`` batches of 20 records per producer, 0.3 s apart; returns, per
+    producer, a slot its front's heartbeat has passed, above all it labelled."""
+    last = [0] * len(producers)
+    for _ in range(rounds):
+        last = [ground.write(p, 20) for p in producers]
+        time.sleep(0.3)
+    for p, top in zip(producers, last, strict=True):
+        while p.front.heartbeat() <= top:
+            time.sleep(0.05)
+    return [top + 1 for top in last]
+
+
+def rows_of(folder: Path, names: list[str] | None = None) -> dict[int, int]:
+    """rid -> lt_time of the Parquet files in ``folder`` (or only ``names``)."""
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True, exist_ok=True)
+    out: dict[int, int] = {}
+    paths = ([folder / n for n in names] if names is not None
+             else sorted(folder.glob("part-*.parquet")))
+    for path in paths:
+        t = pq.read_table(path, columns=["rid", "lt_time"]).to_pydict()
+        out.update(zip(t["rid"], t["lt_time"], strict=True))
+    return out
+
+
+def early(claimed: int, expected: dict[int, int], have: dict[int, int]) -> list[int]:
+    """Records below ``claimed`` that are not in ``have``."""
+    return [rid for rid, t in expected.items() if t < claimed and rid not in have]
+
+
+def delta_never_early(table: Path, expected: dict[int, int]) -> list[str]:
+    """Every Delta version whose published completeness came before a record below it
+    was committed (the table's files as of that version, from its log)."""
+    bad, files = [], []
+    for path in sorted(table.glob("_delta_log/*.json"), key=lambda p: int(p.stem)):
+        v = int(path.stem)
+        files += [json.loads(line)["add"]["path"] for line in path.read_text().splitlines()
+                  if '"add"' in line]
+        published = complete_below(table, v)
+        if published is None or published.version != v:
+            continue
+        missing = early(published.complete_below, expected, rows_of(table, files))
+        if missing:
+            bad.append(f"version {v} claimed {published.complete_below} before "
+                       f"{len(missing)} records below it")
+    return bad
+
+
+def rerun(spark: Any, tmp: Path, sink: Callable[[Any, Path, str], Any], label: str) -> Result:
+    """Run 1 and a rerun from a new checkpoint into one folder (new input, the same
+    front); each run's announced min time judged against the folder, and nothing lost
+    at the end."""
+    result = Result(f"rerun: {label}", faults=1)
+    out, ground = tmp / "out", Producer()
+    pipe = Pipeline(spark, f"chaos-rerun-{label}", stuck_after_ms=120_000)
+    front = None
+    try:
+        for run in (1, 2):
+            folder = tmp / f"in{run}"
+            folder.mkdir(parents=True)
+            stream = pipe.read_stream(spark.readStream.schema(SCHEMA).parquet(str(folder)))
+            pipe.start_tracker(stream.graph())
+            front = front or Front(None, 1, pipe.tracker_ref)
+            query = sink(stream, out, str(tmp / f"c{run}"))
+            try:
+                (end,) = produce([FilesProducerConfig(folder).build(front)], ground, rounds=3)
+                query.wait_for_min_time(end, "sink", timeout_s=300)
+                claimed = query.min_time("sink")
+            finally:
+                query.stop()
+            missing = early(claimed, ground.written, rows_of(out))
+            if missing:
+                result.premature.append(f"run {run}: min time {claimed} announced, "
+                                        f"{len(missing)} records below it not in the output")
+    finally:
+        if front is not None:
+            front.close()
+        pipe.close()
+    result.lost = len(set(ground.written) - set(rows_of(out)))
+    return result
+
+
+def two_writers(spark: Any, tmp: Path) -> Result:
+    """Two tracked queries append to one Delta table, b's records 2 s behind a's."""
+    result = Result("two writers of one table", faults=1)
+    table, ground = tmp / "table", Producer()
+    spark.createDataFrame([], SCHEMA).write.format("delta").save(str(table))
+    pipe = Pipeline(spark, "chaos-two-writers", stuck_after_ms=120_000)
+    streams = {}
+    for name in ("a", "b"):
+        (tmp / name).mkdir(parents=True)
+        df = spark.readStream.schema(SCHEMA).parquet(str(tmp / name))
+        streams[name] = pipe.read_stream(df, name=f"in_{name}")
+    pipe.start_tracker(pipe.plan(*((s, n) for n, s in streams.items())).graph)
+    fronts = [Front(None, 1, pipe.tracker_ref, segment="in_a"),
+              Front(None, 2, pipe.tracker_ref, segment="in_b", clock=Behind(LAG_MS))]
+    queries = [s.write_table(str(table), checkpoint=str(tmp / f"c_{n}"), name=n,
+                             writers=("a", "b"), trigger=TRIGGER) for n, s in streams.items()]
+    try:
+        producers = [FilesProducerConfig(tmp / n).build(f)
+                     for n, f in zip(streams, fronts, strict=True)]
+        for (name, q), end in zip(zip(streams, queries, strict=True),
+                                  produce(producers, ground, rounds=4), strict=True):
+            q.wait_for_min_time(end, name, timeout_s=300)
+    finally:
+        for q in queries:
+            q.stop()
+        for f in fronts:
+            f.close()
+        pipe.close()
+    result.premature += delta_never_early(table, ground.written)
+    held = spark.read.format("delta").load(str(table)).select("rid").toPandas()
+    result.lost = len(set(ground.written) - set(held["rid"].tolist()))
+    return result
+
+
+def sinks() -> dict[str, Callable[[Any, Path, str], Any]]:
+    return {
+        "write_parquet": lambda s, out, ckpt: s.write_parquet(
+            str(out), checkpoint=ckpt, trigger=TRIGGER, keep_tracking_columns=True),
+        "write_table parquet": lambda s, out, ckpt: s.write_table(
+            str(out), checkpoint=ckpt, format="parquet", trigger=TRIGGER),
+        "write_table delta": lambda s, out, ckpt: s.write_table(
+            str(out), checkpoint=ckpt, format="delta", trigger=TRIGGER),
+    }
+
+
+def run_spark(names: list[str] | None = None, spark: Any = None) -> list[Result]:
+    """The Spark scenarios (``names``: a subset), on ``spark`` or a local session of
+    their own (stopped at the end)."""
+    own = spark is None
+    try:
+        spark = spark or SessionConfig(app_name="lowtide-chaos", ui=False, delta=True).build()
+    except RuntimeError as missing:  # JarsMissing: the Delta jars `make setup` fetches
+        raise SystemExit(f"lowtide bench chaos --spark: {missing}") from None
+    results = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="lowtide-chaos-spark-") as tmp:
+            if not names or "rerun from a new checkpoint" in names:
+                for k, (label, sink) in enumerate(sinks().items()):
+                    results.append(timed(rerun, spark, Path(tmp) / f"r{k}", sink, label))
+            if not names or "two writers of one table" in names:
+                results.append(timed(two_writers, spark, Path(tmp) / "w"))
+    finally:
+        if own:
+            spark.stop()
+    return results
+
+
+def timed(scenario: Callable[..., Result], *args: Any) -> Result:
+    start = time.monotonic()
+    result = scenario(*args)
+    result.seconds = time.monotonic() - start
+    print(f"  {result.name}: {len(result.premature)} premature, {result.lost} lost,"
+          f" {result.seconds:.1f} s", flush=True)
+    return result
+
+
+__all__ = ["run_spark"]

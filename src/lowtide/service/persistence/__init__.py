@@ -1,0 +1,1 @@
+"""A tracker's state dir: the write-ahead log, snapshots, and exact recovery."""

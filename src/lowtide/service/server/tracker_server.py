@@ -1,0 +1,442 @@
+"""The asyncio tracker server: one task owns the engine, connections feed it.
+
+Connection tasks only read and decode frames and put them in the inbox. The state task
+takes everything waiting (a group), applies it, writes the group to the log, steps the
+tracker once, and then sends the replies and the notifications. Replies therefore
+always follow logging (rule 6), and one step serves a whole group, which is what
+keeps throughput up under many small senders.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from lowtide.core.errors import ProtocolError
+from lowtide.core.graph import SegmentGraph
+from lowtide.core.time import Clock
+from lowtide.service import net
+from lowtide.service.channel import register_inproc, unregister_inproc
+from lowtide.service.client.connection import ConnectionConfig
+from lowtide.service.clock import SystemClock
+from lowtide.service.engine.base import Engine, StateRequest, StepResult
+from lowtide.service.engine.coordinator import CoordinatorEngine
+from lowtide.service.errors import ConnectionLost, ServiceError, error_of
+from lowtide.service.handshake import shard_mismatch
+from lowtide.service.logs import LogBudget
+from lowtide.service.persistence.state_dir import store_graph, stored_graph
+from lowtide.service.persistence.state_log import StateLog
+from lowtide.service.server.history import MinTimeHistory
+from lowtide.service.server.inbox import Admit, Call, Gone, Item, Outbox, Peer, Request, Tick
+from lowtide.service.server.metrics import ServerMetrics
+from lowtide.service.server.peers import PeerConnections
+from lowtide.service.server.shard_watch import ShardWatch
+from lowtide.service.server.standing import StandingRequests
+from lowtide.service.web.app import WebApp
+from lowtide.service.web.view import WebView
+from lowtide.wire.messages import (
+    WIRE_VERSION,
+    Batch,
+    Error,
+    ErrorCode,
+    FrontOp,
+    Hello,
+    Message,
+    MinTimeAt,
+    Ok,
+    ShardReleaseFrame,
+    ShardReportFrame,
+    Status,
+    StatusRequest,
+    Subscribe,
+    Unsubscribe,
+    WatchShard,
+    Welcome,
+    graph_spec,
+)
+
+if TYPE_CHECKING:
+    # for types only: ServerConfig.build() imports this module
+    from lowtide.service.server.config import ServerConfig
+
+log = logging.getLogger("lowtide.service.server")
+
+MAX_GROUP = 1024
+INBOX = 4096
+
+
+class TrackerServer:
+    def __init__(self, config: ServerConfig, clock: Clock | None = None) -> None:
+        self.config = config
+        self.clock = clock or SystemClock()
+        self.engine: Engine | None = None
+        #: a coordinator's connections to its shards
+        self.shard_watch: ShardWatch | None = None
+        self.metrics = ServerMetrics(config.pipeline)
+        self._inbox: asyncio.Queue[Item] = asyncio.Queue(INBOX)
+        self._standing = StandingRequests(config.limits)
+        self._watchers: set[Peer] = set()
+        self._posted: set[asyncio.Task[None]] = set()
+        self._wal: StateLog | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._servers: list[asyncio.Server] = []
+        self.port = 0
+        self.metrics_port = 0
+        self.web: WebApp | None = None  # the web view, if config.web_port is set
+        self.web_port = 0
+        self._next_metrics_ms = 0
+        self._history = MinTimeHistory()
+        self.inproc_url = ""
+        self._failed: Error | None = None  # set once a step raised: fail-stop
+        self._log_budget = LogBudget()  # per peer, and per segment for stuck windows
+        self._conns = PeerConnections(config, self._inbox, self.metrics, self._log_budget)
+
+    @property
+    def url(self) -> str:
+        return f"tcp://{self.config.host}:{self.port}" if self.config.listen else self.inproc_url
+
+    @property
+    def web_url(self) -> str | None:
+        """The web view's address; with a secret, its login link (``?token=``)."""
+        if self.web is None:
+            return None
+        host = self.config.web_host
+        url = f"http://{f'[{host}]' if ':' in host else host}:{self.web_port}/"
+        return url if self.web.token is None else f"{url}?token={self.web.token}"
+
+    # ---------------------------------------------------------------- life
+    async def start(self) -> None:
+        cfg = self.config
+        graph = cfg.graph
+        if cfg.state_dir is not None:
+            graph = graph or stored_graph(cfg.state_dir)
+            self._wal = StateLog(
+                cfg.state_dir, fsync=cfg.fsync, snapshot_every_ms=cfg.snapshot_every_ms
+            )
+        try:
+            await self._listen(graph)
+        except BaseException:
+            if self._wal is not None:
+                self._wal.close()  # and with it the state directory's lock
+            raise
+
+    async def _listen(self, graph: SegmentGraph | None) -> None:
+        cfg = self.config
+        if graph is not None:
+            self._adopt(graph)
+        loop = asyncio.get_running_loop()
+        self._standing.limits = self._conns.fit_file_limit()
+        self.inproc_url = register_inproc(loop, self._conns.accept_inproc)
+        if cfg.listen:
+            server, self.port = await net.serve_tcp(cfg.host, cfg.port, self._conns.serve,
+                                                   self._conns.gate)
+            self._servers.append(server)
+        if cfg.metrics_port is not None:
+            http, self.metrics_port = await net.serve_http(
+                cfg.metrics_host, cfg.metrics_port, self.metrics.http
+            )
+            self._servers.append(http)
+        if cfg.web_port is not None:
+            self.web = WebApp(WebView(cfg.pipeline), cfg.secret)
+            self._refresh_web(self.status())
+            web, self.web_port = await net.serve_http(cfg.web_host, cfg.web_port,
+                                                      self.web.respond)
+            self._servers.append(web)
+        self._tasks = [loop.create_task(self._state_loop()), loop.create_task(self._ticker())]
+        limits = self._conns.gate.limits
+        log.info("serving", extra={"url": self.url, "state_dir": str(cfg.state_dir or ""),
+                                   "max_connections": limits.max_connections,
+                                   "max_handshakes": limits.max_handshakes})
+
+    async def stop(self) -> None:
+        unregister_inproc(self.inproc_url)
+        for server in self._servers:
+            server.close()
+        self._conns.close_all()
+        tasks = [*self._tasks, *self._conns.tasks]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self.shard_watch is not None:
+            await self.shard_watch.close()
+        if self._wal is not None:
+            self._wal.close()
+
+    def post(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` in the state task, after what is already queued (same loop only)."""
+        task = asyncio.get_running_loop().create_task(self._inbox.put(Call(fn)))
+        self._posted.add(task)
+        task.add_done_callback(self._posted.discard)
+
+    def move_shard(self, shard: int, url: str) -> None:
+        """A coordinator's shard restarted elsewhere (its port was taken): every client
+        reconnects, and learns the new address from its Welcome."""
+
+        def move() -> None:
+            assert self.shard_watch is not None
+            self.shard_watch.move(shard, url)
+            self._conns.close_all()
+
+        self.post(move)
+
+    def _adopt(self, graph: SegmentGraph) -> None:
+        engine = self.config.engine(graph)
+        if isinstance(engine, CoordinatorEngine):
+            connection = ConnectionConfig(secret=self.config.secret, limits=self.config.limits)
+            self.shard_watch = ShardWatch(engine, connection, self.post)
+        if self._wal is not None:
+            assert self.config.state_dir is not None
+            store_graph(self.config.state_dir, graph)
+            self._wal.recover(engine)
+        self.engine = engine
+        with contextlib.suppress(ProtocolError, ServiceError):
+            current: dict[str | None, int] = {None: engine.current(None).time}
+            current.update({n: engine.current(n).time for n in graph.names})
+            self._history.seed(self.clock.now_ms(), current)
+
+    def _welcome(self, hello: Hello, graph: SegmentGraph | None) -> Welcome:
+        """Runs in the state task: may adopt the client's graph."""
+        if hello.version != WIRE_VERSION:
+            raise ServiceError(
+                ErrorCode.UNSUPPORTED_VERSION,
+                f"wire version {hello.version}, server speaks {WIRE_VERSION}",
+            )
+        if self.engine is None:
+            if graph is None:
+                raise ServiceError(
+                    ErrorCode.GRAPH_MISMATCH, "this tracker has no pipeline graph yet"
+                )
+            self._adopt(graph)
+        assert self.engine is not None
+        if graph is not None and graph != self.engine.graph:
+            raise ServiceError(
+                ErrorCode.GRAPH_MISMATCH,
+                f"client graph {graph.fingerprint()} ({len(graph)} segments) differs from "
+                f"the tracker's {self.engine.graph.fingerprint()} ({len(self.engine.graph)})",
+            )
+        cfg = self.config
+        grid = (cfg.grid.delta_ms, cfg.grid.window_slots)
+        if hello.grid is not None and hello.grid != grid:
+            raise ServiceError(ErrorCode.GRID_MISMATCH,
+                               f"this tracker's grid is delta_ms {grid[0]}, window_slots "
+                               f"{grid[1]}; the client expects {hello.grid[0]}, "
+                               f"{hello.grid[1]}: use the tracker's grid")
+        wrong_shard = shard_mismatch(hello.role, hello.shard, cfg.shard)
+        if wrong_shard is not None:
+            raise ServiceError(ErrorCode.SHARD_MISMATCH, wrong_shard)
+        mine = graph_spec(self.engine.graph)
+        return Welcome(WIRE_VERSION, cfg.name, mine, *grid, self.engine.shards, cfg.shard)
+
+    # ------------------------------------------------------------ state task
+    async def _ticker(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.tick_ms / 1000)
+            await self._inbox.put(Tick())
+
+    async def _state_loop(self) -> None:
+        inbox = self._inbox
+        while True:
+            items = [await inbox.get()]
+            while len(items) < MAX_GROUP and not inbox.empty():
+                items.append(inbox.get_nowait())
+            if self._failed is not None:
+                self._refuse_group(items)
+                continue
+            try:
+                self._run_group(items)
+            except Exception as exc:
+                self._fail(exc, items)
+
+    def _fail(self, exc: Exception, items: list[Item]) -> None:
+        """Fail-stop after a step raised: its state may be half applied or its log
+        unwritten, so nothing may be confirmed any more (rule 6: confirm after
+        logging). Each request is answered INTERNAL from now on and every connection
+        is closed, so clients learn why at once instead of waiting for a timeout (a
+        dead state task would leave them all hanging)."""
+        log.critical("tracker state step failed: refusing everything from now on",
+                     exc_info=exc, extra={"error": repr(exc), "fix": "restart the tracker (it "
+                                          "recovers from its state dir)"})
+        self.metrics.error(ErrorCode.INTERNAL.name)
+        self._failed = Error(0, ErrorCode.INTERNAL, f"the tracker failed: {exc!r}")
+        self._refuse_group(items)
+        self._conns.close_all()
+
+    def _refuse_group(self, items: list[Item]) -> None:
+        """A failed server's answer to everything. (A request of the failing step that
+        was answered already gets this too; the client drops the stray answer.)"""
+        failed = self._failed
+        assert failed is not None
+        out: Outbox = []
+        for item in items:
+            if isinstance(item, Admit) and not item.reply.done():
+                item.reply.set_exception(ServiceError(failed.code, failed.message))
+            elif isinstance(item, Request):
+                req = getattr(item.msg, "req", None)
+                if isinstance(req, int):
+                    out.append((item.peer, Error(req, failed.code, failed.message)))
+        self._send(out)
+
+    def _run_group(self, items: list[Item]) -> None:
+        now = self.clock.now_ms()
+        out: Outbox = []
+        ticked = False
+        for item in items:
+            if isinstance(item, Request):
+                self._dispatch(item.peer, item.msg, now, out)
+            elif isinstance(item, Admit):
+                self._admit_now(item)
+            elif isinstance(item, Gone):
+                self._standing.gone(item.peer)
+                self._watchers.discard(item.peer)
+                self._log_budget.forget(item.peer)
+            elif isinstance(item, Call):
+                item.fn()
+            else:
+                ticked = True
+        engine = self.engine
+        if engine is None:
+            return self._send(out)
+        if self._wal is not None:
+            self._wal.commit(now)
+        # confirmations first: Spark tasks block on them, and they do not need the step
+        self._send(out)
+        step = engine.step(now)
+        self._history.observe(now, step.updates)
+        self._send(self._standing.answers(now, self._history))
+        self._publish(step)
+        if ticked:
+            self._tick(engine, now)
+        return None
+
+    def _admit_now(self, item: Admit) -> None:
+        if item.reply.done():  # its handshake timed out while it waited in the inbox
+            return
+        try:
+            item.reply.set_result(self._welcome(item.hello, item.graph))
+        except ServiceError as exc:
+            item.reply.set_exception(exc)
+
+    def _tick(self, engine: Engine, now: int) -> None:
+        self._publish(engine.tick(now))
+        if self.shard_watch is not None:
+            self.shard_watch.tick(now)
+        if now >= self._next_metrics_ms:  # a full status walks every open window: not each tick
+            self._next_metrics_ms = now + self.config.metrics_every_ms
+            status = self.status()
+            self.metrics.observe(status, now, self.config.grid)
+            self._refresh_web(status)
+        if self._wal is not None and self._wal.snapshot_due(now):
+            try:  # a failed snapshot is retried (see StateLog.snapshot): never fatal
+                self._wal.snapshot(engine, now)
+            except OSError as exc:
+                self._log_budget.warn(
+                    log, "snapshot", "snapshot failed, retrying", error=str(exc),
+                    state_dir=str(self.config.state_dir),
+                    fix="free descriptors (ulimit -n) or disk space; until a snapshot "
+                        "succeeds the log keeps growing",
+                )
+
+    def _refresh_web(self, status: dict[str, object]) -> None:
+        if self.web is not None:
+            self.web.view.observe(status, self.engine.graph if self.engine else None)
+
+    def _dispatch(self, peer: Peer, msg: Message, now: int, out: Outbox) -> None:
+        engine = self.engine
+        if engine is None:
+            out.append((peer, Error(0, ErrorCode.BAD_REQUEST, "no pipeline graph yet")))
+        elif (forbidden := peer.forbidden(msg)) is not None:
+            self._log_budget.warn(log, peer, "refused request", code=forbidden.code.name,
+                                  error=forbidden.message, client=peer.name,
+                                  peer=peer.channel.peer)
+            out.append((peer, forbidden))
+        elif isinstance(msg, Batch | FrontOp):
+            out.append((peer, self._apply(engine, peer, msg, now)))
+        elif isinstance(msg, Subscribe | Unsubscribe | MinTimeAt):
+            self._standing.request(engine, peer, msg, out)
+        elif isinstance(msg, StatusRequest):
+            out.append((peer, Status(msg.req, json.dumps(self.status()))))
+        elif isinstance(msg, ShardReleaseFrame | WatchShard):
+            self._shard_duty(engine, peer, msg, out)
+        else:
+            out.append((peer, Error(0, ErrorCode.BAD_REQUEST, f"unexpected {type(msg).__name__}")))
+
+    def _apply(self, engine: Engine, peer: Peer, msg: StateRequest, now: int) -> Ok | Error:
+        reply = engine.handle(msg, now)
+        if isinstance(reply, Error):
+            self._log_budget.warn(
+                log, peer, "refused request",
+                code=reply.code.name, error=reply.message, client=peer.name,
+            )
+            self.metrics.error(reply.code.name)
+        elif not reply.duplicate and self._wal is not None:
+            self._wal.append(msg)
+        return reply
+
+    def _shard_duty(
+        self, engine: Engine, peer: Peer, msg: ShardReleaseFrame | WatchShard, out: Outbox
+    ) -> None:
+        try:
+            if isinstance(msg, WatchShard):
+                report = engine.watch()
+                self._watchers.add(peer)
+                out.append((peer, Ok(msg.req)))
+                out.append((peer, ShardReportFrame(report)))
+            else:
+                engine.release(msg)
+                if self._wal is not None:
+                    self._wal.append(msg)
+        except ServiceError as exc:
+            out.append((peer, error_of(getattr(msg, "req", 0), exc)))
+
+    def _publish(self, step: StepResult) -> None:
+        if step.report is not None:
+            self._send([(peer, ShardReportFrame(step.report)) for peer in self._watchers])
+        if step.release is not None and self.shard_watch is not None:
+            self.shard_watch.release(step.release)
+        for stuck in step.stuck:  # a few lines a minute per segment, with a count of the rest
+            self._log_budget.warn(
+                log, ("stuck", stuck.segment), "stuck window", detail=stuck.describe(),
+                after_ms=self.config.stuck_after_ms,
+                fix=f"items of segment {stuck.segment!r} were lost or are still being "
+                    "processed: see `lowtide status` (stuck) and the operator that receives them",
+            )
+        if not step.updates:
+            return
+        self.metrics.updates(step.updates, self.clock.now_ms(), self.config.grid)
+        self._send(self._standing.notifies(step.updates))
+
+    def _send(self, out: Outbox) -> None:
+        for peer, msg in out:
+            try:
+                peer.channel.send(msg)
+            except ConnectionLost as exc:
+                self._log_budget.warn(
+                    log, peer, "dropped peer", peer=peer.channel.peer, reason=str(exc)
+                )
+
+    def status(self) -> dict[str, object]:
+        engine = self.engine
+        body: dict[str, object] = {
+            "server": self.config.name,
+            "url": self.url,
+            "pid": os.getpid(),
+            "connections": len(self._conns.peers),
+        }
+        if engine is not None:
+            body["acks_applied"] = engine.acks_applied
+            body["dedup_keys"] = len(engine.dedup)
+            body["dedup_hits"] = engine.dedup.hits
+            body.update(engine.status_document())
+            if self.shard_watch is not None:
+                self.shard_watch.annotate(body)
+            body["delta_ms"] = self.config.grid.delta_ms
+            body["now_ms"] = self.clock.now_ms()
+        return body
+

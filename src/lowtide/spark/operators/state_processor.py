@@ -1,0 +1,212 @@
+"""The one ``transformWithStateInPandas`` processor of every exact stateful step
+(:mod:`.keyed_state`), the named record it keeps per group, and the plan that runs it
+(:func:`build_keyed`). What a step does with
+its rows is its slot logic (:mod:`.slot_logic`); this module only moves rows, state
+and acks between Spark, the logic and the state clock (:mod:`.state_clock`).
+
+Imported on the executors, and by the driver when it plans a step: it subclasses
+PySpark's ``StatefulProcessor``.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+from lowtide.spark.operators.keyed_state import (
+    GROUP_COL,
+    KeyedRuntime,
+    StatefulSpec,
+    key_json,
+    key_values,
+)
+from lowtide.spark.operators.slot_logic import (
+    AT_COL,
+    ID_COL,
+    RUNTIME_COLS,
+    SLOT_COL,
+    GroupStep,
+    step_group,
+)
+from lowtide.spark.operators.state_clock import (
+    StateClock,
+    check_keys,
+    hold_as_i64,
+    holds_under,
+    insert_keys,
+    key_hash,
+    next_poll_ms,
+    use_rocksdb,
+)
+from lowtide.spark.tracking.column import TRACK_COL, TRACKING_COLS, as_u64
+from lowtide.spark.tracking.transport import TrackerRef
+
+# the store's schemas: a GroupRecord per group, a logic's row parts per (group, tag, index)
+RECORD_SCHEMA = "parent long, wakes array<long>, timer_ms long, key binary, data binary"
+PART_KEY_SCHEMA, PART_SCHEMA = "tag long, part int", "rows binary"
+
+
+@dataclass(frozen=True)
+class GroupRecord:
+    """A group's state in the store, one value per group."""
+
+    parent: int  # the key hash its holds descend from, fixed at its first call (rule 5)
+    key: tuple[Any, ...]  # the key as its rows have it (a bucket: Spark's key)
+    wakes: np.ndarray  # the slots of its open holds, ascending
+    timer_ms: int  # the processing-time timer it registered last (-1: none)
+    data: bytes  # the slot logic's state, pickled (read only when the logic steps)
+
+    def to_row(self) -> tuple[Any, ...]:
+        return (hold_as_i64(self.parent), [int(w) for w in self.wakes], self.timer_ms,
+                pickle.dumps(self.key), self.data)
+
+    @classmethod
+    def of_row(cls, row: tuple[Any, ...]) -> GroupRecord:
+        parent = int(as_u64(np.array([row[0]], np.int64))[0])
+        return cls(parent, pickle.loads(bytes(row[3])), np.asarray(row[1], np.int64),
+                   int(row[2]), bytes(row[4]))
+
+
+class StoredParts:
+    """A group's row parts (:class:`.slot_logic.RowParts`) in the state store."""
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+
+    def read(self, tag: int, count: int) -> list[Any]:
+        return [pickle.loads(bytes(self.state.getValue((tag, i))[0])) for i in range(count)]
+
+    def write(self, step: GroupStep) -> None:
+        for tag, i, rows in step.appends:
+            self.state.updateValue((tag, i), (pickle.dumps(rows),))
+        for tag, count in step.drops:
+            for i in range(count):
+                self.state.removeKey((tag, i))
+
+
+def spark_key(key: Any) -> tuple[Any, ...]:
+    """Spark's grouping key as plain Python values (a bucket may come as numpy's)."""
+    return tuple(k.item() if isinstance(k, np.generic) else k for k in key)
+
+
+class SlotProcessor(StatefulProcessor):  # type: ignore[misc]
+    """Every stateful step's processor: receive rows, step the group's logic, turn its
+    wakes into holds and its outputs into tracked rows (see :mod:`.keyed_state`)."""
+
+    def __init__(self, rt: KeyedRuntime) -> None:
+        self.rt = rt
+
+    def init(self, handle: Any) -> None:
+        from pyspark import TaskContext
+
+        rt = self.rt
+        self.handle = handle
+        self.live = TaskContext.get() is not None
+        self.record = handle.getValueState("group", RECORD_SCHEMA)
+        self.parts = StoredParts(handle.getMapState("parts", PART_KEY_SCHEMA, PART_SCHEMA))
+        self.clock = StateClock(rt.ref, rt.spec.name, rt.out_segment, rt.op_id)
+
+    def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
+        import pandas as pd
+
+        now = int(timerValues.getCurrentProcessingTimeInMs())
+        frames = [df for df in rows if len(df)]
+        new = None
+        if frames:
+            df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+            times, ids = self.clock.receive(df[TRACK_COL].to_numpy(np.int64), now)
+            drop = [c for c in (*TRACKING_COLS, GROUP_COL) if c in df.columns]
+            new = df.drop(columns=drop).assign(**{SLOT_COL: times,
+                                                  ID_COL: ids.astype(np.int64)})
+        yield from self._run(key, new, now)
+
+    def handleExpiredTimer(self, key: Any, timerValues: Any,
+                           expiredTimerInfo: Any) -> Iterator[Any]:
+        yield from self._run(key, None, int(timerValues.getCurrentProcessingTimeInMs()))
+
+    def _run(self, key: Any, new: Any, now: int) -> Iterator[Any]:
+        """One call of the group: step its logic if rows came or a wake is complete."""
+        stored = self.record.get()
+        rec = None if stored is None else GroupRecord.of_row(stored)
+        if new is None and (rec is None or not len(rec.wakes)):
+            return
+        done = self.clock.complete_below(now)
+        if new is None:
+            assert rec is not None
+            if rec.wakes[0] >= done:  # nothing complete: look again later
+                self._poll(rec.timer_ms, now)
+                return
+        if rec is None:
+            keys = self.rt.spec.keys
+            values = spark_key(key) if self.rt.spec.buckets else key_values(new, keys)
+            rec = GroupRecord(key_hash(spark_key(key)), values, np.zeros(0, np.int64), -1,
+                              pickle.dumps(None))
+        step = step_group(self.rt.spec.logic, rec.key, pickle.loads(rec.data), rec.wakes,
+                          new, done, self.parts, now)
+        packed = self._acks(rec.parent, step, now)
+        self.parts.write(step)
+        timer = self._poll(rec.timer_ms, now) if len(step.wakes) else -1
+        if step.state is None:
+            self.record.clear()
+        else:
+            self.record.update(GroupRecord(rec.parent, rec.key, step.wakes, timer,
+                                           pickle.dumps(step.state)).to_row())
+        if step.out is not None and len(step.out):
+            res = step.out.drop(columns=[AT_COL])
+            if not self.rt.spec.buckets:
+                insert_keys(res, self.rt.spec.keys, rec.key)
+            res[TRACK_COL] = packed
+            yield res
+
+    def _acks(self, parent: int, step: GroupStep, now: int) -> np.ndarray:
+        """Open the new holds, send the outputs as children of their slots' holds and
+        release the holds that are gone; the outputs' tracking column."""
+        op = self.rt.op_id
+        if len(step.opens):
+            self.clock.open_holds(step.opens, holds_under(op, parent, step.opens))
+        return self.clock.emit_slots(step.releases, holds_under(op, parent, step.releases),
+                                     step.counts, now)
+
+    def _poll(self, registered_ms: int, now: int) -> int:
+        """The timer of a group with open holds: the next poll, registered unless it is
+        already (a call earlier in this poll period registered it)."""
+        at = next_poll_ms(now, self.rt.spec.poll_ms)
+        if at != registered_ms:
+            self.handle.registerTimer(at)
+        return at
+
+    def close(self) -> None:
+        if self.live:
+            self.clock.close()
+
+
+def build_keyed(df: Any, spec: StatefulSpec, ref: TrackerRef, out_segment: str,
+                op_id: int) -> Any:
+    """The DataFrame plan of a keyed stateful step: ``groupBy(keys)`` (or the keys'
+    bucket) ``.transformWithStateInPandas``. Unknown key columns raise here, before
+    the query starts."""
+    from pyspark.sql import functions as F
+
+    use_rocksdb(df.sparkSession)
+    fields = {f.name: f.dataType.simpleString() for f in df.schema.fields
+              if f.name not in TRACKING_COLS}
+    check_keys(f"{spec.what} {spec.name!r}", spec.keys, fields)
+    taken = sorted(set(fields) & {*RUNTIME_COLS, AT_COL, GROUP_COL})
+    if taken:
+        raise ValueError(f"{spec.what} {spec.name!r}: column {taken[0]!r} is a name lowtide "
+                         "uses: rename it (with_column / select)")
+    rt = KeyedRuntime(spec, ref, out_segment, op_id, tuple(fields[k] for k in spec.keys))
+    if spec.buckets:
+        keys = [F.col(f"`{k}`") for k in spec.keys]
+        df = df.withColumn(GROUP_COL, F.pmod(F.xxhash64(*keys), F.lit(spec.buckets)))
+    else:
+        df = df.withColumn(GROUP_COL, key_json(spec.keys, fields, null_if_null=False))
+    return df.groupBy(GROUP_COL).transformWithStateInPandas(
+        statefulProcessor=SlotProcessor(rt), outputStructType=rt.output_schema(),
+        outputMode="Append", timeMode="ProcessingTime",
+    )

@@ -1,0 +1,53 @@
+"""What the wire tests share with the service's fuzz test: one sample of every message
+kind."""
+
+from __future__ import annotations
+
+from lowtide.core.messages import MinTimeUpdate, ShardRelease, ShardReport
+from lowtide.wire.messages import (
+    WIRE_VERSION,
+    Auth,
+    Challenge,
+    Commit,
+    Error,
+    ErrorCode,
+    FrontOp,
+    Hello,
+    Notify,
+    Ok,
+    Role,
+    ShardReleaseFrame,
+    ShardReportFrame,
+    Status,
+    StatusRequest,
+    Subscribe,
+    Unsubscribe,
+    WatchShard,
+    Welcome,
+)
+
+GRAPH = (("src", ()), ("sink", ("src",)))
+SRC5 = MinTimeUpdate("src", 5)
+SAMPLES = [
+    Hello(WIRE_VERSION, Role.AGENT, b"n" * 32, "agent-1", GRAPH),
+    Hello(WIRE_VERSION, Role.STATUS, b"", "", None),
+    Hello(WIRE_VERSION, Role.COORDINATOR, b"n" * 32, "c", GRAPH, (10, 4), (1, 2)),
+    Challenge(b"c" * 32, b"p" * 32),
+    Auth(b"p" * 32),
+    Welcome(1, "srv", GRAPH, 10, 4, ("tcp://127.0.0.1:1", "tcp://127.0.0.1:2")),
+    Welcome(1, "shard-1", GRAPH, 10, 4, (), (1, 2)),
+    FrontOp(3, 9, True, 7, "src", 100),
+    Subscribe(4, None),
+    Subscribe(5, "sink"),
+    Unsubscribe(5),
+    StatusRequest(6),
+    Ok(7, True),
+    Error(8, ErrorCode.ACK_BEHIND_HEAD, "late"),
+    Notify(((1, MinTimeUpdate("src", 5)), (2, MinTimeUpdate(None, 4)))),
+    Notify(((3, SRC5), (1, SRC5), (2, SRC5), (4, MinTimeUpdate(None, 4)))),  # a run of one
+    Status(9, '{"a": 1}'),
+    WatchShard(10),
+    ShardReportFrame(ShardReport(1, (3, 4), ((7, 2), (8, 1)), ((7, 2, 30),))),
+    ShardReleaseFrame(ShardRelease((3, 4)), ((7, 2),)),
+    Commit(123),
+]
