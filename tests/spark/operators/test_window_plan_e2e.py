@@ -17,12 +17,13 @@ import pyarrow.parquet as pq
 import pytest
 
 import lowtide
-from lowtide.core.time import TimeGrid
 from lowtide.spark.sources.generator import GeneratorSpec
 from lowtide.spark.sources.ingest import IngestReader
 from tests.spark.helpers import Watcher, fail_once, t0_of_checkpoint
-from tests.spark.operators.test_windows_e2e import (
+from tests.spark.operators.helpers import (
     AGG_COLS,
+    GRID,
+    STUCK_MS,
     all_input,
     batch_windows,
     check,
@@ -33,8 +34,6 @@ from tests.spark.operators.test_windows_e2e import (
 
 pytestmark = pytest.mark.spark
 
-GRID = TimeGrid(delta_ms=10)
-STUCK_MS = 60_000
 SIZE = 100  # slots: 1 second
 
 try:  # the workers cannot import this test module: ship its functions by value
