@@ -68,6 +68,10 @@ def test_a_short_run_finds_nothing_premature_and_nothing_lost(capsys) -> None:  
         (r.name, r.premature, r.notes) for r in results]
     assert figures["faults"] >= len(names)
     assert figures["scenarios"]["log byte flipped"]["refused_starts"] == 1
+    # a front silent for good is retired by the policy (0 premature, the sink reaches
+    # the end); batches 4x past --stuck-after-ms are never reported as losses
+    assert figures["dead_front_retired"] and figures["false_loss_reports"] == 0, [
+        (r.name, r.notes) for r in results if r.name in ("dead front", "slow batch")]
     assert figures["notify_p99_ms_quiet"] is not None
     chaos.print_table(results)
     json.dumps(figures)  # the JSON line the bench prints

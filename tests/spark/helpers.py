@@ -267,3 +267,30 @@ def assert_equal_below(got: Any, expected: Any, final: int, order: list[str]) ->
     assert len(a) > 100
     pd.testing.assert_frame_equal(a.astype(str), b.astype(str))
     return a
+
+
+def parse_log_record(b: pa.RecordBatch) -> pa.RecordBatch:
+    """An ingest log record as (front, offset, payload size): a map step's function."""
+    return pa.record_batch({"front": b["front"], "offset": b["offset"],
+                            "size": pc.binary_length(b["payload"])})
+
+
+def published(out: Path) -> list[str]:
+    """The Parquet files a file sink has published in ``out``."""
+    return sorted(p.name for p in out.glob("part-*.parquet"))
+
+
+def premature(seen: list[Notified], files: dict[str, Any],
+              logged: dict[tuple[int, int], int]) -> list[str]:
+    """Notifications ahead of the published files: a min time past a logged record
+    (``(front, offset) -> time``) that no file published at that moment held."""
+    out = []
+    for n in seen:
+        have: set[tuple[int, int]] = set()
+        for name in n.snapshot:
+            t = files[name]
+            have.update(zip(t["front"].to_pylist(), t["offset"].to_pylist(), strict=True))
+        early = [k for k, t in logged.items() if t < n.time and k not in have]
+        if early:
+            out.append(f"premature: t={n.time} before {early[:5]}")
+    return out

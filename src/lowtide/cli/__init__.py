@@ -18,6 +18,7 @@ from lowtide import LowtideError, __version__
 AREAS: tuple[tuple[str, str], ...] = (
     ("lowtide.cli.service", "lowtide[service]"),
     ("lowtide.cli.spark", "lowtide[spark]"),
+    ("lowtide.cli.recovery", "lowtide[spark]"),
     ("lowtide.apps.walkthrough", ""),
     ("lowtide.apps.kafka_broker", ""),
     ("lowtide.apps.retention_report", ""),
@@ -29,6 +30,7 @@ AREAS: tuple[tuple[str, str], ...] = (
     ("lowtide.bench.rr", "lowtide[spark]"),
     ("lowtide.bench.sweep", "lowtide[spark]"),
     ("lowtide.bench.chaos", "lowtide[service]"),
+    ("lowtide.bench.recovery", "lowtide[spark]"),
     ("lowtide.bench.producer", "lowtide[service]"),
     ("lowtide.bench.paper", "lowtide[bench]"),
 )

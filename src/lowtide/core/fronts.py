@@ -76,6 +76,20 @@ class Declared:
 
 
 FrontRow = tuple[int, int, int, int]  # (front, segment, time, owner)
+SeenRow = tuple[int, int, bool]  # (front, last seen ms, seen last by a keyed batch)
+DeadRow = tuple[int, int, int]  # (front, segment, owner) of a front retired as dead
+
+
+@dataclass(frozen=True)
+class Silent:
+    """A live front not seen (registered, heartbeated) since ``seen_ms``; ``by_batch``:
+    its last heartbeat came in a keyed batch (a Spark task moves it, not a producer)."""
+
+    front: int
+    segment: int
+    time: int
+    seen_ms: int
+    by_batch: bool
 
 
 class FrontTable:
@@ -93,6 +107,8 @@ class FrontTable:
         self._done_bound = [0] * n_segments
         self._declared: dict[int, Declared] = {}
         self._done: set[int] = set()  # unregistered or retired: a declaration is moot
+        self._seen: dict[int, tuple[int, bool]] = {}  # live front -> (ms, by a keyed batch)
+        self._dead: dict[int, tuple[int, int]] = {}  # retired as dead -> (segment, owner)
 
     def __len__(self) -> int:
         return len(self._time)
@@ -111,6 +127,7 @@ class FrontTable:
             self.check_heartbeat(front, time, owner, what="register")
             self.holders.claim(front, session, now_ms)
             self._time[front] = time
+            self.touch(front, now_ms)
             return
         declared = self._declared.get(front)
         if declared is not None and declared.segment != segment:
@@ -124,11 +141,13 @@ class FrontTable:
             )
         self._declared.pop(front, None)
         self._done.discard(front)
+        self._dead.pop(front, None)
         self._segment_of[front] = segment
         self._time[front] = time
         self._owner[front] = owner
         self._live[segment].add(front)
         self.holders.claim(front, session, now_ms)
+        self.touch(front, now_ms)
         for d in list(self._declared.values()):  # the segment's start is known now
             if d.segment == segment and d.time == AT_START:
                 self._declared[d.front] = replace(d, time=time)
@@ -184,6 +203,8 @@ class FrontTable:
         """Raise what :meth:`heartbeat` would refuse; ``last``: the front's time so far
         (default: its current one)."""
         check_time(time, what)
+        if front in self._dead:
+            return
         if front not in self._time:
             known = "declared, not yet registered" if front in self._declared else "unregistered"
             raise UnknownFront(f"{what} from {known} front {front}")
@@ -196,15 +217,23 @@ class FrontTable:
     def heartbeat(self, front: int, time: int, owner: int = 0, session: int | None = None,
                   now_ms: int = 0) -> None:
         self.check_heartbeat(front, time, owner, session=session)
+        if front in self._dead:
+            return
         self._time[front] = time
         self.holders.seen(front, session, now_ms)
+        self.touch(front, now_ms, by_batch=session is None)
 
     def unregister(self, front: int, owner: int = 0, session: int = 0, now_ms: int = 0) -> None:
         if front not in self._time:
             raise UnknownFront(f"unregister of unknown front {front}")
         self._check_owner(front, owner, "unregister")
         self.holders.check_claim(front, session, now_ms, "unregister")
+        self._drop(front)
+
+    def _drop(self, front: int) -> None:
+        """Unregister ``front`` (its owner asked, or it was retired as dead)."""
         self.holders.drop(front)
+        self._seen.pop(front, None)
         del self._owner[front]
         segment = self._segment_of.pop(front)
         time = self._time.pop(front)
@@ -236,9 +265,12 @@ class FrontTable:
     def restore(
         self, live: tuple[FrontRow, ...], done: tuple[int, ...],
         declared: tuple[Declared, ...] = (), done_fronts: tuple[int, ...] = (),
-        holders: tuple[HolderRow, ...] = (),
+        holders: tuple[HolderRow, ...] = (), seen: tuple[SeenRow, ...] = (),
+        dead: tuple[DeadRow, ...] = (),
     ) -> None:
         self.holders.restore(holders)
+        self._seen = {f: (t, bool(b)) for f, t, b in seen}
+        self._dead = {f: (s, o) for f, s, o in dead}
         self._segment_of, self._time, self._owner = {}, {}, {}
         self._live = [set() for _ in done]
         self._done_bound = list(done)
@@ -256,3 +288,41 @@ class FrontTable:
     def declared(self) -> dict[int, Declared]:
         """Declared fronts still waiting to register, for status views."""
         return dict(self._declared)
+
+    # --------------------------------------------------- silent fronts (rule 17)
+    def touch(self, front: int, now_ms: int, by_batch: bool = False) -> None:
+        """``front`` was seen at ``now_ms`` (it registered or heartbeated)."""
+        if front in self._time:
+            seen = self._seen.get(front, (now_ms, by_batch))[0]
+            self._seen[front] = (max(seen, now_ms), by_batch)
+
+    def silent(self, now_ms: int, timeout_ms: int) -> list[Silent]:
+        """Live fronts not seen for ``timeout_ms`` or more. A front restored without a
+        time (an older snapshot) counts as seen now: a restart never shortens a wait."""
+        out = []
+        for front in sorted(self._time):
+            seen, by_batch = self._seen.setdefault(front, (now_ms, False))
+            if now_ms - seen >= timeout_ms:
+                out.append(Silent(front, self._segment_of[front], self._time[front], seen,
+                                  by_batch))
+        return out
+
+    def retire_dead(self, front: int) -> None:
+        """Unregister a silent front without its owner (the dead-front policy, rule
+        17): its segment's bound no longer waits for it; the acks it sent stay in the
+        checksums, so its items stay tracked. A later heartbeat of it is no error (a
+        producer that was only slow must not fail the session it shares with others):
+        see :meth:`retired_as_dead`."""
+        self._dead[front] = (self._segment_of[front], self._owner[front])
+        self._drop(front)
+
+    def retired_as_dead(self, front: int) -> tuple[int, int] | None:
+        """(segment, owner) of a front retired as dead, else None. Its owner's heartbeat
+        at or above the segment's min time rejoins it (as a registration would); below
+        it, the heartbeat changes nothing."""
+        return self._dead.get(front)
+
+    def export_seen(self) -> tuple[tuple[SeenRow, ...], tuple[DeadRow, ...]]:
+        """When each live front was last seen, and the fronts retired as dead."""
+        return tuple((f, t, b) for f, (t, b) in sorted(self._seen.items())), tuple(
+            (f, s, o) for f, (s, o) in sorted(self._dead.items()))

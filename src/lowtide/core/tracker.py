@@ -28,9 +28,18 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from lowtide.core.diagnostics import StuckDetector, StuckWindow
+from lowtide.core.dead_fronts import DeadFront, DeadFronts, FrontTimeout, InFlight
+from lowtide.core.diagnostics import StuckDetector, StuckWindow, WaitingWindow
 from lowtide.core.errors import ProtocolError, UnknownSegment
-from lowtide.core.fronts import NEVER, Declared, FrontRow, FrontTable, check_time
+from lowtide.core.fronts import (
+    NEVER,
+    DeadRow,
+    Declared,
+    FrontRow,
+    FrontTable,
+    SeenRow,
+    check_time,
+)
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.holders import HolderRow
 from lowtide.core.messages import (
@@ -46,6 +55,7 @@ from lowtide.core.messages import (
     RetireFront,
     UnregisterFront,
 )
+from lowtide.core.open_batches import QueryBatches
 from lowtide.core.table import ChecksumTable
 from lowtide.core.time import TIME_LIMIT, TimeGrid
 
@@ -61,6 +71,10 @@ class TrackerConfig:
     #: how long a silent session keeps its front from another session of its owner
     #: (:mod:`lowtide.core.holders`); 0: a successor takes over at once
     front_lease_ms: int = 0
+    #: a live front silent this long is dead, and what then (None: never dead)
+    front_timeout: FrontTimeout | None = None
+    #: a query's driver silent this long no longer holds stuck windows as waiting
+    batch_forget_ms: int = 30_000
 
     def build(self) -> Tracker:
         return Tracker(self)
@@ -82,6 +96,8 @@ class TrackerSnapshot:
     declared: tuple[Declared, ...] = ()
     done_fronts: tuple[int, ...] = ()
     holders: tuple[HolderRow, ...] = ()  # (front, session, seen_ms)
+    seen: tuple[SeenRow, ...] = ()  # (front, seen_ms, by a keyed batch): dead fronts
+    dead_fronts: tuple[DeadRow, ...] = ()  # (front, segment, owner) retired as dead
 
 
 @dataclass(frozen=True)
@@ -89,6 +105,7 @@ class Step:
     updates: tuple[MinTimeUpdate, ...] = ()
     stuck: tuple[StuckWindow, ...] = ()
     retired: tuple[Declared, ...] = ()  # declared fronts retired by their deadline
+    dead: tuple[DeadFront, ...] = ()  # live fronts found dead (retired, or waited for)
 
 
 class Tracker:
@@ -134,6 +151,10 @@ class Tracker:
         self._limits = [0] * n
         self._global = 0
         self._stuck = StuckDetector(config.stuck_after_ms)
+        self._dead = DeadFronts(config.front_timeout)
+        #: the queries' open batches (their drivers report them): what may still deliver
+        self.batches = QueryBatches(config.batch_forget_ms)
+        self.now_ms = 0  # the clock of the latest step
         self._next_stuck_check_ms: int | None = None
 
     # ----------------------------------------------------------------- inputs
@@ -165,8 +186,8 @@ class Tracker:
     def retire_front(self, msg: RetireFront) -> None:
         self._fronts.retire(msg.front, msg.owner)
 
-    def heartbeat(self, msg: Heartbeat) -> None:
-        self._fronts.heartbeat(msg.front, msg.time, msg.owner)
+    def heartbeat(self, msg: Heartbeat, now_ms: int = 0) -> None:
+        self._beat(msg, None, now_ms)
 
     def apply(self, batch: AckBatch) -> None:
         """Fold a batch of acks in, all or nothing."""
@@ -186,16 +207,19 @@ class Tracker:
             acks.segment, windows, acks.xor, acks.count, checked=checked, bounds=bounds
         )
         for hb in hbs:
-            self._fronts.heartbeat(hb.front, hb.time, hb.owner, session, now_ms)
+            self._beat(hb, session, now_ms)
 
     def receive_flush(self, flush: Flush) -> None:
         self.apply_flush(flush.acks, flush.heartbeats)
 
     # ---------------------------------------------------------------- outputs
     def step(self, now_ms: int) -> Step:
-        """Retire declared fronts whose deadline passed, then advance every segment as
-        far as its bound and its checksums allow."""
+        """Retire declared fronts whose deadline passed, find dead fronts (rule 17),
+        then advance every segment as far as its bound and its checksums allow."""
+        self.now_ms = now_ms
         retired = tuple(self._fronts.expire(now_ms))
+        self.batches.expire(now_ms)
+        dead = tuple(self._dead.check(self._fronts, now_ms, self._busy, self._in_flight))
         updates: list[MinTimeUpdate] = []
         for s in range(len(self.graph)):
             bound = self._bound(s)
@@ -212,7 +236,7 @@ class Tracker:
         if low != self._global:
             self._global = low
             updates.append(MinTimeUpdate(None, low))
-        return Step(tuple(updates), tuple(self._check_stuck(now_ms)), retired)
+        return Step(tuple(updates), tuple(self._check_stuck(now_ms)), retired, dead)
 
     def release(self, min_times: Iterable[int]) -> None:
         """Forget windows below ``min_times`` (per segment), never past an open one."""
@@ -235,6 +259,7 @@ class Tracker:
             declared,
             done_fronts,
             holders,
+            *self._fronts.export_seen(),
         )
 
     def restore(self, snap: TrackerSnapshot) -> None:
@@ -243,7 +268,7 @@ class Tracker:
             raise ProtocolError("snapshot was taken from a different graph or window size")
         self._table.load(snap.bases, snap.cells)
         self._fronts.restore(snap.fronts, snap.done_bounds, snap.declared, snap.done_fronts,
-                             snap.holders)
+                             snap.holders, snap.seen, snap.dead_fronts)
         self._mins = list(snap.min_times)
         self._global = snap.global_min
 
@@ -259,6 +284,14 @@ class Tracker:
 
     def stuck(self) -> list[StuckWindow]:
         return self._stuck.current()
+
+    def waiting(self) -> list[WaitingWindow]:
+        """Overdue windows a running batch may still deliver (not losses)."""
+        return self._stuck.waiting()
+
+    def dead_fronts(self) -> list[DeadFront]:
+        """Dead fronts the ``wait`` policy waits for."""
+        return self._dead.waited()
 
     def fronts(self) -> dict[int, tuple[str, int]]:
         return {f: (self.graph.names[s], t) for f, (s, t) in self._fronts.live().items()}
@@ -278,6 +311,29 @@ class Tracker:
         if not inbound:
             return self._fronts.bound(s)
         return min(self._mins[u] for u in inbound)
+
+    def _beat(self, hb: Heartbeat, session: int | None, now_ms: int) -> None:
+        """A heartbeat; one of a front retired as dead (rule 17) by its owner, at or
+        above its segment's min time, rejoins it there: it was only slow."""
+        dead = self._fronts.retired_as_dead(hb.front)
+        if dead is None:
+            self._fronts.heartbeat(hb.front, hb.time, hb.owner, session, now_ms)
+            return
+        segment, owner = dead
+        floor = self._floor(segment)
+        if hb.owner == owner and hb.time >= floor:
+            self._fronts.register(hb.front, segment, hb.time, floor, owner, session or 0,
+                                  now_ms)
+
+    def _busy(self, s: int) -> bool:
+        """A batch acking into segment ``s`` is open (it may carry heartbeats)."""
+        return self.batches.busy(self.graph.names[s])
+
+    def _in_flight(self, s: int) -> InFlight:
+        windows, _x, counts = self._table.open_windows(s, (TIME_LIMIT - 1) // self._w)
+        w = self._w
+        return tuple((int(i) * w, (int(i) + 1) * w, int(c))
+                     for i, c in zip(windows.tolist(), counts.tolist(), strict=True) if c)
 
     def _floor(self, s: int) -> int:
         """The earliest time a new front may start at: what was announced for ``s``."""
@@ -315,4 +371,4 @@ class Tracker:
             for s in range(len(self.graph))
             if self._mins[s] // self._w < self._limits[s]
         }
-        return self._stuck.observe(now_ms, open_windows, self._w)
+        return self._stuck.observe(now_ms, open_windows, self._w, self.batches)

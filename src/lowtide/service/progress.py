@@ -4,6 +4,7 @@ segment from cumulative totals, and which fronts are stalled. One implementation
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from lowtide.core.time import TimeGrid
@@ -58,3 +59,12 @@ def stalled_fronts(
         for f, (_seg, t) in fronts.items()
         if (lead - t) * grid.delta_ms > behind_ms or now_ms - t * grid.delta_ms > silent_ms
     )
+
+
+def utc_text(ms: int) -> str:
+    """A wall time (Unix ms) as an ISO UTC timestamp, to the second.
+
+    >>> utc_text(1_764_122_400_000)
+    '2025-11-26T02:00:00+00:00'
+    """
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="seconds")

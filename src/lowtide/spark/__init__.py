@@ -20,6 +20,7 @@ __all__ = [
     "Stream",
     "TrackedQuery",
     "complete_below",
+    "read_complete",
     "stop_between_batches",
 ]
 
@@ -33,5 +34,6 @@ __getattr__ = lazy_exports(__name__, {
     "Stream": "lowtide.spark.pipeline.stream",
     "TrackedQuery": "lowtide.spark.pipeline.query",
     "complete_below": "lowtide.spark.sinks.completeness",
+    "read_complete": "lowtide.spark.sinks.cuts",
     "stop_between_batches": "lowtide.spark.pipeline.query",
 })

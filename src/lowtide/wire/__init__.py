@@ -8,11 +8,13 @@ from lowtide.wire.codec import decode, encode, expect
 from lowtide.wire.frames import PREAMBLE, FrameDecoder, FrameTooLarge, frame
 from lowtide.wire.messages import (
     WIRE_VERSION,
+    BatchState,
     GraphSpec,
     Hello,
     Message,
     Notify,
     Ok,
+    QueryBatch,
     Role,
     Subscribe,
     Welcome,
@@ -22,6 +24,7 @@ from lowtide.wire.messages import (
 __all__ = [
     "PREAMBLE",
     "WIRE_VERSION",
+    "BatchState",
     "FrameDecoder",
     "FrameTooLarge",
     "GraphSpec",
@@ -29,6 +32,7 @@ __all__ = [
     "Message",
     "Notify",
     "Ok",
+    "QueryBatch",
     "Role",
     "Subscribe",
     "Welcome",

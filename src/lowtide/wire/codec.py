@@ -35,6 +35,7 @@ from lowtide.wire.messages import (
     WIRE_VERSION,
     Auth,
     Batch,
+    BatchState,
     Challenge,
     Commit,
     Error,
@@ -48,6 +49,7 @@ from lowtide.wire.messages import (
     MinTimeAtReply,
     Notify,
     Ok,
+    QueryBatch,
     Refused,
     Role,
     ShardReleaseFrame,
@@ -215,6 +217,24 @@ def _dec_front(r: Reader) -> FrontOp:
     return FrontOp(req, session, kind, front, r.text(), time, owner, after)
 
 
+def _enc_query_batch(w: Writer, m: QueryBatch) -> None:
+    w.pack("QqB", m.req, m.batch, m.state)
+    w.text(m.query)
+    w.pack("I", len(m.segments))
+    for name in m.segments:
+        w.text(name)
+
+
+def _dec_query_batch(r: Reader) -> QueryBatch:
+    req, batch, state = r.unpack("QqB")
+    try:
+        kind = BatchState(state)
+    except ValueError as exc:
+        raise WireError(f"unknown batch state {state}") from exc
+    query = r.text()
+    return QueryBatch(req, query, batch, kind, tuple(r.text() for _ in range(r.count())))
+
+
 def _enc_notify(w: Writer, m: Notify) -> None:
     """Runs of one update (a peer's many subscriptions to one segment) are written
     once, their subscription ids as a packed column: a server's cost per step grows
@@ -336,6 +356,7 @@ _CODECS: dict[type[Any], tuple[int, Callable[[Writer, Any], None], Callable[[Rea
     Unsubscribe: (13, *_req_codec(Unsubscribe)),
     StatusRequest: (14, *_req_codec(StatusRequest)),
     MinTimeAt: (15, _enc_min_time_at, _dec_min_time_at),
+    QueryBatch: (16, _enc_query_batch, _dec_query_batch),
     Ok: (20, lambda w, m: w.pack("QB", m.req, m.duplicate), lambda r: Ok(*r.unpack("Q?"))),
     Error: (21, _enc_error, _dec_error),
     Notify: (22, _enc_notify, _dec_notify),

@@ -29,7 +29,8 @@ from lowtide.core.messages import (
 #:    Heartbeats carry their front's owner id; FrontOp carries an action (register,
 #:    unregister, declare, retire) and a retirement deadline; error codes FRONT_BEHIND,
 #:    FRONT_HELD.
-WIRE_VERSION = 3
+#: 4: QueryBatch: a query's driver says which batch it runs (honest stuck reports).
+WIRE_VERSION = 4
 
 #: A graph as plain data: ((name, (inbound names...)), ...) in topological order.
 GraphSpec = tuple[tuple[str, tuple[str, ...]], ...]
@@ -176,6 +177,27 @@ class FrontOp:
     retire_after_ms: int = -1
 
 
+class BatchState(IntEnum):
+    """What a :class:`QueryBatch` says of its batch."""
+
+    CLOSED = 0
+    OPEN = 1  # said again now and then while it runs: a keep-alive
+    STOPPED = 2  # the query stopped: none of its batches is outstanding
+
+
+@dataclass(frozen=True)
+class QueryBatch:
+    """A query's driver: ``batch`` of ``query`` opened or closed (``state``, a
+    :class:`BatchState`); its tasks ack into ``segments``. Not tracker state (not
+    logged): it tells a slow batch from a loss (:mod:`lowtide.core.open_batches`)."""
+
+    req: int
+    query: str
+    batch: int
+    state: int
+    segments: tuple[str, ...] = ()
+
+
 @dataclass(frozen=True)
 class Subscribe:
     """Ask for MinTimeUpdates of ``segment`` (None: global); ``req`` names the
@@ -300,6 +322,7 @@ Message = (
     | Welcome
     | Batch
     | FrontOp
+    | QueryBatch
     | Subscribe
     | Unsubscribe
     | StatusRequest

@@ -9,27 +9,18 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
 import lowtide
 from lowtide.core.time import TimeGrid
 from lowtide.spark.sources.ingest import IngestReader
-from tests.spark.helpers import Watcher
+from tests.spark.helpers import Watcher, premature, published
+from tests.spark.helpers import parse_log_record as parse
 
 pytestmark = pytest.mark.spark
 
 GRID = TimeGrid(delta_ms=10)
-
-
-def parse(b: pa.RecordBatch) -> pa.RecordBatch:
-    return pa.record_batch({"front": b["front"], "offset": b["offset"],
-                            "size": pc.binary_length(b["payload"])})
-
-
-def published(out: Path) -> list[str]:
-    return sorted(p.name for p in out.glob("part-*.parquet"))
 
 
 class Producers:
@@ -107,10 +98,4 @@ def test_restart_from_checkpoint_no_loss_no_duplicates(spark, tmp_path: Path) ->
     assert set(keys) == set(logged), "records lost"
     assert len(published(out)) > len(first_run)
     # no notification ran ahead of the published files
-    for n in watcher.seen:
-        have: set[tuple[int, int]] = set()
-        for name in n.snapshot:
-            t = files[name]
-            have.update(zip(t["front"].to_pylist(), t["offset"].to_pylist(), strict=True))
-        early = [k for k, t in logged.items() if t < n.time and k not in have]
-        assert not early, f"premature: t={n.time} before {early[:5]}"
+    assert not premature(watcher.seen, files, logged)

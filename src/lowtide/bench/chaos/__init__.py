@@ -6,15 +6,18 @@ its faults (:mod:`.faults`, :mod:`.hostile`) and counts:
 
 * ``premature``: notifications that claimed a time while an item below it was still
   in flight (must be 0), and agents fooled by a server without the secret;
-* ``lost``: runs whose sink never reached the end after recovery (must be 0);
+* ``lost``: runs whose sink never reached the end after recovery (must be 0): a front
+  that went silent for good ("dead front") is retired by ``--dead-fronts retire``;
+* ``false_loss_reports``: stuck windows the tracker reported (nothing is ever lost
+  here; "slow batch" runs the consumer's batches 4x past ``--stuck-after-ms``);
 * refused starts: a tracker that would not recover from a damaged log (the safe
   answer; the scenario then restores the state dir, the documented way out);
 * the good clients' notification delay, quiet and under attack.
 
 Human table, then one JSON line; ``--quick`` runs in under five minutes. ``--spark``
 adds the fault kinds that need real Spark queries and files (:mod:`.spark_faults`:
-reruns from a new checkpoint into every file sink, two writers of one Delta table),
-a few minutes more; ``--only`` picks among both groups.
+reruns from a new checkpoint into every file sink, two writers of one Delta table, rows
+lost in a step and replayed by time), a few minutes more; ``--only`` picks among both groups.
 """
 
 from __future__ import annotations
@@ -52,9 +55,13 @@ SCENARIOS = (
     Scenario("producer crash", (faults.crash_producer,), producer="crash"),
     Scenario("tracker outage under a producer", (faults.outage_under_producer,),
              producer="pause"),
+    Scenario("dead front", dead_front=True,
+             serve_args=("--front-timeout-s", "3", "--dead-fronts", "retire")),
+    Scenario("slow batch", slow_every=4, serve_args=("--stuck-after-ms", "500")),
 )
 #: with --spark (lowtide.bench.chaos.spark_faults: real Spark queries and files)
-SPARK_SCENARIOS = ("rerun from a new checkpoint", "two writers of one table")
+SPARK_SCENARIOS = ("rerun from a new checkpoint", "two writers of one table",
+                   "rows lost in a step, replayed")
 
 
 def run(work: Workload, names: list[str] | None = None) -> list[Result]:
@@ -91,6 +98,8 @@ def summary(results: list[Result]) -> dict[str, Any]:
         "premature": sum(len(r.premature) for r in results),
         "lost": sum(r.lost for r in results),
         "refused_starts": sum(r.refused_starts for r in results),
+        "false_loss_reports": sum(r.false_losses for r in results),
+        "dead_front_retired": any(r.retired for r in results if r.name == "dead front"),
         "notify_p50_ms_quiet": p50("quiet"),
         "notify_p99_ms_quiet": p99("quiet"),
         "notify_p50_ms_attacked": p50("hostile peers"),
@@ -141,7 +150,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--only", help="comma-separated scenario names")
     p.add_argument("--spark", action="store_true",
                    help="also the Spark fault kinds: reruns from a new checkpoint, two "
-                        "writers of one table (needs `make setup`'s Delta jars)")
+                        "writers of one table, rows lost in a step and replayed (needs "
+                        "`make setup`'s Delta jars)")
     p.set_defaults(handler=main)
 
 

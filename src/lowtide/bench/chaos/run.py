@@ -16,6 +16,7 @@ from lowtide.bench.chaos.producer import producer_process, tell
 from lowtide.bench.chaos.tracker import TrackerProcess
 from lowtide.bench.chaos.workload import (
     GRAPH,
+    QUERY,
     Truth,
     Workload,
     consumer_process,
@@ -23,7 +24,9 @@ from lowtide.bench.chaos.workload import (
     rogue_front_process,
 )
 from lowtide.core.messages import MinTimeUpdate
+from lowtide.core.open_batches import STARTING
 from lowtide.service import Agent
+from lowtide.wire import BatchState
 
 ROGUE_FRONT = 7
 PRODUCER_FRONT = 5
@@ -43,6 +46,8 @@ class Scenario:
     #: "pause" at its middle line for the faults; "": no producer
     producer: str = ""
     probe: Callable[[bytes | None], bool] | None = None  # True: the probe was fooled
+    dead_front: bool = False  # the last front goes silent a third of the way in
+    slow_every: int = 0  # every this many batches of the consumer is slow (reported open)
 
     @property
     def expect_complete(self) -> bool:
@@ -60,6 +65,8 @@ class Result:
     delays_ms: list[float] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    false_losses: int = 0  # "missing" reports of the tracker (nothing is ever lost here)
+    retired: int = 0  # fronts the tracker retired as dead
 
 
 class Run:
@@ -166,6 +173,8 @@ def run_scenario(tmp: Path, work: Workload, scenario: Scenario, secret_file: Pat
         premature = [f"{scenario.name}: believed a peer without the secret"] if fooled else []
         return Result(scenario.name, faults=1, premature=premature,
                       seconds=time.monotonic() - started)
+    work = replace(work, dead_front=work.fronts[-1] if scenario.dead_front else None,
+                   slow_every=scenario.slow_every)
     run = Run(tmp, work, scenario, secret_file)
     watcher = attack = None
     try:
@@ -174,6 +183,8 @@ def run_scenario(tmp: Path, work: Workload, scenario: Scenario, secret_file: Pat
         watcher = Agent.connect(run.tracker.url, GRAPH, secret=work.secret)
         for segment in ("src", "sink"):
             watcher.on_update(run.note_update, segment)
+        if scenario.slow_every:  # as a pipeline does when its tracker starts
+            watcher.report_batch(QUERY, STARTING, BatchState.OPEN, GRAPH.names)
         run.start_fronts()
         run.start_consumer()
         run.faults += scenario.rogue + bool(scenario.skew)
@@ -201,8 +212,24 @@ def run_scenario(tmp: Path, work: Workload, scenario: Scenario, secret_file: Pat
             watcher.close(timeout_s=2.0)
         run.stop()
     truth = Truth.read(run.journal)
+    losses, retired = tracker_reports(run.tracker.log_path)
+    if scenario.dead_front:
+        run.faults += 1
+        run.say(f"dead front {work.dead_front}: {retired} retirement(s) by the policy")
+    if scenario.slow_every:
+        run.faults += work.slots // scenario.slow_every
+        run.say(f"slow batches of {work.slow_ms / 1000:g} s: {losses} loss report(s)")
     return Result(scenario.name, run.faults, run.refused_starts, truth.premature(run.seen),
-                  lost, truth.notify_delays_ms(run.seen), run.notes, time.monotonic() - started)
+                  lost, truth.notify_delays_ms(run.seen), run.notes, time.monotonic() - started,
+                  losses, retired)
+
+
+def tracker_reports(log: Path) -> tuple[int, int]:
+    """(stuck windows the tracker reported, fronts it retired as dead), from its log."""
+    text = log.read_text() if log.exists() else ""
+    lines = text.splitlines()
+    return (sum("stuck window" in line for line in lines),
+            sum("dead front" in line and "retired at" in line for line in lines))
 
 
 def _finish(run: Run, watcher: Agent, scenario: Scenario) -> int:

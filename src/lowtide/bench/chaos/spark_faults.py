@@ -5,7 +5,9 @@ files (rule 14), each against a known ground truth (every record a producer wrot
   Parquet and Delta) runs, stops, and reruns from a new checkpoint into the same
   folder, as a user does after an upgrade; Spark's batch ids start at 0 again;
 * ``two writers of one table``: two tracked queries append to one Delta table, one
-  writer's records 2 s behind the other's.
+  writer's records 2 s behind the other's;
+* ``rows lost in a step, replayed``: a step drops rows once, the sink's windows are
+  repaired by a replay by time (:mod:`.replay_fault`).
 
 ``premature``: a time announced complete (the sink's min time, or a version's published
 ``complete_below``) while a record below it was not in the output; ``lost``: records
@@ -21,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from lowtide.bench.chaos.replay_fault import lost_and_replayed, result_of
 from lowtide.bench.chaos.run import Result
 from lowtide.service import wall_ms
 from lowtide.spark import Front, Pipeline, SessionConfig, complete_below
@@ -204,6 +207,9 @@ def run_spark(names: list[str] | None = None, spark: Any = None) -> list[Result]
                     results.append(timed(rerun, spark, Path(tmp) / f"r{k}", sink, label))
             if not names or "two writers of one table" in names:
                 results.append(timed(two_writers, spark, Path(tmp) / "w"))
+            if not names or "rows lost in a step, replayed" in names:
+                results.append(timed(lambda t: result_of(lost_and_replayed(spark, t)),
+                                     Path(tmp) / "lost"))
     finally:
         if own:
             spark.stop()

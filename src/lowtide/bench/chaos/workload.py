@@ -40,6 +40,7 @@ from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import AckBatch, Heartbeat
 from lowtide.service import Agent, BatchKey
 from lowtide.spark.sources import from_label
+from lowtide.wire import BatchState
 
 GRAPH = SegmentGraph.of(("src", ()), ("sink", ("src",)))
 ITEMS_PER_SLOT = 20
@@ -59,6 +60,13 @@ class Workload:
     hold_ms: float = 250.0
     secret: bytes | None = None
     producers: tuple[int, ...] = ()  # fronts of lowtide.Front producers (a topic each)
+    #: this front goes silent for good a third of the way in (its producer hangs or
+    #: died; it never unregisters): the tracker's dead-front policy must retire it
+    dead_front: int | None = None
+    #: every this many slots the consumer's batch takes slow_ms (reported open to the
+    #: tracker, as a Spark driver does): far past stuck_after_ms, never a loss
+    slow_every: int = 0
+    slow_ms: float = 2_000.0
 
     def final_time(self, skew: dict[int, int]) -> int:
         """The sink's min time once every front's last heartbeat is in."""
@@ -148,6 +156,9 @@ def front_process(url: str, work: Workload, front: int, skew: int, journal: str,
         notes.note("registered", front)
         go.wait(60)
         for k in range(work.slots):
+            if front == work.dead_front and k == work.slots // 3:
+                notes.note("stopped", front, "dead")
+                time.sleep(3_600)  # silent, registered, until the bench kills it
             slot = FIRST_SLOT + skew + k
             notes.note("sent", front, slot)
             key = BatchKey(QUERY, k, "src", front)
@@ -170,7 +181,9 @@ def consumer_process(url: str, work: Workload, skew: dict[int, int], journal_dir
     notes = Journal(jdir / "consumer.log")
     with notes.failures(), Agent.connect(url, GRAPH, secret=work.secret) as agent:
         stopped: set[int] = set()
+        batches = ConsumerBatches(agent, work, jdir)
         for k in range(work.slots):
+            batches.before(k)
             for front in work.fronts:
                 slot = FIRST_SLOT + skew.get(front, 0) + k
                 if front in stopped or not _await_sent(jdir, front, slot):
@@ -182,6 +195,41 @@ def consumer_process(url: str, work: Workload, skew: dict[int, int], journal_dir
                 times = np.asarray(line["times"], np.int64)
                 _receive(notes, agent, work, k, front, int(times.min()),
                          receipts(times, from_label(line["acks"])))
+        batches.close()
+
+
+class ConsumerBatches:
+    """The consumer's micro-batches, as a Spark driver reports them (only with
+    ``work.slow_every``): a batch takes every slot the fronts had sent when it began,
+    and every ``slow_every``-th batch first takes ``slow_ms`` (its driver saying it
+    still runs), so the slots sent meanwhile are read by the next batch."""
+
+    def __init__(self, agent: Agent, work: Workload, jdir: Path) -> None:
+        self.agent, self.work, self.jdir = agent, work, jdir
+        self.batch, self.until = -1, 0
+
+    def _say(self, state: BatchState) -> None:
+        retry(self.agent.report_batch, QUERY, self.batch, state, GRAPH.names)
+
+    def before(self, k: int) -> None:
+        """Slot ``k`` is next: in this batch, or the first of the next one."""
+        if not self.work.slow_every or k < self.until:
+            return
+        self.close()
+        self.batch += 1
+        self._say(BatchState.OPEN)
+        if self.batch % self.work.slow_every == self.work.slow_every - 1:
+            end = time.monotonic() + self.work.slow_ms / 1000
+            while time.monotonic() < end:
+                time.sleep(0.25)
+                self._say(BatchState.OPEN)
+        live = [front_state(self.jdir, f) for f in self.work.fronts]
+        sent = [len(slots) for slots, stopped in live if not stopped]
+        self.until = max(k + 1, min(sent, default=0))
+
+    def close(self) -> None:
+        if self.batch >= 0:
+            self._say(BatchState.CLOSED)
 
 
 def _receive(notes: Journal, agent: Agent, work: Workload, k: int, front: int, slot: int,

@@ -39,6 +39,7 @@ from lowtide.wire.messages import (
     MinTimeAtReply,
     Notify,
     Ok,
+    QueryBatch,
     Role,
     Status,
     StatusRequest,
@@ -362,6 +363,14 @@ class AgentState:
         assert isinstance(reply, Status)
         body: dict[str, Any] = json.loads(reply.json)
         return body
+
+    async def query_batch(self, msg: QueryBatch) -> None:
+        await self._ready()
+        assert self.main is not None
+        req = next(self._reqs)
+        fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self.main.submit(req, replace(msg, req=req), fut)
+        _check(await fut)
 
     async def min_time_at(self, segment: str | None, at_ms: int) -> int:
         await self._ready()

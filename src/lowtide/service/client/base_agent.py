@@ -26,7 +26,7 @@ from lowtide.core.messages import AckBatch, Heartbeat
 from lowtide.core.time import TimeGrid
 from lowtide.service.client.agent_state import AgentConfig, AgentState
 from lowtide.service.client.batches import BatchKey, Outcome, PendingBatch
-from lowtide.wire.messages import FrontAction
+from lowtide.wire.messages import BatchState, FrontAction, QueryBatch
 
 log = logging.getLogger("lowtide.service.agent")
 
@@ -229,6 +229,15 @@ class BaseAgent(ABC):
             raise ValueError(f"batch ids start at 0, got {key.batch_id}")
         fut = self._spawn(self._state.keyed(key, acks, tuple(heartbeats), owner), timeout_s)
         return PendingBatch(fut, self._result)
+
+    def report_batch(self, query: str, batch: int, state: BatchState,
+                     segments: Iterable[str] = (), timeout_s: float = 10.0) -> None:
+        """Tell the tracker that ``query`` opened, still runs, or closed ``batch``
+        (``state``), acking into ``segments``; or stopped. A stuck window that a running
+        batch may still deliver is then reported as waiting for it, not as missing."""
+        self._ensure()
+        msg = QueryBatch(0, query, batch, state, tuple(segments))
+        self._call(self._state.query_batch(msg), timeout_s)
 
     def flush(self, timeout_s: float = 30.0) -> None:
         """Send what the local tracker holds and wait until every earlier request is

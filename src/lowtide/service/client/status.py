@@ -156,6 +156,10 @@ def render(
                           "(a producer that started late, not declared)", style="bold red"))
     for event in events.get("recent", []):
         parts.append(Text(f"front: {event}", style="yellow"))
+    for dead in status.get("fronts_dead", {}).values():
+        parts.append(Text(f"waits for: {dead['text']}", style="bold red"))
+    for waiting in status.get("waiting", []):
+        parts.append(Text(f"waiting (not lost): {waiting}"))
     for stuck in status.get("stuck", []):
         parts.append(Text(f"stuck: {stuck}", style="bold yellow"))
     return Group(*parts)

@@ -62,6 +62,20 @@ def add_arguments(serve: argparse.ArgumentParser) -> None:
         help="drop a peer silent this long (clients send keepalives)",
     )
     serve.add_argument("--stuck-after-ms", type=int, default=5_000)
+    serve.add_argument(
+        "--front-timeout-s", type=float,
+        help="a live front silent this long is dead (default: never); see --dead-fronts",
+    )
+    serve.add_argument(
+        "--dead-fronts", choices=("wait", "retire"), default="wait",
+        help="a dead front: wait for it and say so, or retire it so the rest progresses",
+    )
+    serve.add_argument(
+        "--sla-s", type=float,
+        help="a sink window is late this long after its end: logged, counted, in the status",
+    )
+    serve.add_argument("--sla-window-s", type=float, default=1.0,
+                       help="the sink windows the SLA applies to (default 1 s)")
     serve.add_argument("--shards", type=int, default=0, help="run N shard processes")
     serve.add_argument("--shard", help=argparse.SUPPRESS)  # K/N: run as shard K of N
     serve.add_argument("--watch-stdin", action="store_true", help=argparse.SUPPRESS)
@@ -128,6 +142,10 @@ def server_config(args: argparse.Namespace, shard_urls: tuple[str, ...] = ()) ->
         pipeline=args.pipeline,
         limits=Limits(max_connections=args.max_connections, idle_timeout_s=args.idle_timeout_s),
         stuck_after_ms=args.stuck_after_ms,
+        front_timeout_ms=None if args.front_timeout_s is None else int(args.front_timeout_s * 1000),
+        dead_fronts=args.dead_fronts,
+        sla_ms=None if args.sla_s is None else int(args.sla_s * 1000),
+        sla_window_ms=int(args.sla_window_s * 1000),
         shard=shard,
         shard_urls=shard_urls,
         name=f"shard-{shard[0]}" if shard else "lowtide",

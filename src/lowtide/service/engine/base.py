@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from lowtide.core.dead_fronts import DeadFront, FrontTimeout
 from lowtide.core.diagnostics import StuckWindow
 from lowtide.core.errors import ProtocolError
 from lowtide.core.graph import SegmentGraph
@@ -36,6 +37,7 @@ from lowtide.wire.messages import (
     ErrorCode,
     FrontOp,
     Ok,
+    QueryBatch,
     Refused,
     ShardReleaseFrame,
 )
@@ -57,6 +59,8 @@ class EngineConfig:
     #: a live producer keeps its front from its owner's other sessions while seen within
     #: this long (:mod:`lowtide.core.holders`)
     front_lease_ms: int = 1_000
+    #: a live front silent this long is dead, and the policy then (None: never)
+    front_timeout: FrontTimeout | None = None
 
     def tracker_config(self) -> TrackerConfig:
         return TrackerConfig(
@@ -66,6 +70,7 @@ class EngineConfig:
             max_windows=self.max_windows,
             stuck_after_ms=self.stuck_after_ms,
             front_lease_ms=self.front_lease_ms,
+            front_timeout=self.front_timeout,
         )
 
 
@@ -79,6 +84,7 @@ class StepResult:
     stuck: tuple[StuckWindow, ...] = ()
     report: ShardReport | None = None
     release: ShardReleaseFrame | None = None
+    dead: tuple[DeadFront, ...] = ()  # live fronts found dead (retired, or waited for)
 
 
 class Engine(ABC):
@@ -191,6 +197,11 @@ class Engine(ABC):
             seg.setdefault("sent", int(sent))
         body.setdefault("front_events", self.front_events.export())
         return body
+
+    def report_batch(self, msg: QueryBatch, now_ms: int) -> Ok:
+        """A query's driver says which batch it runs (not state: never logged). Only a
+        central tracker uses it; elsewhere stuck windows count from their bound."""
+        return Ok(msg.req)
 
     def tick(self, now_ms: int) -> StepResult:
         """Periodic work between requests (the coordinator's releases); none in the

@@ -17,7 +17,7 @@ from lowtide.service.engine.tracker_state import (
     tracker_status,
 )
 from lowtide.service.errors import ServiceError
-from lowtide.wire.messages import ErrorCode, FrontOp
+from lowtide.wire.messages import BatchState, ErrorCode, FrontOp, Ok, QueryBatch
 
 
 class CentralEngine(Engine):
@@ -40,7 +40,18 @@ class CentralEngine(Engine):
     def step(self, now_ms: int) -> StepResult:
         step = self.tracker.step(now_ms)
         self.front_events.retire(step.retired, self.graph)
-        return StepResult(step.updates, step.stuck)
+        self.front_events.dead(step.dead, self.graph)
+        return StepResult(step.updates, step.stuck, dead=step.dead)
+
+    def report_batch(self, msg: QueryBatch, now_ms: int) -> Ok:
+        batches = self.tracker.batches
+        if msg.state == BatchState.OPEN:
+            batches.open(msg.query, msg.batch, msg.segments, now_ms)
+        elif msg.state == BatchState.CLOSED:
+            batches.close(msg.query, msg.batch, now_ms, msg.segments)
+        else:
+            batches.stopped(msg.query)
+        return Ok(msg.req)
 
     def current(self, segment: str | None) -> MinTimeUpdate:
         return MinTimeUpdate(segment, self.tracker.min_time(segment))

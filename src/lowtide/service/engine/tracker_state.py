@@ -8,12 +8,14 @@ from typing import Any
 
 import numpy as np
 
+from lowtide.core.dead_fronts import DeadFront
 from lowtide.core.diagnostics import StuckWindow
 from lowtide.core.fronts import Declared
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import DeclareFront, RegisterFront, RetireFront, UnregisterFront
 from lowtide.core.sharding import TrackerShard
 from lowtide.core.tracker import Tracker, TrackerSnapshot
+from lowtide.service.progress import utc_text
 from lowtide.wire.messages import Batch, FrontAction, FrontOp
 
 
@@ -55,6 +57,7 @@ def tracker_status(tracker: Tracker, graph: SegmentGraph) -> dict[str, Any]:
                 "stuck_windows": sum(1 for w in stuck if w.segment == name),
             }
         )
+    now_ms = tracker.now_ms
     return {
         "global_min": tracker.min_time(None),
         "segments": segments,
@@ -65,7 +68,18 @@ def tracker_status(tracker: Tracker, graph: SegmentGraph) -> dict[str, Any]:
         },
         "stuck": [s.describe() for s in stuck],
         "stuck_detail": [stuck_detail(s) for s in stuck],
+        "waiting": [w.describe() for w in tracker.waiting()],
+        "open_batches": tracker.batches.export(now_ms),
+        "batch_ms": tracker.batches.recent_ms(),
+        "fronts_dead": {str(d.front): dead_detail(d, graph) for d in tracker.dead_fronts()},
     }
+
+
+def dead_detail(front: DeadFront, graph: SegmentGraph) -> dict[str, Any]:
+    """A dead front the ``wait`` policy waits for, as data: "waits for front F since T"."""
+    return {"segment": graph.names[front.segment], "time": front.time,
+            "silent_since": utc_text(front.silent_since_ms), "policy": front.policy,
+            "text": front.describe(graph.names, utc_text)}
 
 
 def stuck_detail(window: StuckWindow) -> dict[str, Any]:
@@ -92,6 +106,8 @@ def export_tracker(snap: TrackerSnapshot) -> tuple[dict[str, Any], dict[str, np.
                      for d in snap.declared],
         "done_fronts": list(snap.done_fronts),
         "holders": [list(h) for h in snap.holders],
+        "seen": [list(r) for r in snap.seen],
+        "dead_fronts": [list(r) for r in snap.dead_fronts],
         "done_bounds": list(snap.done_bounds),
         "min_times": list(snap.min_times),
         "global_min": snap.global_min,
@@ -127,4 +143,6 @@ def import_tracker(
         tuple(Declared(*map(int, d)) for d in meta.get("declared", ())),
         tuple(int(f) for f in meta.get("done_fronts", ())),
         tuple((int(f), int(s), int(t)) for f, s, t in meta.get("holders", ())),
+        tuple((int(f), int(t), bool(b)) for f, t, b in meta.get("seen", ())),
+        tuple((int(f), int(s), int(o)) for f, s, o in meta.get("dead_fronts", ())),
     )

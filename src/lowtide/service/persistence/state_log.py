@@ -143,12 +143,17 @@ class StateLog:
     def append(self, msg: Logged) -> None:
         self._pending.append(record(msg))
 
-    def commit(self, now_ms: int) -> bool:
+    def mark(self, now_ms: int) -> None:
+        """A Commit marker even without requests: replay then steps at ``now_ms``, as
+        the server did (a step that retired a dead front, rule 17)."""
+        self.commit(now_ms, force=True)
+
+    def commit(self, now_ms: int, force: bool = False) -> bool:
         """Write the pending group and its Commit marker; False if there was none.
         If the write fails (a full disk), the file is cut back to where the group
         began and the log refuses every later group: what was not logged was never
         confirmed, and a restart must not find half of it."""
-        if not self._pending:
+        if not self._pending and not force:
             return False
         assert self._fd >= 0, "recover() opens the log"
         if self._broken is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from lowtide.core.dead_fronts import FrontTimeout
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.sharding import ShardLayout
 from lowtide.core.time import Clock, TimeGrid
@@ -14,6 +15,7 @@ from lowtide.service.engine.base import Engine, EngineConfig
 from lowtide.service.engine.central import CentralEngine
 from lowtide.service.engine.coordinator import CoordinatorEngine
 from lowtide.service.engine.shard import ShardEngine
+from lowtide.service.freshness import Sla
 from lowtide.service.server.tracker_server import TrackerServer
 
 
@@ -40,6 +42,14 @@ class ServerConfig:
     #: a live producer keeps its front from its owner's other sessions while seen
     #: within this long (lowtide.core.holders); 0: a successor takes over at once
     front_lease_ms: int = 1_000
+    #: a live front silent this long is dead (None: never), and the policy then:
+    #: "wait" (say so) or "retire" (lowtide.core.dead_fronts, rule 17)
+    front_timeout_ms: int | None = None
+    dead_fronts: str = "wait"
+    #: each sink's windows of sla_window_ms are late sla_ms after their end (None: no
+    #: SLA): a log line, a metric and the status name each one (lowtide.service.freshness)
+    sla_ms: int | None = None
+    sla_window_ms: int = 1_000
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"  # unauthenticated: loopback unless asked
     web_port: int | None = None  # the web view (service.web): None off, 0 a free port
@@ -60,11 +70,32 @@ class ServerConfig:
                 f"serving the web view on {self.web_host} (not loopback) requires a shared "
                 "secret (--secret-file or LOWTIDE_SECRET), or keep --web-host 127.0.0.1"
             )
+        if self.front_timeout_ms is not None:  # a bad dead-front policy: refused now
+            FrontTimeout(self.front_timeout_ms, self.dead_fronts)
+            if self.shard is not None or self.shard_urls:
+                raise ValueError("--front-timeout-s works with a central tracker only (each "
+                                 "shard would retire on its own clock): drop --shards")
+        self.sla()
+
+    def sla(self) -> Sla | None:
+        return None if self.sla_ms is None else Sla(self.sla_ms, self.sla_window_ms)
 
     def engine(self, graph: SegmentGraph) -> Engine:
         """The engine of this server's role: one shard, a coordinator of shards, or a
         central tracker."""
-        config = EngineConfig(
+        config = self.engine_config(graph)
+        if self.shard is not None:
+            index, count = self.shard
+            return ShardEngine(config, ShardLayout(count, self.grid.window_slots), index)
+        if self.shard_urls:
+            return CoordinatorEngine(config, self.shard_urls)
+        return CentralEngine(config)
+
+    def engine_config(self, graph: SegmentGraph) -> EngineConfig:
+        timeout = None
+        if self.front_timeout_ms is not None:
+            timeout = FrontTimeout(self.front_timeout_ms, self.dead_fronts)
+        return EngineConfig(
             graph,
             self.grid,
             max_windows=self.max_windows,
@@ -72,13 +103,8 @@ class ServerConfig:
             dedup_retention_ms=self.dedup_retention_ms,
             max_keys=self.max_keys,
             front_lease_ms=self.front_lease_ms,
+            front_timeout=timeout,
         )
-        if self.shard is not None:
-            index, count = self.shard
-            return ShardEngine(config, ShardLayout(count, self.grid.window_slots), index)
-        if self.shard_urls:
-            return CoordinatorEngine(config, self.shard_urls)
-        return CentralEngine(config)
 
     def build(self, clock: Clock | None = None) -> TrackerServer:
         return TrackerServer(self, clock)

@@ -16,6 +16,7 @@ from lowtide.wire.messages import (
     Hello,
     Message,
     MinTimeAt,
+    QueryBatch,
     Role,
     ShardReleaseFrame,
     StatusRequest,
@@ -29,7 +30,8 @@ from lowtide.wire.messages import (
 #: reports acks and fronts and reads; a status client only reads; a coordinator
 #: watches its shards and releases their old windows.
 RIGHTS: dict[Role, tuple[type[Message], ...]] = {
-    Role.AGENT: (Batch, FrontOp, Subscribe, Unsubscribe, MinTimeAt, StatusRequest),
+    Role.AGENT: (Batch, FrontOp, QueryBatch, Subscribe, Unsubscribe, MinTimeAt,
+                 StatusRequest),
     Role.STATUS: (StatusRequest, Subscribe, Unsubscribe, MinTimeAt),
     Role.COORDINATOR: (WatchShard, ShardReleaseFrame, StatusRequest),
 }

@@ -77,6 +77,26 @@ class ServerMetrics:
             "lowtide_fronts_waiting", "declared fronts not yet registered (they hold their "
             "segment)", one
         ).labels(pipeline)
+        self.fronts_dead = self._gauge(
+            "lowtide_fronts_dead", "live fronts silent past the front timeout, waited for "
+            "(dead_fronts=wait)", one
+        ).labels(pipeline)
+        self.fronts_dead_retired = self._counter(
+            "lowtide_fronts_dead_retired", "live fronts retired as dead "
+            "(dead_fronts=retire)", one
+        ).labels(pipeline)
+        self.windows_waiting = self._gauge(
+            "lowtide_waiting_windows", "windows past their bound that a running batch may "
+            "still deliver (not losses)", one
+        ).labels(pipeline)
+        self.windows_late = self._counter(
+            "lowtide_windows_late", "sink windows later than the SLA (lowtide serve "
+            "--sla-s), each counted once", one
+        ).labels(pipeline)
+        self.sla_late = self._gauge(
+            "lowtide_sla_late_seconds", "how far the oldest open sink window is past its "
+            "SLA (<= 0: on time)", one
+        ).labels(pipeline)
         self._gauge(  # the "info" convention: a dashboard shows which version runs
             "lowtide_build_info", "lowtide's version (the value is always 1)",
             [*one, "version"],
@@ -121,6 +141,15 @@ class ServerMetrics:
         self._catch_up(self.fronts_refused, ("fronts_refused",), int(events.get("behind", 0)))
         self._catch_up(self.fronts_retired, ("fronts_retired",), int(events.get("retired", 0)))
         self.fronts_waiting.set(len(status.get("fronts_declared", {})))
+        self.fronts_dead.set(len(status.get("fronts_dead", {})))
+        self._catch_up(self.fronts_dead_retired, ("fronts_dead_retired",),
+                       int(events.get("dead_retired", 0)))
+        self.windows_waiting.set(len(status.get("waiting", ())))
+
+    def sla(self, late: int, worst_ms: int) -> None:
+        """``late`` windows just became late; the oldest open one is ``worst_ms`` past."""
+        self.windows_late.inc(late)
+        self.sla_late.set(worst_ms / MS_PER_S)
 
     def _catch_up(self, counter: Any, key: tuple[str, ...], total: int) -> None:
         """Counters follow the engine's own totals: one source, whatever the role. A

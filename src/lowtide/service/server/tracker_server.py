@@ -31,6 +31,8 @@ from lowtide.service.handshake import shard_mismatch
 from lowtide.service.logs import LogBudget
 from lowtide.service.persistence.state_dir import store_graph, stored_graph
 from lowtide.service.persistence.state_log import StateLog
+from lowtide.service.progress import utc_text
+from lowtide.service.server.freshness import SlaWatch
 from lowtide.service.server.history import MinTimeHistory
 from lowtide.service.server.inbox import Admit, Call, Gone, Item, Outbox, Peer, Request, Tick
 from lowtide.service.server.metrics import ServerMetrics
@@ -49,6 +51,7 @@ from lowtide.wire.messages import (
     Message,
     MinTimeAt,
     Ok,
+    QueryBatch,
     ShardReleaseFrame,
     ShardReportFrame,
     Status,
@@ -95,6 +98,8 @@ class TrackerServer:
         self._failed: Error | None = None  # set once a step raised: fail-stop
         self._log_budget = LogBudget()  # per peer, and per segment for stuck windows
         self._conns = PeerConnections(config, self._inbox, self.metrics, self._log_budget)
+        sla = config.sla()
+        self.freshness = None if sla is None else SlaWatch(sla)
 
     @property
     def url(self) -> str:
@@ -303,11 +308,13 @@ class TrackerServer:
         engine = self.engine
         if engine is None:
             return self._send(out)
-        if self._wal is not None:
-            self._wal.commit(now)
+        committed = self._wal is not None and self._wal.commit(now)
         # confirmations first: Spark tasks block on them, and they do not need the step
         self._send(out)
         step = engine.step(now)
+        if self._wal is not None and not committed and any(
+                d.retired_ms is not None for d in step.dead):
+            self._wal.mark(now)  # a retirement in a step with no request: replay it too
         self._history.observe(now, step.updates)
         self._send(self._standing.answers(now, self._history))
         self._publish(step)
@@ -331,6 +338,9 @@ class TrackerServer:
             self._next_metrics_ms = now + self.config.metrics_every_ms
             status = self.status()
             self.metrics.observe(status, now, self.config.grid)
+            if self.freshness is not None:
+                self.freshness.check(status, engine.graph, now, self.metrics,
+                                     self._log_budget)
             self._refresh_web(status)
         if self._wal is not None and self._wal.snapshot_due(now):
             try:  # a failed snapshot is retried (see StateLog.snapshot): never fatal
@@ -358,6 +368,8 @@ class TrackerServer:
             out.append((peer, forbidden))
         elif isinstance(msg, Batch | FrontOp):
             out.append((peer, self._apply(engine, peer, msg, now)))
+        elif isinstance(msg, QueryBatch):
+            out.append((peer, engine.report_batch(msg, now)))
         elif isinstance(msg, Subscribe | Unsubscribe | MinTimeAt):
             self._standing.request(engine, peer, msg, out)
         elif isinstance(msg, StatusRequest):
@@ -400,6 +412,16 @@ class TrackerServer:
             self._send([(peer, ShardReportFrame(step.report)) for peer in self._watchers])
         if step.release is not None and self.shard_watch is not None:
             self.shard_watch.release(step.release)
+        for dead in step.dead:  # once per front that died
+            log.warning("dead front", extra={
+                "detail": dead.describe(self.engine.graph.names if self.engine else (),
+                                        utc_text),
+                "policy": dead.policy,
+                "fix": "the front's producer stopped heartbeating: restart it (it rejoins), "
+                       "or retire it (lowtide serve --dead-fronts retire)"
+                       if dead.retired_ms is None else
+                       "its items already sent stay tracked: see `lowtide status` (stuck) if "
+                       "some were never written"})
         for stuck in step.stuck:  # a few lines a minute per segment, with a count of the rest
             self._log_budget.warn(
                 log, ("stuck", stuck.segment), "stuck window", detail=stuck.describe(),
@@ -438,5 +460,7 @@ class TrackerServer:
                 self.shard_watch.annotate(body)
             body["delta_ms"] = self.config.grid.delta_ms
             body["now_ms"] = self.clock.now_ms()
+            if self.freshness is not None:
+                body["freshness"] = self.freshness.document(body, engine.graph)
         return body
 

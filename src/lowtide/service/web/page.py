@@ -46,6 +46,11 @@ PAGE_HTML = """<!doctype html>
     <h2>Fronts</h2>
     <table><thead><tr><th>front</th><th>segment</th><th>heartbeat</th>
       <th>heartbeat lag</th><th>state</th></tr></thead><tbody id="fronts"></tbody></table>
+    <ul id="front-events"></ul>
+  </section>
+  <section id="waiting-section" hidden>
+    <h2>Waiting for a running batch (not lost)</h2>
+    <ul id="waiting"></ul>
   </section>
   <section id="shards-section" hidden>
     <h2>Shards</h2>
@@ -199,6 +204,14 @@ function fill(id, rows) {
   }));
 }
 
+function lines(id, texts) {
+  document.getElementById(id).replaceChildren(...texts.map(t => {
+    const li = document.createElement("li");
+    li.textContent = t;
+    return li;
+  }));
+}
+
 function render(view) {
   document.getElementById("pipeline").textContent = view.pipeline;
   document.getElementById("summary").textContent = view.graph_known
@@ -215,9 +228,13 @@ function render(view) {
   fill("stuck", view.stuck.map(w => ["stuck", [
     [w.segment], [`[${w.window_start}, ${w.window_end})`], [count(w.missing)],
     [count(w.extra)], [lag(view.now_ms - w.since_ms)], [w.text, "what"]]]));
-  fill("fronts", view.fronts.map(f => [f.stalled ? "stalled" : "", [
+  fill("fronts", view.fronts.map(f => [f.stalled || f.dead ? "stalled" : "", [
     [String(f.front)], [f.segment], [String(f.heartbeat)], [lag(f.heartbeat_lag_ms)],
-    [f.declared ? "declared, waiting" : f.stalled ? "STALLED" : "ok"]]]));
+    [f.dead ? f.dead : f.declared ? "declared, waiting" : f.stalled ? "STALLED" : "ok"]]]));
+  lines("front-events", (view.front_events.recent || []).filter(e => e.includes(" dead")
+                                                                   || e.includes("retired")));
+  document.getElementById("waiting-section").hidden = view.waiting.length === 0;
+  lines("waiting", view.waiting);
   document.getElementById("shards-section").hidden = view.shards.length === 0;
   fill("shards", view.shards.map(s => [s.connected ? "" : "stalled", [
     [s.url], [s.connected ? "up" : "DOWN"]]]));

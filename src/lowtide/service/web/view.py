@@ -63,8 +63,9 @@ def view_document(
         "acks_applied": status.get("acks_applied", 0),
         "segments": _segments(status, graph, rates or RowRates(), now, delta),
         "stuck": list(status.get("stuck_detail", [])),
-        "fronts": _fronts(status.get("fronts", {}), now, delta)
+        "fronts": _fronts(status.get("fronts", {}), now, delta, status.get("fronts_dead", {}))
         + _declared(status.get("fronts_declared", {}), now, delta),
+        "waiting": list(status.get("waiting", [])),
         "front_events": status.get("front_events", {}),
         "shards": [
             {"url": s["url"], "connected": bool(s["connected"])} for s in status.get("shards", [])
@@ -103,7 +104,9 @@ def _segments(
     return out
 
 
-def _fronts(fronts: dict[str, Any], now: int, delta: int) -> list[dict[str, Any]]:
+def _fronts(fronts: dict[str, Any], now: int, delta: int,
+            dead: dict[str, Any]) -> list[dict[str, Any]]:
+    """``dead``: the fronts the dead-front policy waits for (their line says since when)."""
     stalled = set(stalled_fronts(fronts, now, TimeGrid(delta)))
     return [
         {
@@ -112,6 +115,7 @@ def _fronts(fronts: dict[str, Any], now: int, delta: int) -> list[dict[str, Any]
             "heartbeat": int(t),
             "heartbeat_lag_ms": now - int(t) * delta,
             "stalled": int(front) in stalled,
+            "dead": dead[front]["text"] if front in dead else None,
         }
         for front, (segment, t) in sorted(fronts.items(), key=lambda kv: int(kv[0]))
     ]

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from lowtide.spark.sources.generator import GenSource
+from lowtide.spark.sources.log_replay import LogReplaySource
 from lowtide.spark.sources.log_source import LogSource
 from lowtide.spark.tracking.receive import RECEIVE_PREFIX, WM_COL, stamped
 from lowtide.spark.tracking.transport import TrackerRef
@@ -26,7 +27,8 @@ try:
 except ImportError:  # pragma: no cover
     DataSource = DataSourceStreamReader = object  # type: ignore[misc,assignment]
 
-SOURCES = {"lowtide_gen": GenSource, "lowtide_log": LogSource}
+SOURCES = {"lowtide_gen": GenSource, "lowtide_log": LogSource,
+           "lowtide_log_replay": LogReplaySource}
 FORMAT = "lowtide_receiving"
 
 

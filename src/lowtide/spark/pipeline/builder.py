@@ -50,6 +50,7 @@ from lowtide.spark.operators.window_input import (
 )
 from lowtide.spark.operators.window_plan import WATERMARK_CONFS, QueryWindows, session_confs
 from lowtide.spark.operators.windows import WindowSpec
+from lowtide.spark.pipeline.batches import BatchReporter, announce_queries
 from lowtide.spark.pipeline.dag import (
     PipelineShapeError,
     SegmentPlan,
@@ -59,9 +60,11 @@ from lowtide.spark.pipeline.dag import (
     source_key,
 )
 from lowtide.spark.pipeline.describe import described
-from lowtide.spark.pipeline.handle import TrackerHandle, TrackerOptions
+from lowtide.spark.pipeline.handle import TrackerHandle, TrackerOptions, operating_options
 from lowtide.spark.pipeline.monitoring import PROGRESS_SAMPLE_BITS, ProgressMetrics
 from lowtide.spark.pipeline.query import TrackedQuery, startup_phase
+from lowtide.spark.pipeline.repair import Repaired, repair
+from lowtide.spark.pipeline.replay import Loss, Replayed, losses_of, replay
 from lowtide.spark.pipeline.status import PipelineStatus, status_of
 from lowtide.spark.pipeline.stream import (
     DeclaredFronts,
@@ -74,6 +77,7 @@ from lowtide.spark.pipeline.stream import (
 from lowtide.spark.sinks import TrackedForeachBatch, TrackedSink
 from lowtide.spark.sources.clock import ClockSource
 from lowtide.spark.sources.generator import GeneratorSpec, GenSource
+from lowtide.spark.sources.log_replay import RANGE_OPTION, LogReplaySource
 from lowtide.spark.sources.log_source import LogSource, parse_fronts
 from lowtide.spark.sources.read_stream import EntrySpec, check_labelled, entry_schema
 from lowtide.spark.tracking.column import TRACK_COL
@@ -89,7 +93,8 @@ def register_sources(spark: Any) -> None:
     with _REG_LOCK:
         if id(spark) in _REGISTERED:
             return
-        for ds in (LogSource, GenSource, TrackedSink, ClockSource, ReceivingSource):
+        for ds in (LogSource, LogReplaySource, GenSource, TrackedSink, ClockSource,
+                   ReceivingSource):
             spark.dataSource.register(ds)
         _REGISTERED.add(id(spark))
 
@@ -241,6 +246,9 @@ class Pipeline:
     link is ``pipe.tracker.web_url``; docs/service.md, "Web view").
     ``progress_metrics``: each query's ``lastProgress["observedMetrics"]["lowtide"]``
     carries the tracker's figures (sampled on 1 row in 256; docs/spark.md, "Monitoring").
+    ``front_timeout`` (``"30 seconds"``): a front silent this long is dead; ``dead_fronts``
+    ``"wait"`` says so and waits, ``"retire"`` retires it; ``sla``: each sink window of
+    ``sla_window`` is late that long after its end (FreshnessListener; docs/operating.md).
     """
 
     def __init__(
@@ -257,6 +265,10 @@ class Pipeline:
         confirm: bool = True,
         web_port: int | None = None,
         progress_metrics: bool = True,
+        front_timeout: str | int | None = None,
+        dead_fronts: str = "wait",
+        sla: str | int | None = None,
+        sla_window: str | int = "1 second",
     ) -> None:
         self.spark = spark
         self.name = name
@@ -265,7 +277,8 @@ class Pipeline:
             url=tracker,
             secret=secret if secret is not None else os.environ.get("LOWTIDE_SECRET"),
             state_dir=state_dir, stuck_after_ms=stuck_after_ms, freeze_gc=freeze_gc,
-            confirm=confirm, pipeline=name, web_port=web_port)
+            confirm=confirm, pipeline=name, web_port=web_port,
+            **operating_options(front_timeout, dead_fronts, sla, sla_window))
         self._progress_metrics = progress_metrics
         self._sources: list[SourceSpec] = []
         self._graph: SegmentGraph | None = None
@@ -322,6 +335,7 @@ class Pipeline:
         self._handle = TrackerHandle(graph, self.grid, self._tracker_options)
         # before any query runs: the tracker waits for a producer that starts late
         declare_fronts(self._sources, self._handle.agent, graph, self.name)
+        announce_queries(self._handle.agent, graph)  # their start-up is not a loss
         return self._handle
 
     @property
@@ -412,7 +426,7 @@ class Pipeline:
         opts["lowtide.tracker"] = to.ref.to_option()
         out = to.after[source_key(src)]
         if src.kind == "log":
-            fmt = "lowtide_log"
+            fmt = "lowtide_log_replay" if RANGE_OPTION in opts else "lowtide_log"
             opts["lowtide.segment"] = source_key(src)
             opts["lowtide.out"] = out
         else:
@@ -434,6 +448,8 @@ class Pipeline:
         df, graph, ref = built.df, built.graph, built.ref
         if self._progress_metrics:
             df = ProgressMetrics.of(self.name, graph, sink_name, PROGRESS_SAMPLE_BITS).observe(df)
+        batches = BatchReporter.starting(self.tracker.agent, sink_name, graph.names,
+                                         checkpoint)  # a slow start is not a loss
         writer = df.writeStream.option("checkpointLocation", checkpoint)
         if trigger:
             writer = writer.trigger(processingTime=trigger)
@@ -457,10 +473,36 @@ class Pipeline:
         for listener in listeners:
             self.spark.streams.addListener(listener)
         closers = [lambda x=x: self.spark.streams.removeListener(x) for x in listeners]
-        tq = TrackedQuery(self, query, graph, sink_name,
-                          closers=[*closers, *(h.close for h in built.holds)])
+        tq = TrackedQuery(self, query, graph, sink_name, batches, stream=stream,
+                          sink_spec=sink, closers=[*closers, *(h.close for h in built.holds)])
         self._queries.append(tq)
         return tq
+
+    # recovery (docs/operating.md)
+    def replay(self, from_time: Any, to_time: Any, path: str, *, query: TrackedQuery | None = None,
+               timeout_s: float = 300.0) -> Replayed:
+        """Re-run ``query``'s steps (default: the first query) over the ingest log's
+        records of ``[from_time, to_time)`` into a fresh Parquet output at ``path``;
+        returns once it is complete below ``to_time`` (:mod:`.replay`)."""
+        q = query or self._first_query()
+        assert q.stream is not None
+        return replay(self, q.stream, from_time, to_time, path, sink=q.sink, timeout_s=timeout_s)
+
+    def losses(self, query: TrackedQuery | None = None) -> list[Loss]:
+        """The stuck windows with missing items, each with the log offsets to replay."""
+        q = query or self._first_query()
+        assert q.stream is not None
+        return losses_of(self.tracker.status(), q.stream)
+
+    def repair(self, query: TrackedQuery | None = None, timeout_s: float = 300.0) -> Repaired:
+        """Complete the stuck windows of ``query``'s sink by replaying their time range,
+        exactly once (:func:`lowtide.spark.pipeline.replay.repair`)."""
+        return repair(query or self._first_query(), timeout_s)
+
+    def _first_query(self) -> TrackedQuery:
+        if not self._queries:
+            raise TrackerNotStarted("this pipeline runs no query: start one, or pass query=")
+        return self._queries[0]
 
     def status(self) -> PipelineStatus:
         """Progress of every query of this pipeline, with the first query still in its

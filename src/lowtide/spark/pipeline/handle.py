@@ -6,8 +6,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from lowtide.core.dead_fronts import FrontTimeout
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.time import TimeGrid
+from lowtide.service.freshness import Sla
+from lowtide.spark.pipeline.dag import PipelineShapeError
+from lowtide.spark.pipeline.describe import duration_of
 from lowtide.spark.tracking.transport import TrackerRef
 
 
@@ -27,6 +31,12 @@ class TrackerOptions:
     confirm: bool = True
     pipeline: str = "default"
     web_port: int | None = None
+    #: a front silent this long is dead (None: never) and the policy then (rule 17)
+    front_timeout_ms: int | None = None
+    dead_fronts: str = "wait"
+    #: each sink's windows of sla_window_ms are late sla_ms after their end (None: off)
+    sla_ms: int | None = None
+    sla_window_ms: int = 1_000
 
     def embedded_kwargs(self) -> dict[str, Any]:
         """``TrackerService.start``'s keyword arguments for an embedded tracker."""
@@ -37,7 +47,29 @@ class TrackerOptions:
             "pipeline": self.pipeline,
             "stuck_after_ms": self.stuck_after_ms,
             "web_port": self.web_port,
+            "front_timeout_ms": self.front_timeout_ms,
+            "dead_fronts": self.dead_fronts,
+            "sla_ms": self.sla_ms,
+            "sla_window_ms": self.sla_window_ms,
         }
+
+
+def operating_options(front_timeout: str | int | None, dead_fronts: str,
+                      sla: str | int | None, sla_window: str | int) -> dict[str, Any]:
+    """``TrackerOptions``' operating fields from a pipeline's ``front_timeout``
+    (``"30 seconds"`` or ms; None: fronts never die), ``dead_fronts`` policy, ``sla``
+    (None: none) and ``sla_window``, refused here with the fix when they make no sense."""
+    timeout_ms = None if front_timeout is None else duration_of(front_timeout, "front_timeout")
+    sla_ms = None if sla is None else duration_of(sla, "sla")
+    window_ms = duration_of(sla_window, "sla_window")
+    try:
+        FrontTimeout(1 if timeout_ms is None else timeout_ms, dead_fronts)
+        Sla(1 if sla_ms is None else sla_ms, window_ms)
+    except ValueError as err:
+        raise PipelineShapeError(f"{err} (e.g. front_timeout='30 seconds', "
+                                 "dead_fronts='retire', sla='1 minute')") from None
+    return {"front_timeout_ms": timeout_ms, "dead_fronts": dead_fronts, "sla_ms": sla_ms,
+            "sla_window_ms": window_ms}
 
 
 class TrackerHandle:

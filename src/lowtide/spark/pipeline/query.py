@@ -14,11 +14,13 @@ from lowtide.core.errors import LowtideError
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.time import TimeGrid
 from lowtide.spark.operators.frames import first_line
+from lowtide.spark.pipeline.batches import BatchReporter
 from lowtide.spark.pipeline.monitoring import ProgressMetrics
 from lowtide.spark.pipeline.status import PipelineStatus
 
 if TYPE_CHECKING:
     from lowtide.spark.pipeline.builder import Pipeline
+    from lowtide.spark.pipeline.stream import Stream
 
 log = logging.getLogger("lowtide.spark.pipeline")
 
@@ -111,15 +113,22 @@ class TrackedQuery:
     (:mod:`lowtide.spark.pipeline.monitoring`)."""
 
     def __init__(self, pipeline: Pipeline, query: Any, graph: SegmentGraph,
-                 sink: str | None = None, closers: list[Callable[[], None]] | None = None
-                 ) -> None:
+                 sink: str | None = None, batches: BatchReporter | None = None, *,
+                 stream: Stream | None = None,
+                 sink_spec: tuple[Any, ...] | None = None,
+                 closers: list[Callable[[], None]] | None = None) -> None:
         self.pipeline = pipeline
         self._closers = closers or []  # what goes with the query (its listeners)
+        # what the query runs, as described: a replay runs it again
+        self.stream, self.sink_spec = stream, sink_spec
         self.query = query
         self.graph = graph
         self.sink = sink or graph.names[-1]
         self.metrics = ProgressMetrics.of(pipeline.name, graph, self.sink)
         self._publisher = self.metrics.build(pipeline).start()
+        # the tracker tells this query's slow batches from losses (issue 34)
+        batches = batches or BatchReporter(pipeline.tracker.agent, self.sink, graph.names)
+        self._batches = batches.watching(query)
 
     # what StreamingQuery answers
     @property
@@ -229,6 +238,7 @@ class TrackedQuery:
     def stop(self, *, graceful_s: float = 10.0) -> None:
         stop_between_batches(self.query, graceful_s)
         self._publisher.stop()
+        self._batches.stop()
         for close in self._closers:
             close()
         self._closers = []

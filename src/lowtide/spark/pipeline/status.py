@@ -43,6 +43,12 @@ class PipelineStatus:
     fronts_refused: int = 0
     fronts_retired: int = 0
     front_events: list[str] = field(default_factory=list)
+    #: dead fronts the tracker waits for (dead_fronts="wait"): "front F dead, ... since T"
+    dead_fronts: list[str] = field(default_factory=list)
+    #: overdue windows a running batch may still deliver: "waiting for query Q batch N"
+    waiting: list[str] = field(default_factory=list)
+    #: the latest sink windows later than the SLA (Pipeline(sla=...)), what holds each
+    late: list[str] = field(default_factory=list)
 
     def render(self, delta_ms: int) -> str:
         lines = [f"starting: {self.starting}"] if self.starting else []
@@ -64,6 +70,9 @@ class PipelineStatus:
             lines.append(f"FRONTS REFUSED: {self.fronts_refused} registration(s) behind their "
                          "segment (records of a producer that started late were not written)")
         lines.extend(f"FRONT: {e}" for e in self.front_events)
+        lines.extend(f"WAITS FOR: {d}" for d in self.dead_fronts)
+        lines.extend(f"waiting (not lost): {w}" for w in self.waiting)
+        lines.extend(f"LATE: {w}" for w in self.late[-5:])
         lines.extend(f"STUCK: {s}" for s in self.stuck)
         return "\n".join(lines)
 
@@ -92,4 +101,7 @@ def status_of(doc: dict[str, Any], grid: TimeGrid, rates: RowRates | None = None
     return PipelineStatus(now, doc.get("global_min", 0), segs, fronts, sorted(stalled),
                           list(doc.get("stuck", [])), None, doc.get("fronts_declared", {}),
                           int(events.get("behind", 0)), int(events.get("retired", 0)),
-                          list(events.get("recent", [])))
+                          list(events.get("recent", [])),
+                          [d["text"] for d in doc.get("fronts_dead", {}).values()],
+                          list(doc.get("waiting", [])),
+                          [w["text"] for w in (doc.get("freshness") or {}).get("late", [])])

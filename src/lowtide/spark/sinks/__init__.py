@@ -22,7 +22,8 @@ Two mechanisms:
   batch whose files hold exactly its rows is not written again: :mod:`.batches`) and
   then sends the acks.
 * Tables (``Stream.write_table``, :mod:`.tables`): Delta or Parquet, the labels kept,
-  the completeness published over every tracked writer (:mod:`.completeness`).
+  the completeness published over every tracked writer (:mod:`.completeness`), and
+  consistent cuts of them at a min time (:mod:`.cuts`).
 
 With ``keep_tracking_columns`` the output has ``lt_time`` (the row's full slot) and
 ``lt_ack`` (its 32-bit ack id) instead of the packed ``lt_track``.
@@ -33,6 +34,7 @@ operator's tasks ack it, see ``lowtide.spark.operators.tracked.ack_null_sink``.)
 """
 
 from lowtide.spark.sinks.batches import BatchRewritten
+from lowtide.spark.sinks.cuts import Cut, CutRefused, cut, read_complete
 from lowtide.spark.sinks.foreach import (
     TrackedForeachBatch,
     append_trace,
@@ -45,11 +47,15 @@ from lowtide.spark.sinks.writer import SINK_MODES, TrackedSink
 __all__ = [
     "SINK_MODES",
     "BatchRewritten",
+    "Cut",
+    "CutRefused",
     "RowsBelowTable",
     "TrackedForeachBatch",
     "TrackedSink",
     "append_trace",
     "console_writer",
+    "cut",
+    "read_complete",
     "retire_writer",
     "unpacked_columns",
 ]

@@ -1,7 +1,7 @@
 """Where rows enter a tracked pipeline: :class:`Front` producers (the labels they put
 on records: ``labels``; Kafka and file writers for them), the ingest log they write,
-the log's Spark source, and the generator source (a front per partition, for demos
-and benchmarks). Names load on first use: a producer that imports
+the log's Spark source (and its replay of a time range), and the generator source (a
+front per partition, for demos and benchmarks). Names load on first use: a producer that imports
 :class:`Front` does not import pyspark."""
 
 from lowtide import lazy_exports
@@ -25,12 +25,14 @@ __all__ = [
     "KafkaProducerConfig",
     "Labelled",
     "LateRecords",
+    "LogReplaySource",
     "LogSource",
     "TimesOutOfRange",
     "from_label",
     "gen_rows",
     "label_ms",
     "log_status",
+    "replay_offsets",
     "rows_before",
 ]
 
@@ -59,5 +61,7 @@ __getattr__ = lazy_exports(__name__, {
     "IngestReader": "lowtide.spark.sources.ingest",
     "IngestWriter": "lowtide.spark.sources.ingest",
     "LogSource": "lowtide.spark.sources.log_source",
+    "LogReplaySource": "lowtide.spark.sources.log_replay",
+    "replay_offsets": "lowtide.spark.sources.log_replay",
     "log_status": "lowtide.spark.sources.retention",
 })

@@ -1,0 +1,176 @@
+"""Replay by time (Gearpump's timestamp-based replay from a source-side store: here the
+ingest log, whose index maps times to offsets).
+
+* :func:`replay` re-runs a query's steps over the ingest log's records of a time range
+  ``[from, to)`` (:mod:`lowtide.spark.sources.log_replay`: one offset range per front)
+  into a fresh output, on a tracker of its own, and returns once that output is
+  complete below ``to``: a backfill, or a recomputation to compare with.
+* :func:`losses` turns the tracker's stuck windows into what to replay: per window, its
+  segment, slots, missing count and the offsets of every front of the log in its time
+  range (a stateless step keeps its rows' times, so the lost rows came from there).
+
+Completing the stuck windows with a replay is :mod:`.repair`.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass, replace
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lowtide.core.errors import LowtideError
+from lowtide.core.time import TimeGrid
+from lowtide.spark.pipeline.query import slot_after, span, timestamp_of
+from lowtide.spark.pipeline.stream import SourceSpec, Stream
+from lowtide.spark.sources.log_replay import RANGE_OPTION, replay_offsets
+
+if TYPE_CHECKING:
+    from lowtide.spark.pipeline.builder import Pipeline
+
+__all__ = ["Loss", "ReplayRefused", "Replayed", "log_source_of", "losses", "losses_of", "replay",
+           "replay_slots"]
+
+
+class ReplayRefused(LowtideError, ValueError):
+    """A replay or repair that would not be exact (one line: why, and what to do)."""
+
+
+@dataclass(frozen=True)
+class Loss:
+    """A stuck window with missing items, and where its rows entered: per front of the
+    log, the offsets ``[start, end)`` of its records in the window's time range."""
+
+    segment: str
+    start: int  # slots [start, end)
+    end: int
+    missing: int
+    offsets: dict[int, tuple[int, int]]
+    since_ms: int = 0  # when the tracker first saw it open with its bound passed
+
+    def describe(self, grid: TimeGrid) -> str:
+        where = ", ".join(f"front {f} offsets [{lo}, {hi})"
+                          for f, (lo, hi) in sorted(self.offsets.items()) if hi > lo)
+        return (f"segment {self.segment!r}, {span(self.start, self.end, grid)}: "
+                f"{self.missing} item(s) missing; replay {where or 'no record (none logged)'}")
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """A replay: the output it wrote, complete below ``to_slot``."""
+
+    path: str
+    from_slot: int
+    to_slot: int
+    offsets: dict[int, tuple[int, int]]
+
+
+def log_source_of(stream: Stream) -> SourceSpec:
+    """The one ingest log ``stream`` reads (a one-line refusal otherwise)."""
+    sources: list[SourceSpec] = []
+
+    def walk(s: Stream) -> None:
+        if s.source is not None and all(s.source is not o for o in sources):
+            sources.append(s.source)
+        for i in s.inputs:
+            walk(i)
+
+    walk(stream)
+    if len(sources) != 1 or sources[0].kind != "log":
+        kinds = ", ".join(s.kind for s in sources)
+        raise ReplayRefused(f"replay by time reads one ingest log (pipe.read_log); this query "
+                            f"reads {kinds}: replay a Kafka topic from startingOffsetsByTimestamp")
+    return sources[0]
+
+
+def _fronts(src: SourceSpec) -> list[int] | None:
+    from lowtide.spark.sources.log_source import parse_fronts
+
+    return parse_fronts(src.options.get("fronts"))
+
+
+def losses(status: dict[str, Any], log_dir: str, fronts: list[int] | None = None) -> list[Loss]:
+    """The stuck windows with missing items in a tracker's ``status``, each with the
+    offsets of the log's records in its time range."""
+    return [Loss(w["segment"], int(w["window_start"]), int(w["window_end"]), int(w["missing"]),
+                 replay_offsets(log_dir, fronts, int(w["window_start"]), int(w["window_end"])),
+                 int(w.get("since_ms", 0)))
+            for w in status.get("stuck_detail", []) if int(w.get("missing", 0)) > 0]
+
+
+def losses_of(status: dict[str, Any], stream: Stream) -> list[Loss]:
+    """:func:`losses` in the ingest log ``stream`` reads."""
+    src = log_source_of(stream)
+    return losses(status, src.options["path"], _fronts(src))
+
+
+def _rebound(stream: Stream, pipe: Pipeline, lo: int, hi: int) -> Stream:
+    """``stream`` described on ``pipe``, its log source reading ``[lo, hi)`` only."""
+    memo: dict[int, SourceSpec] = {}
+
+    def rebind(s: Stream) -> Stream:
+        src = s.source
+        if src is not None:
+            if id(src) not in memo:
+                memo[id(src)] = replace(src, options={**src.options, RANGE_OPTION: f"{lo}:{hi}"},
+                                        fronts=None)
+                pipe._sources.append(memo[id(src)])
+            src = memo[id(src)]
+        return replace(s, pipeline=pipe, source=src, inputs=tuple(map(rebind, s.inputs)))
+
+    return rebind(stream)
+
+
+def _slots(pipe: Pipeline, from_time: datetime | int, to_time: datetime | int) -> tuple[int, int]:
+    lo, hi = slot_after(from_time, pipe.grid), slot_after(to_time, pipe.grid)
+    if hi <= lo:
+        raise ReplayRefused(f"replay from {from_time} to {to_time}: the range is empty")
+    return lo, hi
+
+
+def _check_promised(pipe: Pipeline, src: SourceSpec, to_slot: int) -> None:
+    """Every record below ``to_slot`` must be in the log already: the fronts of its
+    ingest segment promised it on the pipeline's tracker."""
+    segment = src.name or "ingest"
+    rows = [s for s in pipe.tracker.status()["segments"] if s["segment"] == segment]
+    bound = int(rows[0]["bound"]) if rows else -1
+    if bound < to_slot:
+        raise ReplayRefused(
+            f"the fronts of {segment!r} promised only up to {timestamp_of(bound, pipe.grid)}: "
+            "records before the replay's end may still come; replay up to there")
+
+
+def replay(pipe: Pipeline, stream: Stream, from_time: datetime | int,
+           to_time: datetime | int, path: str, *, sink: str = "sink",
+           timeout_s: float = 300.0) -> Replayed:
+    """Re-run ``stream`` over the log's records of ``[from_time, to_time)`` (datetimes
+    or epoch ms, rounded up to slots) into Parquet files at ``path`` (a fresh folder;
+    labels kept), tracked on a tracker of its own; returns once ``path`` is complete
+    below ``to_time``."""
+    lo, hi = _slots(pipe, from_time, to_time)
+    return replay_slots(pipe, stream, lo, hi, path, sink, timeout_s)
+
+
+def replay_slots(pipe: Pipeline, stream: Stream, lo: int, hi: int, path: str, sink: str,
+                 timeout_s: float) -> Replayed:
+    """:func:`replay` of the slots ``[lo, hi)``."""
+    src = log_source_of(stream)
+    _check_promised(pipe, src, hi)
+    out = Path(path)
+    if out.exists() and any(out.iterdir()):
+        raise ReplayRefused(f"a replay writes a fresh output: {path} is not empty")
+    offsets = replay_offsets(src.options["path"], _fronts(src), lo, hi)
+    rp = type(pipe)(pipe.spark, f"{pipe.name}-replay", grid=pipe.grid,
+                    stuck_after_ms=int(timeout_s * 1000), progress_metrics=False)
+    checkpoint = tempfile.mkdtemp(prefix="lowtide-replay-")
+    try:
+        query = _rebound(stream, rp, lo, hi).write_parquet(
+            str(out), checkpoint=checkpoint, name=sink, keep_tracking_columns=True,
+            trigger="200 milliseconds", query_name=None)
+        query.wait_for_min_time(hi, timeout_s=timeout_s)
+    finally:
+        rp.close()
+        shutil.rmtree(checkpoint, ignore_errors=True)
+    return Replayed(str(out), lo, hi, offsets)
