@@ -9,8 +9,9 @@ The Spark original (watermarks on both sides, the time range in the condition)::
                "clickTime <= impressionTime + interval 15 minutes"), "leftOuter")
 
 Here the producers label each record with its event time (``Front(time_from="ts")``)
-and write Parquet files; the query is a backfill over what they wrote (it stops by
-itself once everything the fronts promised is complete). Run it with ``python
+and write Parquet files while the query runs, the clicks' producer 1.5 s behind the
+impressions'; closing the fronts ends the input, so every impression gets its row,
+clicked or not. Run it with ``python
 examples/impressions_clicks.py``; the suite runs it (tests/test_examples.py) and it
 checks its own output against a pandas join of the same records.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +34,17 @@ from lowtide.spark.sources import FilesProducerConfig
 MINUTE_MS = 60_000
 
 
-def produce(pipe: Any, folder: Path, front: int, segment: str, rows: pd.DataFrame) -> int:
-    """One producer: labels each record with its ``ts`` and writes files; returns the
-    front's last promise (every record it labelled is below it)."""
+def produce(pipe: Any, folder: Path, front: int, segment: str, rows: pd.DataFrame,
+            lag_s: float) -> int:
+    """One producer: labels each record with its ``ts`` and writes a file every 0.2 s
+    after ``lag_s``; returns the front's last promise (the end of its input)."""
     f = lowtide.Front(None, front, pipe.tracker_ref, segment=segment, time_from="ts",
                       start_ms=int(rows["ts"].min()))  # where its promises start
     out = FilesProducerConfig(folder).build(f)
-    for part in np.array_split(np.arange(len(rows)), 4):  # four files, in time order
+    time.sleep(lag_s)
+    for part in np.array_split(np.arange(len(rows)), 6):  # six files, in time order
         out.send(rows.iloc[part].reset_index(drop=True))
+        time.sleep(0.2)
     return f.close()
 
 
@@ -71,13 +76,16 @@ def main(spark: Any, work: Path) -> pd.DataFrame:
         joined = impressions.join(clicks, left_on="impressionAdId", right_on="clickAdId",
                                   lower="0 minutes", upper="15 minutes", how="leftOuter")
         pipe.start_tracker(joined.graph())
-        promised = min(produce(pipe, work / "impressions", 0, "impressions", imp),
-                       produce(pipe, work / "clicks", 1, "clicks", clk))
         query = (joined.writeStream.format("parquet")
                  .option("checkpointLocation", str(work / "checkpoint"))
                  .option("keepTrackingColumns", True)
-                 .trigger(availableNow=True).start(str(work / "out")))
-        query.awaitTermination()          # the backfill ends once it is complete
+                 .trigger(processingTime="500 milliseconds").start(str(work / "out")))
+        with ThreadPoolExecutor(2) as producers:   # the clicks' producer lags 1.5 s
+            promised = min(producers.map(
+                lambda side: produce(pipe, work / side[0], side[1], side[0], side[2], side[3]),
+                [("impressions", 0, imp, 0.0), ("clicks", 1, clk, 1.5)]))
+        query.wait_for_min_time(promised, timeout_s=180)   # the end: every row final
+        query.stop()
         got = pd.read_parquet(work / "out")
     # the end of the example
 

@@ -6,6 +6,8 @@ runs in the suite."""
 
 from __future__ import annotations
 
+import ast
+import importlib
 import importlib.util
 import inspect
 import re
@@ -28,15 +30,48 @@ def load(path: Path) -> ModuleType:
     return module
 
 
+def python_blocks() -> list[tuple[str, str]]:
+    """(doc, block) of every ```python block in README and docs."""
+    return [(doc.name, block) for doc in DOCS
+            for block in re.findall(r"```python\n(.*?)```", doc.read_text(), re.S)]
+
+
 def docs_blocks() -> list[tuple[str, str, str]]:
     """(doc, example file, block) of every ```python block naming an example."""
     found = []
-    for doc in DOCS:
-        for block in re.findall(r"```python\n(.*?)```", doc.read_text(), re.S):
-            first = block.splitlines()[0].strip()
-            if first.startswith("# examples/"):
-                found.append((doc.name, first[2:], block))
+    for doc, block in python_blocks():
+        first = block.splitlines()[0].strip()
+        if first.startswith("# examples/"):
+            found.append((doc, first[2:], block))
     return found
+
+
+def test_every_docs_block_parses_and_imports_what_exists() -> None:
+    """Blocks that are not a part of an example are fragments (they use a ``pipe``, a
+    ``spark``, a ``df`` of the text around them): each must be Python, and every name it
+    imports from lowtide must exist, so a renamed API fails here, not in a reader's
+    hands."""
+    blocks = python_blocks()
+    assert len(blocks) >= 30
+    for doc, block in blocks:
+        tree = ast.parse(textwrap.dedent(block), filename=doc)  # a SyntaxError names it
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("lowtide"):
+                module = importlib.import_module(node.module or "")
+                missing = [a.name for a in node.names if not hasattr(module, a.name)]
+                assert not missing, f"{doc}: {node.module} has no {missing}"
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.startswith("lowtide"):
+                        importlib.import_module(a.name)
+
+
+def test_readme_quick_start_runs_as_written(capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's block is a whole program (the core alone): it runs and prints the
+    min times it announces."""
+    [(_doc, block)] = [(d, b) for d, b in python_blocks() if d == "README.md"]
+    exec(compile(block, "README.md", "exec"), {})
+    assert "MinTimeUpdate(segment='src', time=12)" in capsys.readouterr().out
 
 
 def test_docs_show_the_examples_verbatim() -> None:

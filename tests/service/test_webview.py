@@ -61,7 +61,8 @@ def test_the_document_shows_the_graph_fronts_and_the_stuck_window() -> None:
     assert stuck["text"] == f"segment 'parse', slots [{SLOT}, {SLOT + 1}): 2 item(s) missing"
     [front] = doc["fronts"]
     assert front == {"front": lost.FRONT, "segment": "src", "heartbeat": SLOT + 10,
-                     "heartbeat_lag_ms": now - (SLOT + 10) * 10, "stalled": True, "dead": None}
+                     "heartbeat_lag_ms": now - (SLOT + 10) * 10, "stalled": True, "dead": None,
+                     "ended": False}
 
 
 def test_rows_per_second_come_from_successive_refreshes() -> None:

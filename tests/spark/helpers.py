@@ -73,6 +73,11 @@ class CoreAgent:
         with self.lock:
             self.tracker.heartbeat(Heartbeat(front, time))
 
+    def status(self) -> dict[str, Any]:
+        """The fronts, as the service's status has them (a successor resumes there)."""
+        with self.lock:
+            return {"fronts": {str(f): list(v) for f, v in self.tracker.fronts().items()}}
+
     def step(self) -> dict[str | None, int]:
         with self.lock:
             self.tracker.step(0)

@@ -161,7 +161,10 @@ def cluster_id(logs: Path) -> str:
         for line in meta.read_text().splitlines():
             if line.startswith("cluster.id="):
                 return line.split("=", 1)[1].strip()
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    while True:  # as Kafka's Uuid.randomUuid: an id starting with "-" reads as an option
+        new = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not new.startswith("-"):
+            return new
 
 
 @dataclass(frozen=True)

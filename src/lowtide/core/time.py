@@ -21,6 +21,10 @@ from typing import Protocol
 DEFAULT_DELTA_MS = 10
 #: Exclusive upper limit of slot values: leaves headroom in int64 for window arithmetic.
 TIME_LIMIT = 1 << 62
+#: The end of an input: a front whose input is finished promises this time (its last
+#: heartbeat), so every window holding its records can complete. 2200-01-01T00:00:00Z:
+#: past any time a clock front labels, within what datetimes, pandas and Spark hold.
+END_MS = 7_258_118_400_000
 
 
 @dataclass(frozen=True, order=True)
@@ -58,6 +62,21 @@ class TimeGrid:
 
     def slot_start_ms(self, slot: int) -> int:
         return slot * self.delta_ms
+
+    @property
+    def end_slot(self) -> int:
+        """The slot of :data:`END_MS`, the heartbeat of a front whose input ended."""
+        return self.slot_of(END_MS)
+
+    def at_end(self, time: int) -> bool:
+        """Whether a heartbeat, bound or min time (a window boundary at or below
+        :attr:`end_slot`) says the input ended: nothing more will come.
+
+        >>> grid = TimeGrid(10, 4)
+        >>> grid.at_end(grid.end_slot // 4 * 4), grid.at_end(grid.end_slot - 4)
+        (True, False)
+        """
+        return time > self.end_slot - self.window_slots
 
 
 class Clock(Protocol):

@@ -51,12 +51,13 @@ def stalled_fronts(
     >>> stalled_fronts({"0": ["src", 1_000], "1": ["src", 700]}, 10_000, TimeGrid(10))
     [1]
     """
-    if not fronts:
+    going = {f: t for f, (_seg, t) in fronts.items() if not grid.at_end(t)}  # not ended
+    if not going:
         return []
-    lead = max(t for _seg, t in fronts.values())
+    lead = max(going.values())
     return sorted(
         int(f)
-        for f, (_seg, t) in fronts.items()
+        for f, t in going.items()
         if (lead - t) * grid.delta_ms > behind_ms or now_ms - t * grid.delta_ms > silent_ms
     )
 
@@ -68,3 +69,58 @@ def utc_text(ms: int) -> str:
     '2025-11-26T02:00:00+00:00'
     """
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="seconds")
+
+
+def doc_grid(doc: dict[str, Any]) -> TimeGrid:
+    """The time grid a status document was made with."""
+    return TimeGrid(int(doc.get("delta_ms", 10)), int(doc.get("window_slots", 1)))
+
+
+def open_ends(doc: dict[str, Any]) -> list[str]:
+    """Source segments that no live or declared front will move on: their fronts were
+    unregistered (or retired) below the end of their input, so nothing at or after
+    their bound ever completes (the windows holding the last records stay open, and
+    are not stuck: no bound passed them). One line each, saying what to do.
+
+    >>> doc = {"segments": [{"segment": "in", "source": True, "bound": 7, "in_flight": 0},
+    ...                     {"segment": "win.state", "source": False, "in_flight": 2}]}
+    >>> open_ends(doc)[0][:73]
+    "segment 'in' has no live front: it stays at slot 7, where its fronts were"
+    """
+    grid = doc_grid(doc)
+    fronted = {seg for seg, *_r in doc.get("fronts", {}).values()}
+    fronted |= {seg for seg, *_r in doc.get("fronts_declared", {}).values()}
+    held = sum(int(s.get("in_flight", 0)) for s in doc.get("segments", [])
+               if not s.get("source"))
+    return [
+        f"segment {s['segment']!r} has no live front: it stays at slot {s['bound']}, where "
+        f"its fronts were unregistered, and {held} item(s) held open downstream (the "
+        "windows holding its last records) never complete: end each front's input with "
+        "Front.close() (not end=False), or register a front"
+        for s in doc.get("segments", [])
+        if s.get("source") and s["segment"] not in fronted and int(s["bound"]) > 0
+        and not grid.at_end(int(s["bound"]))
+    ]
+
+
+def late_records(doc: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """Per front, what it did with late records, as it reported them (``late_clamped``,
+    ``late_rejected``, ``late_raised``, ``out_of_range``)."""
+    late: dict[str, dict[str, int]] = doc.get("front_events", {}).get("late", {})
+    return late
+
+
+def late_lines(doc: dict[str, Any]) -> list[str]:
+    """One line per front that reported late records.
+
+    >>> late_lines({"front_events": {"late": {"3": {"late_clamped": 12, "late_rejected": 0,
+    ...     "late_raised": 0, "out_of_range": 1}}}})
+    ['front 3: late records: 12 clamped, 0 rejected, 0 raised; 1 out of range']
+    """
+    return [
+        f"front {f}: late records: {c.get('late_clamped', 0)} clamped, "
+        f"{c.get('late_rejected', 0)} rejected, {c.get('late_raised', 0)} raised; "
+        f"{c.get('out_of_range', 0)} out of range"
+        for f, c in sorted(late_records(doc).items(), key=lambda kv: int(kv[0]))
+    ]
+

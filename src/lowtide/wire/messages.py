@@ -29,7 +29,8 @@ from lowtide.core.messages import (
 #:    Heartbeats carry their front's owner id; FrontOp carries an action (register,
 #:    unregister, declare, retire) and a retirement deadline; error codes FRONT_BEHIND,
 #:    FRONT_HELD.
-#: 4: QueryBatch: a query's driver says which batch it runs (honest stuck reports).
+#: 4: QueryBatch: a query's driver says which batch it runs (honest stuck reports);
+#:    FrontLate (a front's late records, for status views).
 WIRE_VERSION = 4
 
 #: A graph as plain data: ((name, (inbound names...)), ...) in topological order.
@@ -199,6 +200,21 @@ class QueryBatch:
 
 
 @dataclass(frozen=True)
+class FrontLate:
+    """What a front did with late records (rule 12) since its producer started: totals,
+    the latest report standing (a resend is harmless). For status views only: no min
+    time depends on it, so it is neither deduplicated nor logged (snapshots keep it)."""
+
+    req: int
+    session: int
+    front: int
+    clamped: int
+    rejected: int
+    raised: int
+    out_of_range: int
+
+
+@dataclass(frozen=True)
 class Subscribe:
     """Ask for MinTimeUpdates of ``segment`` (None: global); ``req`` names the
     subscription in later :class:`Notify` frames."""
@@ -323,6 +339,7 @@ Message = (
     | Batch
     | FrontOp
     | QueryBatch
+    | FrontLate
     | Subscribe
     | Unsubscribe
     | StatusRequest

@@ -44,7 +44,7 @@ def test_clamp_moves_late_records_to_the_promise_and_counts_them() -> None:
     assert batch.records["v"].tolist() == [0, 1]  # nothing dropped
     front.written(batch)
     assert front.status()["late_clamped"] == 1
-    assert front.close() == 100_031  # done: past its newest label
+    assert front.close(end=False) == 100_031  # a pause: past its newest label
     receive(agent, "ingest", first.times, first.acks)
     receive(agent, "ingest", batch.times, batch.acks)
     assert agent.step()["ingest"] == 100_031
@@ -60,7 +60,7 @@ def test_reject_returns_late_records_to_the_producer() -> None:
     front.written(batch)
     status = front.status()
     assert status["late_rejected"] == 1 and status["labelled"] == 4
-    front.close()
+    front.close(end=False)
     receive(agent, "ingest", first.times, first.acks)
     receive(agent, "ingest", batch.times, batch.acks)
     assert agent.step()["ingest"] == 100_031  # the rejected record was never in flight
@@ -72,7 +72,7 @@ def test_raise_labels_nothing_of_the_batch() -> None:
     with pytest.raises(LateRecords, match="late='clamp' or 'reject'"):
         front.label(frame(T0 + 20, T0 + 300))
     assert front.status()["late_raised"] == 1 and front.status()["labelled"] == 3
-    front.close()
+    front.close(end=False)
     receive(agent, "ingest", first.times, first.acks)
     assert agent.step()["ingest"] == 100_011  # no ack of the refused batch was sent
 

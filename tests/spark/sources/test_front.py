@@ -106,9 +106,9 @@ def test_front_heartbeats_while_idle(tmp_path) -> None:
 def test_front_resumes_its_log(tmp_path) -> None:
     agent = CoreAgent(GRAPH, GRID)
     clock = ManualClock(5_000)
-    with Front(tmp_path, 1, agent, grid=GRID, clock=clock, fsync="never",
-               heartbeat_ms=None) as f:
-        f.send([b"x"] * 3)
+    f = Front(tmp_path, 1, agent, grid=GRID, clock=clock, fsync="never", heartbeat_ms=None)
+    f.send([b"x"] * 3)
+    f.close(end=False)  # a pause: a successor resumes the front
     with Front(tmp_path, 1, agent, grid=GRID, clock=clock, fsync="never",
                heartbeat_ms=None) as f:
         assert f.send([b"y"]) == 3

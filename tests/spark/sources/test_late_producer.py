@@ -180,7 +180,7 @@ def test_a_second_producer_of_one_front_is_refused(service: TrackerService, tmp_
     before = service.status()["fronts"]["1"][1]
     time.sleep(0.1)
     assert service.status()["fronts"]["1"][1] >= before  # the first one still owns it
-    first.close()
+    first.close(end=False)  # a pause: its successor resumes
     successor = Front(tmp_path / "a", 1, ref, segment="src", heartbeat_ms=5)  # its log
     assert successor.end_offset == 1
     successor.close()

@@ -49,6 +49,9 @@ class KafkaBenchConfig:
     warmup_batches: int = 2
     rounds: int = 3
     master: str = "local[2]"
+    #: a drain counting fewer micro-batches after warm-up fails: its ratio would rest
+    #: on a batch or two (raise --records or lower --rows-per-batch)
+    min_batches: int = 3
     bootstrap: str | None = None  # None: a local broker for the run
 
 
@@ -106,9 +109,11 @@ def labelled_frame(spark: Any, bootstrap: str, topic: str, rows_per_batch: int) 
             .selectExpr("r.k AS k", "r.v AS v", "lt_time", "lt_ack"))
 
 
-def drain(query: Any, records: int, warmup: int) -> tuple[int, float, float]:
+def drain(query: Any, records: int, warmup: int, min_batches: int = 1
+          ) -> tuple[int, float, float]:
     """(rows, batch seconds, CPU seconds) of the batches after ``warmup`` until the
-    query has read all ``records``."""
+    query has read all ``records``; an error if fewer than ``min_batches`` of them
+    had rows."""
     deadline = time.monotonic() + 600
     cpu0: float | None = None
     while True:
@@ -124,6 +129,10 @@ def drain(query: Any, records: int, warmup: int) -> tuple[int, float, float]:
             raise RuntimeError("benchmark query did not drain its topic in 600 s")
         time.sleep(0.01)
     counted = [p for p in progress[warmup:] if int(p["numInputRows"])]
+    if len(counted) < min_batches:
+        raise RuntimeError(f"the topic drained in {len(counted)} micro-batches after "
+                           f"{warmup} of warm-up; a ratio needs {min_batches}: raise "
+                           "--records or lower --rows-per-batch")
     rows = sum(int(p["numInputRows"]) for p in counted)
     secs = sum(int(p["durationMs"].get("triggerExecution", 0)) for p in counted) / 1000
     return rows, secs, cpu
@@ -134,7 +143,8 @@ def untracked(spark: Any, frame: Any, ckpt: str, cfg: KafkaBenchConfig) -> Any:
     query = (out.writeStream.format("noop").option("checkpointLocation", ckpt)
              .queryName("untracked").start())
     try:
-        return drain(query, cfg.records // cfg.fronts * cfg.fronts, cfg.warmup_batches)
+        return drain(query, cfg.records // cfg.fronts * cfg.fronts, cfg.warmup_batches,
+                     cfg.min_batches)
     finally:
         query.stop()
 
@@ -155,7 +165,7 @@ def one_round(spark: Any, bootstrap: str, tmp: Path, r: int, cfg: KafkaBenchConf
         query = stream.to_null(checkpoint=str(tmp / f"t{r}"), query_name="tracked")
         try:
             tracked = drain(query.query, cfg.records // cfg.fronts * cfg.fronts,
-                            cfg.warmup_batches)
+                            cfg.warmup_batches, cfg.min_batches)
             # every record received once: the sink completes through the last promise
             query.wait_for_min_time(promised, timeout_s=120)
         finally:
@@ -212,8 +222,12 @@ def run(cfg: KafkaBenchConfig) -> dict[str, Any]:
 def main(args: argparse.Namespace) -> int:
     cfg = KafkaBenchConfig(fronts=args.fronts, rows_per_batch=args.rows_per_batch,
                            records=args.records, warmup_batches=args.warmup_batches,
-                           rounds=args.rounds, master=args.master, bootstrap=args.bootstrap)
-    result = run(cfg)
+                           rounds=args.rounds, master=args.master, bootstrap=args.bootstrap,
+                           min_batches=args.min_batches)
+    try:
+        result = run(cfg)
+    except RuntimeError as err:  # too few micro-batches, a query that failed: one line
+        raise SystemExit(f"lowtide bench spark --source kafka: {err}") from None
     print(f"Kafka source, {cfg.records:,} records per round on {cfg.fronts} partitions, "
           f"{cfg.rows_per_batch:,} per batch: tracked {result['rows_per_s_tracked']:,} rows/s, "
           f"untracked {result['rows_per_s_untracked']:,} rows/s; per-round wall ratios "

@@ -41,6 +41,11 @@ def _untracked_stage(batches: Any) -> Any:
         yield user_map(b)
 
 
+#: a bench pipeline warns of a stuck window only after this long: on a loaded machine a
+#: micro-batch holds its rows in flight past the default 5 s (hundreds of warnings in
+#: a join run), which says nothing about tracking
+BENCH_STUCK_MS = 600_000
+
 #: Prototype variants: what parts of tracking cost, measured without the rest.
 #: ``columns``: untracked maps carrying the tracking column ``lt_track`` (as the tracked
 #: pipeline does) without computing or sending acks; ``tracked-noop``: the tracked maps
@@ -48,8 +53,10 @@ def _untracked_stage(batches: Any) -> Any:
 #: through ``foreachBatch`` running a ``noop`` write (how tracked sinks other than the
 #: null sink write), without tracking; ``tracked-unconfirmed``: the tracked pipeline
 #: whose tasks do not wait for the tracker's confirmation (rule 6 off: what the wait
-#: costs; not safe to run in production).
-VARIANTS = ("untracked", "tracked", "columns", "tracked-noop", "foreach", "tracked-unconfirmed")
+#: costs; not safe to run in production); ``tracked-nometrics``: the tracked pipeline
+#: without its observed progress metrics (``Pipeline(progress_metrics=False)``).
+VARIANTS = ("untracked", "tracked", "columns", "tracked-noop", "foreach", "tracked-unconfirmed",
+            "tracked-nometrics")
 
 
 class _ColumnsReader(GenStreamReader):  # type: ignore[misc]
@@ -134,11 +141,13 @@ def run_tracked_noop(spark: Any, cfg: BenchConfig, workdir: str) -> Measured:
 
 
 def run_tracked(
-    spark: Any, cfg: BenchConfig, workdir: str, confirm: bool = True
+    spark: Any, cfg: BenchConfig, workdir: str, confirm: bool = True, metrics: bool = True
 ) -> tuple[Measured, dict[int, float]]:
     from lowtide.spark.pipeline import Pipeline
 
-    pipe = Pipeline(spark, "bench", freeze_gc=cfg.freeze_gc, confirm=confirm)
+    pipe = Pipeline(spark, "bench", freeze_gc=cfg.freeze_gc, confirm=confirm,
+                    stuck_after_ms=BENCH_STUCK_MS,
+                    progress_metrics=metrics)
     stream = _tracked_stream(pipe, cfg)
     trace = os.path.join(workdir, f"trace-{time.time_ns()}.txt")
     ckpt = tempfile.mkdtemp(dir=workdir)
@@ -212,15 +221,18 @@ def notification_delays(arrived: dict[int, tuple[int, int]]) -> dict[int, float]
 def _run_variant(
     spark: Any, cfg: BenchConfig, workdir: str, variant: str
 ) -> tuple[Measured, dict[int, float]]:
-    if variant in ("tracked", "tracked-unconfirmed"):
-        return run_tracked(spark, cfg, workdir, confirm=variant == "tracked")
+    if variant in ("tracked", "tracked-unconfirmed", "tracked-nometrics"):
+        return run_tracked(spark, cfg, workdir, confirm=variant != "tracked-unconfirmed",
+                           metrics=variant != "tracked-nometrics")
     if variant == "tracked-noop":
         return run_tracked_noop(spark, cfg, workdir), {}
     return run_untracked(spark, cfg, workdir, variant), {}
 
 
-def _rounds(spark: Any, cfg: BenchConfig, workdir: str) -> dict[str, _Tally]:
-    """Run every variant once per round, untracked first; round 1 warms the JVM up."""
+def _rounds(spark: Any, cfg: BenchConfig, workdir: str,
+            fewest: dict[str, int]) -> dict[str, _Tally]:
+    """Run every variant once per round, untracked first; round 1 warms the JVM up.
+    ``fewest``: per variant, the batches of its counted run that had the fewest."""
     tally = {v: _Tally() for v in ("untracked", *cfg.variants) if v}
     for r in range(cfg.rounds):
         base = (0.0, 0.0)
@@ -236,6 +248,7 @@ def _rounds(spark: Any, cfg: BenchConfig, workdir: str) -> dict[str, _Tally]:
                 t.cpu_rows, t.cpu_s = t.cpu_rows + CPU["rows"], t.cpu_s + CPU["last"]
                 t.add_delays(m, d, f"round {r + 1}")
                 t.full_gcs_ms += FULL_GCS.ms[gcs:]
+                fewest[variant] = min(fewest.get(variant, n), n)
                 if variant == "untracked":
                     base = (rate, cpu_rate)
                 elif base[0] > 0:
@@ -251,8 +264,9 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     workdir = tempfile.mkdtemp(prefix="lowtide-bench-spark-")
     spark = session(cfg)
     gc.callbacks.append(FULL_GCS)
+    fewest: dict[str, int] = {}
     try:
-        tally = _rounds(spark, cfg, workdir)
+        tally = _rounds(spark, cfg, workdir, fewest)
         gc.collect()  # what one would cost the tracker now (frozen objects skipped)
         full_gc_now_ms = FULL_GCS.ms[-1]
     finally:
@@ -289,6 +303,8 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
         "driver_full_gc_max_ms": round(max(tracked.full_gcs_ms, default=0.0), 2),
         "driver_full_gc_now_ms": round(full_gc_now_ms, 2),
         "variants": variants,
+        # every counted run had at least cfg.min_batches (see measure._measure)
+        "fewest_batches": fewest,
     }
 
 

@@ -223,6 +223,16 @@ def _summary(t: _Tally, base: _Tally) -> dict[str, Any]:
 
 
 
+def stop_wait_s(query: Any) -> float:
+    """How long a bench's stop waits for the running batch to end: twice its longest
+    recent batch, at least 10 s. A stop inside a batch aborts its write (Spark's ERROR
+    line ``WriteToDataSourceV2Exec ... is aborting``): Spark's join took about 17 s per
+    batch of 150,000 rows."""
+    longest_ms = max((int(p["durationMs"].get("triggerExecution", 0))
+                      for p in query.recentProgress), default=0)
+    return max(10.0, 2 * longest_ms / 1000.0)
+
+
 def measure_query(query: Any, cfg: BenchConfig) -> Measured:
     """:func:`_measure` a plain Spark query, then stop it between batches."""
     from lowtide.spark.pipeline import stop_between_batches
@@ -230,7 +240,7 @@ def measure_query(query: Any, cfg: BenchConfig) -> Measured:
     try:
         return _measure(query, cfg)
     finally:
-        stop_between_batches(query)
+        stop_between_batches(query, stop_wait_s(query))
 
 
 def measure_pipeline(pipe: Any, stream: Any, cfg: BenchConfig, workdir: str) -> Measured:
@@ -241,7 +251,7 @@ def measure_pipeline(pipe: Any, stream: Any, cfg: BenchConfig, workdir: str) -> 
         try:
             return _measure(query.query, cfg)
         finally:
-            query.stop()
+            query.stop(graceful_s=stop_wait_s(query.query))
     finally:
         pipe.close()
 

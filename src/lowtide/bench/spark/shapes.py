@@ -26,7 +26,7 @@ import tempfile
 from dataclasses import replace
 from typing import Any
 
-from lowtide.bench.spark.maps import _untracked_stage
+from lowtide.bench.spark.maps import BENCH_STUCK_MS, _untracked_stage
 from lowtide.bench.spark.measure import (
     BenchConfig,
     Measured,
@@ -80,7 +80,8 @@ def spark_union(spark: Any, cfg: BenchConfig, workdir: str) -> Measured:
 
 def lowtide_union(spark: Any, cfg: BenchConfig, workdir: str) -> Measured:
     a, b = _halves(cfg)
-    pipe = Pipeline(spark, "bench-union", freeze_gc=cfg.freeze_gc)
+    pipe = Pipeline(spark, "bench-union", freeze_gc=cfg.freeze_gc,
+                    stuck_after_ms=BENCH_STUCK_MS)
     stream = pipe.generate(a).union(pipe.generate(b)).map(user_map, UNTRACKED_SCHEMA,
                                                           name="map")
     return measure_pipeline(pipe, stream, cfg, workdir)
@@ -115,7 +116,8 @@ def lowtide_join(spark: Any, cfg: BenchConfig, workdir: str) -> Measured:
     from pyspark.sql import functions as F
 
     a, b = _join_specs(cfg)
-    pipe = Pipeline(spark, "bench-join", freeze_gc=cfg.freeze_gc)
+    pipe = Pipeline(spark, "bench-join", freeze_gc=cfg.freeze_gc,
+                    stuck_after_ms=BENCH_STUCK_MS)
 
     def side(spec: GeneratorSpec, prefix: str) -> Any:
         cols = [F.col("seq").alias(f"{prefix}seq"), F.col("event_ms").alias(f"{prefix}ms")]

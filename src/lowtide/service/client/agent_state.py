@@ -32,6 +32,7 @@ from lowtide.wire.messages import (
     Batch,
     Error,
     FrontAction,
+    FrontLate,
     FrontOp,
     Hello,
     Message,
@@ -245,7 +246,7 @@ class AgentState:
         return Batch(next(self._reqs), self.session, key, acks, hbs, nt)
 
     def _submit(
-        self, conn: ServerConnection, msg: Batch | FrontOp, background: bool = False
+        self, conn: ServerConnection, msg: Batch | FrontOp | FrontLate, background: bool = False
     ) -> asyncio.Future[Reply]:
         """Send ``msg``; ``background``: nobody awaits the reply, so an error is kept
         for the next :meth:`flush_all` to raise."""
@@ -331,6 +332,15 @@ class AgentState:
             self._owners[front] = owner_id
         elif action == FrontAction.UNREGISTER:
             self._owners.pop(front, None)
+
+    async def report_late(self, front: int, counts: tuple[int, int, int, int]) -> None:
+        """A front's late counts (clamped, rejected, raised, out of range) to every
+        server that keeps its front operations (status only, see FrontLate)."""
+        await self._ready()
+        futs = [self._submit(conn, FrontLate(next(self._reqs), self.session, front, *counts))
+                for conn in self._state_connections()]
+        for reply in await asyncio.gather(*futs):
+            _check(reply)
 
     async def keyed(
         self, key: BatchKey, acks: AckBatch, hbs: tuple[Heartbeat, ...], owner: str | None

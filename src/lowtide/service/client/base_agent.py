@@ -193,6 +193,13 @@ class BaseAgent(ABC):
         self._ensure()
         self._call(self._state.front_op(FrontAction.RETIRE, front, "", 0, owner), timeout_s)
 
+    def report_late(self, front: int, counts: tuple[int, int, int, int],
+                    timeout_s: float = 10.0) -> None:
+        """Tell the tracker what ``front`` did with late records since its producer
+        started: (clamped, rejected, raised, out of range); status views show it."""
+        self._ensure()
+        self._call(self._state.report_late(front, counts), timeout_s)
+
     def send_batch(
         self,
         key: BatchKey,

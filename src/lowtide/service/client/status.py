@@ -24,12 +24,17 @@ from rich.table import Table
 from rich.text import Text
 
 from lowtide.core.errors import ProtocolError
-from lowtide.core.time import TimeGrid
 from lowtide.service.auth import load_secret, nonce
 from lowtide.service.channel import Address
 from lowtide.service.client.connection import ConnectionConfig, Reply, ServerConnection
 from lowtide.service.errors import ConnectionLost, ServiceError, exception_of
-from lowtide.service.progress import RowRates, stalled_fronts
+from lowtide.service.progress import (
+    RowRates,
+    doc_grid,
+    late_lines,
+    open_ends,
+    stalled_fronts,
+)
 from lowtide.wire.messages import WIRE_VERSION, Error, Hello, Role, Status, StatusRequest
 
 
@@ -162,11 +167,14 @@ def render(
         parts.append(Text(f"waiting (not lost): {waiting}"))
     for stuck in status.get("stuck", []):
         parts.append(Text(f"stuck: {stuck}", style="bold yellow"))
+    parts.extend(Text(f"open: {line}", style="bold yellow") for line in open_ends(status))
+    parts.extend(Text(line, style="yellow") for line in late_lines(status))
     return Group(*parts)
 
 
 def _segments(status: dict[str, Any], rates: RowRates) -> Table:
-    delta = int(status.get("delta_ms", 10))
+    grid = doc_grid(status)
+    delta = grid.delta_ms
     now = int(status.get("now_ms", 0))
     title = (
         f"{status.get('server')} {status.get('url')}  global min {status.get('global_min')}"
@@ -183,7 +191,7 @@ def _segments(status: dict[str, Any], rates: RowRates) -> Table:
         table.add_row(
             seg["segment"],
             str(seg["min_time"]),
-            f"{now - seg['min_time'] * delta:,}",
+            "ended" if grid.at_end(seg["min_time"]) else f"{now - seg['min_time'] * delta:,}",
             "-" if rate is None else f"{rate:,.0f}",
             "-" if received is None else f"{received:,}",
             f"{seg['sent']:,}" if "sent" in seg else "-",
@@ -195,14 +203,17 @@ def _segments(status: dict[str, Any], rates: RowRates) -> Table:
 
 
 def _fronts(status: dict[str, Any]) -> Table:
-    delta = int(status.get("delta_ms", 10))
+    grid = doc_grid(status)
+    delta = grid.delta_ms
     now = int(status.get("now_ms", 0))
     fronts: dict[str, Any] = status["fronts"]
-    stalled = set(stalled_fronts(fronts, now, TimeGrid(delta)))
+    stalled = set(stalled_fronts(fronts, now, grid))
     table = Table(title="fronts", title_justify="left")
     for column in ("front", "segment", "heartbeat", "heartbeat lag ms", "state"):
         table.add_column(column, justify="left" if column in ("segment", "state") else "right")
     for front, (segment, t) in sorted(fronts.items(), key=lambda kv: int(kv[0])):
         state = Text("STALLED", style="bold red") if int(front) in stalled else Text("ok")
-        table.add_row(front, segment, str(t), f"{now - t * delta:,}", state)
+        ended = grid.at_end(t)
+        table.add_row(front, segment, "end" if ended else str(t),
+                      "-" if ended else f"{now - t * delta:,}", Text("ended") if ended else state)
     return table

@@ -192,9 +192,11 @@ class Engine(ABC):
         """:meth:`status` with each segment's ``received`` and ``sent`` rows (a
         coordinator's status already holds its shards' sums)."""
         body = self.status()
-        for seg, received, sent in zip(body["segments"], self.received, self.sent, strict=True):
+        for i, (seg, received, sent) in enumerate(
+                zip(body["segments"], self.received, self.sent, strict=True)):
             seg.setdefault("received", int(received))
             seg.setdefault("sent", int(sent))
+            seg.setdefault("source", self.graph.is_source(i))
         body.setdefault("front_events", self.front_events.export())
         return body
 

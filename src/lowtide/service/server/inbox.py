@@ -12,6 +12,7 @@ from lowtide.wire.messages import (
     Batch,
     Error,
     ErrorCode,
+    FrontLate,
     FrontOp,
     Hello,
     Message,
@@ -30,7 +31,7 @@ from lowtide.wire.messages import (
 #: reports acks and fronts and reads; a status client only reads; a coordinator
 #: watches its shards and releases their old windows.
 RIGHTS: dict[Role, tuple[type[Message], ...]] = {
-    Role.AGENT: (Batch, FrontOp, QueryBatch, Subscribe, Unsubscribe, MinTimeAt,
+    Role.AGENT: (Batch, FrontOp, QueryBatch, FrontLate, Subscribe, Unsubscribe, MinTimeAt,
                  StatusRequest),
     Role.STATUS: (StatusRequest, Subscribe, Unsubscribe, MinTimeAt),
     Role.COORDINATOR: (WatchShard, ShardReleaseFrame, StatusRequest),

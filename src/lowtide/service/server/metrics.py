@@ -22,6 +22,7 @@ from lowtide import __version__
 from lowtide.core.messages import MinTimeUpdate
 from lowtide.core.time import TimeGrid
 from lowtide.service.net import HttpReply, HttpRequest
+from lowtide.service.progress import late_records
 
 GLOBAL = "_global"
 MS_PER_S = 1000.0
@@ -97,6 +98,10 @@ class ServerMetrics:
             "lowtide_sla_late_seconds", "how far the oldest open sink window is past its "
             "SLA (<= 0: on time)", one
         ).labels(pipeline)
+        self.late = self._gauge(
+            "lowtide_front_late_records", "late records a front reported since its producer "
+            "started, by what became of them (clamped, rejected, raised, out of range)",
+            [*one, "front", "outcome"])
         self._gauge(  # the "info" convention: a dashboard shows which version runs
             "lowtide_build_info", "lowtide's version (the value is always 1)",
             [*one, "version"],
@@ -150,6 +155,9 @@ class ServerMetrics:
         """``late`` windows just became late; the oldest open one is ``worst_ms`` past."""
         self.windows_late.inc(late)
         self.sla_late.set(worst_ms / MS_PER_S)
+        for front, counts in late_records(status).items():
+            for outcome, n in counts.items():
+                self.late.labels(p, front, outcome).set(n)
 
     def _catch_up(self, counter: Any, key: tuple[str, ...], total: int) -> None:
         """Counters follow the engine's own totals: one source, whatever the role. A

@@ -46,6 +46,7 @@ from lowtide.wire.messages import (
     Batch,
     Error,
     ErrorCode,
+    FrontLate,
     FrontOp,
     Hello,
     Message,
@@ -370,6 +371,9 @@ class TrackerServer:
             out.append((peer, self._apply(engine, peer, msg, now)))
         elif isinstance(msg, QueryBatch):
             out.append((peer, engine.report_batch(msg, now)))
+        elif isinstance(msg, FrontLate):  # status only: neither deduplicated nor logged
+            engine.front_events.report_late(msg)
+            out.append((peer, Ok(msg.req)))
         elif isinstance(msg, Subscribe | Unsubscribe | MinTimeAt):
             self._standing.request(engine, peer, msg, out)
         elif isinstance(msg, StatusRequest):
@@ -459,6 +463,7 @@ class TrackerServer:
             if self.shard_watch is not None:
                 self.shard_watch.annotate(body)
             body["delta_ms"] = self.config.grid.delta_ms
+            body["window_slots"] = self.config.grid.window_slots
             body["now_ms"] = self.clock.now_ms()
             if self.freshness is not None:
                 body["freshness"] = self.freshness.document(body, engine.graph)

@@ -52,6 +52,15 @@ PAGE_HTML = """<!doctype html>
     <h2>Waiting for a running batch (not lost)</h2>
     <ul id="waiting"></ul>
   </section>
+  <section id="open-section" hidden>
+    <h2>Open, no live front to close it</h2>
+    <table><tbody id="open"></tbody></table>
+  </section>
+  <section id="late-section" hidden>
+    <h2>Late records</h2>
+    <table><thead><tr><th>front</th><th>clamped</th><th>rejected</th><th>raised</th>
+      <th>out of range</th></tr></thead><tbody id="late"></tbody></table>
+  </section>
   <section id="shards-section" hidden>
     <h2>Shards</h2>
     <table><thead><tr><th>shard</th><th>state</th></tr></thead>
@@ -230,11 +239,16 @@ function render(view) {
     [count(w.extra)], [lag(view.now_ms - w.since_ms)], [w.text, "what"]]]));
   fill("fronts", view.fronts.map(f => [f.stalled || f.dead ? "stalled" : "", [
     [String(f.front)], [f.segment], [String(f.heartbeat)], [lag(f.heartbeat_lag_ms)],
-    [f.dead ? f.dead : f.declared ? "declared, waiting" : f.stalled ? "STALLED" : "ok"]]]));
+    [f.dead ? f.dead : f.declared ? "declared, waiting" : f.ended ? "ended" : f.stalled ? "STALLED" : "ok"]]]));
   lines("front-events", (view.front_events.recent || []).filter(e => e.includes(" dead")
                                                                    || e.includes("retired")));
   document.getElementById("waiting-section").hidden = view.waiting.length === 0;
   lines("waiting", view.waiting);
+  document.getElementById("open-section").hidden = view.open_ends.length === 0;
+  fill("open", view.open_ends.map(text => ["stuck", [[text, "what"]]]));
+  document.getElementById("late-section").hidden = view.late.length === 0;
+  fill("late", view.late.map(r => ["", [[String(r.front)], [count(r.late_clamped)],
+    [count(r.late_rejected)], [count(r.late_raised)], [count(r.out_of_range)]]]));
   document.getElementById("shards-section").hidden = view.shards.length === 0;
   fill("shards", view.shards.map(s => [s.connected ? "" : "stalled", [
     [s.url], [s.connected ? "up" : "DOWN"]]]));

@@ -19,7 +19,13 @@ from typing import Any
 
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.time import TimeGrid
-from lowtide.service.progress import RowRates, stalled_fronts
+from lowtide.service.progress import (
+    RowRates,
+    doc_grid,
+    late_records,
+    open_ends,
+    stalled_fronts,
+)
 
 MS_PER_S = 1000.0
 
@@ -33,10 +39,12 @@ def depths(graph: SegmentGraph) -> list[int]:
     return out
 
 
-def lag_ms(min_time: int, now_ms: int, delta_ms: int) -> int | None:
+def lag_ms(min_time: int, now_ms: int, grid: TimeGrid) -> int | None:
     """Wall clock minus the start of the min time; None before anything was announced
-    (a min time of 0 is the epoch, not a lag of 56 years)."""
-    return None if min_time <= 0 else now_ms - min_time * delta_ms
+    (a min time of 0 is the epoch, not a lag of 56 years) and once the input ended."""
+    if min_time <= 0 or grid.at_end(min_time):
+        return None
+    return now_ms - min_time * grid.delta_ms
 
 
 def view_document(
@@ -48,7 +56,8 @@ def view_document(
     """The page's data: the graph with per segment figures, stuck windows, fronts and
     shards. ``rates`` (kept across refreshes) gives rows/s from ``received`` totals."""
     now = int(status.get("now_ms", 0))
-    delta = int(status.get("delta_ms", 10))
+    grid = doc_grid(status)
+    delta = grid.delta_ms
     global_min = int(status.get("global_min", 0))
     return {
         "pipeline": pipeline,
@@ -58,15 +67,18 @@ def view_document(
         "delta_ms": delta,
         "graph_known": graph is not None,
         "global_min": global_min,
-        "global_lag_ms": lag_ms(global_min, now, delta),
+        "global_lag_ms": lag_ms(global_min, now, grid),
         "connections": status.get("connections", 0),
         "acks_applied": status.get("acks_applied", 0),
-        "segments": _segments(status, graph, rates or RowRates(), now, delta),
+        "segments": _segments(status, graph, rates or RowRates(), now, grid),
         "stuck": list(status.get("stuck_detail", [])),
-        "fronts": _fronts(status.get("fronts", {}), now, delta, status.get("fronts_dead", {}))
+        "fronts": _fronts(status.get("fronts", {}), now, grid, status.get("fronts_dead", {}))
         + _declared(status.get("fronts_declared", {}), now, delta),
         "waiting": list(status.get("waiting", [])),
         "front_events": status.get("front_events", {}),
+        "late": [{"front": int(f), **c} for f, c in sorted(
+            late_records(status).items(), key=lambda kv: int(kv[0]))],
+        "open_ends": open_ends(status),
         "shards": [
             {"url": s["url"], "connected": bool(s["connected"])} for s in status.get("shards", [])
         ],
@@ -74,7 +86,8 @@ def view_document(
 
 
 def _segments(
-    status: dict[str, Any], graph: SegmentGraph | None, rates: RowRates, now: int, delta: int
+    status: dict[str, Any], graph: SegmentGraph | None, rates: RowRates, now: int,
+    grid: TimeGrid,
 ) -> list[dict[str, Any]]:
     if graph is None:
         return []
@@ -91,8 +104,8 @@ def _segments(
                 "inbound": [graph.names[i] for i in inbound],
                 "depth": depth,
                 "min_time": min_time,
-                "min_time_ms": min_time * delta,
-                "lag_ms": lag_ms(min_time, now, delta),
+                "min_time_ms": min_time * grid.delta_ms,
+                "lag_ms": lag_ms(min_time, now, grid),
                 "rows_per_s": rate,
                 "received": received,
                 "sent": seg.get("sent"),
@@ -104,10 +117,11 @@ def _segments(
     return out
 
 
-def _fronts(fronts: dict[str, Any], now: int, delta: int,
+def _fronts(fronts: dict[str, Any], now: int, grid: TimeGrid,
             dead: dict[str, Any]) -> list[dict[str, Any]]:
     """``dead``: the fronts the dead-front policy waits for (their line says since when)."""
-    stalled = set(stalled_fronts(fronts, now, TimeGrid(delta)))
+    stalled = set(stalled_fronts(fronts, now, grid))
+    delta = grid.delta_ms
     return [
         {
             "front": int(front),
@@ -116,6 +130,7 @@ def _fronts(fronts: dict[str, Any], now: int, delta: int,
             "heartbeat_lag_ms": now - int(t) * delta,
             "stalled": int(front) in stalled,
             "dead": dead[front]["text"] if front in dead else None,
+            "ended": grid.at_end(int(t)),
         }
         for front, (segment, t) in sorted(fronts.items(), key=lambda kv: int(kv[0]))
     ]

@@ -1,6 +1,7 @@
 """A pipeline's progress as the tracker reports it: per segment min time, lag, rows/s
 and inbound segments (the graph, for unions and fan-out), fronts' heartbeat lag,
-stalled fronts and stuck windows."""
+stalled fronts, stuck windows, segments no live front will close (open ends) and the
+late records each front reported."""
 
 from __future__ import annotations
 
@@ -11,7 +12,13 @@ from typing import Any
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.time import TimeGrid
 from lowtide.service.clock import wall_ms
-from lowtide.service.progress import RowRates, stalled_fronts
+from lowtide.service.progress import (
+    RowRates,
+    late_lines,
+    late_records,
+    open_ends,
+    stalled_fronts,
+)
 
 
 @dataclass
@@ -48,7 +55,12 @@ class PipelineStatus:
     #: overdue windows a running batch may still deliver: "waiting for query Q batch N"
     waiting: list[str] = field(default_factory=list)
     #: the latest sink windows later than the SLA (Pipeline(sla=...)), what holds each
-    late: list[str] = field(default_factory=list)
+    late_windows: list[str] = field(default_factory=list)
+    #: per front, what it did with late records (late_clamped, late_rejected,
+    #: late_raised, out_of_range), as it reported them
+    late: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: source segments no live front will move: what stays open there, one line each
+    open_ends: list[str] = field(default_factory=list)
 
     def render(self, delta_ms: int) -> str:
         lines = [f"starting: {self.starting}"] if self.starting else []
@@ -61,6 +73,9 @@ class PipelineStatus:
             ups = ", ".join(s.inbound) or "-"
             lines.append(f"{s.segment:<16} {s.min_time:>14} {lag:>9} {rps:>10} {fl:>9}  {ups}")
         for f, (seg, t) in sorted(self.fronts.items(), key=lambda kv: int(kv[0])):
+            if TimeGrid(delta_ms).at_end(t):
+                lines.append(f"front {f:<10} {seg:<8} ended (its input is complete)")
+                continue
             flag = "  STALLED" if int(f) in self.stalled_fronts else ""
             lag = self.wall_ms - t * delta_ms
             lines.append(f"front {f:<10} {seg:<8} heartbeat lag {lag} ms{flag}")
@@ -72,8 +87,10 @@ class PipelineStatus:
         lines.extend(f"FRONT: {e}" for e in self.front_events)
         lines.extend(f"WAITS FOR: {d}" for d in self.dead_fronts)
         lines.extend(f"waiting (not lost): {w}" for w in self.waiting)
-        lines.extend(f"LATE: {w}" for w in self.late[-5:])
+        lines.extend(f"LATE: {w}" for w in self.late_windows[-5:])
         lines.extend(f"STUCK: {s}" for s in self.stuck)
+        lines.extend(f"OPEN: {s}" for s in self.open_ends)
+        lines.extend(late_lines({"front_events": {"late": self.late}}))
         return "\n".join(lines)
 
 
@@ -85,7 +102,8 @@ def status_of(doc: dict[str, Any], grid: TimeGrid, rates: RowRates | None = None
     now = int(doc.get("now_ms") or wall_ms())
     segs = []
     for s in doc.get("segments", []):
-        lag = now - s["min_time"] * grid.delta_ms if s["min_time"] > 0 else None
+        ended = grid.at_end(s["min_time"])
+        lag = now - s["min_time"] * grid.delta_ms if s["min_time"] > 0 and not ended else None
         rps = None
         total = s.get("received")
         if rates is not None and total is not None:
@@ -104,4 +122,5 @@ def status_of(doc: dict[str, Any], grid: TimeGrid, rates: RowRates | None = None
                           list(events.get("recent", [])),
                           [d["text"] for d in doc.get("fronts_dead", {}).values()],
                           list(doc.get("waiting", [])),
-                          [w["text"] for w in (doc.get("freshness") or {}).get("late", [])])
+                          [w["text"] for w in (doc.get("freshness") or {}).get("late", [])],
+                          late_records(doc), open_ends(doc))

@@ -54,6 +54,7 @@ segment, sent into each; the front registers there as ``front + k * CONSUMER_STR
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import socket
 import sys
@@ -67,7 +68,7 @@ import numpy as np
 import numpy.typing as npt
 
 from lowtide.core.acks import root_acks
-from lowtide.core.errors import FrontHeld, FrontOwned, NonMonotonicHeartbeat
+from lowtide.core.errors import FrontHeld, FrontOwned, LowtideError, NonMonotonicHeartbeat
 from lowtide.core.time import Clock, TimeGrid
 from lowtide.service.clock import SystemClock
 from lowtide.spark.sources import records as rec
@@ -79,7 +80,10 @@ from lowtide.spark.sources.retention import retain
 from lowtide.spark.tracking.column import AckAccumulator
 from lowtide.spark.tracking.transport import AgentLike, TrackerRef, connect
 
-__all__ = ["CONSUMER_STRIDE", "Front", "Labelled", "default_owner", "register_when_free"]
+log = logging.getLogger("lowtide.spark.front")
+
+__all__ = ["CONSUMER_STRIDE", "Front", "FrontEnded", "Labelled", "default_owner",
+           "register_when_free"]
 
 #: Front ids of one front's registrations on its 2nd, 3rd, ... consumer segment.
 CONSUMER_STRIDE = 1 << 32
@@ -90,6 +94,9 @@ SEQ_PER_MS = 1 << 20
 #: inside a default tracker's window (2**20 windows of 10 ms: 2.9 hours)
 MAX_AHEAD_MS = 3_600_000
 
+
+#: how often a front repeats its late counts to the tracker while they do not change
+LATE_REPORT_EVERY_S = 5.0
 
 #: how long a successor retries while its predecessor still holds the front: the
 #: tracker's lease (1 s by default) must lapse; a second live producer is refused then
@@ -121,6 +128,10 @@ def default_owner(log_dir: str | os.PathLike[str] | None) -> str:
         return f"lowtide-front:log:{os.path.realpath(log_dir)}"
     program = os.path.realpath(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
     return f"lowtide-front:{socket.gethostname()}:{program}"
+
+
+class FrontEnded(LowtideError, RuntimeError):
+    """A producer resumes a front whose input ended (closed with ``close()``)."""
 
 
 @dataclass(frozen=True)
@@ -203,6 +214,7 @@ class Front:
                           else self._clock.now_ms() * SEQ_PER_MS)
         self._max_label = -1
         self._last_beat = -1
+        self._late_sent, self._late_due = (0, 0, 0, 0), 0.0  # the last late report
         self._closed = False
         if time_from is None:
             last = self._writer.last_time if self._writer is not None else -1
@@ -254,7 +266,13 @@ class Front:
             for fid, segment in zip(self.front_ids(), self.segments, strict=True):
                 register_when_free(self._agent, fid, segment, slot, self.owner)
         except NonMonotonicHeartbeat:
-            slot = max(slot, self._promised())
+            promised = self._promised()
+            if self.grid.at_end(promised):
+                raise FrontEnded(
+                    f"front {self.front} ended: its producer closed it with close(), the "
+                    "end of its input. A producer that will resume its front closes it "
+                    "with close(end=False); a new input needs a new front id") from None
+            slot = max(slot, promised)
             for fid, segment in zip(self.front_ids(), self.segments, strict=True):
                 register_when_free(self._agent, fid, segment, slot, self.owner)
         except FrontHeld as exc:
@@ -390,11 +408,14 @@ class Front:
         return slot
 
     def heartbeat(self) -> int:
-        """Promise: no record with a slot below the returned one will follow."""
+        """Promise: no record with a slot below the returned one will follow (and
+        report the late counts to the tracker when they changed)."""
         with self._lock:
             if self._closed or not self.registered:
                 return self._last_beat
-            return self._send_beat(self._promise(self._current_slot()))
+            beat = self._send_beat(self._promise(self._current_slot()))
+        self._report_late()
+        return beat
 
     def _beat(self, every_s: float) -> None:
         while not self._stop.wait(every_s):
@@ -402,6 +423,21 @@ class Front:
                 self.heartbeat()
             except Exception:  # keep beating through transient agent errors
                 continue
+
+    def _report_late(self) -> None:
+        """Tell the tracker what this front did with late records (status views show
+        it), when the counts changed or every LATE_REPORT_EVERY_S (a restarted tracker
+        learns them again); nothing while there are none."""
+        report = getattr(self._agent, "report_late", None)
+        stats = self.late_stats
+        counts = (stats.late_clamped, stats.late_rejected, stats.late_raised,
+                  stats.out_of_range)
+        now = _time.monotonic()
+        if report is None or not any(counts) or (
+                counts == self._late_sent and now < self._late_due):
+            return
+        report(self.front, counts)
+        self._late_sent, self._late_due = counts, now + LATE_REPORT_EVERY_S
 
     def status(self) -> dict[str, Any]:
         """Counts and times of this front (for logs, status pages and metrics)."""
@@ -411,11 +447,20 @@ class Front:
                     "last_heartbeat": self._last_beat, "max_label": self._max_label,
                     "in_flight": in_flight, **self.late_stats.as_dict()}
 
-    def close(self, *, unregister: bool = False) -> int:
+    def close(self, *, end: bool = True, unregister: bool = False) -> int:
         """Send a last heartbeat, stop heartbeating and close the log; returns the last
-        heartbeat. An event-time front promises past its newest label (nothing more
-        follows). ``unregister=True`` tells the tracker the front is done (it then no
-        longer holds its segment back)."""
+        heartbeat (never past a batch labelled but not confirmed written).
+
+        ``end=True`` (the default): the front's input is finished: its last heartbeat
+        is the end of time (:data:`~lowtide.core.time.END_MS`), so every window holding
+        its records completes once the segment's other fronts pass them; when every
+        front of a segment ended, every window does (the end of the input). Nothing may
+        follow: a successor of an ended front is refused (:class:`FrontEnded`).
+        ``end=False``: a pause (a restart, a deploy): it promises past everything it
+        labelled, and a successor with the same owner resumes the front.
+        ``unregister=True`` also tells the tracker the front is done (it then no longer
+        holds its segment; after ``end=False`` the segment stays where it promised, and
+        `lowtide status` shows the windows no front will close)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
@@ -423,11 +468,16 @@ class Front:
             if self._closed:
                 return self._last_beat
             if self.registered:
-                done = self._max_label + 1 if self.time_from else self._now_slot()
-                self._send_beat(self._promise(done))
+                past = max(self._max_label + 1, -1 if self.time_from else self._now_slot())
+                self._send_beat(self._promise(max(past, self.grid.end_slot) if end else past))
             self._closed = True
             if self._writer is not None:
                 self._writer.close()
+        try:
+            self._report_late()
+        except (LowtideError, OSError, TimeoutError) as exc:  # the counts stay in status()
+            log.warning("late counts not reported", extra={"front": self.front,
+                                                           "error": str(exc)})
         if unregister and self.registered:
             unreg = getattr(self._agent, "unregister_front", None)
             if unreg is not None:
@@ -438,5 +488,7 @@ class Front:
     def __enter__(self) -> Front:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        """The input ends with the block; a block that raised only pauses the front
+        (``close(end=False)``): its producer may be run again."""
+        self.close(end=exc_type is None)

@@ -9,7 +9,7 @@ each scrape, so the fronts keep no metrics state of their own.
 >>> class Stub:
 ...     def status(self):
 ...         return {"front": 1, "labelled": 5, "written": 4, "late_clamped": 1,
-...                 "late_rejected": 0, "late_raised": 0, "in_flight": 1,
+...                 "late_rejected": 0, "late_raised": 0, "out_of_range": 0, "in_flight": 1,
 ...                 "last_heartbeat": 7}
 >>> registry = CollectorRegistry()
 >>> _ = FrontCollector([Stub()], registry)
@@ -28,7 +28,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 __all__ = ["OUTCOMES", "FrontCollector"]
 
-OUTCOMES = ("labelled", "written", "late_clamped", "late_rejected", "late_raised")
+OUTCOMES = ("labelled", "written", "late_clamped", "late_rejected", "late_raised",
+            "out_of_range")
 
 
 class FrontCollector:

@@ -30,6 +30,10 @@ refused, else the record is returned like a rejected one; counted in ``out_of_ra
 Either way it is found before any ack is sent, so it never fails a flush of good
 records after they were written.
 
+A front reports its counts to the tracker (status views show them, per front); a
+window's output can count its own clamped records: :func:`clamped_flag` marks each
+record whose label is above its event time, and ``("clamped", "sum")`` counts them.
+
 >>> times, kept = LatePolicy("clamp").apply(np.array([12, 10**12, -3]), 10, stats, limit=100)
 >>> times.tolist(), kept.tolist(), stats.out_of_range
 ([12], [0], 2)
@@ -38,13 +42,16 @@ records after they were written.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from lowtide.core.errors import LowtideError
+from lowtide.spark.sources.labels import TIME_COLUMN
 
-__all__ = ["LATE_POLICIES", "LatePolicy", "LateRecords", "LateStats", "TimesOutOfRange"]
+__all__ = ["LATE_POLICIES", "LatePolicy", "LateRecords", "LateStats", "TimesOutOfRange",
+           "clamped_flag"]
 
 LATE_POLICIES = ("clamp", "reject", "raise")
 
@@ -123,3 +130,18 @@ class LatePolicy:
             return slots, None
         kept = np.flatnonzero(keep).astype(np.int64)
         return slots[kept], kept
+
+
+def clamped_flag(event_time: Any, delta_ms: int) -> Any:
+    """A Spark column: 1 for a record its front clamped (its label ``lt_time`` is above
+    the slot of ``event_time``, a timestamp column), else 0. Add it before
+    ``Pipeline.read_stream`` (where the labels are columns) and sum it in a window's
+    aggregates to count the window's clamped records::
+
+        df = df.withColumn("clamped", clamped_flag(col("ts"), pipe.grid.delta_ms))
+        pipe.read_stream(df).window("1 minute", key="k").agg(late=("clamped", "sum"))
+    """
+    from pyspark.sql import functions as F
+
+    slot = F.floor(F.unix_millis(event_time) / F.lit(delta_ms))
+    return (slot < F.col(TIME_COLUMN)).cast("long")
