@@ -87,7 +87,7 @@ def main(spark: Any, work: Path, bootstrapServers: str, topics: str) -> pd.DataF
             .option("includeHeaders", "true")\
             .load()\
             .selectExpr("CAST(value AS STRING)", *LABELS)   # the fronts' labels
-        lines = pipe.read_stream(lines)
+        lines = pipe.read_stream(lines, fronts=[0, 1])       # its two producers
 
         # Split the lines into words
         words = lines.explode(split(col("value"), " "), "word")

@@ -49,6 +49,22 @@ def _table_and_kafka_settings() -> dict[str, str]:
     return {key: conf[key] for key in keys}
 
 
+@pytest.fixture(autouse=True)
+def _no_agent_dials_a_dead_tracker() -> Iterator[None]:
+    """After each test, close this process's shared agents whose tracker is gone (a
+    test's server killed by pid). Left running they redial its port every second, and
+    a Spark worker's callback socket that took the port read their frame as a length
+    (1 GiB: out of heap, a CI run). Trackers this process stops close theirs."""
+    yield
+    from lowtide.service.client.base_agent import BaseAgent, _kinds
+
+    shared = [a for cls in _kinds(BaseAgent) for a in list(cls._shared.values())]
+    for agent in shared:
+        main = getattr(agent._state, "main", None)
+        if main is not None and not main.connected.is_set():
+            agent.close(timeout_s=0.5)
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     os.environ["PYSPARK_PYTHON"] = PY

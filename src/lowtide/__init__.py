@@ -12,7 +12,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Front", "LowtideError", "Pipeline", "read_complete"]
+__all__ = ["Front", "LowtideError", "Pipeline", "apply_changelog", "read_complete"]
 __version__ = "0.2.0.dev0"  # the one place: pyproject.toml reads it; see CHANGELOG.md
 
 
@@ -35,5 +35,6 @@ __getattr__ = lazy_exports(__name__, {
     "Front": "lowtide.spark.sources.front",
     "LowtideError": "lowtide.core.errors",
     "Pipeline": "lowtide.spark.pipeline.builder",
+    "apply_changelog": "lowtide.spark.sinks.changelog",
     "read_complete": "lowtide.spark.sinks.cuts",
 })

@@ -20,7 +20,8 @@ def test_union_and_join_are_shapes() -> None:
     for shape in ("union", "join"):
         assert p.parse_args(["--shape", shape]).shape == shape
         assert shape in RUNNERS
-    assert set(SHAPES) == {"maps", "window", "union", "join"}
+    assert set(SHAPES) == {"maps", "window", "union", "join", "speculative"}
+    assert p.parse_args(["--shape", "speculative"]).shape == "speculative"
     with pytest.raises(SystemExit):
         p.parse_args(["--shape", "cycle"])
 

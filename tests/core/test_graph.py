@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lowtide.core.errors import GraphError, ProtocolError, UnknownSegment
-from lowtide.core.graph import SegmentGraph, SegmentSpec
+from lowtide.core.graph import MAX_KEY_RANGES, SegmentGraph, SegmentSpec
 
 
 def test_worked_example() -> None:
@@ -80,9 +80,11 @@ def test_fingerprint_tells_graphs_apart() -> None:
 @pytest.mark.parametrize(
     ("specs", "message"),
     [
-        ((("a", ("b",)), ("b", ("a",))), "cycle"),
-        ((("a", ("a",)),), "cycle"),
-        ((("src", ()), ("x", ("src", "z")), ("y", ("x",)), ("z", ("y",))), "cycle"),
+        ((SegmentSpec("a", ("a",), key_ranges=2),), "in a cycle and has key ranges"),
+        ((SegmentSpec("a", (), key_ranges=1),), "key_ranges=1"),
+        ((SegmentSpec("a", (), key_ranges=MAX_KEY_RANGES + 1),), "key_ranges="),
+        ((SegmentSpec("a", (), front_ranges=((1, (0,)),)),), "no key_ranges"),
+        ((SegmentSpec("a", (), 2, ((1, (2,)),)),), "feeds ranges"),
         ((("a", ()), ("b", ("nope",))), "unknown inbound"),
         ((("a", ()), ("a", ())), "declared twice"),
         ((("", ()),), "non-empty"),
@@ -169,6 +171,33 @@ def test_a_large_graph_is_checked_in_linear_time() -> None:
     g = SegmentGraph.of(*specs)
     assert g.names[0] == "s0" and g.names[-1] == f"s{n - 1}"
     assert g.index(f"s{n - 1}") == n - 1 and f"s{n // 2}" in g
-    cyclic = [*specs[:-1], ("s0", (f"s{n - 1}",))]
-    with pytest.raises(GraphError, match=r"cycle: \[.* and 19990 more\]"):
-        SegmentGraph.of(*cyclic)
+    cyclic = SegmentGraph.of(*specs[:-1], ("s0", (f"s{n - 1}",)))  # one loop of all
+    assert cyclic.members(0) == tuple(range(n)) and cyclic.takes_fronts(n // 2)
+
+
+def test_a_cycle_is_one_component_ordered_after_what_feeds_it() -> None:
+    # declared out of order: the loop's members sit next to each other, after "in"
+    g = SegmentGraph.of(("retry", ("work",)), ("out", ("work",)),
+                        ("work", ("in", "retry")), ("in", ()))
+    assert g.names == ("in", "retry", "work", "out")  # a loop keeps declaration order
+    work, retry = g.index("work"), g.index("retry")
+    assert g.members(work) == g.members(retry) == (retry, work)
+    assert g.outside(retry) == (g.index("in"),) and not g.takes_fronts(work)
+    assert g.is_cyclic(work) and not g.is_cyclic(g.index("out"))
+    assert g.sinks() == (g.index("out"),) and not g.simple
+    self_loop = SegmentGraph.of(("a", ("a",)))
+    assert self_loop.is_cyclic(0) and self_loop.takes_fronts(0) and self_loop.sinks() == (0,)
+
+
+def test_key_ranges_have_cells_past_the_segments_and_names() -> None:
+    g = SegmentGraph.of(SegmentSpec("src", (), key_ranges=4, front_ranges=((7, (3,)),)),
+                        ("mid", ("src",)), SegmentSpec("sink", ("mid",), key_ranges=2))
+    assert g.n_cells == 3 + 4 + 2 and not g.simple
+    assert [g.cell(0, r) for r in range(4)] == [3, 4, 5, 6] and g.cell(2, 1) == 8
+    assert g.ranges_of(0) == 4 and g.ranges_of(1) == 0 and g.fronts_of(0) == {7: {3}}
+    assert g.range_name(0, 2) == "src#2" and g.resolve("src#2") == (0, 2)
+    assert g.resolve("mid") == (1, None)
+    with pytest.raises(UnknownSegment):
+        g.resolve("src#4")
+    assert g.fingerprint() != SegmentGraph.of(("src", ()), ("mid", ("src",)),
+                                              ("sink", ("mid",))).fingerprint()

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -47,7 +47,7 @@ from hypothesis import strategies as st
 
 from lowtide.core.acks import child_acks, root_acks
 from lowtide.core.errors import FrontOwned, ProtocolError
-from lowtide.core.graph import SegmentGraph
+from lowtide.core.graph import SegmentGraph, SegmentSpec
 from lowtide.core.local import LocalTracker, LocalTrackerConfig
 from lowtide.core.messages import (
     Ack,
@@ -65,6 +65,7 @@ from lowtide.core.time import TIME_LIMIT, TimeGrid
 from lowtide.core.tracker import Tracker, TrackerConfig
 
 BITS = 1 << 24
+KEYS = 12  # item keys: in a segment with N key ranges, key k is in range k % N
 INTRUDER = 999  # the owner id of a session that owns no front (fronts belong to owner 0)
 
 
@@ -119,10 +120,12 @@ def intrude(
 class DirectEngine:
     """(a) Acks applied one by one, in protocol order, to a central Tracker."""
 
-    def __init__(self, config: TrackerConfig) -> None:
+    def __init__(self, config: TrackerConfig,
+                 make: Callable[[TrackerConfig], Tracker] = Tracker) -> None:
         self.log: Callable[[str], None] = lambda text: None
         self.config = config
-        self.tracker: Tracker = config.build()
+        self.make = make
+        self.tracker: Tracker = make(config)
         self.queue: deque[Ack | Heartbeat] = deque()
         self.now = 0
         self.restores = 0
@@ -152,7 +155,8 @@ class DirectEngine:
         else:  # persist and resume from the snapshot, in a tracker of another size
             snap = self.tracker.snapshot()
             sizes = (1, 2, 8, 64)
-            self.tracker = dataclasses.replace(self.config, initial_windows=sizes[b % 4]).build()
+            self.tracker = self.make(dataclasses.replace(self.config,
+                                                         initial_windows=sizes[b % 4]))
             self.tracker.restore(snap)
             self.restores += 1
             self.log("  snapshot -> restore")
@@ -434,6 +438,7 @@ class Item:
     segment: int
     time: int
     value: int
+    key: int = 0  # its key range in a segment with N ranges: key % N (children keep it)
 
 
 @dataclass
@@ -445,6 +450,7 @@ class Front:
     last: int  # time of its latest item
     seq: int = 0
     live: bool = True
+    ranges: tuple[int, ...] = ()  # the key ranges it feeds, as the graph lists (): all
 
 
 class World:
@@ -463,11 +469,13 @@ class World:
         for s, ups in enumerate(graph.inbound):
             for u in ups:
                 self.outbound[u].append(s)
-        self.sources = [s for s in range(n) if graph.is_source(s)]
+        self.sources = [s for s in range(n) if graph.takes_fronts(s)]
         self.items: dict[int, Item] = {}  # ack value -> item in flight
         self.seen: set[int] = set()
         self.fronts: list[Front] = []
         self.announced: list[int] = [0] * n
+        # (segment, key range) -> announced min time (rule 15)
+        self.announced_ranges = {(s, r): 0 for s in range(n) for r in range(graph.ranges_of(s))}
         self.announced_global = 0
         self.max_time = 0
         self.announcements = 0
@@ -490,28 +498,49 @@ class World:
         return "\n  ".join(["trace:", *self.trace[-80:]])
 
     # ------------------------------------------------------------ invariants
-    def true_min(self, segment: int | None) -> int:
-        times = [it.time for it in self.items.values() if segment is None or it.segment == segment]
+    def true_min(self, segment: int | None, key_range: int | None = None) -> int:
+        times = [it.time for it in self.items.values()
+                 if (segment is None or it.segment == segment)
+                 and (key_range is None or self.range_of(it) == key_range)]
         return min(times, default=TIME_LIMIT)
 
+    def range_of(self, item: Item) -> int | None:
+        n = self.graph.ranges_of(item.segment)
+        return item.key % n if n else None
+
+    def cell(self, item: Item) -> int:
+        """What the item's acks carry: its segment, or its key range's cell."""
+        r = self.range_of(item)
+        return item.segment if r is None else self.graph.cell(item.segment, r)
+
+    def _where(self, update: MinTimeUpdate) -> tuple[int | None, int | None]:
+        return (None, None) if update.segment is None else self.graph.resolve(update.segment)
+
     def assert_monotonic(self, update: MinTimeUpdate) -> None:
+        seg, r = self._where(update)
         before = (
-            self.announced_global
-            if update.segment is None
-            else self.announced[self.graph.index(update.segment)]
+            self.announced_global if seg is None
+            else self.announced[seg] if r is None else self.announced_ranges[(seg, r)]
         )
         assert update.time >= before, f"MONOTONIC: {update} after {before}\n{self.history()}"
 
     def assert_safe(self, update: MinTimeUpdate) -> None:
-        seg = None if update.segment is None else self.graph.index(update.segment)
-        in_flight = self.true_min(seg)
+        seg, r = self._where(update)
+        in_flight = self.true_min(seg, r)
         assert update.time <= in_flight, (
             f"SAFETY: announced {update} while an item at {in_flight} is in flight there: "
             f"{sorted((self.graph.names[i.segment], i.time) for i in self.items.values())}\n"
             f"{self!r}\n{self.history()}"
         )
 
-    def assert_safe_emission(self, segment: int, time: int) -> None:
+    def assert_safe_emission(self, segment: int, time: int, key: int = 0) -> None:
+        n = self.graph.ranges_of(segment)
+        if n:
+            announced = self.announced_ranges[(segment, key % n)]
+            assert time >= announced, (
+                f"SAFETY: item emitted into {self.graph.range_name(segment, key % n)} at "
+                f"{time}, below its announced min time {announced}\n{self!r}\n{self.history()}"
+            )
         assert time >= self.announced[segment], (
             f"SAFETY: item emitted into {self.graph.names[segment]} at {time}, "
             f"below its announced min time {self.announced[segment]}\n{self!r}\n{self.history()}"
@@ -527,6 +556,7 @@ class World:
             assert t >= floor, (
                 f"LIVENESS: {name} stuck at {t}, expected >= {floor}\n{self!r}\n{self.history()}"
             )
+        self.assert_ranges_live(target, self.announced_ranges)
         assert self.announced_global >= floor, (
             f"LIVENESS: global stuck at {self.announced_global}, expected >= {floor}"
         )
@@ -537,18 +567,42 @@ class World:
             self.assert_monotonic(u)
             self.assert_safe(u)
             self.announcements += 1
-            if u.segment is None:
+            seg, r = self._where(u)
+            if seg is None:
                 self.announced_global = u.time
+            elif r is None:
+                self.announced[seg] = u.time
             else:
-                self.announced[self.graph.index(u.segment)] = u.time
+                self.announced_ranges[(seg, r)] = u.time
+        self.assert_min_over_ranges()
+
+    def assert_ranges_live(self, target: int, ranges: Iterable[tuple[int, int]]) -> None:
+        """LIVENESS of key ranges: each of ``ranges`` reached ``target``."""
+        floor = target // self.w * self.w
+        for s, r in ranges:
+            t = self.announced_ranges[(s, r)]
+            assert t >= floor, (
+                f"LIVENESS: {self.graph.range_name(s, r)} stuck at {t}, expected >= {floor}"
+                f"\n{self!r}\n{self.history()}"
+            )
+
+    def assert_min_over_ranges(self) -> None:
+        """MIN_OVER_RANGES: a segment's announced min time is the minimum over its
+        key ranges' (what a consumer that ignores ranges sees is unchanged)."""
+        for (s, _r), _t in self.announced_ranges.items():
+            low = min(self.announced_ranges[(s, r)] for r in range(self.graph.ranges_of(s)))
+            assert self.announced[s] == low, (
+                f"MIN_OVER_RANGES: {self.graph.names[s]} announced {self.announced[s]}, "
+                f"its ranges {low}\n{self.history()}"
+            )
 
     # --------------------------------------------------------------- actions
-    def _new_item(self, segment: int, time: int, value: int) -> Item:
-        self.assert_safe_emission(segment, time)
+    def _new_item(self, segment: int, time: int, value: int, key: int = 0) -> Item:
+        self.assert_safe_emission(segment, time, key)
         assert value not in self.seen, "ack value collision"
         self.seen.add(value)
         self.max_time = max(self.max_time, time)
-        item = Item(segment, time, value)
+        item = Item(segment, time, value, key)
         self.items[value] = item
         self.log(
             f"item {value & 0xFFFF:04x} into {self.graph.names[segment]} ({segment}) at {time}"
@@ -558,8 +612,12 @@ class World:
     def register(self, segment: int, node: int, time: int) -> None:
         front_id = len(self.fronts) + 1
         self.log(f"register front {front_id} on {self.graph.names[segment]} node {node} at {time}")
+        ranges = tuple(sorted(self.graph.fronts_of(segment).get(front_id, ())))
+        fed = ranges or range(self.graph.ranges_of(segment))
+        if fed:  # it may not start below what the ranges it feeds announced
+            time = max(time, *(self.announced_ranges[(segment, r)] for r in fed))
         time = self.engine.register(front_id, self.graph.names[segment], time)
-        self.fronts.append(Front(front_id, segment, node, time, time))
+        self.fronts.append(Front(front_id, segment, node, time, time, ranges=ranges))
         self.max_time = max(self.max_time, time)
 
     def live_fronts(self) -> list[Front]:
@@ -574,8 +632,12 @@ class World:
         value = int(root_acks(f.id, np.array([f.seq], np.uint64))[0])
         f.seq += 1
         f.last = time
-        self._new_item(f.segment, time, value)
-        self.engine.add(f.node, [Ack(f.segment, time, value, +1)])
+        key = (b >> 6) % KEYS
+        n = self.graph.ranges_of(f.segment)
+        if f.ranges and key % n not in f.ranges:  # a listed front's keys are its ranges'
+            key = key - key % n + f.ranges[(b >> 12) % len(f.ranges)]
+        item = self._new_item(f.segment, time, value, key)
+        self.engine.add(f.node, [Ack(self.cell(item), time, value, +1)])
 
     def heartbeat(self, a: int, b: int) -> None:
         live = self.live_fronts()
@@ -605,14 +667,21 @@ class World:
             return (parent // self.w + 1) * self.w  # into the next tracking window
         return (parent // 3 + 1) * 3 - 1  # a 3-slot window operator emits at its end
 
-    def process(self, a: int, b: int, fan_out: int | None = None) -> None:
+    def process(self, a: int, b: int, fan_out: int | None = None,
+                parent: Item | None = None) -> None:
+        """Take an item out of its segment, emit children into its outbound segments.
+        ``fan_out`` (to drain): that many children, never back into the item's own
+        cycle (a loop's item leaves it, or is given up)."""
         if not self.items:
             return
         items = list(self.items.values())
         # half of the time the oldest item (pipelines mostly run in time order)
-        parent = min(items, key=lambda i: i.time) if a % 2 else items[(a >> 1) % len(items)]
+        if parent is None:
+            parent = min(items, key=lambda i: i.time) if a % 2 else items[(a >> 1) % len(items)]
         node = b % self.n_nodes
         outs = self.outbound[parent.segment]
+        if fan_out is not None:
+            outs = [o for o in outs if o not in self.graph.members(parent.segment)]
         n_children = 0 if not outs else (b >> 2) % 4 if fan_out is None else fan_out
         children: list[Item] = []
         for j in range(n_children):
@@ -625,7 +694,7 @@ class World:
                     child_index=np.array([j], np.uint64),
                 )[0]
             )
-            children.append(self._new_item(segment, time, value))
+            children.append(self._new_item(segment, time, value, parent.key))
         del self.items[parent.value]
         self.log(
             f"node {node} processes {parent.value & 0xFFFF:04x} "
@@ -633,8 +702,8 @@ class World:
         )
         # rule 2: the children's send-acks before the parent's receive-ack
         if children:
-            self.engine.add(node, [Ack(c.segment, c.time, c.value, +1) for c in children])
-        self.engine.add(node, [Ack(parent.segment, parent.time, parent.value, -1)])
+            self.engine.add(node, [Ack(self.cell(c), c.time, c.value, +1) for c in children])
+        self.engine.add(node, [Ack(self.cell(parent), parent.time, parent.value, -1)])
 
     def unregister(self, a: int) -> None:
         live = self.live_fronts()
@@ -677,13 +746,57 @@ class World:
                 for i in range(1 + (b >> 20) % 4):
                     self.observe(self.engine.act(_mix(a, i), _mix(b, i)))
 
-    def finish(self, extra: int) -> None:
-        """Process everything, heartbeat past T, drain: then check LIVENESS."""
+    def drain(self, keep: Callable[[Item], bool] = lambda item: False) -> None:
+        """Process every item (and its children) but those ``keep`` holds back."""
         i = 0
-        while self.items:
-            self.process(0, i % self.n_nodes, fan_out=1)
+        while todo := [item for item in self.items.values() if not keep(item)]:
+            self.process(0, i % self.n_nodes, fan_out=1, parent=todo[0])
             self.observe(self.engine.act(i, i * 7_919))
             i += 1
+
+    def finish_but_one_range(self, lagging: int, extra: int) -> None:
+        """LIVENESS per key range: everything of the other ranges processed, every front
+        but the ones that feed range ``lagging`` heartbeated past T; then every other
+        range that only ranged segments feed reaches T while ``lagging`` waits."""
+        n = max(self.graph.key_ranges)
+        held = [f for f in self.live_fronts() if lagging in f.ranges]
+        self.drain(keep=lambda item: item.key % n == lagging)
+        target = self.max_time + extra
+        for f in self.live_fronts():
+            if f not in held:
+                f.heartbeat = target
+                self.log(f"heartbeat front {f.id} -> {target} (range {lagging} lags)")
+                self.engine.heartbeat(f.node, f.id, target)
+        for s in self.sources:
+            if not any(f.segment == s for f in self.live_fronts()):
+                self.register(s, 0, target)
+        self.observe(self.engine.settle())
+        self.assert_ranges_live(target, self._free_ranges(n, lagging, held))
+
+    def _free_ranges(self, n: int, lagging: int, held: list[Front]) -> list[tuple[int, int]]:
+        """The key ranges a lagging range cannot hold: of segments with ``n`` ranges,
+        not ``lagging``, fed by a live front that is not ``held`` (a range no live
+        front feeds follows all of its segment's fronts), or by the same range of
+        inbound segments split alike."""
+        free: list[tuple[int, int]] = []
+        for s in range(len(self.graph)):  # topological: inbound first
+            if self.graph.ranges_of(s) != n:
+                continue
+            fronts = [f for f in self.live_fronts() if f.segment == s]
+            for r in range(n):
+                if r == lagging:
+                    continue
+                if not self.graph.inbound[s]:
+                    feeders = [f for f in fronts if not f.ranges or r in f.ranges]
+                    if feeders or not any(f in held for f in fronts):
+                        free.append((s, r))
+                elif all((u, r) in free for u in self.graph.inbound[s]):
+                    free.append((s, r))
+        return free
+
+    def finish(self, extra: int) -> None:
+        """Process everything, heartbeat past T, drain: then check LIVENESS."""
+        self.drain()
         target = self.max_time + extra
         for f in self.live_fronts():
             f.heartbeat = target
@@ -707,7 +820,8 @@ def _mix(x: int, i: int) -> int:
 class Setup:
     """Plain data a World is built from (so failing examples print readably)."""
 
-    segments: tuple[tuple[str, tuple[str, ...]], ...]
+    #: (name, inbound) or (name, inbound, key ranges, ((front, (ranges...)), ...))
+    segments: tuple[tuple[Any, ...], ...]
     fronts: tuple[tuple[str, int, int], ...]  # (source segment, node, start time)
     window_slots: int = 1
     n_nodes: int = 1
@@ -716,8 +830,9 @@ class Setup:
     max_age_ms: int = 5
     max_entries: int = 8
 
-    def build(self, mode: str, aggregator: Callable[..., Any] = ShardAggregator) -> World:
-        graph = SegmentGraph.of(*self.segments)
+    def build(self, mode: str, aggregator: Callable[..., Any] = ShardAggregator,
+              tracker: Callable[[TrackerConfig], Tracker] = Tracker) -> World:
+        graph = SegmentGraph.of(*(SegmentSpec(*spec) for spec in self.segments))
         grid = TimeGrid(window_slots=self.window_slots)
         config = TrackerConfig(
             graph, grid=grid, initial_windows=self.initial_windows, stuck_check_ms=10
@@ -727,7 +842,7 @@ class Setup:
         )
         engine: Engine
         if mode == "direct":
-            engine = DirectEngine(config)
+            engine = DirectEngine(config, tracker)
         elif mode == "local":
             engine = LocalEngine(config, local_config, self.n_nodes)
         else:
@@ -930,3 +1045,123 @@ def test_local_trackers_are_safe_live_and_monotonic(setup: Setup, ops: Ops, extr
 @example(setup=LATE_REPORT_REGISTRATION[0], ops=LATE_REPORT_REGISTRATION[1], extra=0)
 def test_sharded_tracker_is_safe_live_and_monotonic(setup: Setup, ops: Ops, extra: int) -> None:
     check(setup.build("sharded"), ops, extra)
+
+
+# ================================================ key ranges (rule 15), cycles (rule 11)
+@st.composite
+def ranged_setups(draw: st.DrawFn, mode: str) -> Setup:
+    """A DAG whose segments may have N key ranges (one N per setup, so ranges chain);
+    source segments list some fronts (ids 1..6) as feeding one range each."""
+    base = draw(setups(mode))
+    n = draw(st.integers(2, 4))
+    specs: list[tuple[Any, ...]] = []
+    for name, ups in base.segments:
+        if not draw(st.integers(0, 3)):  # a quarter of the segments are not split
+            specs.append((name, ups))
+            continue
+        listed = draw(st.dictionaries(st.integers(1, 6), st.integers(0, n - 1), max_size=4))
+        fronts = tuple((f, (r,)) for f, r in sorted(listed.items())) if not ups else ()
+        specs.append((name, ups, n, fronts))
+    return dataclasses.replace(base, segments=tuple(specs))
+
+
+@st.composite
+def cyclic_setups(draw: st.DrawFn, mode: str) -> Setup:
+    """A graph with loops: each segment after the first may also name later segments
+    (and itself) as inbound; fronts feed the components nothing outside feeds."""
+    n = draw(st.integers(2, 5))
+    specs = []
+    for i in range(n):
+        ups = draw(st.sets(st.integers(0, i - 1), max_size=2)) if i else set()
+        if i:
+            ups |= draw(st.sets(st.integers(i, n - 1), max_size=2))
+        specs.append((f"s{i}", tuple(f"s{u}" for u in sorted(ups))))
+    graph = SegmentGraph.of(*specs)
+    n_nodes = 1 if mode == "direct" else draw(st.integers(1, 3))
+    fed = [graph.names[s] for s in range(n) if graph.takes_fronts(s)]
+    fronts = [(name, draw(st.integers(0, n_nodes - 1)), draw(st.integers(0, 4)))
+              for name in fed if name == graph.names[graph.members(graph.index(name))[0]]]
+    base = draw(setups(mode))
+    return dataclasses.replace(base, segments=tuple(draw(st.permutations(specs))),
+                               fronts=tuple(fronts), n_nodes=n_nodes)
+
+
+class RangeBoundIgnoresUnlistedFronts(Tracker):
+    """Unsafe: a source range waits only for the fronts listed as feeding it, not for
+    the fronts that feed every range."""
+
+    def _range_bound(self, s: int, r: int) -> int:
+        if self.graph.inbound[s]:
+            return super()._range_bound(s, r)
+        listed = self.graph.fronts_of(s)
+        return self._fronts.bound_of((s,), lambda f: f in listed and r in listed[f])
+
+
+class LoopIgnoringTracker(Tracker):
+    """Unsafe: every segment of a cycle advances on its own checksums, as if the loop
+    could not bring an item back."""
+
+    def _step_components(self, updates: list[MinTimeUpdate]) -> None:
+        for s in range(len(self.graph)):
+            limit = self._component_bound(s) // self._w
+            self._announce((s,), self._advance(s, limit), limit, updates)
+
+
+HEARTBEAT_FIRST_BY_4 = 2 | (4 << 2)
+ONE_CHILD = 1 << 2
+DELIVER_AND_STEP = [("progress", 0, 3 | (3 << 20)), ("progress", 5, 0)]  # direct engine
+# front 1 feeds range 0 of s0, front 2 every range; front 1 moves to 4, then front 2
+# emits a key of range 0 at 0
+UNLISTED_FRONT: tuple[Setup, Ops] = (
+    Setup((("s0", (), 2, ((1, (0,)),)),), fronts=(("s0", 0, 0), ("s0", 0, 0))),
+    [("heartbeat", 0, HEARTBEAT_FIRST_BY_4), *DELIVER_AND_STEP, ("emit", 1, 0)],
+)
+# in -> work <-> retry: an item goes round to retry at 0; the front moves to 4; the
+# item comes back into work at 0
+ROUND_THE_LOOP: tuple[Setup, Ops] = (
+    Setup((("in", ()), ("work", ("in", "retry")), ("retry", ("work",))),
+          fronts=(("in", 0, 0),)),
+    [("emit", 0, 0), ("process", 1, ONE_CHILD), ("process", 1, ONE_CHILD),
+     ("heartbeat", 0, HEARTBEAT_FIRST_BY_4), *DELIVER_AND_STEP, ("process", 1, ONE_CHILD)],
+)
+
+
+@pytest.mark.parametrize(
+    ("tracker", "program"),
+    [(RangeBoundIgnoresUnlistedFronts, UNLISTED_FRONT), (LoopIgnoringTracker, ROUND_THE_LOOP)],
+    ids=["range-ignores-unlisted-fronts", "cycle-ignores-the-loop"],
+)
+def test_the_model_catches_unsafe_range_and_cycle_trackers(
+    tracker: Callable[[TrackerConfig], Tracker], program: tuple[Setup, Ops]
+) -> None:
+    setup, ops = program
+    with pytest.raises(AssertionError, match="SAFETY"):
+        check(setup.build("direct", tracker=tracker), ops, extra=0)
+    check(setup.build("direct"), ops, extra=0)  # the real tracker: safe and live
+
+
+@COMMON
+@pytest.mark.parametrize("mode", ["direct", "local"])
+@given(data=st.data(), ops=ops_strategy, extra=st.integers(0, 7))
+def test_key_ranges_are_safe_live_monotonic_and_min_over_ranges(
+    mode: str, data: st.DataObject, ops: Ops, extra: int
+) -> None:
+    """Per-range SAFETY, MONOTONIC and MIN_OVER_RANGES at every announcement; LIVENESS
+    of every range but a lagging one while it lags, then of all."""
+    world = data.draw(ranged_setups(mode)).build(mode)
+    world.run(ops)
+    n = max(world.graph.key_ranges, default=0)
+    if n:
+        world.finish_but_one_range(data.draw(st.integers(0, n - 1)), extra)
+    world.finish(extra)
+
+
+@COMMON
+@pytest.mark.parametrize("mode", ["direct", "local", "sharded"])
+@given(data=st.data(), ops=ops_strategy, extra=st.integers(0, 7))
+def test_cycles_are_safe_live_and_monotonic(
+    mode: str, data: st.DataObject, ops: Ops, extra: int
+) -> None:
+    """Random loop traces: items go round cycles keeping (or raising) their time;
+    SAFETY and MONOTONIC at every announcement, LIVENESS once loops are left."""
+    check(data.draw(cyclic_setups(mode)).build(mode), ops, extra)

@@ -25,6 +25,7 @@ from lowtide.core.acks import child_acks, root_acks
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import AckBatch, Heartbeat
 from lowtide.service import Agent, BatchKey
+from lowtide.service.client.base_agent import close_shared
 
 GRAPH_SPEC = [["src", []], ["sink", ["src"]]]
 ITEMS_PER_SLOT = 40
@@ -79,12 +80,17 @@ def serve(
             env={**os.environ, **(env or {})},
             preexec_fn=limit,
         )
+    lines: list[str] = []
+    url = ""
     try:
-        lines = [read_line(proc, 30)]
+        lines.append(read_line(proc, 30))
         if not lines[0].startswith("lowtide serving "):
             raise RuntimeError(f"unexpected output {lines[0]!r}: {log_path.read_text()}")
-        yield ServerProcess(proc, lines[0].split()[-1], lines, log_path)
+        url = lines[0].split()[-1]
+        yield ServerProcess(proc, url, lines, log_path)
     finally:
+        if url:
+            close_shared(url)  # this process's agents for it: no one dials its dead port
         if proc.poll() is None:
             proc.kill()
         proc.wait(10)

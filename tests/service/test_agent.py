@@ -15,6 +15,7 @@ from lowtide.core.errors import AckBehindHead, NonMonotonicHeartbeat, UnknownSeg
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import Ack, AckBatch, Heartbeat, MinTimeUpdate
 from lowtide.service import Agent, BatchKey, SessionFailed, TrackerService
+from lowtide.service.client.base_agent import close_shared
 from lowtide.service.errors import ServiceError
 
 pytestmark = pytest.mark.socket
@@ -205,6 +206,32 @@ def test_shared_agent_is_fork_safe(service: TrackerService, graph: SegmentGraph)
         assert parent.status()["acks_applied"] == 1
     finally:
         parent.close()
+
+
+def test_stopping_a_tracker_closes_this_process_s_shared_agents(graph: SegmentGraph) -> None:
+    """A shared agent outliving its tracker dialled the dead port every second; when a
+    Spark worker's callback socket took that port, Spark read our frame's length as
+    its own and ran out of heap (a CI run). The tracker takes them along."""
+    service = TrackerService.start(graph)
+    try:
+        agent = Agent.shared(service.url, graph)
+        agent.register_front(1, "src", 0)
+    finally:
+        service.stop()
+    assert not agent._thread.is_alive()
+    assert Agent.shared(service.url, graph) is not agent  # a new one (that cannot connect)
+    close_shared(service.url)
+
+
+def test_closing_shared_agents_flushes_what_they_buffered(
+    service: TrackerService, graph: SegmentGraph
+) -> None:
+    agent = Agent.shared(service.url, graph)
+    agent.register_front(1, "src", 0)
+    agent.add_acks(AckBatch.of([send(0, 5, 7)]))
+    close_shared(service.url)
+    assert not agent._thread.is_alive()
+    assert service.status()["acks_applied"] == 1
 
 
 def test_a_failing_state_step_fails_the_tracker_loudly_not_silently(

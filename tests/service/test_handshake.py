@@ -38,12 +38,12 @@ def assert_serves(svc: TrackerService, graph: SegmentGraph) -> None:
 @pytest.mark.parametrize(
     ("spec", "says"),
     [
-        ((("a", ("b",)), ("b", ("a",))), "cycle"),
+        ((("a", ("b",), 2, ()), ("b", ("a",))), "in a cycle and has key ranges"),
         ((), "at least one segment"),
         ((("a", ()), ("a", ())), "declared twice"),
         ((("a", ()), ("b", ("nope",))), "unknown inbound"),
     ],
-    ids=["cyclic", "empty", "duplicate", "dangling"],
+    ids=["ranges-in-a-cycle", "empty", "duplicate", "dangling"],
 )
 def test_a_bad_graph_in_hello_is_refused_and_the_tracker_serves_on(
     fresh: TrackerService, graph: SegmentGraph, spec: tuple, says: str

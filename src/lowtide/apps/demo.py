@@ -29,6 +29,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -135,15 +136,18 @@ def plain_frame(df: Any) -> Any:
 
 
 def start_watermark(spark: Any, spec: Any, out: str, ckpt: str, delay_ms: int,
-                    name: str = "watermark") -> Any:
+                    name: str = "watermark", frame: Callable[[Any], Any] = plain_frame,
+                    key: str = "user", summed: str = "amount") -> Any:
+    """The plain Spark query: ``frame`` (the generator's rows -> ``key``, ``summed``
+    and ``ts``), windows of ``key`` closed by ``withWatermark(delay_ms)``."""
     from pyspark.sql import functions as F
 
     df = (spark.readStream.format("lowtide_gen").option("spec", spec.to_json())
           .option("tracking", "false").option("delta_ms", "10").load())
-    windows = (plain_frame(df).withWatermark("ts", f"{delay_ms} milliseconds")
-               .groupBy("user", F.window("ts", WINDOW))
-               .agg(F.count("*").alias("n"), F.sum("amount").alias("total"))
-               .select("user", F.col("window.start").alias("window_start"),
+    windows = (frame(df).withWatermark("ts", f"{delay_ms} milliseconds")
+               .groupBy(key, F.window("ts", WINDOW))
+               .agg(F.count("*").alias("n"), F.sum(summed).alias("total"))
+               .select(key, F.col("window.start").alias("window_start"),
                        F.col("window.end").alias("window_end"), "n", "total"))
     return (windows.writeStream.format("parquet").outputMode("append")
             .option("path", out).option("checkpointLocation", ckpt)

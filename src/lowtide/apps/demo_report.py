@@ -32,9 +32,10 @@ def committed(out: str) -> set[str] | None:
     return names
 
 
-def read_windows(out: str) -> Any:
+def read_windows(out: str, key: str = "user") -> Any:
     """user, start_ms, end_ms, n, total, done_ms (file mtime) of every committed result
-    row (a query stopped during a micro-batch may leave files of an aborted one)."""
+    row (a query stopped during a micro-batch may leave files of an aborted one);
+    ``key``: the key column, read as ``user``."""
     import pandas as pd
     import pyarrow.parquet as pq
 
@@ -44,10 +45,10 @@ def read_windows(out: str) -> Any:
         if names is not None and os.path.basename(f) not in names:
             continue
         try:
-            t = pq.read_table(f, columns=["user", "window_start", "window_end", "n", "total"])
+            t = pq.read_table(f, columns=[key, "window_start", "window_end", "n", "total"])
         except Exception:  # a file being written
             continue
-        df = t.to_pandas()
+        df = t.to_pandas().rename(columns={key: "user"})
         df["done_ms"] = os.stat(f).st_mtime_ns // 1_000_000
         frames.append(df)
     if not frames:

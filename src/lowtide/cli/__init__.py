@@ -29,6 +29,7 @@ AREAS: tuple[tuple[str, str], ...] = (
     ("lowtide.bench.capacity", "lowtide[service]"),
     ("lowtide.bench.rr", "lowtide[spark]"),
     ("lowtide.bench.sweep", "lowtide[spark]"),
+    ("lowtide.bench.keys", "lowtide[spark]"),
     ("lowtide.bench.chaos", "lowtide[service]"),
     ("lowtide.bench.recovery", "lowtide[spark]"),
     ("lowtide.bench.producer", "lowtide[service]"),

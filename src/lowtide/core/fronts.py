@@ -41,6 +41,7 @@ producer's records from the start on are waited for; older ones are behind).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from lowtide.core.errors import (
@@ -246,6 +247,21 @@ class FrontTable:
         times += [d.time for d in self._declared.values()
                   if d.segment == segment and d.time != AT_START]
         return min(times) if times else self._done_bound[segment]
+
+    def bound_of(self, segments: tuple[int, ...], feeds: Callable[[int], bool]) -> int:
+        """:meth:`bound` over the fronts of ``segments`` (a cycle's) for which
+        ``feeds(front)`` (those feeding one key range). When none of those is live or
+        declared: over all of their fronts (a front that starts feeding it later may
+        not start below what was announced), and when there are none, the latest
+        heartbeat any front of ``segments`` reached."""
+        live = [f for s in segments for f in self._live[s]]
+        waiting = [d for d in self._declared.values()
+                   if d.segment in segments and d.time != AT_START]
+        times = [self._time[f] for f in live if feeds(f)]
+        times += [d.time for d in waiting if feeds(d.front)]
+        if not times:
+            times = [self._time[f] for f in live] + [d.time for d in waiting]
+        return min(times) if times else max(self._done_bound[s] for s in segments)
 
     def time_of(self, front: int) -> int | None:
         return self._time.get(front)

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lowtide.core.errors import FrontBehind
+from lowtide.core.errors import FrontBehind, GraphError
 from lowtide.core.fronts import AT_START
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import (
@@ -127,6 +127,9 @@ class TrackerShard:
     def __init__(self, config: TrackerConfig, layout: ShardLayout, index: int) -> None:
         if config.grid.window_slots != layout.window_slots:
             raise ValueError("shard layout and tracker grid disagree on window_slots")
+        if config.graph.key_ranges:
+            raise GraphError("key ranges need one tracker, not shards: reports carry one "
+                             "min time per segment (serve it with --shards 1)")
         self.index = index
         self.layout = layout
         # Holds only the windows it owns, compressed (see Tracker): n times less to scan.

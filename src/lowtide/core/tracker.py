@@ -28,6 +28,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import numpy as np
+
 from lowtide.core.dead_fronts import DeadFront, DeadFronts, FrontTimeout, InFlight
 from lowtide.core.diagnostics import StuckDetector, StuckWindow, WaitingWindow
 from lowtide.core.errors import ProtocolError, UnknownSegment
@@ -140,7 +142,7 @@ class Tracker:
         self._release = release_on_advance
         self._w = config.grid.window_slots
         self._table = ChecksumTable(
-            n,
+            self.graph.n_cells,
             config.initial_windows,
             config.max_windows,
             owned_every=owned_every,
@@ -149,6 +151,11 @@ class Tracker:
         self._fronts = FrontTable(n, config.front_lease_ms)
         self._mins = [0] * n
         self._limits = [0] * n
+        # per segment, the min time of each of its key ranges (rule 15; [] without)
+        self._range_mins = [[0] * self.graph.ranges_of(s) for s in range(n)]
+        self._range_limits = [[0] * self.graph.ranges_of(s) for s in range(n)]
+        self._ranged = np.array([self.graph.ranges_of(s) > 0 for s in range(n)]
+                                + [False] * (self.graph.n_cells - n))
         self._global = 0
         self._stuck = StuckDetector(config.stuck_after_ms)
         self._dead = DeadFronts(config.front_timeout)
@@ -160,15 +167,15 @@ class Tracker:
     # ----------------------------------------------------------------- inputs
     def _source(self, front: int, name: str) -> int:
         segment = self.graph.index(name)
-        if not self.graph.is_source(segment):
+        if not self.graph.takes_fronts(segment):
             raise ProtocolError(f"front {front}: {name!r} has inbound segments")
         return segment
 
     def register_front(self, msg: RegisterFront, now_ms: int = 0) -> None:
         """``now_ms``: the clock :meth:`step` gets (the holder's lease counts in it)."""
         segment = self._source(msg.front, msg.segment)
-        self._fronts.register(msg.front, segment, msg.time, self._floor(segment), msg.owner,
-                              msg.session, now_ms)
+        self._fronts.register(msg.front, segment, msg.time, self._floor(segment, msg.front),
+                              msg.owner, msg.session, now_ms)
 
     def unregister_front(self, msg: UnregisterFront, now_ms: int = 0) -> None:
         self._fronts.unregister(msg.front, msg.owner, msg.session, now_ms)
@@ -180,8 +187,8 @@ class Tracker:
         if after is not None and after < 0:
             raise ProtocolError(f"front {msg.front}: retire_after_ms must be >= 0")
         retire_at = NEVER if after is None else now_ms + after
-        self._fronts.declare(msg.front, segment, msg.time, self._floor(segment), msg.owner,
-                             retire_at)
+        self._fronts.declare(msg.front, segment, msg.time, self._floor(segment, msg.front),
+                             msg.owner, retire_at)
 
     def retire_front(self, msg: RetireFront) -> None:
         self._fronts.retire(msg.front, msg.owner)
@@ -221,22 +228,65 @@ class Tracker:
         self.batches.expire(now_ms)
         dead = tuple(self._dead.check(self._fronts, now_ms, self._busy, self._in_flight))
         updates: list[MinTimeUpdate] = []
-        for s in range(len(self.graph)):
-            bound = self._bound(s)
-            limit = bound // self._w
-            head = self._table.first_open(s, limit)
-            if self._release:
-                self._table.release(s, head)
-            self._limits[s] = limit
-            time = head * self._w
-            if time != self._mins[s]:
-                self._mins[s] = time
-                updates.append(MinTimeUpdate(self.graph.names[s], time))
+        if self.graph.simple:
+            for s in range(len(self.graph)):
+                limit = self._bound(s) // self._w
+                self._announce((s,), self._advance(s, limit), limit, updates)
+        else:
+            self._step_components(updates)
         low = min(self._mins)
         if low != self._global:
             self._global = low
             updates.append(MinTimeUpdate(None, low))
         return Step(tuple(updates), tuple(self._check_stuck(now_ms)), retired, dead)
+
+    def _advance(self, cell: int, limit: int) -> int:
+        """The head of one checksum row (a segment or a key range), released if central."""
+        head = self._table.first_open(cell, limit)
+        if self._release:
+            self._table.release(cell, head)
+        return head
+
+    def _announce(self, segments: tuple[int, ...], head: int, limit: int,
+                  updates: list[MinTimeUpdate]) -> None:
+        time = head * self._w
+        for s in segments:
+            self._limits[s] = limit
+            if time != self._mins[s]:
+                self._mins[s] = time
+                updates.append(MinTimeUpdate(self.graph.names[s], time))
+
+    def _step_components(self, updates: list[MinTimeUpdate]) -> None:
+        """The step of a graph with cycles or key ranges: a component shares one head
+        (rule 11), a segment with key ranges has one per range (rule 15)."""
+        g, s = self.graph, 0
+        while s < len(g):
+            members = g.members(s)
+            if g.ranges_of(s):
+                self._step_ranges(s, updates)
+            else:
+                limit = self._component_bound(s) // self._w
+                head = min(self._table.first_open(m, limit) for m in members)
+                for m in members:
+                    if self._release:
+                        self._table.release(m, head)
+                self._announce(members, head, limit, updates)
+            s = members[-1] + 1
+
+    def _step_ranges(self, s: int, updates: list[MinTimeUpdate]) -> None:
+        """Each key range of ``s`` advances as far as its own checksums and bound
+        allow; the segment's min time is the minimum over its ranges."""
+        g, mins, limits = self.graph, self._range_mins[s], self._range_limits[s]
+        for r in range(len(mins)):
+            limits[r] = self._range_bound(s, r) // self._w
+            time = self._advance(g.cell(s, r), limits[r]) * self._w
+            if time != mins[r]:
+                mins[r] = time
+                updates.append(MinTimeUpdate(g.range_name(s, r), time))
+        head = min(mins) // self._w
+        if self._release:
+            self._table.release(s, head)  # nothing is acked into the segment's own row
+        self._announce((s,), head, min(limits), updates)
 
     def release(self, min_times: Iterable[int]) -> None:
         """Forget windows below ``min_times`` (per segment), never past an open one."""
@@ -271,10 +321,21 @@ class Tracker:
                              snap.holders, snap.seen, snap.dead_fronts)
         self._mins = list(snap.min_times)
         self._global = snap.global_min
+        # a central tracker released each key range up to its announced min time
+        self._range_mins = [[self._table.base(self.graph.cell(s, r)) * self._w
+                             for r in range(len(rm))] for s, rm in enumerate(self._range_mins)]
 
     # ---------------------------------------------------------------- queries
     def min_time(self, segment: str | None = None) -> int:
-        return self._global if segment is None else self._mins[self.graph.index(segment)]
+        """The global min time, a segment's, or a key range's (``"<segment>#<r>"``)."""
+        if segment is None:
+            return self._global
+        s, r = self.graph.resolve(segment)
+        return self._mins[s] if r is None else self._range_mins[s][r]
+
+    def range_min_times(self, segment: str) -> tuple[int, ...]:
+        """The min time of each key range of ``segment`` (empty without ranges)."""
+        return tuple(self._range_mins[self.graph.index(segment)])
 
     def min_times(self) -> tuple[int, ...]:
         return tuple(self._mins)
@@ -320,7 +381,7 @@ class Tracker:
             self._fronts.heartbeat(hb.front, hb.time, hb.owner, session, now_ms)
             return
         segment, owner = dead
-        floor = self._floor(segment)
+        floor = self._floor(segment, hb.front)
         if hb.owner == owner and hb.time >= floor:
             self._fronts.register(hb.front, segment, hb.time, floor, owner, session or 0,
                                   now_ms)
@@ -330,14 +391,42 @@ class Tracker:
         return self.batches.busy(self.graph.names[s])
 
     def _in_flight(self, s: int) -> InFlight:
-        windows, _x, counts = self._table.open_windows(s, (TIME_LIMIT - 1) // self._w)
-        w = self._w
-        return tuple((int(i) * w, (int(i) + 1) * w, int(c))
-                     for i, c in zip(windows.tolist(), counts.tolist(), strict=True) if c)
+        """What is in flight in ``s``: its own row and its key ranges' (rule 15)."""
+        g, w = self.graph, self._w
+        out: InFlight = ()
+        for cell in (s, *(g.cell(s, r) for r in range(g.ranges_of(s)))):
+            windows, _x, counts = self._table.open_windows(cell, (TIME_LIMIT - 1) // w)
+            out += tuple((int(i) * w, (int(i) + 1) * w, int(c))
+                         for i, c in zip(windows.tolist(), counts.tolist(), strict=True) if c)
+        return out
 
-    def _floor(self, s: int) -> int:
-        """The earliest time a new front may start at: what was announced for ``s``."""
-        return self._mins[s] if self._release else self._table.base(s) * self._w
+    def _component_bound(self, s: int) -> int:
+        """The bound of ``s``'s component: its fronts', or its outside inbound's."""
+        outside = self.graph.outside(s)
+        if not outside:
+            return self._fronts.bound_of(self.graph.members(s), lambda f: True)
+        return min(self._mins[u] for u in outside)
+
+    def _range_bound(self, s: int, r: int) -> int:
+        """The bound of key range ``r`` of ``s``: the fronts that feed it, or the same
+        range of each inbound segment split alike (the whole segment otherwise)."""
+        g = self.graph
+        if not g.inbound[s]:
+            listed = g.fronts_of(s)
+            return self._fronts.bound_of((s,), lambda f: f not in listed or r in listed[f])
+        n = g.ranges_of(s)
+        return min(self._range_mins[u][r] if g.ranges_of(u) == n else self._mins[u]
+                   for u in g.inbound[s])
+
+    def _floor(self, s: int, front: int) -> int:
+        """The earliest time a new front may start at: what was announced for ``s``
+        (for each key range the front feeds)."""
+        if not self._release:
+            return self._table.base(s) * self._w
+        if not self.graph.ranges_of(s):
+            return self._mins[s]
+        fed = self.graph.fronts_of(s).get(front)
+        return max(t for r, t in enumerate(self._range_mins[s]) if fed is None or r in fed)
 
     def _windows(self, batch: AckBatch) -> tuple[I64, tuple[int, int] | None]:
         """The acks' windows and their (min, max), after checking segments and times
@@ -345,8 +434,13 @@ class Tracker:
         if len(batch) == 0:
             return batch.time, None
         seg = batch.segment
-        if int(seg.min()) < 0 or int(seg.max()) >= len(self.graph):
-            raise UnknownSegment(f"ack for segment outside [0, {len(self.graph)})")
+        cells = self.graph.n_cells
+        if int(seg.min()) < 0 or int(seg.max()) >= cells:
+            raise UnknownSegment(f"ack for segment outside [0, {cells})")
+        if cells > len(self.graph) and bool(self._ranged[seg].any()):
+            s = int(seg[self._ranged[seg]][0])
+            raise ProtocolError(f"ack into segment {self.graph.names[s]!r} without a key "
+                                "range: its acks are split by key range (rule 15)")
         low, high = int(batch.time.min()), int(batch.time.max())
         check_time(low, "ack")
         check_time(high, "ack")
@@ -366,9 +460,11 @@ class Tracker:
         if due is not None and now_ms < due:
             return []
         self._next_stuck_check_ms = now_ms + self.config.stuck_check_ms
-        open_windows = {
-            self.graph.names[s]: self._table.open_windows(s, self._limits[s])
-            for s in range(len(self.graph))
-            if self._mins[s] // self._w < self._limits[s]
-        }
-        return self._stuck.observe(now_ms, open_windows, self._w, self.batches)
+        g, w = self.graph, self._w
+        rows = [(g.names[s], s, self._mins[s], self._limits[s]) for s in range(len(g))
+                if not g.ranges_of(s)]
+        rows += [(g.range_name(s, r), g.cell(s, r), t, self._range_limits[s][r])
+                 for s in range(len(g)) for r, t in enumerate(self._range_mins[s])]
+        open_windows = {name: self._table.open_windows(cell, limit)
+                        for name, cell, time, limit in rows if time // w < limit}
+        return self._stuck.observe(now_ms, open_windows, w, self.batches)

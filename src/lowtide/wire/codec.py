@@ -74,15 +74,28 @@ _ACK_NATIVE: tuple[type, ...] = (np.int32, np.int64, np.uint64, np.int64)
 
 def _put_graph(w: Writer, graph: GraphSpec) -> None:
     w.pack("I", len(graph))
-    for name, inbound in graph:
+    for name, inbound, *ranged in graph:
         w.text(name)
         w.pack("I", len(inbound))
         for up in inbound:
             w.text(up)
+        n, fronts = ranged if ranged else (0, ())
+        w.pack("II", n, len(fronts))
+        for front, ranges in fronts:
+            w.pack("qI", front, len(ranges))
+            for r in ranges:
+                w.pack("I", r)
 
 
 def _get_graph(r: Reader) -> GraphSpec:
-    return tuple((r.text(), tuple(r.text() for _ in range(r.count()))) for _ in range(r.count()))
+    out: list[tuple[Any, ...]] = []
+    for _ in range(r.count()):
+        name, inbound = r.text(), tuple(r.text() for _ in range(r.count()))
+        n = r.one("I")
+        fronts = tuple((r.one("q"), tuple(r.one("I") for _ in range(r.count())))
+                       for _ in range(r.count()))
+        out.append((name, inbound) if not n else (name, inbound, n, fronts))
+    return tuple(out)
 
 
 def _put_acks(w: Writer, acks: AckBatch) -> None:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import Any
 
-from lowtide.core.graph import SegmentGraph
+from lowtide.core.graph import SegmentGraph, SegmentSpec
 from lowtide.core.messages import (
     AckBatch,
     Heartbeat,
@@ -31,21 +32,34 @@ from lowtide.core.messages import (
 #:    FRONT_HELD.
 #: 4: QueryBatch: a query's driver says which batch it runs (honest stuck reports);
 #:    FrontLate (a front's late records, for status views).
-WIRE_VERSION = 4
+#: 5: a graph's segments carry their key ranges and the ranges each listed front feeds.
+WIRE_VERSION = 5
 
-#: A graph as plain data: ((name, (inbound names...)), ...) in topological order.
-GraphSpec = tuple[tuple[str, tuple[str, ...]], ...]
+#: A graph as plain data, in topological order: ``(name, (inbound names...))`` per
+#: segment, or ``(name, inbound, key_ranges, ((front, (ranges...)), ...))`` for one
+#: with key ranges (JSON lists are taken too: a stored graph reads back as lists).
+GraphSpec = tuple[tuple[Any, ...], ...]
 
 
 def graph_spec(graph: SegmentGraph) -> GraphSpec:
-    return tuple(
-        (name, tuple(graph.names[u] for u in ups))
-        for name, ups in zip(graph.names, graph.inbound, strict=True)
-    )
+    out: list[tuple[Any, ...]] = []
+    for s, (name, ups) in enumerate(zip(graph.names, graph.inbound, strict=True)):
+        inbound = tuple(graph.names[u] for u in ups)
+        n = graph.ranges_of(s)
+        out.append((name, inbound) if not n else
+                   (name, inbound, n, tuple(sorted((f, tuple(sorted(r)))
+                                                   for f, r in graph.fronts_of(s).items()))))
+    return tuple(out)
 
 
 def graph_of(spec: GraphSpec) -> SegmentGraph:
-    return SegmentGraph.of(*spec)
+    def segment(entry: Any) -> SegmentSpec:
+        name, ups, *ranged = entry
+        n, fronts = ranged if ranged else (0, ())
+        return SegmentSpec(name, tuple(ups), int(n),
+                           tuple((int(f), tuple(int(r) for r in rs)) for f, rs in fronts))
+
+    return SegmentGraph.of(*(segment(e) for e in spec))
 
 
 class Role(IntEnum):

@@ -29,6 +29,9 @@ SPEC = GeneratorSpec(fronts=3, rate=150.0, payload_bytes=4, lag_ms={2: 1200})
 SCHEMA = "front int, seq long, user string, amount double"
 GAP = "100 milliseconds"
 GAP_MS = 100
+#: how far past the first batch the sink must get: a user's sessions start about 1.3 s
+#: apart, so 7 s hold over 20 sessions of 4 users (a warm session got 2.5 s in 2.5 s)
+SLOTS = 700
 
 
 def bursts(b: pa.RecordBatch) -> pa.RecordBatch:
@@ -100,7 +103,7 @@ def test_session_windows_equal_sparks_batch_sessions(spark, tmp_path: Path,
                      lambda s: s.session_window(gap, key="user", name="sessions")
                      .agg(n="count", total=("amount", "sum")))
     assert stream.segment_names() == ["parse", "sessions", "sessions.state", "sink"]
-    results, t0, final = run_timed(pipe, stream, tmp_path, 250)
+    results, t0, final = run_timed(pipe, stream, tmp_path, SLOTS)
     got = results.assign(start=slots_of(results["session_window_start"]),
                          end=slots_of(results["session_window_end"]))
     assert (got["lt_time"] == got["end"]).all(), "a session's row sits at its end"
@@ -134,7 +137,7 @@ def test_a_fold_closing_sessions_with_event_time_timers_equals_sparks(spark, tmp
                      lambda s: s.stateful(visits, "start long, end long, n long, "
                                           "total double", key="user", on_timer=closed,
                                           name="sessions"))
-    results, t0, final = run_timed(pipe, stream, tmp_path, 250, restart_at=100)
+    results, t0, final = run_timed(pipe, stream, tmp_path, SLOTS, restart_at=100)
     assert (results["lt_time"] == results["end"]).all(), "a session's row sits at its end"
     horizon = max(final, int(results["end"].max()) + 1)
     rows = users_of(all_input(SPEC, t0, horizon))

@@ -25,32 +25,16 @@ from lowtide.spark.operators.slot_logic import (
     LogicStep,
     step_group,
 )
-from lowtide.spark.operators.window_aggs import bind_aggs
 from lowtide.spark.operators.window_state import Pane, WindowLogic
-from lowtide.spark.operators.windows import parse_aggs
-from tests.spark.operators.groups import Group, Parts, batches
-
-# count(*), and sum/min/first/last of a nullable long "v" (lt_agg0, lt_valid0: what
-# the JVM hands over, see window_aggs)
-AGGS, _ = bind_aggs("w", parse_aggs({"n": "count", "s": ("v", "sum"), "lo": ("v", "min"),
-                                     "f": ("v", "first"), "l": ("v", "last")}),
-                    {"v": "bigint"})
-
-
-def rows(slots: list[int], ids: list[int] | None = None,
-         values: list[int | None] | None = None) -> pd.DataFrame:
-    """New rows as the runtime hands them to a logic."""
-    ids = ids if ids is not None else list(range(1, len(slots) + 1))
-    values = values if values is not None else list(slots)
-    return pd.DataFrame({
-        "v": pd.Series(values, dtype=object),
-        "lt_agg0": np.array([0 if v is None else v for v in values], np.int64),
-        "lt_valid0": np.array([v is not None for v in values]),
-        SLOT_COL: np.array(slots, np.int64), ID_COL: np.array(ids, np.int64)})
-
-
-def counting(size: int, slide: int | None = None) -> WindowLogic:
-    return WindowLogic(size, slide or size, 10, AGGS)
+from tests.spark.operators.groups import (
+    Group,
+    Parts,
+    batch_windows,
+    batches,
+    counting,
+    inputs,
+    rows,
+)
 
 
 def folding(window: pd.DataFrame) -> dict[str, Any]:
@@ -174,33 +158,6 @@ def test_the_group_record_keeps_what_it_was_given() -> None:
 
 
 # ------------------------------------------------------------------ property
-
-
-def batch_windows(items: list[tuple[int, int, int | None]], size: int, slide: int
-                  ) -> dict[int, list[Any]]:
-    """start -> [n, s, lo, f, l] over every (slot, id, value) of the whole input."""
-    out: dict[int, list[Any]] = {}
-    starts = {s - s % slide - j * slide for s, _, _ in items for j in range(size // slide)}
-    for start in sorted(starts):
-        mine = sorted((s, i, v) for s, i, v in items if start <= s < start + size)
-        vals = [v for _, _, v in mine if v is not None]
-        out[start] = [len(mine), sum(vals) if vals else None, min(vals) if vals else None,
-                      vals[0] if vals else None, vals[-1] if vals else None]
-    return out
-
-
-@st.composite
-def inputs(draw: Any) -> tuple[list[tuple[int, int, int | None]], int, int, list[int]]:
-    slide = draw(st.sampled_from([1, 3, 5]))
-    size = slide * draw(st.integers(1, 3))
-    n = draw(st.integers(0, 40))
-    slots = draw(st.lists(st.integers(0, 50), min_size=n, max_size=n))
-    values = draw(st.lists(st.one_of(st.none(), st.integers(-2**62, 2**62)),
-                           min_size=n, max_size=n))
-    ids = draw(st.permutations(range(1, n + 1)))
-    items = list(zip(slots, ids, values, strict=True))
-    steps = draw(st.lists(st.integers(0, 12), min_size=1, max_size=30))
-    return items, size, slide, steps
 
 
 @settings(max_examples=150, deadline=None)

@@ -95,8 +95,8 @@ def test_a_running_query_answers_like_a_streaming_query(spark, tmp_path: Path) -
 def test_what_an_exact_query_cannot_do_is_refused_before_spark() -> None:
     w = lowtide.Pipeline(None).generate(fronts=1).writeStream
     cases = [
-        (lambda: w.outputMode("update"), r"outputMode\('update'\): speculative results .* "
-                                         r"coming; today use 'append'"),
+        (lambda: w.outputMode("update"), r"outputMode\('update'\) writes early results: "
+                                         r"end the window with .agg\(...\).speculative\(\)"),
         (lambda: w.outputMode("complete"), r"the whole result table as of the min time"),
         (lambda: w.trigger(continuous="1 second"), r"lowtide runs micro-batches"),
         (lambda: w.trigger(), r"trigger\(\) takes one of"),
@@ -108,6 +108,11 @@ def test_what_an_exact_query_cannot_do_is_refused_before_spark() -> None:
             "checkpointLocation", "/c").start(), r"option 'compression' is not one the console"),
         (lambda: w.partitionBy("user"), r"partitionBy"),
     ]
+    early = (lowtide.Pipeline(None).generate(fronts=1).window("1 second", key="front")
+             .agg(n="count").speculative(every="1 second"))
+    assert early.writeStream.outputMode("update") is not None
+    cases.append((lambda: early.writeStream.outputMode("append"),
+                  r"a speculative window writes a changelog: outputMode\('update'\)"))
     for call, pattern in cases:
         with pytest.raises(lowtide.LowtideError, match=pattern):
             call()

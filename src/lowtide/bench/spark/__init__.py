@@ -2,7 +2,9 @@
 tracker notifies after a batch ends (``--shape maps``, the default); or lowtide against
 Spark's own query on the same shape: an exact window against Spark's watermark window
 (``--shape window``, :mod:`.window`), two sources and a union, an exact interval join
-against Spark's watermark stream-stream join (``--shape union|join``, :mod:`.shapes`).
+against Spark's watermark stream-stream join (``--shape union|join``, :mod:`.shapes`);
+early results then exact ones against the exact-only window and Spark's update mode
+(``--shape speculative``, :mod:`.speculative`).
 
 The maps pipeline: the generator (``fronts`` partitions, ``rows_per_batch`` rows per
 micro-batch, always backlogged) then ``stages`` times ``repartition(partitions)`` +
@@ -38,7 +40,7 @@ import argparse
 import json
 from typing import Any
 
-from lowtide.bench.spark import kafka, shapes, window
+from lowtide.bench.spark import kafka, shapes, speculative, window
 from lowtide.bench.spark.maps import (
     VARIANTS,
     first_updates,
@@ -102,7 +104,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="maps: tracked vs untracked maps (default); window: an exact "
                    "window vs Spark's watermark window, typed aggregates over two keys; "
                    "union: two sources, a union and a map vs the same in plain Spark; join: "
-                   "an exact interval join vs Spark's watermark stream-stream join")
+                   "an exact interval join vs Spark's watermark stream-stream join; "
+                   "speculative: early results then finals vs exact-only and Spark's update "
+                   "mode")
     p.add_argument("--source", choices=("generator", "kafka"), default="generator",
                    help="kafka: tracked vs untracked on one topic of a real broker")
     kafka.add_arguments(p)
@@ -125,6 +129,8 @@ def main(args: argparse.Namespace) -> int:
     if unknown:
         raise SystemExit(f"unknown variants {sorted(unknown)}; choose from {VARIANTS}")
     try:  # a run that cannot give a ratio (too few micro-batches) says why, one line
+        if args.shape == "speculative":
+            return speculative.main(cfg)
         if args.shape == "maps":
             return report_maps(run(cfg), cfg)
         if args.shape == "window":

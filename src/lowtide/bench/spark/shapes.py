@@ -38,7 +38,7 @@ from lowtide.bench.spark.measure import (
 from lowtide.spark.pipeline import Pipeline
 from lowtide.spark.sources import UNTRACKED_SCHEMA, GeneratorSpec
 
-SHAPES = ("maps", "window", "union", "join")
+SHAPES = ("maps", "window", "union", "join", "speculative")
 JOIN_KEYS = 1000
 JOIN_WITHIN = "100 milliseconds"
 JOIN_LAG_MS = 5000  # the right side's second front: past Spark's late-row threshold (see above)

@@ -102,7 +102,7 @@ class Agent(BaseAgent):
         self, segment: str | None, deliver: Callable[[MinTimeUpdate], None], timeout_s: float
     ) -> Callable[[], None]:
         if segment is not None:
-            self.graph.index(segment)
+            self.graph.resolve(segment)  # a segment, or a key range "<segment>#<r>"
         req = self._call(self._state.subscribe(segment, deliver), timeout_s)
         return self._canceller(req)
 

@@ -264,7 +264,7 @@ class BaseAgent(ABC):
         minutes, in memory: a restarted tracker has none before its restart)."""
         self._ensure()
         if segment is not None:
-            self.graph.index(segment)
+            self.graph.resolve(segment)  # a segment, or a key range "<segment>#<r>"
         return self._call(self._state.min_time_at(segment, at_ms), timeout_s)
 
 
@@ -276,14 +276,21 @@ def _fresh_locks() -> None:
 os.register_at_fork(after_in_child=_fresh_locks)
 
 
-@atexit.register
-def _close_shared() -> None:
-    """Flush the process's shared agents on the way out: what ``add_acks`` buffered in
-    the last milliseconds would otherwise die with the daemon thread."""
+def close_shared(url: str | None = None, timeout_s: float = 2.0) -> None:
+    """Flush and close this process's shared agents (of ``url``; None: all). A tracker
+    this process stops takes them along: left running, they would dial its port every
+    second, and whatever listens there next (a Spark worker's callback socket, say)
+    would read their frames."""
     with BaseAgent._shared_lock:
-        agents = [a for cls in _kinds(BaseAgent) for a in cls._shared.values()]
+        agents = [a for cls in _kinds(BaseAgent) for a in cls._shared.values()
+                  if url is None or a.url == url]
     for agent in agents:
-        agent.close(timeout_s=2.0)
+        agent.close(timeout_s=timeout_s)
+
+
+# on the way out: what ``add_acks`` buffered in the last milliseconds would otherwise
+# die with the daemon thread
+atexit.register(close_shared)
 
 
 def _kinds(cls: type[Any]) -> list[type[BaseAgent]]:

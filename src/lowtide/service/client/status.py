@@ -199,6 +199,9 @@ def _segments(status: dict[str, Any], rates: RowRates) -> Table:
             str(seg["open_windows"]),
             str(seg["in_flight"]),
         )
+        for r, t in enumerate(seg.get("key_ranges", [])):  # rule 15: a row per key range
+            table.add_row(f"  {seg['segment']}#{r}", str(t), f"{now - t * delta:,}",
+                          *("",) * 6)
     return table
 
 

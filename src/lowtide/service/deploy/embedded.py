@@ -17,6 +17,7 @@ from typing import Any
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.time import TimeGrid
 from lowtide.service.client.agent import Agent
+from lowtide.service.client.base_agent import close_shared
 from lowtide.service.server.config import ServerConfig
 from lowtide.service.server.tracker_server import TrackerServer
 
@@ -122,6 +123,9 @@ class TrackerService:
     def stop(self) -> None:
         if not self._thread.is_alive():
             return
+        # first, while the server still answers their flush (see close_shared)
+        for url in {self.url, self.inproc_url}:
+            close_shared(url)
         asyncio.run_coroutine_threadsafe(self.server.stop(), self._loop).result()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()

@@ -100,6 +100,9 @@ class Engine(ABC):
         # acks_applied (a restarted server counts from zero, plus the log it replays).
         self.received = np.zeros(len(config.graph.names), np.int64)
         self.sent = np.zeros(len(config.graph.names), np.int64)
+        # acks into a key range (rule 15) count for its segment
+        self._segment_of = (np.array(self.graph.cell_segments, np.int32)
+                            if self.graph.key_ranges else None)
         #: min times stay below this (a shard that refused a flush it cannot prove)
         self.hold = TIME_LIMIT
         #: told of every refusal, to log it (the write-ahead log sets it after replay)
@@ -176,8 +179,9 @@ class Engine(ABC):
             return
         n = len(self.received)
         counts = acks.count.astype(np.float64)  # bincount weights; exact below 2**53
-        sent = np.bincount(acks.segment, weights=np.maximum(counts, 0), minlength=n)
-        received = np.bincount(acks.segment, weights=np.maximum(-counts, 0), minlength=n)
+        segs = acks.segment if self._segment_of is None else self._segment_of[acks.segment]
+        sent = np.bincount(segs, weights=np.maximum(counts, 0), minlength=n)
+        received = np.bincount(segs, weights=np.maximum(-counts, 0), minlength=n)
         self.sent += sent.astype(np.int64)
         self.received += received.astype(np.int64)
 

@@ -55,6 +55,8 @@ def tracker_status(tracker: Tracker, graph: SegmentGraph) -> dict[str, Any]:
                 "open_windows": len(windows),
                 "in_flight": int(counts.sum()),
                 "stuck_windows": sum(1 for w in stuck if w.segment == name),
+                # a min time per key range (rule 15); the segment's is their minimum
+                "key_ranges": list(tracker.range_min_times(name)),
             }
         )
     now_ms = tracker.now_ms

@@ -60,7 +60,7 @@ def stored_graph(state_dir: Path) -> SegmentGraph | None:
     if not path.exists():
         return None
     spec = json.loads(path.read_text())
-    return graph_of(tuple((name, tuple(ups)) for name, ups in spec))
+    return graph_of(spec)
 
 
 def store_graph(state_dir: Path, graph: SegmentGraph) -> None:

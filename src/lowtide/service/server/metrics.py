@@ -135,6 +135,8 @@ class ServerMetrics:
             self.open_windows.labels(p, name).set(seg["open_windows"])
             self.stuck.labels(p, name).set(seg.get("stuck_windows", 0))
             self._min_time(name, seg["min_time"], now_ms, grid)
+            for r, t in enumerate(seg.get("key_ranges", [])):  # as "<segment>#<range>"
+                self._min_time(f"{name}#{r}", t, now_ms, grid)
             for direction in ("received", "sent"):
                 total = int(seg.get(direction, 0))
                 self._catch_up(self.rows.labels(p, name, direction), (name, direction), total)
@@ -150,14 +152,14 @@ class ServerMetrics:
         self._catch_up(self.fronts_dead_retired, ("fronts_dead_retired",),
                        int(events.get("dead_retired", 0)))
         self.windows_waiting.set(len(status.get("waiting", ())))
+        for front, counts in late_records(status).items():
+            for outcome, n in counts.items():
+                self.late.labels(p, front, outcome).set(n)
 
     def sla(self, late: int, worst_ms: int) -> None:
         """``late`` windows just became late; the oldest open one is ``worst_ms`` past."""
         self.windows_late.inc(late)
         self.sla_late.set(worst_ms / MS_PER_S)
-        for front, counts in late_records(status).items():
-            for outcome, n in counts.items():
-                self.late.labels(p, front, outcome).set(n)
 
     def _catch_up(self, counter: Any, key: tuple[str, ...], total: int) -> None:
         """Counters follow the engine's own totals: one source, whatever the role. A

@@ -52,7 +52,7 @@ class StandingRequests:
             out.append((peer, refusal))
         elif isinstance(msg, Subscribe):
             self._subscribe(engine, peer, msg, out)
-        elif msg.segment is not None and msg.segment not in engine.graph:
+        elif msg.segment is not None and not engine.graph.has_min_time(msg.segment):
             out.append((peer, Error(msg.req, ErrorCode.UNKNOWN_SEGMENT, clip(msg.segment))))
         else:
             peer.questions += 1

@@ -205,6 +205,8 @@ class TrackerServer:
         with contextlib.suppress(ProtocolError, ServiceError):
             current: dict[str | None, int] = {None: engine.current(None).time}
             current.update({n: engine.current(n).time for n in graph.names})
+            current.update({graph.range_name(s, r): engine.current(graph.range_name(s, r)).time
+                            for s in range(len(graph)) for r in range(graph.ranges_of(s))})
             self._history.seed(self.clock.now_ms(), current)
 
     def _welcome(self, hello: Hello, graph: SegmentGraph | None) -> Welcome:

@@ -229,17 +229,22 @@ function render(view) {
       `${count(view.acks_applied)} acks`
     : "no pipeline graph yet: it comes with the first agent";
   drawGraph(view);
-  fill("segments", view.segments.map(s => [s.stuck_windows > 0 ? "stuck" : "", [
+  fill("segments", view.segments.flatMap(s => [[s.stuck_windows > 0 ? "stuck" : "", [
     [s.name], [clock(s.min_time_ms)], [lag(s.lag_ms)], [rate(s.rows_per_s)],
     [count(s.received)], [count(s.sent)], [count(s.open_windows)], [count(s.in_flight)],
-    [count(s.stuck_windows)]]]));
+    [count(s.stuck_windows)]]],
+    // a row per key range (rule 15): the segment's min time is their minimum
+    ...(s.key_ranges || []).map((k, r) => ["range", [
+      [`${s.name}#${r}`], [clock(k.min_time_ms)], [lag(k.lag_ms)], [""], [""], [""],
+      [""], [""], [""]]])]));
   document.getElementById("stuck-none").hidden = view.stuck.length > 0;
   fill("stuck", view.stuck.map(w => ["stuck", [
     [w.segment], [`[${w.window_start}, ${w.window_end})`], [count(w.missing)],
     [count(w.extra)], [lag(view.now_ms - w.since_ms)], [w.text, "what"]]]));
   fill("fronts", view.fronts.map(f => [f.stalled || f.dead ? "stalled" : "", [
     [String(f.front)], [f.segment], [String(f.heartbeat)], [lag(f.heartbeat_lag_ms)],
-    [f.dead ? f.dead : f.declared ? "declared, waiting" : f.ended ? "ended" : f.stalled ? "STALLED" : "ok"]]]));
+    [f.dead ? f.dead : f.declared ? "declared, waiting" : f.ended ? "ended"
+      : f.stalled ? "STALLED" : "ok"]]]));
   lines("front-events", (view.front_events.recent || []).filter(e => e.includes(" dead")
                                                                    || e.includes("retired")));
   document.getElementById("waiting-section").hidden = view.waiting.length === 0;

@@ -32,10 +32,11 @@ MS_PER_S = 1000.0
 
 def depths(graph: SegmentGraph) -> list[int]:
     """Each segment's column in the drawing: the longest path from a source to it.
-    Inbound segments come first in a graph's order, so one pass suffices."""
+    Inbound segments come first in a graph's order, so one pass suffices (a loop's
+    edges back to an earlier segment do not count: rule 11)."""
     out: list[int] = []
     for inbound in graph.inbound:
-        out.append(1 + max((out[i] for i in inbound), default=-1))
+        out.append(1 + max((out[i] for i in inbound if i < len(out)), default=-1))
     return out
 
 
@@ -112,6 +113,9 @@ def _segments(
                 "open_windows": int(seg.get("open_windows", 0)),
                 "in_flight": int(seg.get("in_flight", 0)),
                 "stuck_windows": int(seg.get("stuck_windows", 0)),
+                "key_ranges": [{"min_time": t, "min_time_ms": t * grid.delta_ms,
+                                "lag_ms": lag_ms(t, now, grid)}
+                               for t in seg.get("key_ranges", [])],
             }
         )
     return out

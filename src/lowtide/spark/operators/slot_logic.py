@@ -37,6 +37,12 @@ rows at slots 3 and 7 arrive with ``done = 2``: no output, wakes ``[9]`` (a hold
 at 9). A call with ``done = 12``: out one row at slot 9, wakes ``[]`` (the hold at 9
 is released after the row's send-ack, in the same batch).
 
+A logic may also return ``early`` rows: provisional outputs (rule 13, a speculative
+window's versions and tombstones, :mod:`.speculative`) at the slot of a wake that stays
+open, each with its child index under that slot's hold (:data:`CHILD_COL`, distinct
+per row and the same in every attempt); the runtime sends them as children of the
+hold and leaves it open, so everything downstream still waits for the final output.
+
 :class:`KeptRows` makes a logic over ALL the group's rows (:class:`RowLogic`: a
 user's fold with its timers, :mod:`.fold`; the joins) a slot logic: it keeps the rows,
 each with its wake, and the timers' wakes.
@@ -55,6 +61,7 @@ SLOT_COL = "lt_slot"  # a row's slot
 ID_COL = "lt_id"  # its ack id: a fixed order within a slot
 AT_COL = "lt_at"  # an output row's slot
 WAKE_COL = "lt_wake"  # KeptRows: the slot of the hold a kept row keeps open, -1 none
+CHILD_COL = "lt_child"  # an early row's child index under its slot's hold (rule 13)
 RUNTIME_COLS = (SLOT_COL, ID_COL, WAKE_COL)
 
 
@@ -67,6 +74,8 @@ class LogicStep:
     wakes: np.ndarray
     appends: tuple[tuple[int, int, Any], ...] = ()  # (tag, index, rows): parts to keep
     drops: tuple[tuple[int, int], ...] = ()  # (tag, count): a tag's parts to forget
+    #: provisional rows (rule 13) with AT_COL at a wake that stays open and CHILD_COL
+    early: Any = None
 
 
 class RowParts(Protocol):
@@ -96,6 +105,7 @@ class GroupStep:
     counts: np.ndarray  # output rows at each released slot
     appends: tuple[tuple[int, int, Any], ...] = ()  # the logic's, to store
     drops: tuple[tuple[int, int], ...] = ()
+    early: Any = None  # the logic's provisional rows, their holds left open (None: none)
 
 
 def step_group(logic: SlotLogic, key: tuple[Any, ...], state: Any, wakes: np.ndarray,
@@ -119,7 +129,11 @@ def step_group(logic: SlotLogic, key: tuple[Any, ...], state: Any, wakes: np.nda
     releases = np.setdiff1d(np.union1d(before, opens), after)
     counts = np.zeros(len(releases), np.int64)
     counts[np.searchsorted(releases, times)] = n
-    return GroupStep(res.state, out, after, opens, releases, counts, res.appends, res.drops)
+    early = res.early if res.early is not None and len(res.early) else None
+    if early is not None and not np.isin(early[AT_COL].to_numpy(np.int64), after).all():
+        raise RuntimeError("a provisional row at a slot whose hold does not stay open")
+    return GroupStep(res.state, out, after, opens, releases, counts, res.appends, res.drops,
+                     early)
 
 
 def _check(at: np.ndarray, before: np.ndarray, after: np.ndarray, arrived: np.ndarray,

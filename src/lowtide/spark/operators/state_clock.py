@@ -127,23 +127,32 @@ class StateClock:
         self.state_idx = graph.index(state_segment(in_segment))
         self.out_idx = graph.index(out_segment)
         self.acc = AckAccumulator()
-        self._complete: tuple[int, int] | None = None  # (batch ms, min time of S_in)
+        # batch ms -> min time of S_in (key None) or of one of its key ranges
+        self._complete: tuple[int, dict[int | None, int]] = (-1, {})
 
-    def complete_below(self, now_ms: int) -> int:
-        """``S_in``'s min time at the batch timestamp ``now_ms``: the same in every
-        attempt (asked once per batch)."""
-        if self._complete is None or self._complete[0] != now_ms:
+    def complete_below(self, now_ms: int, key_range: int | None = None) -> int:
+        """``S_in``'s min time (or its key range's, rule 15) at the batch timestamp
+        ``now_ms``: the same in every attempt (asked once per batch)."""
+        if self._complete[0] != now_ms:
+            self._complete = (now_ms, {})
+        known = self._complete[1]
+        if key_range not in known:
             from lowtide.spark.tracking.transport import connect
 
             agent: Any = connect(self.ref)
-            self._complete = (now_ms, int(agent.min_time_at(self.in_segment, now_ms)))
-        return self._complete[1]
+            name = self.in_segment if key_range is None else \
+                self.ref.graph.range_name(self.in_idx, key_range)
+            known[key_range] = int(agent.min_time_at(name, now_ms))
+        return known[key_range]
 
-    def receive(self, packed: np.ndarray, now_ms: int) -> tuple[np.ndarray, np.ndarray]:
-        """Receive rows out of ``S_in``: (their slots, their ack ids)."""
+    def receive(self, packed: np.ndarray, now_ms: int, key_range: int | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
+        """Receive rows out of ``S_in`` (of one key range of it): (their slots, their
+        ack ids)."""
         times = slots_of(packed, self.ref.grid.slot_of(now_ms))
         ids = ack_ids(packed)
-        self.acc.add(self.in_idx, times, ids, -1)
+        cell = self.in_idx if key_range is None else self.ref.graph.cell(self.in_idx, key_range)
+        self.acc.add(cell, times, ids, -1)
         return times, ids
 
     def open_hold(self, slot: int, hold: int) -> None:
@@ -166,12 +175,19 @@ class StateClock:
         column of all their output rows, slot by slot."""
         parent = np.repeat(holds, counts)
         index = np.arange(len(parent)) - np.repeat(np.cumsum(counts) - counts, counts)
-        child = np.maximum(ID_MASK & child_acks(parent, self.op_id, index.astype(np.uint64)),
-                           np.uint64(1))  # pack() never makes an id of 0
-        t = np.repeat(np.asarray(slots, np.int64), counts)
-        self.acc.add(self.out_idx, t, child, +1)
+        packed = self.send(np.repeat(np.asarray(slots, np.int64), counts), parent,
+                           index.astype(np.uint64), now_ms)
         self.acc.add(self.state_idx, np.asarray(slots, np.int64), holds, -1)
-        return pack(t, child, self.ref.grid.slot_of(now_ms))
+        return packed
+
+    def send(self, slots: np.ndarray, holds: np.ndarray, index: np.ndarray,
+             now_ms: int) -> np.ndarray:
+        """Output rows at ``slots``, child ``index`` of ``holds``, sent into the
+        outbound segment (the holds stay open): their tracking column."""
+        child = np.maximum(ID_MASK & child_acks(holds, self.op_id, index),
+                           np.uint64(1))  # pack() never makes an id of 0
+        self.acc.add(self.out_idx, slots, child, +1)
+        return pack(slots, child, self.ref.grid.slot_of(now_ms))
 
     def close(self) -> None:
         """Send this task's batch and wait for the tracker's confirmation (rule 6)."""

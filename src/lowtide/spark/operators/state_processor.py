@@ -20,6 +20,7 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
 from lowtide.spark.operators.keyed_state import (
     GROUP_COL,
+    RANGE_COL,
     KeyedRuntime,
     StatefulSpec,
     key_json,
@@ -27,6 +28,7 @@ from lowtide.spark.operators.keyed_state import (
 )
 from lowtide.spark.operators.slot_logic import (
     AT_COL,
+    CHILD_COL,
     ID_COL,
     RUNTIME_COLS,
     SLOT_COL,
@@ -109,6 +111,8 @@ class SlotProcessor(StatefulProcessor):  # type: ignore[misc]
         self.live = TaskContext.get() is not None
         self.record = handle.getValueState("group", RECORD_SCHEMA)
         self.parts = StoredParts(handle.getMapState("parts", PART_KEY_SCHEMA, PART_SCHEMA))
+        # a group's key range (rule 15), for its timer calls
+        self.range = handle.getValueState("key_range", "r int") if rt.spec.key_ranges else None
         self.clock = StateClock(rt.ref, rt.spec.name, rt.out_segment, rt.op_id)
 
     def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
@@ -116,29 +120,56 @@ class SlotProcessor(StatefulProcessor):  # type: ignore[misc]
 
         now = int(timerValues.getCurrentProcessingTimeInMs())
         frames = [df for df in rows if len(df)]
-        new = None
+        new, key_range = None, self._stored_range()
         if frames:
             df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-            times, ids = self.clock.receive(df[TRACK_COL].to_numpy(np.int64), now)
+            key_range = self._range_of(key, df, key_range)
+            times, ids = self.clock.receive(df[TRACK_COL].to_numpy(np.int64), now, key_range)
             drop = [c for c in (*TRACKING_COLS, GROUP_COL) if c in df.columns]
             new = df.drop(columns=drop).assign(**{SLOT_COL: times,
                                                   ID_COL: ids.astype(np.int64)})
-        yield from self._run(key, new, now)
+        yield from self._run(key, new, now, key_range)
 
     def handleExpiredTimer(self, key: Any, timerValues: Any,
                            expiredTimerInfo: Any) -> Iterator[Any]:
-        yield from self._run(key, None, int(timerValues.getCurrentProcessingTimeInMs()))
+        yield from self._run(key, None, int(timerValues.getCurrentProcessingTimeInMs()),
+                             self._stored_range())
 
-    def _run(self, key: Any, new: Any, now: int) -> Iterator[Any]:
+    def _stored_range(self) -> int | None:
+        got = None if self.range is None else self.range.get()
+        return None if got is None else int(got[0])
+
+    def _range_of(self, key: Any, df: Any, stored: int | None) -> int | None:
+        """The group's key range: its rows' (all of one range), kept for its timers.
+        Rows of another range would be emitted before their range is complete:
+        refused (the fronts must partition the keys)."""
+        n = self.rt.spec.key_ranges
+        if not n:
+            return None
+        found = set((df[RANGE_COL].to_numpy(np.int64) % n).tolist())
+        if stored is not None:
+            found.add(stored)
+        if len(found) > 1:
+            raise ValueError(f"{self.rt.spec.what} {self.rt.spec.name!r}: key {spark_key(key)} "
+                             f"has rows of key ranges {sorted(found)}; with key_ranges={n} "
+                             f"each key's rows must come from fronts of one range "
+                             f"({RANGE_COL} % {n})")
+        key_range = found.pop()
+        if stored is None:
+            assert self.range is not None
+            self.range.update((key_range,))
+        return key_range
+
+    def _run(self, key: Any, new: Any, now: int, key_range: int | None) -> Iterator[Any]:
         """One call of the group: step its logic if rows came or a wake is complete."""
         stored = self.record.get()
         rec = None if stored is None else GroupRecord.of_row(stored)
         if new is None and (rec is None or not len(rec.wakes)):
             return
-        done = self.clock.complete_below(now)
+        done = self.clock.complete_below(now, key_range)
         if new is None:
             assert rec is not None
-            if rec.wakes[0] >= done:  # nothing complete: look again later
+            if rec.wakes[0] >= done and not self.rt.spec.eager:  # nothing complete yet
                 self._poll(rec.timer_ms, now)
                 return
         if rec is None:
@@ -156,12 +187,13 @@ class SlotProcessor(StatefulProcessor):  # type: ignore[misc]
         else:
             self.record.update(GroupRecord(rec.parent, rec.key, step.wakes, timer,
                                            pickle.dumps(step.state)).to_row())
-        if step.out is not None and len(step.out):
-            res = step.out.drop(columns=[AT_COL])
-            if not self.rt.spec.buckets:
-                insert_keys(res, self.rt.spec.keys, rec.key)
-            res[TRACK_COL] = packed
-            yield res
+        for rows, track in ((step.out, packed), (step.early, self._early(rec.parent, step, now))):
+            if rows is not None and len(rows):
+                res = rows.drop(columns=[c for c in (AT_COL, CHILD_COL) if c in rows.columns])
+                if not self.rt.spec.buckets:
+                    insert_keys(res, self.rt.spec.keys, rec.key)
+                res[TRACK_COL] = track
+                yield res
 
     def _acks(self, parent: int, step: GroupStep, now: int) -> np.ndarray:
         """Open the new holds, send the outputs as children of their slots' holds and
@@ -171,6 +203,15 @@ class SlotProcessor(StatefulProcessor):  # type: ignore[misc]
             self.clock.open_holds(step.opens, holds_under(op, parent, step.opens))
         return self.clock.emit_slots(step.releases, holds_under(op, parent, step.releases),
                                      step.counts, now)
+
+    def _early(self, parent: int, step: GroupStep, now: int) -> np.ndarray | None:
+        """Send the provisional rows as children of their slots' holds, which stay
+        open (rule 13); their tracking column."""
+        if step.early is None:
+            return None
+        at = step.early[AT_COL].to_numpy(np.int64)
+        return self.clock.send(at, holds_under(self.rt.op_id, parent, at),
+                               step.early[CHILD_COL].to_numpy(np.uint64), now)
 
     def _poll(self, registered_ms: int, now: int) -> int:
         """The timer of a group with open holds: the next poll, registered unless it is

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from lowtide.spark.operators.keyed_state import StatefulSpec
+from lowtide.spark.operators.keyed_state import RANGE_COL, StatefulSpec
 from lowtide.spark.operators.slot_logic import AT_COL, ID_COL, SLOT_COL, LogicStep, RowParts
 from lowtide.spark.operators.state_clock import check_keys
 from lowtide.spark.operators.window_aggs import (
@@ -126,7 +126,11 @@ class WindowLogic:
             outs = [self._apply(p, parts, [a[2] for a in appends if a[0] == p.start])
                     for p in panes]
             counts = np.array([len(o) for o in outs], np.int64)
-            res = pd.concat(outs, ignore_index=True)
+            # as objects: pandas leaves an all-null column out of the dtype it picks, so a
+            # window's null beside another's long would make the longs floats (rounded
+            # above 2^53)
+            res = pd.concat([o.astype(object) for o in outs], ignore_index=True) \
+                if len(outs) > 1 else pd.concat(outs, ignore_index=True)
         bounds = {}
         for name, at in (("window_start", [p.start for p in panes]),
                          ("window_end", [p.end for p in panes])):
@@ -171,12 +175,16 @@ def build_window(df: Any, spec: WindowSpec, ref: TrackerRef, out_segment: str,
     delta = ref.grid.delta_ms
     logic = WindowLogic(spec.size_ms // delta, spec.slide_ms // delta, delta, aggs, spec.fn,
                         tuple(fields))
+    if spec.key_ranges and RANGE_COL not in fields:
+        raise ValueError(f"window {spec.name!r}: key_ranges needs the rows' {RANGE_COL!r} "
+                         "column (a row's key range is its front's)")
     prepared = input_columns(df, columns, fields)
     if spec.fn is None:  # the logic reads only these: fewer columns cross to pandas
-        prepared = prepared.select(*[f"`{c}`" for c in [*spec.keys, *helper_columns(columns)]],
-                                   TRACK_COL)
+        ranged = [RANGE_COL] if spec.key_ranges and RANGE_COL not in spec.keys else []
+        prepared = prepared.select(*[f"`{c}`" for c in [*spec.keys, *helper_columns(columns),
+                                                          *ranged]], TRACK_COL)
     keyed = StatefulSpec(spec.name, spec.keys, logic, output_schema(spec, aggs), spec.poll_ms,
-                         what="window")
+                         what="window", key_ranges=spec.key_ranges)
     from lowtide.spark.operators.state_processor import build_keyed  # pyspark's processor
 
     return build_keyed(prepared, keyed, ref, out_segment, op_id)

@@ -38,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from lowtide.core.graph import MAX_KEY_RANGES
 from lowtide.spark.operators.state_clock import StatefulStep
 
 AGG_FUNCTIONS = ("count", "sum", "min", "max", "mean", "first", "last", "count_distinct",
@@ -146,6 +147,10 @@ class WindowSpec(StatefulStep):
     fn: Callable[[Any], Any] | None = None
     fn_schema: str | None = None
     poll_ms: int = 100
+    #: 0, or how many key ranges the window's inbound segment is split into (rule 15):
+    #: a row's range is its front's (``front % key_ranges``), the window of a key is
+    #: emitted once its range is complete
+    key_ranges: int = 0
 
 
 @dataclass(frozen=True)
@@ -158,6 +163,7 @@ class WindowedStream:
     size_ms: int
     slide_ms: int
     poll_ms: int = 100
+    key_ranges: int = 0
 
     def agg(self, **aggs: Any) -> Any:
         """``name="count"``, ``name=(column, fn)`` with fn one of ``count``, ``sum``,
@@ -167,7 +173,7 @@ class WindowedStream:
         parsed = checked_aggs(f"window {self.name!r}", self.keys,
                               ("window_start", "window_end"), aggs)
         spec = WindowSpec(self.name, self.keys, self.size_ms, self.slide_ms, parsed,
-                          poll_ms=self.poll_ms)
+                          poll_ms=self.poll_ms, key_ranges=self.key_ranges)
         return self.stream._then(spec)
 
     def count(self) -> Any:
@@ -178,16 +184,21 @@ class WindowedStream:
         result row per row), columns as in the DDL ``schema``; called once per window
         with all its rows (without the tracking columns), when it is complete."""
         spec = WindowSpec(self.name, self.keys, self.size_ms, self.slide_ms, (), fn, schema,
-                          self.poll_ms)
+                          self.poll_ms, self.key_ranges)
         return self.stream._then(spec)
 
 
 def make_windowed(stream: Any, size: str | int, key: Any, slide: str | int | None,
-                  name: str, poll_ms: int, delta_ms: int) -> WindowedStream:
+                  name: str, poll_ms: int, delta_ms: int, key_ranges: int = 0
+                  ) -> WindowedStream:
+    if key_ranges and not 2 <= key_ranges <= MAX_KEY_RANGES:
+        raise ValueError(f"window {name!r}: key_ranges={key_ranges}; use 0 (none) or "
+                         f"2..{MAX_KEY_RANGES}")
     size_ms = duration_ms(size)
     slide_ms = duration_ms(slide) if slide is not None else size_ms
     if size_ms % delta_ms or slide_ms % delta_ms:
         raise ValueError(f"window size and slide must be multiples of delta_ms={delta_ms}")
     if slide_ms <= 0 or size_ms % slide_ms:
         raise ValueError("the window size must be a positive multiple of the slide")
-    return WindowedStream(stream, name, parse_keys(key), size_ms, slide_ms, poll_ms)
+    return WindowedStream(stream, name, parse_keys(key), size_ms, slide_ms, poll_ms,
+                          key_ranges)

@@ -24,10 +24,11 @@ from itertools import pairwise
 from typing import TYPE_CHECKING
 
 from lowtide.core.errors import GraphError, LowtideError
-from lowtide.core.graph import SegmentGraph
+from lowtide.core.graph import FrontRanges, SegmentGraph, SegmentSpec
 
 if TYPE_CHECKING:
-    from lowtide.spark.pipeline.stream import SourceSpec, Stream
+    from lowtide.spark.pipeline.sources import SourceSpec
+    from lowtide.spark.pipeline.stream import Stream
 
 
 class PipelineShapeError(LowtideError, ValueError):
@@ -158,6 +159,26 @@ class _Walk:
                                              "first_front so front ranges do not overlap")
 
 
+    def key_ranges(self) -> dict[str, tuple[int, FrontRanges]]:
+        """The segments split into key ranges (rule 15): a ``key_ranges`` step's
+        inbound segment, fed by one generator's fronts, front ``f`` feeding range
+        ``f % N`` (the fronts partition the keys)."""
+        out: dict[str, tuple[int, FrontRanges]] = {}
+        for name, step in self.owner.items():
+            n = getattr(step, "key_ranges", 0)
+            if not n or name != getattr(step, "name", None):
+                continue
+            feeders = [key for key, segs in self.sends.items() if name in segs]
+            src = self.generators.get(feeders[0]) if len(feeders) == 1 else None
+            if src is None or src.spec is None:
+                raise PipelineShapeError(
+                    f"{name!r}: key_ranges needs the step right after a generator (its "
+                    "fronts partition the keys; steps between would have to carry each "
+                    "row's range)")
+            out[name] = (n, tuple((f, (f % n,)) for f in src.spec.front_ids()))
+        return out
+
+
 def derive(sinks: Sequence[tuple[Stream, str]]) -> SegmentPlan:
     """The segment plan of the streams written to ``sinks`` (stream, sink name)."""
     walk = _Walk()
@@ -166,7 +187,9 @@ def derive(sinks: Sequence[tuple[Stream, str]]) -> SegmentPlan:
     for stream, name in reversed(sinks):
         walk.sink(stream, name)
     walk.check_generators()
-    specs = [(name, tuple(sorted(ups))) for name, ups in reversed(walk.inbound.items())]
+    ranged = walk.key_ranges()
+    specs = [SegmentSpec(name, tuple(sorted(ups)), *ranged.get(name, (0, ())))
+             for name, ups in reversed(walk.inbound.items())]
     try:
         graph = SegmentGraph.of(*specs)
     except GraphError as exc:

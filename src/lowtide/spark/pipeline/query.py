@@ -203,11 +203,14 @@ class TrackedQuery:
         return timestamp_of(slot, self.pipeline.grid)
 
     def min_time(self, segment: str | None = None) -> int:
-        """The min time of ``segment`` (None: the global one), as a slot."""
+        """The min time of ``segment`` (None: the global one; ``"<segment>#<r>"``: one
+        of its key ranges), as a slot."""
         doc = self.pipeline.tracker.status()
         if segment is None:
             return int(doc["global_min"])
-        return next(int(s["min_time"]) for s in doc["segments"] if s["segment"] == segment)
+        s, r = self.graph.resolve(segment)
+        seg = next(d for d in doc["segments"] if d["segment"] == self.graph.names[s])
+        return int(seg["min_time"] if r is None else seg["key_ranges"][r])
 
     def stuck(self) -> list[str]:
         """Each stuck window: its segment, its time range (UTC) and what is missing or

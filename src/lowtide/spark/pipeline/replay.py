@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 from lowtide.core.errors import LowtideError
 from lowtide.core.time import TimeGrid
 from lowtide.spark.pipeline.query import slot_after, span, timestamp_of
-from lowtide.spark.pipeline.stream import SourceSpec, Stream
+from lowtide.spark.pipeline.sources import SourceSpec
+from lowtide.spark.pipeline.stream import Stream
 from lowtide.spark.sources.log_replay import RANGE_OPTION, replay_offsets
 
 if TYPE_CHECKING:

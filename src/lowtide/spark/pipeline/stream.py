@@ -29,6 +29,7 @@ from lowtide.spark.operators.keyed_state import StatefulSpec
 from lowtide.spark.operators.running import GroupedSpec, make_grouped
 from lowtide.spark.operators.sessions import SessionSpec, make_sessions
 from lowtide.spark.operators.slot_logic import KeptRows
+from lowtide.spark.operators.speculative import SpeculativeSpec, make_speculative
 from lowtide.spark.operators.tracked import OpSpec
 from lowtide.spark.operators.windows import WindowSpec, make_windowed
 from lowtide.spark.pipeline.dag import PipelineShapeError, SegmentPlan, derive
@@ -41,63 +42,15 @@ from lowtide.spark.pipeline.describe import (
     names_of,
     with_keys,
 )
+from lowtide.spark.pipeline.sources import SourceSpec
 from lowtide.spark.pipeline.write_stream import TrackedStreamWriter
 from lowtide.spark.sinks import console_writer
+from lowtide.spark.sinks.ordered import CompleteRanges
 from lowtide.spark.sinks.tables import TableConfig, check_feeds
-from lowtide.spark.sources.generator import GeneratorSpec
 
 if TYPE_CHECKING:
     from lowtide.spark.pipeline.builder import Pipeline
     from lowtide.spark.pipeline.query import TrackedQuery
-
-
-@dataclass(frozen=True)
-class DeclaredFronts:
-    """The fronts that feed a source's ingest segment, declared with the pipeline: the
-    tracker holds the segment for each until it registers (a producer that starts
-    late), or until ``retire_after_ms`` passed (None: until retired by hand)."""
-
-    ids: tuple[int, ...]
-    retire_after_ms: int | None = None
-
-    def __post_init__(self) -> None:
-        if not self.ids:
-            raise ValueError("fronts=: name at least one front id (or leave it out)")
-        if any(f < 0 for f in self.ids):
-            raise ValueError(f"fronts=: front ids are >= 0, got {list(self.ids)}")
-        if self.retire_after_ms is not None and self.retire_after_ms < 0:
-            raise ValueError("retire_after_ms must be >= 0 (None: never)")
-
-
-@dataclass(frozen=True)
-class SourceSpec:
-    kind: str  # "log" | "gen" | "frame" (a labelled streaming DataFrame: read_stream)
-    name: str | None  # ingest segment name (log, frame) or None (the generator is the front)
-    options: dict[str, str]
-    spec: GeneratorSpec | None = None
-    frame: Any = None  # kind "frame": the user's streaming DataFrame
-    fronts: DeclaredFronts | None = None
-
-
-def declare_fronts(sources: list[SourceSpec], agent: Any, graph: SegmentGraph,
-                   pipeline: str) -> None:
-    """Declare the fronts each source listed (owner ``lowtide-pipeline:<pipeline>``).
-    A front that feeds several reads of one log registers on the k-th of them as
-    ``front + k * CONSUMER_STRIDE`` (``Pipeline.front``), and is declared so."""
-    from lowtide.spark.sources.front import CONSUMER_STRIDE
-
-    for src in sources:
-        segment = src.name or "ingest"
-        if src.fronts is None or src.kind == "gen" or segment not in graph:
-            continue
-        stride = 0
-        if src.kind == "log":
-            same = [s for s in sources
-                    if s.kind == "log" and s.options["path"] == src.options["path"]]
-            stride = same.index(src) * CONSUMER_STRIDE
-        for front in src.fronts.ids:
-            agent.declare_front(front + stride, segment, owner=f"lowtide-pipeline:{pipeline}",
-                                retire_after_ms=src.fronts.retire_after_ms)
 
 
 @dataclass(frozen=True)
@@ -112,7 +65,7 @@ class TransformSpec:
 
 
 Step = (OpSpec | WindowSpec | StatefulSpec | JoinSpec | TransformSpec | FrameSpec | DedupSpec
-        | SessionSpec | GroupedSpec)
+        | SessionSpec | GroupedSpec | SpeculativeSpec)
 
 
 @dataclass(frozen=True)
@@ -216,13 +169,25 @@ class Stream:
 
     def window(self, size: str | int, *, key: str | list[str] | tuple[str, ...],
                slide: str | int | None = None,
-               name: str | None = None, poll_ms: int = 100) -> Windowed:
+               name: str | None = None, poll_ms: int = 100, key_ranges: int = 0) -> Windowed:
         """Exact keyed windows over global time (tumbling, or sliding with ``slide``);
         finish with ``.agg(n="count", total=("amount", "sum"))`` or ``.apply(fn,
-        schema)``. See :mod:`lowtide.spark.operators.windows`."""
+        schema)``. ``key_ranges=N``: the fronts partition the keys into N ranges (a
+        row's range is ``front % N``) and a key's window is emitted once its range is
+        complete, not the whole input. See :mod:`lowtide.spark.operators.windows`."""
         name = name or self._default_name("window")
         return Windowed(described(lambda: make_windowed(
-            self, size, key, slide, name, poll_ms, self.pipeline.grid.delta_ms)))
+            self, size, key, slide, name, poll_ms, self.pipeline.grid.delta_ms, key_ranges)))
+
+    def speculative(self, every: str | int | None = None) -> Stream:
+        """Early results of the window before it (``window(...).agg(...)``): a
+        changelog with ``op`` (insert / tombstone), ``version`` and ``is_final``; a
+        (key, window) that changed shows a new version at most every ``every`` (None:
+        each batch), its final one once it is complete. See
+        :mod:`lowtide.spark.operators.speculative`."""
+        last = self.steps[-1] if self.steps else None
+        spec = described(lambda: make_speculative(last, every))
+        return replace(self, steps=(*self.steps[:-1], spec))
 
     def session_window(self, gap: str | int | Any, *, key: str | list[str] | tuple[str, ...],
                        name: str | None = None, poll_ms: int = 100) -> Aggregated:
@@ -368,6 +333,19 @@ class Stream:
             self, ("foreach", fn, keep_tracking_columns, None), name, checkpoint, trigger,
             query_name,
         )
+
+    def foreach_complete(self, fn: Callable[[Any, Any, Any], Any], *, checkpoint: str,
+                         name: str = "sink", trigger: str | None = None,
+                         query_name: str | None = None) -> TrackedQuery:
+        """``fn(df, t_from, t_to)`` once per completed range of global time, in order,
+        with every row of ``[t_from, t_to)`` sorted by (``lt_time``, ``lt_ack``); see
+        :mod:`lowtide.spark.sinks.ordered` (``ordered_writer``: Parquet or Delta)."""
+        ranges = CompleteRanges(fn, f"{checkpoint.rstrip('/')}/complete")
+        query = self.foreach_batch(ranges.stage, checkpoint=checkpoint, name=name,
+                                   keep_tracking_columns=True, trigger=trigger,
+                                   query_name=query_name)
+        ranges.start(self.pipeline.tracker_ref, name, lambda: query.isActive)
+        return query
 
     def to_console(
         self, *, checkpoint: str, name: str = "sink", num_rows: int = 20, truncate: bool = True,

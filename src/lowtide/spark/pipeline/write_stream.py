@@ -14,8 +14,8 @@
 It dispatches to the stream's sink methods (:meth:`Stream.write_parquet`,
 ``write_table``, ``foreach_batch``, ``to_console``, ``to_null``) and returns their
 :class:`TrackedQuery`. What does not fit an exact query is refused in one line, when
-it is called: ``update`` and ``complete`` output modes (coming: speculative results of
-windows not yet complete, and the whole table as of the min time), continuous and
+it is called: ``update`` but for a speculative window's changelog, ``complete`` (coming:
+the whole table as of the min time), continuous and
 real-time triggers (micro-batch only), ``partitionBy``, catalog table names.
 """
 
@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from lowtide.spark.operators.speculative import SpeculativeSpec
 from lowtide.spark.pipeline.dag import PipelineShapeError
 
 if TYPE_CHECKING:
@@ -39,9 +40,7 @@ OPTIONS = {"parquet": ("path", "keepTrackingColumns", "lowtide.sink"),
            "console": ("numRows", "truncate", "lowtide.sink"),
            "noop": ("lowtide.sink",),
            "foreachBatch": ("keepTrackingColumns", "lowtide.sink")}
-MODES = {"update": "speculative results of windows not yet complete, which later rows "
-                   "may change, are coming",
-         "complete": "the whole result table as of the min time is coming"}
+MODES = {"complete": "the whole result table as of the min time is coming"}
 
 
 def refuse(what: str) -> PipelineShapeError:
@@ -77,15 +76,24 @@ class TrackedStreamWriter:
         return out
 
     def outputMode(self, outputMode: str) -> TrackedStreamWriter:
-        """``append`` (each exact result once, when it is final); ``update`` and
-        ``complete`` are refused, saying what is coming."""
+        """``append`` (each exact result once, when it is final); ``update`` for a
+        speculative window's changelog (``.agg(...).speculative()``); ``complete`` is
+        refused, saying what is coming."""
         mode = outputMode.lower()
         if mode in MODES:
             raise refuse(f"outputMode({outputMode!r}): {MODES[mode]}; today use 'append': "
                          "each result once, when it is final (the table as of the min time "
                          "is its rows with lt_time below complete_below)")
-        if mode != "append":
-            raise refuse(f"outputMode({outputMode!r}): use 'append'")
+        speculative = bool(self.stream.steps) and isinstance(self.stream.steps[-1],
+                                                             SpeculativeSpec)
+        if mode == "update" and not speculative:
+            raise refuse("outputMode('update') writes early results: end the window with "
+                         ".agg(...).speculative() (a changelog), or use 'append'")
+        if mode == "append" and speculative:
+            raise refuse("a speculative window writes a changelog: outputMode('update') "
+                         "(its final rows alone: lowtide.spark.sinks.changelog.finals)")
+        if mode not in ("append", "update"):
+            raise refuse(f"outputMode({outputMode!r}): use 'append' or 'update'")
         return self
 
     def trigger(self, *, processingTime: str | None = None, once: bool | None = None,

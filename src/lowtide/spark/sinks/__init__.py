@@ -21,6 +21,9 @@ Two mechanisms:
   id (a rerun from a new checkpoint never replaces an earlier run's files; a re-run
   batch whose files hold exactly its rows is not written again: :mod:`.batches`) and
   then sends the acks.
+* Rows in time order (``Stream.foreach_complete``, :mod:`.ordered`): staged, then
+  handed on per completed range of global time; reading a speculative window's
+  changelog (:mod:`.changelog`).
 * Tables (``Stream.write_table``, :mod:`.tables`): Delta or Parquet, the labels kept,
   the completeness published over every tracked writer (:mod:`.completeness`), and
   consistent cuts of them at a min time (:mod:`.cuts`).
@@ -34,6 +37,7 @@ operator's tasks ack it, see ``lowtide.spark.operators.tracked.ack_null_sink``.)
 """
 
 from lowtide.spark.sinks.batches import BatchRewritten
+from lowtide.spark.sinks.changelog import apply_changelog, finals, merge_sql
 from lowtide.spark.sinks.cuts import Cut, CutRefused, cut, read_complete
 from lowtide.spark.sinks.foreach import (
     TrackedForeachBatch,
@@ -41,20 +45,26 @@ from lowtide.spark.sinks.foreach import (
     console_writer,
     unpacked_columns,
 )
+from lowtide.spark.sinks.ordered import CompleteRanges, ordered_writer
 from lowtide.spark.sinks.table_formats import RowsBelowTable, retire_writer
 from lowtide.spark.sinks.writer import SINK_MODES, TrackedSink
 
 __all__ = [
     "SINK_MODES",
     "BatchRewritten",
+    "CompleteRanges",
     "Cut",
     "CutRefused",
     "RowsBelowTable",
     "TrackedForeachBatch",
     "TrackedSink",
     "append_trace",
+    "apply_changelog",
     "console_writer",
     "cut",
+    "finals",
+    "merge_sql",
+    "ordered_writer",
     "read_complete",
     "retire_writer",
     "unpacked_columns",

@@ -34,11 +34,7 @@ and a producer that dies in that window, or exits while the tracker is unreachab
 leaves written records without send-acks; its successor's heartbeats then let min
 times pass them. Use it only where the records can be produced again.
 
-The owner. A front belongs to the producer that registered it: ``owner`` names it
-(default: derived from the log directory, or from the host and the program), and only
-a process that names the same owner (with the same secret) may register, heartbeat or
-unregister the front: a restarted producer is its own successor, while a second
-producer configured with the same front id is refused (``FrontOwned``).
+The owner: :mod:`lowtide.spark.sources.front_owner`.
 
 Range check. Event times more than ``max_ahead_ms`` ahead of the front's clock (a unit
 mix-up) or before the epoch are found in :meth:`label`, before any ack is sent: refused
@@ -56,12 +52,9 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import socket
-import sys
 import threading
 import time as _time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -73,8 +66,9 @@ from lowtide.core.time import Clock, TimeGrid
 from lowtide.service.clock import SystemClock
 from lowtide.spark.sources import records as rec
 from lowtide.spark.sources.event_time import event_time_of
+from lowtide.spark.sources.front_owner import default_owner, register_when_free
 from lowtide.spark.sources.ingest import IngestWriter
-from lowtide.spark.sources.labels import as_label
+from lowtide.spark.sources.labels import Labelled, as_label
 from lowtide.spark.sources.lateness import LatePolicy, LateStats
 from lowtide.spark.sources.retention import retain
 from lowtide.spark.tracking.column import AckAccumulator
@@ -98,56 +92,8 @@ MAX_AHEAD_MS = 3_600_000
 #: how often a front repeats its late counts to the tracker while they do not change
 LATE_REPORT_EVERY_S = 5.0
 
-#: how long a successor retries while its predecessor still holds the front: the
-#: tracker's lease (1 s by default) must lapse; a second live producer is refused then
-HELD_WAIT_S = 5.0
-
-
-def register_when_free(agent: AgentLike, front: int, segment: str, time: int, owner: str,
-                       wait_s: float = HELD_WAIT_S) -> None:
-    """``agent.register_front``, retried while another session of ``owner`` holds the
-    front (``FrontHeld``): a restarted producer waits for its predecessor's lease to
-    lapse; a second producer that is live all along is refused after ``wait_s``."""
-    deadline = _time.monotonic() + wait_s
-    while True:
-        try:
-            agent.register_front(front, segment, time, owner=owner)
-            return
-        except FrontHeld:
-            if _time.monotonic() > deadline:
-                raise
-            _time.sleep(0.1)
-
-
-def default_owner(log_dir: str | os.PathLike[str] | None) -> str:
-    """The owner name of a front that was given none: its log directory (the log is
-    the producer's identity: whoever continues it is the successor), else the host
-    and the program. A successor that runs elsewhere (another host, a container with
-    a new host name) must be given the same ``owner=`` explicitly."""
-    if log_dir is not None:
-        return f"lowtide-front:log:{os.path.realpath(log_dir)}"
-    program = os.path.realpath(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
-    return f"lowtide-front:{socket.gethostname()}:{program}"
-
-
 class FrontEnded(LowtideError, RuntimeError):
     """A producer resumes a front whose input ended (closed with ``close()``)."""
-
-
-@dataclass(frozen=True)
-class Labelled:
-    """One labelled batch: ``records`` to write (label columns attached to tables), the
-    labels, and what the late policy returned to the producer (``late="reject"``)."""
-
-    records: Any
-    times: npt.NDArray[np.int64]
-    acks: npt.NDArray[np.int64]
-    first_seq: int
-    rejected: Any = None
-    token: int = 0
-
-    def __len__(self) -> int:
-        return len(self.times)
 
 
 class Front:

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from lowtide.core.acks import root_acks
+from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import Heartbeat
 from lowtide.core.time import TimeGrid
 from lowtide.service.clock import wall_ms
@@ -247,6 +248,19 @@ def gen_rows(
 
 
 
+def front_cell(graph: SegmentGraph, segment: str, front: int) -> int:
+    """What a front's send-acks into ``segment`` carry: the segment, or, in a segment
+    split into key ranges, the range the front feeds (rule 15)."""
+    s = graph.index(segment)
+    if not graph.ranges_of(s):
+        return s
+    ranges = sorted(graph.fronts_of(s).get(front, ()))
+    if len(ranges) != 1:
+        raise ValueError(f"front {front} feeds key ranges {ranges} of {segment!r}: a "
+                         "generator's front feeds one")
+    return graph.cell(s, ranges[0])
+
+
 class GenStreamReader(DataSourceStreamReader):  # type: ignore[misc]
     """``tracking=false`` (benchmarks): the same rows without tracking columns, no acks,
     no heartbeats, no tracker."""
@@ -292,7 +306,8 @@ class GenStreamReader(DataSourceStreamReader):  # type: ignore[misc]
             return
         packed = pack(times, acks, reference_slot(self.grid))
         acc = AckAccumulator()
-        acc.add(self.ref.graph.index(self.segment), times, ack_ids(packed), +1)
+        acc.add(front_cell(self.ref.graph, self.segment, partition.front), times,
+                ack_ids(packed), +1)
         hb = (Heartbeat(partition.front, int(partition.extra[1])),)
         # key namespace "<source>": the first operator's tasks key on the same segment
         sent = submit_task_batch(self.ref, f"<source>{self.segment}", partition.front, acc, hb,

@@ -43,6 +43,9 @@ True
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 
@@ -91,3 +94,19 @@ def header_value(label: int) -> bytes:
 def parse_header(value: bytes) -> int:
     """A Kafka header value back to the label."""
     return int(value.decode("ascii"))
+
+
+@dataclass(frozen=True)
+class Labelled:
+    """One labelled batch: ``records`` to write (label columns attached to tables), the
+    labels, and what the late policy returned to the producer (``late="reject"``)."""
+
+    records: Any
+    times: npt.NDArray[np.int64]
+    acks: npt.NDArray[np.int64]
+    first_seq: int
+    rejected: Any = None
+    token: int = 0
+
+    def __len__(self) -> int:
+        return len(self.times)

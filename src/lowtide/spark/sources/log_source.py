@@ -27,7 +27,7 @@ import numpy as np
 from lowtide.core.acks import root_acks
 from lowtide.core.errors import NonMonotonicHeartbeat
 from lowtide.core.messages import AckBatch, Heartbeat
-from lowtide.spark.sources.front import register_when_free
+from lowtide.spark.sources.front_owner import register_when_free
 from lowtide.spark.sources.ingest import IngestReader, list_fronts
 from lowtide.spark.sources.retention import commit_consumer, register_consumer, retain
 from lowtide.spark.tracking.column import (

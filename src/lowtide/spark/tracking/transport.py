@@ -23,6 +23,7 @@ from lowtide.core.errors import LowtideError
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import AckBatch, Heartbeat
 from lowtide.core.time import TimeGrid
+from lowtide.wire.messages import graph_of, graph_spec
 
 
 class Pending(Protocol):
@@ -79,8 +80,7 @@ class TrackerRef:
         """Encode as one string (data source options are strings)."""
         doc = {
             "url": self.url,
-            "names": list(self.graph.names),
-            "inbound": [list(x) for x in self.graph.inbound],
+            "graph": graph_spec(self.graph),  # with its key ranges (rule 15)
             "delta_ms": self.grid.delta_ms,
             "window_slots": self.grid.window_slots,
             "secret": self.secret,
@@ -91,12 +91,7 @@ class TrackerRef:
     @classmethod
     def from_option(cls, text: str) -> TrackerRef:
         doc = json.loads(base64.urlsafe_b64decode(text.encode()))
-        names = doc["names"]
-        specs = [
-            (n, tuple(names[i] for i in ups))
-            for n, ups in zip(names, doc["inbound"], strict=True)
-        ]
-        graph = SegmentGraph.of(*specs)
+        graph = graph_of(doc["graph"])
         grid = TimeGrid(doc["delta_ms"], doc["window_slots"])
         return cls(doc["url"], graph, grid, doc["secret"], doc.get("confirm", True))
 

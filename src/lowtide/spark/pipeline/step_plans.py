@@ -1,0 +1,149 @@
+"""The DataFrame plan of a pipeline's steps: one step, or tracked Arrow steps chained
+into one ``mapInArrow``, on top of the DataFrame before it; and the union of a stream's
+inputs. :class:`~lowtide.spark.pipeline.builder.Pipeline` decides which steps go
+together and where each one's senders send."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from lowtide.spark.operators.dedup import DedupSpec, dedup_input
+from lowtide.spark.operators.frames import (
+    KEEP_COL,
+    POS_COL,
+    FrameSpec,
+    check_added,
+    plan_frame,
+    spark_step,
+)
+from lowtide.spark.operators.joins import joined
+from lowtide.spark.operators.keyed_state import KeyedStep, StatefulSpec
+from lowtide.spark.operators.state_processor import build_keyed
+from lowtide.spark.operators.tracked import OpRuntime, OpSpec, operator_id, task_function
+from lowtide.spark.operators.window_input import receiving_task, with_stamp
+from lowtide.spark.operators.window_plan import QueryWindows
+from lowtide.spark.operators.windows import WindowSpec
+from lowtide.spark.pipeline.dag import PipelineShapeError
+from lowtide.spark.pipeline.describe import described
+from lowtide.spark.pipeline.stream import Step, TransformSpec
+from lowtide.spark.sources.read_stream import EntrySpec, entry_schema
+from lowtide.spark.tracking.column import TRACK_COL
+from lowtide.spark.tracking.receive import WM_COL
+from lowtide.spark.tracking.transport import TrackerRef
+
+
+@dataclass(frozen=True)
+class Targets:
+    """Where a plan's senders send: ``after`` maps each tracked step and source to
+    its receiver's segment; ``sink`` is the sink segment; ``windows``: the query's
+    windows planned in Spark's JVM, whose senders receive for them."""
+
+    ref: TrackerRef
+    after: dict[str, str]
+    sink: str
+    windows: QueryWindows
+
+
+def with_tracking(schema: Any) -> Any:
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    if isinstance(schema, str):
+        return f"{schema}, {TRACK_COL} long"
+    if isinstance(schema, StructType):
+        return StructType([*schema.fields, StructField(TRACK_COL, LongType(), False)])
+    raise PipelineShapeError(f"schema must be a DDL string or StructType, got "
+                             f"{type(schema).__name__}")
+
+
+def ends_in_arrow_map(step: Step | EntrySpec) -> bool:
+    """Does ``step`` end in a tracked ``mapInArrow`` (to chain the next ones into)?"""
+    return isinstance(step, OpSpec | EntrySpec) or (isinstance(step, FrameSpec) and step.tracked)
+
+
+def plan_steps(df: Any, group: list[Step | EntrySpec], to: Targets, null_sink: bool,
+               trace_file: str | None) -> Any:
+    """The DataFrame plan of one step, or of tracked Arrow steps chained into one
+    ``mapInArrow``, on top of ``df``; checks what can be checked before the query
+    starts (see :mod:`lowtide.spark.operators.frames`)."""
+    ref, after, sink_name = to.ref, to.after, to.sink
+    step = group[0]
+    out_segment = after.get(step.name, sink_name)
+    if isinstance(step, TransformSpec):
+        out = spark_step(step.name, lambda: step.fn(df))
+        check_added(df, out, step.name)
+        return out
+    if isinstance(step, WindowSpec):
+        return described(lambda: to.windows.plan(df, step, ref, out_segment,
+                                                 operator_id(step.name), null_sink))
+    if isinstance(step, DedupSpec):
+        df, keyed = described(lambda: dedup_input(df, step))
+        return keyed_plan(df, keyed, ref, out_segment, step.name)
+    if isinstance(step, KeyedStep):  # session windows, groupBy().agg()
+        df, keyed = described(lambda: step.keyed_input(df, ref.grid.delta_ms))
+        return keyed_plan(df, keyed, ref, out_segment, step.name)
+    if isinstance(step, StatefulSpec):
+        return keyed_plan(df, step, ref, out_segment, step.name)
+    if isinstance(step, FrameSpec):
+        planned = plan_frame(df, step)
+        if WM_COL in df.columns and WM_COL not in planned.columns:  # a select keeps it too
+            planned = plan_frame(df, replace(step, args=(*step.args, WM_COL)))
+        df = planned
+        if not step.tracked:
+            return df
+    if isinstance(step, EntrySpec):
+        schema = entry_schema(df, step.time_col, step.ack_col)
+    else:
+        schema = arrow_output(df.schema)
+    chain = []
+    for i, s in enumerate(group):
+        last = null_sink and i == len(group) - 1
+        if isinstance(s, OpSpec):
+            kind, fn = s.kind, s.fn
+            if s.kind != "filter" and s.schema is not None:
+                schema = with_tracking(s.schema)
+        elif isinstance(s, EntrySpec):
+            kind, fn = "entry", s.labels()
+        else:  # the group's first step: a tracked DataFrame step's Arrow half
+            assert isinstance(s, FrameSpec)
+            kind, fn = s.kind, None
+        chain.append(OpRuntime(kind, fn, ref, s.name, after.get(s.name, sink_name),
+                               operator_id(s.name), last, trace_file if last else None))
+    run = task_function(*chain)
+    target = chain[-1].out_segment
+    if to.windows.receives(target):  # a window planned in the JVM receives here
+        run, schema = receiving_task(run, ref, target, chain[-1].in_segment), with_stamp(schema)
+    return spark_step(step.name, lambda: df.mapInArrow(run, schema))
+
+
+def keyed_plan(df: Any, step: StatefulSpec, ref: TrackerRef, out_segment: str, name: str) -> Any:
+    """A keyed stateful step's plan (``stateful``, a join's, ``dropDuplicates``'), its
+    output as the user sees it."""
+    out = described(lambda: build_keyed(df, step, ref, out_segment, operator_id(name)))
+    return joined(out, step)
+
+
+def arrow_output(schema: Any) -> Any:
+    """The schema of ``schema``'s rows after a tracked Arrow step that keeps their
+    columns: a DataFrame step's helper column gone, ``lt_track`` last."""
+    from pyspark.sql.types import StructType
+
+    helpers = (KEEP_COL, POS_COL, TRACK_COL)
+    return with_tracking(StructType([f for f in schema.fields if f.name not in helpers]))
+
+
+def union_by_name(dfs: list[Any]) -> Any:
+    """``unionByName`` of ``dfs``, or a one-line error naming the columns that differ
+    (by name and type; Spark's own error is a page of plan)."""
+    first = {f.name: f.dataType.simpleString() for f in dfs[0].schema.fields}
+    for i, df in enumerate(dfs[1:], start=2):
+        other = {f.name: f.dataType.simpleString() for f in df.schema.fields}
+        if other != first:
+            diff = sorted(f"{n} {first.get(n, '-')} vs {other.get(n, '-')}"
+                          for n in first.keys() | other.keys() if first.get(n) != other.get(n))
+            raise PipelineShapeError(f"union: input 1 and input {i} differ in columns: "
+                                     f"{'; '.join(diff)}")
+    out = dfs[0]
+    for df in dfs[1:]:
+        out = out.unionByName(df)
+    return out

@@ -1,0 +1,106 @@
+"""End to end, key ranges (rule 15): a window whose fronts partition its keys emits a
+range's windows once that range is complete, while a lagging front's range waits;
+every window equals a batch recomputation, none is emitted twice, and a key whose
+rows come from two ranges fails the query."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+import lowtide
+from lowtide.spark.operators.window_state import window_starts
+from lowtide.spark.sources.generator import GeneratorSpec
+from tests.spark.helpers import fail_once, t0_of_checkpoint
+from tests.spark.operators.helpers import GRID, STUCK_MS, all_input, read_results, start_slots
+
+pytestmark = pytest.mark.spark
+
+SIZE = 50  # slots: 500 ms windows
+
+
+def batch_by_front(rows: pd.DataFrame) -> pd.DataFrame:
+    starts = window_starts(rows["slot"].to_numpy(), SIZE, SIZE)[:, 0]
+    return (rows.assign(start=starts).groupby(["front", "start"])
+            .agg(n=("seq", "size"), total=("seq", "sum")).reset_index())
+
+
+def test_a_range_is_emitted_before_a_lagging_range_and_all_equal_batch(
+        spark, tmp_path: Path) -> None:
+    # front 3 lags longer than a micro-batch on a loaded machine
+    spec = GeneratorSpec(fronts=4, rate=160.0, payload_bytes=4, lag_ms={3: 20_000})
+    pipe = lowtide.Pipeline(spark, "win-ranges", grid=GRID, stuck_after_ms=STUCK_MS)
+    # a task of the window fails once after it sent its acks: its retry must not
+    # emit a window twice nor early
+    after = fail_once(lambda b, p: b % 4 == 2)
+    stream = (pipe.generate(spec)
+              .window("500 milliseconds", key="front", key_ranges=4, name="win")
+              .agg(n="count", total=("seq", "sum"))
+              .transform(lambda df: df.mapInArrow(after, df.schema)))
+    graph = stream.graph()
+    assert graph.ranges_of(graph.index("win")) == 4
+    assert graph.fronts_of(graph.index("win")) == {f: {f} for f in range(4)}
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    query = stream.write_parquet(str(out), checkpoint=str(ckpt), trigger="200 milliseconds")
+    try:
+        t0 = t0_of_checkpoint(ckpt, query, timeout_s=240)
+        query.wait_for_min_time(GRID.slot_of(t0) + 8 * SIZE, timeout_s=240)
+        assert not query.stuck()
+        # when each result file was written, how far the lagging range was complete
+        agent = pipe.tracker.agent
+        ahead = []
+        for f in sorted(out.glob("*.parquet")):
+            written_ms = f.stat().st_mtime_ns // 1_000_000
+            lagging = agent.min_time_at("win#3", written_ms)
+            got = pq.read_table(f).to_pandas()
+            ends = start_slots(got[got["front"] != 3]) + SIZE
+            ahead += [int(e) for e in ends if e > lagging]
+        final = query.min_time()
+    finally:
+        query.stop()
+        pipe.close()
+    assert ahead, "no window of a fast range came out before the lagging range reached it"
+    results = read_results(out).assign(start=lambda d: start_slots(d))
+    keys = list(zip(results["front"], results["start"], strict=True))
+    assert len(keys) == len(set(keys)), "a window was emitted twice"
+    horizon = max(final, int(results["start"].max()) + SIZE)
+    expected = batch_by_front(all_input(spec, t0, horizon)).set_index(["front", "start"])
+    got = results.set_index(["front", "start"]).sort_index()
+    np.testing.assert_array_equal(got["n"], expected.loc[got.index, "n"])
+    np.testing.assert_array_equal(got["total"], expected.loc[got.index, "total"])
+    done = expected[expected.index.get_level_values("start") + SIZE <= final]
+    assert set(done.index) <= set(got.index), "a complete window was not emitted"
+    assert {3} < set(got.index.get_level_values("front"))
+
+
+def test_key_ranges_need_the_window_right_after_a_generator(spark) -> None:
+    pipe = lowtide.Pipeline(spark, "win-ranges-bad", grid=GRID)
+    stream = (pipe.generate(GeneratorSpec(fronts=2, rate=10.0))
+              .where("seq >= 0", name="keep")
+              .window("500 milliseconds", key="front", key_ranges=2, name="win").count())
+    with pytest.raises(ValueError, match="key_ranges needs the step right after a generator"):
+        stream.graph()
+    with pytest.raises(ValueError, match="key_ranges=1"):
+        pipe.generate(GeneratorSpec(fronts=2, rate=10.0)).window(
+            "500 milliseconds", key="front", key_ranges=1)
+    pipe.close()
+
+
+def test_a_key_in_two_ranges_fails_the_query(spark, tmp_path: Path) -> None:
+    # seq 0, 1, ... comes from every front: each key is in every range
+    pipe = lowtide.Pipeline(spark, "win-ranges-mixed", grid=GRID, stuck_after_ms=STUCK_MS)
+    stream = (pipe.generate(GeneratorSpec(fronts=2, rate=40.0))
+              .window("500 milliseconds", key="seq", key_ranges=2, name="win").count())
+    query = stream.write_parquet(str(tmp_path / "out"), checkpoint=str(tmp_path / "ckpt"),
+                                 trigger="200 milliseconds")
+    try:
+        with pytest.raises(Exception, match="query failed"):
+            query.wait_for_min_time(2**40, timeout_s=240)
+        assert "has rows of key ranges [0, 1]" in str(query.query.exception())
+    finally:
+        query.stop()
+        pipe.close()

@@ -1,0 +1,133 @@
+"""End to end, speculative windows (rule 13): under a lagging front and injected task
+failures, and across a restart from the checkpoint, the changelog folded after every
+batch is the latest version of each window (tombstones cancel the version they name,
+versions follow each other, nothing follows a final), every row sits at its window's
+last slot, and the finals equal a batch recomputation."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+import lowtide
+from lowtide.spark.sinks.changelog import apply_changelog, finals
+from lowtide.spark.sources.generator import GeneratorSpec
+from tests.spark.helpers import fail_once, t0_of_checkpoint
+from tests.spark.operators.helpers import (
+    AGG_COLS,
+    GRID,
+    SCHEMA,
+    STUCK_MS,
+    all_input,
+    batch_windows,
+    check,
+    parse,
+    run_timed,
+    start_slots,
+)
+
+pytestmark = pytest.mark.spark
+SIZE = 100  # slots: 1 second
+
+
+class Batches:
+    """A ``foreach_batch`` function that keeps each batch's changelog rows, in order."""
+
+    def __init__(self) -> None:
+        self.frames: list[pd.DataFrame] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        rows = df.toPandas()
+        with self._lock:
+            self.frames.append(rows)
+
+
+def fold_batches(frames: list[pd.DataFrame]) -> dict[tuple[str, int], tuple[int, bool]]:
+    """Fold the changelog batch by batch as a reader would, checking it; after each
+    batch, the pandas fold agrees with :func:`apply_changelog` on the rows so far.
+    Returns (user, start) -> (latest version, is final)."""
+    latest: dict[tuple[str, int], tuple[int, bool, tuple[Any, ...]]] = {}
+    seen: list[pd.DataFrame] = []
+    for rows in frames:
+        if not len(rows):
+            continue
+        seen.append(rows)
+        rows = rows.assign(start=start_slots(rows))
+        assert (rows["lt_time"] == rows["start"] + SIZE - 1).all(), "not at the hold's slot"
+        # a version's insert, its tombstone, the next version
+        for r in rows.sort_values(["version", "op"]).to_dict("records"):
+            key, values = (r["user"], r["start"]), tuple(r[c] for c in AGG_COLS)
+            have = latest.get(key)
+            assert have is None or not have[1], f"a version after the final: {key}"
+            if r["op"] == "tombstone":
+                assert have is not None and have[0] == r["version"] and have[2] == values
+                latest[key] = (have[0], False, ())  # cancelled: the next insert follows
+            else:
+                assert r["version"] == (have[0] + 1 if have else 1), f"a version skipped {key}"
+                latest[key] = (r["version"], bool(r["is_final"]), values)
+        folded = apply_changelog(pd.concat(seen, ignore_index=True))
+        assert len(folded) == len(latest), "apply_changelog keeps one row per window"
+    return {k: (v, f) for k, (v, f, _) in latest.items()}
+
+
+def test_early_rows_then_finals_under_a_lagging_front_and_task_failures(
+        spark, tmp_path: Path) -> None:
+    spec = GeneratorSpec(fronts=3, rate=240.0, payload_bytes=4, lag_ms={2: 1500})
+    pipe = lowtide.Pipeline(spark, "spec-lag", grid=GRID, stuck_after_ms=STUCK_MS)
+    before = fail_once(lambda b, p: b % 5 == 3 and p == 0)
+    after = fail_once(lambda b, p: b % 4 == 2)
+    stream = (pipe.generate(spec).map(parse, SCHEMA, name="parse")
+              .transform(lambda df: df.mapInArrow(before, df.schema))
+              .window("1 second", key="user", name="win")
+              .agg(n="count", total=("amount", "sum"), lo=("amount", "min"),
+                   hi=("amount", "max"), avg=("amount", "mean"))
+              .speculative()
+              .transform(lambda df: df.mapInArrow(after, df.schema)))
+    assert stream.segment_names() == ["parse", "win", "win.state", "sink"]
+    sink, ckpt = Batches(), tmp_path / "ckpt"
+    try:  # until three windows past the lag are complete at the sink
+        query = stream.foreach_batch(sink, checkpoint=str(ckpt), keep_tracking_columns=True,
+                                     trigger="200 milliseconds")
+        t0 = t0_of_checkpoint(ckpt, query)
+        query.wait_for_min_time(GRID.slot_of(t0 + 1500) + 3 * SIZE, timeout_s=300)
+        assert not query.stuck()
+        query.stop()
+        final = query.min_time()
+    finally:
+        pipe.close()
+    latest = fold_batches(sink.frames)
+    rows = pd.concat(sink.frames, ignore_index=True)
+    assert (rows["op"] == "tombstone").sum() > 0, "no early version was ever replaced"
+    done = {k for k in latest if k[1] + SIZE <= final}
+    assert done and all(latest[k][1] for k in done), "a complete window without its final"
+    exact = finals(rows)
+    horizon = max(final, int(start_slots(exact).max()) + SIZE)
+    expected = batch_windows(all_input(spec, t0, horizon), SIZE, SIZE)
+    check(exact, expected, horizon, SIZE, AGG_COLS)
+    assert len(exact) == sum(f for _, f in latest.values())
+
+
+def test_a_restart_neither_repeats_nor_skips_a_version(spark, tmp_path: Path) -> None:
+    spec = GeneratorSpec(fronts=2, rate=200.0, payload_bytes=4, lag_ms={1: 600})
+    pipe = lowtide.Pipeline(spark, "spec-restart", grid=GRID, stuck_after_ms=STUCK_MS)
+    stream = (pipe.generate(spec).map(parse, SCHEMA, name="parse")
+              .window("1 second", key="user", name="win")
+              .agg(n="count", total=("amount", "sum"), lo=("amount", "min"),
+                   hi=("amount", "max"), avg=("amount", "mean"))
+              .speculative(every="300 milliseconds"))
+    rows, t0, final = run_timed(pipe, stream, tmp_path, 250, restart_at=120)
+    ident = rows.assign(start=start_slots(rows))[["user", "start", "version", "op"]]
+    assert not ident.duplicated().any(), "a version written twice"
+    latest = fold_batches([rows])
+    assert all(f for (_, start), (_, f) in latest.items() if start + SIZE <= final)
+    changes = spark.read.parquet(str(tmp_path / "out"))
+    exact = apply_changelog(changes).where("is_final").toPandas()
+    assert len(exact) == sum(f for _, f in latest.values())
+    horizon = max(final, int(start_slots(exact).max()) + SIZE)
+    check(exact, batch_windows(all_input(spec, t0, horizon), SIZE, SIZE), horizon, SIZE,
+          AGG_COLS)
