@@ -37,9 +37,15 @@ STATE = GRAPH.index("w.state")
 
 def test_stamps_and_clock_offsets_worked_examples() -> None:
     # a min time of slot 170_000_000_000 at 10 ms slots: the stamp is its start, in ms
-    assert stamp_ms(170_000_000_000, 10) == 1_700_000_000_000
-    # every front finished (a min time far in the future): the last timestamp
-    assert stamp_ms(1 << 62, 10) == STAMP_MAX_MS
+    grid = TimeGrid(10, 4)
+    assert stamp_ms(170_000_000_000, grid) == 1_700_000_000_000
+    # every front finished (closed: its heartbeat is the end of time): the last timestamp,
+    # which releases the hold for good (not a hold at END_MS: the sink would stop there)
+    assert stamp_ms(grid.end_slot, grid) == STAMP_MAX_MS
+    assert stamp_ms(grid.end_slot // 4 * 4, grid) == STAMP_MAX_MS
+    assert stamp_ms(grid.end_slot - 4, grid) == (grid.end_slot - 4) * 10
+    assert stamp_ms(1 << 62, grid) == STAMP_MAX_MS
+    assert hold_target(clock_offset(stamp_ms(grid.end_slot, grid), 300), 10) == END
     # the clock moves by whole slides: between two such times no window can close
     assert clock_offset(1_700_000_001_999, 1000) == 1_700_000_001_000
     assert clock_offset(1_700_000_002_000, 1000) == 1_700_000_002_000

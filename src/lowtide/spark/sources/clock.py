@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from lowtide.spark.tracking.receive import read_stamp
+from lowtide.spark.tracking.receive import STAMP_MAX_MS, read_stamp
 from lowtide.spark.tracking.transport import TrackerRef
 
 try:
@@ -36,12 +36,13 @@ CLOCK_SCHEMA = "lt_wm long"
 
 
 def clock_offset(stamp: int, step_ms: int) -> int:
-    """The clock's offset for a stamp (ms): rounded down to ``step_ms``.
+    """The clock's offset for a stamp (ms): rounded down to ``step_ms``; the last
+    stamp (the input ended) as it is, so the hold is released for good.
 
-    >>> clock_offset(1_700_000_001_234, 500)
-    1700000001000
+    >>> clock_offset(1_700_000_001_234, 500), clock_offset(STAMP_MAX_MS, 500) == STAMP_MAX_MS
+    (1700000001000, True)
     """
-    return stamp // step_ms * step_ms
+    return stamp if stamp >= STAMP_MAX_MS else stamp // step_ms * step_ms
 
 
 class ClockReader(SimpleDataSourceStreamReader):  # type: ignore[misc]

@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from lowtide.core.time import TimeGrid
 from lowtide.spark.tracking.column import TRACK_COL, AckAccumulator, reference_slot
 from lowtide.spark.tracking.transport import TrackerRef, connect
 
@@ -51,13 +52,17 @@ WM_COL = "lt_wm"  # the stamp: the segment's min time (ms)
 STAMP_MAX_MS = 253_402_300_799_999
 
 
-def stamp_ms(min_time: int, delta_ms: int) -> int:
-    """The stamp (ms since the epoch) of a min time (a slot).
+def stamp_ms(min_time: int, grid: TimeGrid) -> int:
+    """The stamp (ms since the epoch) of a min time (a slot); a min time that says the
+    input ended (every front closed: :meth:`TimeGrid.at_end`) is the last stamp.
 
-    >>> stamp_ms(170_000_000_000, 10), stamp_ms(1 << 61, 10) == STAMP_MAX_MS
+    >>> g = TimeGrid(10)
+    >>> stamp_ms(170_000_000_000, g), stamp_ms(g.end_slot, g) == STAMP_MAX_MS
     (1700000000000, True)
     """
-    return min(min_time * delta_ms, STAMP_MAX_MS)
+    if grid.at_end(min_time):
+        return STAMP_MAX_MS
+    return min(min_time * grid.delta_ms, STAMP_MAX_MS)
 
 
 def read_stamp(ref: TrackerRef, segment: str) -> int:
@@ -66,7 +71,7 @@ def read_stamp(ref: TrackerRef, segment: str) -> int:
     from lowtide.service.clock import wall_ms
 
     agent: Any = connect(ref)
-    return stamp_ms(int(agent.min_time_at(segment, wall_ms())), ref.grid.delta_ms)
+    return stamp_ms(int(agent.min_time_at(segment, wall_ms())), ref.grid)
 
 
 def stamped(ref: TrackerRef, segment: str, key: str, batches: Iterable[Any]
