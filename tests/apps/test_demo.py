@@ -45,6 +45,13 @@ def test_demo_json_line(spark, capsys, tmp_path: Path) -> None:
     assert doc["first_window_s"] == lt["first_window_s"] and wm["first_window_s"] > 0
     assert lt["late_dropped"] == 0 and lt["differ_from_batch"] == 0
     assert lt["windows"] > 0 and wm["windows"] > 0
+    # each window out in the micro-batch right after the one that read its last rows
+    assert lt["batches_after_input_p50"] == 1
+    for q in (lt, wm):  # where the time goes: start-up phases in order, batch times
+        phases = [q["startup"][k] for k in ("query_started_s", "first_batch_planned_s",
+                                            "first_batch_done_s")]
+        assert phases == sorted(phases) and q["batch_p50_ms"] > 0
+    assert 0 <= doc["session_s"] <= phases[0]  # the shared session: started before
     # from run()'s start to lowtide's first result file: after the first batch's work
     assert 0 < doc["first_window_s"] < 12 + 300
     # whether the 200 ms watermark drops rows of the front lagging 7 s depends on the

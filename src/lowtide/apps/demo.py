@@ -17,7 +17,10 @@ the wall clock at the front); ``lag_ms`` (the lagging front's lag) beside it: no
 result can come earlier than the lag plus one micro-batch. Only windows ending after
 both queries are warm (their second micro-batch done) count for delays.
 ``first_window_s``: from the command's start to lowtide's first result file (session
-start, first micro-batches); each query's own beside its delays.
+start, first micro-batches); each query's own beside its delays. Where the time goes
+(:mod:`lowtide.apps.demo_batches`): ``session_s``, each query's ``startup`` phases and
+``batch_p50_ms``, and lowtide's ``batches_after_input_p50`` (1: a window comes out in
+the micro-batch right after the one that read its last rows).
 """
 
 from __future__ import annotations
@@ -35,6 +38,13 @@ from typing import Any
 
 import numpy as np
 
+from lowtide.apps.demo_batches import (
+    batch_p50_ms,
+    batch_times,
+    batches_after_input,
+    emitted_in,
+    startup,
+)
 from lowtide.apps.demo_report import (
     compare,
     dropped_by_watermark,
@@ -305,6 +315,7 @@ def run(spark: Any, args: argparse.Namespace, started_ms: int | None = None) -> 
     """Run the demo on ``spark`` (left running); prints, and returns the JSON doc.
     ``started_ms``: when the command started (default: now)."""
     started_ms = started_ms or wall_ms()
+    session_s = round((wall_ms() - started_ms) / 1000, 1)  # the session is up
     from lowtide.spark.pipeline import stop_between_batches
 
     spec = demo_spec(args.fronts, args.rate, args.lag_ms, wall_ms())
@@ -330,6 +341,9 @@ def run(spark: Any, args: argparse.Namespace, started_ms: int | None = None) -> 
         batch = batch_recompute(spark, spec, horizon_ms)
         lt_cmp = compare(lt_got, batch, judged_to_ms(lt_got, lt_horizon_ms))
         wm_cmp = compare(wm_got, batch, judged_to_ms(wm_got))
+        batches = {k: batch_times(d[k]) for k in ("lt_ckpt", "wm_ckpt")}
+        after_input = batches_after_input(batches["lt_ckpt"], emitted_in(d["lt_out"]), warm_ms)
+        startups = {k: startup(batches[k], d[k], started_ms) for k in batches}
     finally:
         if lt is not None:
             lt.stop()
@@ -341,6 +355,11 @@ def run(spark: Any, args: argparse.Namespace, started_ms: int | None = None) -> 
             shutil.rmtree(tmp, ignore_errors=True)
     lt_side, wm_side = side(lt_got, lt_cmp, warm_ms), side(wm_got, wm_cmp, warm_ms)
     lt_side["lag_ms"] = wm_side["lag_ms"] = args.lag_ms  # the physical limit: lag + a batch
+    for q, k in ((lt_side, "lt_ckpt"), (wm_side, "wm_ckpt")):  # where the time goes
+        q["batch_p50_ms"] = batch_p50_ms(batches[k], warm_ms)
+        q["startup"] = startups[k]
+    lt_side["batches_after_input_p50"] = (float(np.median(after_input)) if after_input
+                                          else None)
     lt_side["first_window_s"] = first_s = first_window_s(lt_got, started_ms)
     wm_side["first_window_s"] = first_window_s(wm_got, started_ms)
     matches = matches_batch(lt_cmp)
@@ -349,7 +368,7 @@ def run(spark: Any, args: argparse.Namespace, started_ms: int | None = None) -> 
         print(f"lowtide matches the batch recomputation: {matches}")
     doc = {"bench": "demo", "lowtide": lt_side, "watermark": wm_side, "matches_batch": matches,
            "same_events": same, "t0_ms": spec.t0_ms, "first_window_s": first_s,
-           "lag_ms": args.lag_ms}
+           "lag_ms": args.lag_ms, "session_s": session_s}
     print(json.dumps(doc), flush=True)
     return doc
 
