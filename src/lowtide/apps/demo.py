@@ -152,8 +152,11 @@ def start_watermark(spark: Any, spec: Any, out: str, ckpt: str, delay_ms: int,
     and ``ts``), windows of ``key`` closed by ``withWatermark(delay_ms)``."""
     from pyspark.sql import functions as F
 
+    from lowtide.spark.sources.generator import UNTRACKED_SCHEMA
+
     df = (spark.readStream.format("lowtide_gen").option("spec", spec.to_json())
-          .option("tracking", "false").option("delta_ms", "10").load())
+          .option("tracking", "false").option("delta_ms", "10").schema(UNTRACKED_SCHEMA)
+          .load())  # the schema given, as lowtide's query does: no Python call for it
     windows = (frame(df).withWatermark("ts", f"{delay_ms} milliseconds")
                .groupBy(key, F.window("ts", WINDOW))
                .agg(F.count("*").alias("n"), F.sum(summed).alias("total"))

@@ -65,6 +65,7 @@ from lowtide.spark.sources.log_source import LogSource, parse_fronts
 from lowtide.spark.sources.read_stream import EntrySpec, check_labelled
 from lowtide.spark.tracking.transport import TrackerRef
 
+_SOURCES = {ds.name(): ds for ds in (LogSource, LogReplaySource, GenSource, ReceivingSource)}
 _REGISTERED: set[int] = set()
 _REG_LOCK = threading.Lock()
 
@@ -302,7 +303,10 @@ class Pipeline:
             opts.update({"lowtide.inner": fmt, "lowtide.receive": out,
                          "lowtide.sender": source_key(src)})
             fmt = FORMAT
-        return self.spark.readStream.format(fmt).options(**opts).load()
+        # the schema given: Spark would start a Python process to ask the source for it
+        # (seconds of a query's start-up on a busy machine)
+        schema = _SOURCES[fmt](opts).schema()
+        return self.spark.readStream.format(fmt).options(**opts).schema(schema).load()
 
     def _start(self, stream: Stream, sink: tuple[Any, ...], sink_name: str, checkpoint: str,
                trigger: str | None, query_name: str | None) -> TrackedQuery:

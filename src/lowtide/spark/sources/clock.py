@@ -100,7 +100,7 @@ def clock_frame(spark: Any, ref: TrackerRef, segment: str, step_ms: int,
                 hold: tuple[int, str]) -> Any:
     """The clock of the window whose inbound segment is ``segment``, as a streaming
     DataFrame (column ``lt_wm``, ms); ``hold``: its operator id and checkpoint."""
-    return (spark.readStream.format("lowtide_clock")
+    return (spark.readStream.format("lowtide_clock").schema(CLOCK_SCHEMA)  # no Python call
             .option("lowtide.tracker", ref.to_option()).option("lowtide.segment", segment)
             .option("step_ms", str(step_ms)).option("op_id", str(hold[0]))
             .option("checkpoint", hold[1]).load())
