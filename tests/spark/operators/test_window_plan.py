@@ -161,6 +161,9 @@ def test_the_fallback_is_chosen_where_the_pipeline_is_described() -> None:
     assert "another stateful step" in str(fallback_reason(agg, 2))
     applied = WindowSpec("w", ("k",), 1000, 1000, (), fn=lambda rows: {}, fn_schema="x long")
     assert "apply(fn)" in str(fallback_reason(applied, 1))
+    # a window per key range: each range's windows come out when that range completes
+    ranged = WindowSpec("w", ("k",), 1000, 1000, (Agg("n", "count", None),), key_ranges=4)
+    assert "key_ranges" in str(fallback_reason(ranged, 1))
 
 
 def test_a_stopped_query_moves_no_hold(agent: Any, tmp_path: Path) -> None:

@@ -2,8 +2,8 @@
 (partial aggregation before the shuffle, state in the state store), made exact by
 driving its watermark from the window's inbound segment ``S_in``; lowtide handles only
 the acks, the stamps and one hold. The description is :mod:`.windows`; the runtime for
-what this plan cannot do (``apply(fn)``, a window in a query with another stateful
-step) is :mod:`.window_state`.
+what this plan cannot do (``apply(fn)``, ``key_ranges``, a window in a query with
+another stateful step) is :mod:`.window_state`.
 
 ::
 
@@ -105,6 +105,8 @@ def fallback_reason(spec: WindowSpec, stateful_steps: int) -> str | None:
     """Why a window needs the ``transformWithState`` runtime (None: it does not)."""
     if spec.fn is not None:
         return "apply(fn) runs a Python function over each window's rows"
+    if spec.key_ranges:
+        return "key_ranges: each range's windows come out once that range is complete"
     if stateful_steps > 1:
         return "its query has another stateful step (Spark's watermark is global)"
     return None
