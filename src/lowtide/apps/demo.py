@@ -153,7 +153,7 @@ def start_watermark(spark: Any, spec: Any, out: str, ckpt: str, delay_ms: int,
     and ``ts``), windows of ``key`` closed by ``withWatermark(delay_ms)``."""
     from pyspark.sql import functions as F
 
-    from lowtide.spark.sources.generator import UNTRACKED_SCHEMA
+    from lowtide.spark.sources import UNTRACKED_SCHEMA
 
     df = (spark.readStream.format("lowtide_gen").option("spec", spec.to_json())
           .option("tracking", "false").option("delta_ms", "10").schema(UNTRACKED_SCHEMA)
