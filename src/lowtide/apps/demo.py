@@ -44,6 +44,7 @@ from lowtide.apps.demo_batches import (
     batch_times,
     batches_after_input,
     emitted_in,
+    offsets_doc,
     startup,
 )
 from lowtide.apps.demo_report import (
@@ -179,16 +180,8 @@ def served(ckpt: str) -> tuple[int, dict[int, int]] | None:
         return None
     text = (Path(ckpt) / "offsets" / str(max(done))).read_text()
     # one line per source: a window planned in the JVM adds its clock's
-    off = next(doc for doc in map(_json, text.strip().splitlines()) if "t0" in doc)
+    off = next(doc for doc in map(offsets_doc, text.strip().splitlines()) if "t0" in doc)
     return int(off["t0"]), {int(k[1:]): int(v["seq"]) for k, v in off.items() if k[0] == "f"}
-
-
-def _json(line: str) -> dict[str, Any]:
-    try:
-        doc = json.loads(line)
-    except ValueError:
-        return {}
-    return doc if isinstance(doc, dict) else {}
 
 
 def events(spec: Any, t0: int, rows: dict[int, int]) -> Any:

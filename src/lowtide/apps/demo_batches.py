@@ -36,7 +36,7 @@ def batch_times(ckpt: str, delta_ms: int = 10) -> dict[int, dict[str, int | None
         lines = Path(p).read_text().strip().splitlines()
         meta = json.loads(lines[1])
         beats = [int(v["hb"]) * delta_ms for line in lines[2:]
-                 for k, v in _doc(line).items() if k[:1] == "f" and isinstance(v, dict)
+                 for k, v in offsets_doc(line).items() if k[:1] == "f" and isinstance(v, dict)
                  and "hb" in v]
         commit = os.path.join(ckpt, "commits", os.path.basename(p))
         out[int(os.path.basename(p))] = {
@@ -48,7 +48,8 @@ def batch_times(ckpt: str, delta_ms: int = 10) -> dict[int, dict[str, int | None
     return out
 
 
-def _doc(line: str) -> dict[str, Any]:
+def offsets_doc(line: str) -> dict[str, Any]:
+    """One line of an offsets log entry as a dict ({} if it is not a JSON object)."""
     try:
         doc = json.loads(line)
     except ValueError:
