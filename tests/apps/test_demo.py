@@ -38,10 +38,20 @@ def test_demo_json_line(spark, capsys, tmp_path: Path) -> None:
     assert doc["bench"] == "demo"
     assert doc["matches_batch"] is True and doc["same_events"] is True
     lt, wm = doc["lowtide"], doc["watermark"]
-    assert set(lt) >= {"windows", "late_dropped", "delay_p50_ms", "delay_p99_ms"}
-    assert set(wm) >= {"windows", "late_dropped", "delay_p50_ms", "delay_p99_ms"}
+    for q in (lt, wm):  # each query's delays and first window, the lag beside them
+        assert set(q) >= {"windows", "late_dropped", "delay_p50_ms", "delay_p99_ms",
+                          "lag_ms", "first_window_s"}
+    assert lt["lag_ms"] == wm["lag_ms"] == doc["lag_ms"] == 7000
+    assert doc["first_window_s"] == lt["first_window_s"] and wm["first_window_s"] > 0
     assert lt["late_dropped"] == 0 and lt["differ_from_batch"] == 0
     assert lt["windows"] > 0 and wm["windows"] > 0
+    # each window out in the micro-batch right after the one that read its last rows
+    assert lt["batches_after_input_p50"] == lt["batches_after_input_max"] == 1
+    for q in (lt, wm):  # where the time goes: start-up phases in order, batch times
+        phases = [q["startup"][k] for k in ("query_started_s", "first_batch_planned_s",
+                                            "first_batch_done_s")]
+        assert phases == sorted(phases) and q["batch_p50_ms"] > 0
+    assert 0 <= doc["session_s"] <= phases[0]  # the shared session: started before
     # from run()'s start to lowtide's first result file: after the first batch's work
     assert 0 < doc["first_window_s"] < 12 + 300
     # whether the 200 ms watermark drops rows of the front lagging 7 s depends on the

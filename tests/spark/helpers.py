@@ -191,7 +191,7 @@ def as_int(col: Any) -> np.ndarray:
 
 def t0_of_checkpoint(ckpt: Path, query: Any, timeout_s: float = 60.0) -> int:
     """The generator's t0, from the first offsets Spark logged (a query of several
-    sources logs a line for each)."""
+    sources logs a line for each; a window planned in the JVM adds its clock's)."""
     deadline = time.monotonic() + timeout_s
     first = ckpt / "offsets" / "0"
     while not first.exists():
@@ -199,9 +199,16 @@ def t0_of_checkpoint(ckpt: Path, query: Any, timeout_s: float = 60.0) -> int:
         assert time.monotonic() < deadline, "no batch logged"
         time.sleep(0.1)
     time.sleep(0.1)
-    offsets = [json.loads(line) for line in first.read_text().strip().splitlines()[2:]
-               if line.startswith("{")]
-    return next(int(o["t0"]) for o in offsets if "t0" in o)
+    lines = first.read_text().strip().splitlines()
+    return next(int(doc["t0"]) for doc in map(_json_or_none, lines) if doc and "t0" in doc)
+
+
+def _json_or_none(line: str) -> Any:
+    try:
+        doc = json.loads(line)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 class Committed:

@@ -13,9 +13,15 @@ queries' windows checked against one batch recomputation (Spark batch, same wind
 of those events; then one JSON line.
 
 Delay = the result file's modification time minus the window's end (event time is
-the wall clock at the front). Only windows ending after both queries are warm (their
-second micro-batch done) count for delays. ``first_window_s``: from the command's
-start to lowtide's first result file (session start, first micro-batches).
+the wall clock at the front); ``lag_ms`` (the lagging front's lag) beside it: no exact
+result can come earlier than the lag plus one micro-batch. Only windows ending after
+both queries are warm (their second micro-batch done) count for delays.
+``first_window_s``: from the command's start to lowtide's first result file (session
+start, first micro-batches); each query's own beside its delays. Where the time goes
+(:mod:`lowtide.apps.demo_batches`): ``session_s``, each query's ``startup`` phases and
+``batch_p50_ms``, and lowtide's ``batches_after_input_p50`` and ``_max`` over every
+window (1: a window comes out in the micro-batch right after the one that read its
+last rows).
 """
 
 from __future__ import annotations
@@ -33,9 +39,18 @@ from typing import Any
 
 import numpy as np
 
+from lowtide.apps.demo_batches import (
+    batch_p50_ms,
+    batch_times,
+    batches_after_input,
+    emitted_in,
+    offsets_doc,
+    startup,
+)
 from lowtide.apps.demo_report import (
     compare,
     dropped_by_watermark,
+    first_window_s,
     judged_to_ms,
     matches_batch,
     print_table,
@@ -139,8 +154,11 @@ def start_watermark(spark: Any, spec: Any, out: str, ckpt: str, delay_ms: int,
     and ``ts``), windows of ``key`` closed by ``withWatermark(delay_ms)``."""
     from pyspark.sql import functions as F
 
+    from lowtide.spark.sources import UNTRACKED_SCHEMA
+
     df = (spark.readStream.format("lowtide_gen").option("spec", spec.to_json())
-          .option("tracking", "false").option("delta_ms", "10").load())
+          .option("tracking", "false").option("delta_ms", "10").schema(UNTRACKED_SCHEMA)
+          .load())  # the schema given, as lowtide's query does: no Python call for it
     windows = (frame(df).withWatermark("ts", f"{delay_ms} milliseconds")
                .groupBy(key, F.window("ts", WINDOW))
                .agg(F.count("*").alias("n"), F.sum(summed).alias("total"))
@@ -161,7 +179,8 @@ def served(ckpt: str) -> tuple[int, dict[int, int]] | None:
     if not done:
         return None
     text = (Path(ckpt) / "offsets" / str(max(done))).read_text()
-    off = json.loads(text.strip().splitlines()[-1])
+    # one line per source: a window planned in the JVM adds its clock's
+    off = next(doc for doc in map(offsets_doc, text.strip().splitlines()) if "t0" in doc)
     return int(off["t0"]), {int(k[1:]): int(v["seq"]) for k, v in off.items() if k[0] == "f"}
 
 
@@ -293,6 +312,7 @@ def run(spark: Any, args: argparse.Namespace, started_ms: int | None = None) -> 
     """Run the demo on ``spark`` (left running); prints, and returns the JSON doc.
     ``started_ms``: when the command started (default: now)."""
     started_ms = started_ms or wall_ms()
+    session_s = round((wall_ms() - started_ms) / 1000, 1)  # the session is up
     from lowtide.spark.pipeline import stop_between_batches
 
     spec = demo_spec(args.fronts, args.rate, args.lag_ms, wall_ms())
@@ -318,6 +338,10 @@ def run(spark: Any, args: argparse.Namespace, started_ms: int | None = None) -> 
         batch = batch_recompute(spark, spec, horizon_ms)
         lt_cmp = compare(lt_got, batch, judged_to_ms(lt_got, lt_horizon_ms))
         wm_cmp = compare(wm_got, batch, judged_to_ms(wm_got))
+        batches = {k: batch_times(d[k]) for k in ("lt_ckpt", "wm_ckpt")}
+        # every window, the first ones too: how many batches after its last rows it came
+        after_input = batches_after_input(batches["lt_ckpt"], emitted_in(d["lt_out"]), 0)
+        startups = {k: startup(batches[k], d[k], started_ms) for k in batches}
     finally:
         if lt is not None:
             lt.stop()
@@ -328,13 +352,22 @@ def run(spark: Any, args: argparse.Namespace, started_ms: int | None = None) -> 
         if args.dir is None:
             shutil.rmtree(tmp, ignore_errors=True)
     lt_side, wm_side = side(lt_got, lt_cmp, warm_ms), side(wm_got, wm_cmp, warm_ms)
+    lt_side["lag_ms"] = wm_side["lag_ms"] = args.lag_ms  # the physical limit: lag + a batch
+    for q, k in ((lt_side, "lt_ckpt"), (wm_side, "wm_ckpt")):  # where the time goes
+        q["batch_p50_ms"] = batch_p50_ms(batches[k], warm_ms)
+        q["startup"] = startups[k]
+    lt_side["batches_after_input_p50"] = (float(np.median(after_input)) if after_input
+                                          else None)
+    lt_side["batches_after_input_max"] = max(after_input, default=None)
+    lt_side["first_window_s"] = first_s = first_window_s(lt_got, started_ms)
+    wm_side["first_window_s"] = first_window_s(wm_got, started_ms)
     matches = matches_batch(lt_cmp)
     if not args.json:
         print_table(args, WINDOW, lt_side, wm_side, lt_cmp, wm_cmp, dropped_wm)
         print(f"lowtide matches the batch recomputation: {matches}")
-    first_s = round(float(lt_got["done_ms"].min() - started_ms) / 1000, 1) if len(lt_got) else None
     doc = {"bench": "demo", "lowtide": lt_side, "watermark": wm_side, "matches_batch": matches,
-           "same_events": same, "t0_ms": spec.t0_ms, "first_window_s": first_s}
+           "same_events": same, "t0_ms": spec.t0_ms, "first_window_s": first_s,
+           "lag_ms": args.lag_ms, "session_s": session_s}
     print(json.dumps(doc), flush=True)
     return doc
 

@@ -127,6 +127,11 @@ def side(got: Any, cmp: dict[str, int], warm_ms: int) -> dict[str, Any]:
             "delay_windows": n, "differ_from_batch": cmp["differ"]}
 
 
+def first_window_s(got: Any, started_ms: int) -> float | None:
+    """Seconds from the command's start to a query's first result file."""
+    return round(float(got["done_ms"].min() - started_ms) / 1000, 1) if len(got) else None
+
+
 def matches_batch(cmp: dict[str, int]) -> bool:
     """Every window the batch judges was emitted exactly, none twice, none unexpected."""
     return cmp["windows"] == cmp["exact"] and not (cmp["unexpected"] or cmp["duplicates"])
@@ -151,7 +156,10 @@ def print_table(args: argparse.Namespace, window: str, lt: dict[str, Any], wm: d
         ("windows ending after warm-up", lt["delay_windows"], wm["delay_windows"]),
         ("delay window end -> result, mean ms", lt["delay_mean_ms"], wm["delay_mean_ms"]),
         ("delay p50 ms", lt["delay_p50_ms"], wm["delay_p50_ms"]),
+        ("  the lagging front's lag, ms", lt.get("lag_ms", "-"), wm.get("lag_ms", "-")),
         ("delay p99 ms", lt["delay_p99_ms"], wm["delay_p99_ms"]),
+        ("first window, s after start", lt.get("first_window_s", "-"),
+         wm.get("first_window_s", "-")),
     ]
     for r in rows:
         t.add_row(*(str(x) for x in r))

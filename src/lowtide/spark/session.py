@@ -46,11 +46,11 @@ _DELTA_JARS = ("delta-spark_", "delta-storage-", "delta-kernel-", "unitycatalog-
 
 # Errors only, one line each. A query stopped between batches is not an error of the
 # run, but Spark still logs the cancelled tasks of the trigger it interrupts (the
-# writer's "Aborting commit", a file sink's "Aborting job" when the stop lands as the
-# next trigger starts writing, the Python runner's interrupted read): those loggers
-# are off. Real failures still reach the caller as the query's exception, so a query's
-# own "terminated with error" line (with a Java frame) is off too: lowtide's commands
-# print that exception as one line.
+# writer's "Aborting commit" and the v2 write's "is aborting", a file sink's "Aborting
+# job" when the stop lands as the next trigger starts writing, the Python runner's
+# interrupted read): those loggers are off. Real failures still reach the caller as the
+# query's exception, so a query's own "terminated with error" line (with a Java frame)
+# is off too: lowtide's commands print that exception as one line.
 QUIET_LOG4J2 = """\
 rootLogger.level = error
 rootLogger.appenderRef.stderr.ref = console
@@ -63,6 +63,8 @@ logger.writer.name = org.apache.spark.sql.execution.datasources.v2.DataWritingSp
 logger.writer.level = off
 logger.files.name = org.apache.spark.sql.execution.datasources.FileFormatWriter
 logger.files.level = off
+logger.v2write.name = org.apache.spark.sql.execution.datasources.v2.WriteToDataSourceV2Exec
+logger.v2write.level = off
 logger.query.name = org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution
 logger.query.level = off
 """

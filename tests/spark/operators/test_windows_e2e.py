@@ -134,7 +134,10 @@ def test_sharded_tracker_equals_batch(spark, tmp_path: Path) -> None:
     from tests.service.procs import serve  # the service tests' servers: stopped by pid
 
     spec = GeneratorSpec(fronts=2, rate=200.0, payload_bytes=4, lag_ms={1: 800})
-    with serve(tmp_path, "--shards", "2", "--delta-ms", str(GRID.delta_ms)) as server:
+    # the server's stuck_after_ms as the embedded trackers': the window's hold stands
+    # up to two micro-batches, which on a loaded machine take longer than the default 5 s
+    with serve(tmp_path, "--shards", "2", "--delta-ms", str(GRID.delta_ms),
+               "--stuck-after-ms", str(STUCK_MS)) as server:
         pipe = lowtide.Pipeline(spark, "win-shards", tracker=server.url, grid=GRID,
                                 stuck_after_ms=STUCK_MS)
         stream = (pipe.generate(spec)

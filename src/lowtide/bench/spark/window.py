@@ -69,7 +69,9 @@ def run_spark(spark: Any, cfg: BenchConfig, workdir: str) -> Measured:
 
 
 def run_lowtide(spark: Any, cfg: BenchConfig, workdir: str) -> Measured:
-    pipe = Pipeline(spark, "bench-window", freeze_gc=cfg.freeze_gc)
+    # the window's hold moves once per micro-batch: on this loaded machine two batches
+    # can take longer than the default 5 s after which an open window is reported stuck
+    pipe = Pipeline(spark, "bench-window", freeze_gc=cfg.freeze_gc, stuck_after_ms=60_000)
     stream = pipe.generate(_spec(cfg))
     for name, col in typed_columns():
         stream = stream.with_column(name, col)

@@ -31,6 +31,8 @@ from lowtide.core.time import TimeGrid
 from lowtide.service.progress import RowRates
 from lowtide.spark.operators.joins import JoinSpec, join_input
 from lowtide.spark.operators.tracked import OpSpec
+from lowtide.spark.operators.window_input import FORMAT, ReceivingSource
+from lowtide.spark.operators.window_plan import WATERMARK_CONFS, QueryWindows, session_confs
 from lowtide.spark.pipeline.batches import BatchReporter, announce_queries
 from lowtide.spark.pipeline.dag import (
     PipelineShapeError,
@@ -49,18 +51,21 @@ from lowtide.spark.pipeline.replay import Loss, Replayed, losses_of, replay
 from lowtide.spark.pipeline.sources import DeclaredFronts, SourceSpec, declare_fronts
 from lowtide.spark.pipeline.status import PipelineStatus, status_of
 from lowtide.spark.pipeline.step_plans import (
+    Targets,
     ends_in_arrow_map,
     plan_steps,
     union_by_name,
 )
 from lowtide.spark.pipeline.stream import Stream
 from lowtide.spark.sinks import TrackedForeachBatch, TrackedSink
+from lowtide.spark.sources.clock import ClockSource
 from lowtide.spark.sources.generator import GeneratorSpec, GenSource
 from lowtide.spark.sources.log_replay import RANGE_OPTION, LogReplaySource
 from lowtide.spark.sources.log_source import LogSource, parse_fronts
 from lowtide.spark.sources.read_stream import EntrySpec, check_labelled
 from lowtide.spark.tracking.transport import TrackerRef
 
+_SOURCES = {ds.name(): ds for ds in (LogSource, LogReplaySource, GenSource, ReceivingSource)}
 _REGISTERED: set[int] = set()
 _REG_LOCK = threading.Lock()
 
@@ -70,29 +75,22 @@ def register_sources(spark: Any) -> None:
     with _REG_LOCK:
         if id(spark) in _REGISTERED:
             return
-        for ds in (LogSource, LogReplaySource, GenSource, TrackedSink):
+        for ds in (LogSource, LogReplaySource, GenSource, TrackedSink, ClockSource,
+                   ReceivingSource):
             spark.dataSource.register(ds)
         _REGISTERED.add(id(spark))
 
 
 @dataclass(frozen=True)
-class _Targets:
-    """Where a plan's senders send: ``after`` maps each tracked step and source to
-    its receiver's segment; ``sink`` is the sink segment."""
-
-    ref: TrackerRef
-    after: dict[str, str]
-    sink: str
-
-
-@dataclass(frozen=True)
 class Built:
     """A built pipeline: the streaming DataFrame (up to the sink), its graph and
-    tracker."""
+    tracker; ``holds``: the holds of its windows planned in the JVM, which its query
+    moves (:mod:`lowtide.spark.operators.window_hold`)."""
 
     df: Any
     graph: SegmentGraph
     ref: TrackerRef
+    holds: tuple[Any, ...] = ()
 
 
 class TrackerNotStarted(LowtideError, RuntimeError):
@@ -236,13 +234,16 @@ class Pipeline:
 
     # running
     def build(self, stream: Stream, sink_name: str = "sink", null_sink: bool = False,
-              trace_file: str | None = None) -> Built:
+              trace_file: str | None = None, checkpoint: str | None = None) -> Built:
         """Start the tracker and build the streaming DataFrame of ``stream`` (tracking
         columns included), for a sink that the caller writes and acks itself.
         ``null_sink``: the rows go to Spark's ``noop`` sink and the last step, which
         must be a tracked operator, acks them as received there (``trace_file``: see
-        :meth:`Stream.to_null`; a path every executor can append to)."""
-        if null_sink and not stream.ends_in_operator():
+        :meth:`Stream.to_null`; a path every executor can append to). ``checkpoint``:
+        the query's, for windows planned in Spark's JVM (without it they run on
+        ``transformWithState``; see docs/spark.md, "How exact windows work")."""
+        windows = QueryWindows.of(stream, checkpoint)
+        if null_sink and not (stream.ends_in_operator() or windows.ends_in_window(stream)):
             raise PipelineShapeError("the null sink acks from the last step: a tracked "
                                      "operator")
         plan = refuse_fan_out(stream.plan(sink_name))
@@ -250,11 +251,11 @@ class Pipeline:
         register_sources(self.spark)
         # each sender sends into one segment (no fan-out above): named after its receiver
         after = {sender: segments[0] for sender, segments in plan.sends_into.items()}
-        df = self._plan_stream(stream, _Targets(handle.ref, after, sink_name), null_sink,
-                               trace_file)
-        return Built(df, plan.graph, handle.ref)
+        df = self._plan_stream(stream, Targets(handle.ref, after, sink_name, windows),
+                               null_sink, trace_file)
+        return Built(df, plan.graph, handle.ref, tuple(windows.holds))
 
-    def _plan_stream(self, stream: Stream, to: _Targets, null_sink: bool,
+    def _plan_stream(self, stream: Stream, to: Targets, null_sink: bool,
                      trace_file: str | None) -> Any:
         """The DataFrame of ``stream``: its source or the union of its inputs, then its
         steps; ``null_sink``: its last step acks the rows as received by the sink."""
@@ -283,27 +284,37 @@ class Pipeline:
                     n += 1
             group, steps = steps[:n], steps[n:]
             last = null_sink and not steps
-            df = plan_steps(df, group, to.ref, to.after, to.sink, last,
-                             trace_file if last else None)
+            df = plan_steps(df, group, to, last, trace_file if last else None)
         return df
 
-    def _read(self, src: SourceSpec, to: _Targets) -> Any:
+    def _read(self, src: SourceSpec, to: Targets) -> Any:
         """The streaming DataFrame of ``src``, sending into its receiver's segment."""
         opts = dict(src.options)
         opts["lowtide.tracker"] = to.ref.to_option()
         out = to.after[source_key(src)]
         if src.kind == "log":
+            fmt = "lowtide_log_replay" if RANGE_OPTION in opts else "lowtide_log"
             opts["lowtide.segment"] = source_key(src)
             opts["lowtide.out"] = out
-            fmt = "lowtide_log_replay" if RANGE_OPTION in opts else "lowtide_log"
-            return self.spark.readStream.format(fmt).options(**opts).load()
-        opts["lowtide.segment"] = out
-        return self.spark.readStream.format("lowtide_gen").options(**opts).load()
+        else:
+            fmt = "lowtide_gen"
+            opts["lowtide.segment"] = out
+        if to.windows.receives(out):  # a window planned in the JVM receives in its tasks
+            opts.update({"lowtide.inner": fmt, "lowtide.receive": out,
+                         "lowtide.sender": source_key(src)})
+            fmt = FORMAT
+        # the schema given: Spark would start a Python process to ask the source for it
+        # (seconds of a query's start-up on a busy machine)
+        schema = _SOURCES[fmt](opts).schema()
+        return self.spark.readStream.format(fmt).options(**opts).schema(schema).load()
 
     def _start(self, stream: Stream, sink: tuple[Any, ...], sink_name: str, checkpoint: str,
                trigger: str | None, query_name: str | None) -> TrackedQuery:
-        null_sink = sink[0] == "foreach" and sink[1] is None and stream.ends_in_operator()
-        built = self.build(stream, sink_name, null_sink, sink[3] if null_sink else None)
+        acks_last = stream.ends_in_operator() or QueryWindows.of(
+            stream, checkpoint).ends_in_window(stream)
+        null_sink = sink[0] == "foreach" and sink[1] is None and acks_last
+        built = self.build(stream, sink_name, null_sink, sink[3] if null_sink else None,
+                           checkpoint)
         df, graph, ref = built.df, built.graph, built.ref
         if self._progress_metrics:
             df = ProgressMetrics.of(ref, sink_name, PROGRESS_SAMPLE_BITS).observe(df)
@@ -315,18 +326,25 @@ class Pipeline:
         if query_name:
             writer = writer.queryName(query_name)
         if null_sink:
-            query = writer.format("noop").start()
+            writer = writer.format("noop")
         elif sink[0] == "foreach":
             fb = TrackedForeachBatch(sink[1], ref, sink_name, keep_tracking_columns=sink[2],
                                      trace_file=sink[3])
-            query = writer.foreachBatch(fb).start()
+            writer = writer.foreachBatch(fb)
         else:
             opts = dict(sink[1])
             opts["lowtide.tracker"] = ref.to_option()
             opts["lowtide.segment"] = sink_name
-            query = writer.format("lowtide_sink").options(**opts).start()
+            writer = writer.format("lowtide_sink").options(**opts)
+        # a query takes its session's confs when it starts: JVM windows need theirs then
+        with session_confs(self.spark, WATERMARK_CONFS if built.holds else ()):
+            query = writer.start()
+        listeners = [h.listener(str(query.id)) for h in built.holds]
+        for listener in listeners:
+            self.spark.streams.addListener(listener)
+        closers = [lambda x=x: self.spark.streams.removeListener(x) for x in listeners]
         tq = TrackedQuery(self, query, graph, sink_name, batches, stream=stream,
-                          sink_spec=sink)
+                          sink_spec=sink, closers=[*closers, *(h.close for h in built.holds)])
         self._queries.append(tq)
         return tq
 

@@ -6,6 +6,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -114,8 +115,10 @@ class TrackedQuery:
     def __init__(self, pipeline: Pipeline, query: Any, graph: SegmentGraph,
                  sink: str | None = None, batches: BatchReporter | None = None, *,
                  stream: Stream | None = None,
-                 sink_spec: tuple[Any, ...] | None = None) -> None:
+                 sink_spec: tuple[Any, ...] | None = None,
+                 closers: list[Callable[[], None]] | None = None) -> None:
         self.pipeline = pipeline
+        self._closers = closers or []  # what goes with the query (its listeners)
         # what the query runs, as described: a replay runs it again
         self.stream, self.sink_spec = stream, sink_spec
         self.query = query
@@ -239,6 +242,9 @@ class TrackedQuery:
         stop_between_batches(self.query, graceful_s)
         self._publisher.stop()
         self._batches.stop()
+        for close in self._closers:
+            close()
+        self._closers = []
 
     def stop_when_complete(self) -> threading.Thread:
         """A backfill (``trigger(availableNow=True)``): stop the query once the sink is

@@ -5,6 +5,7 @@ together and where each one's senders send."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Any
 
 from lowtide.spark.operators.dedup import DedupSpec, dedup_input
@@ -21,14 +22,28 @@ from lowtide.spark.operators.keyed_state import KeyedStep, StatefulSpec
 from lowtide.spark.operators.retry import RetrySpec, loop_input, retry_task
 from lowtide.spark.operators.state_processor import build_keyed
 from lowtide.spark.operators.tracked import OpRuntime, OpSpec, operator_id, task_function
-from lowtide.spark.operators.window_state import build_window
+from lowtide.spark.operators.window_input import receiving_task, with_stamp
+from lowtide.spark.operators.window_plan import QueryWindows
 from lowtide.spark.operators.windows import WindowSpec
 from lowtide.spark.pipeline.dag import PipelineShapeError
 from lowtide.spark.pipeline.describe import described
 from lowtide.spark.pipeline.stream import Step, TransformSpec
 from lowtide.spark.sources.read_stream import EntrySpec, entry_schema
 from lowtide.spark.tracking.column import TRACK_COL
+from lowtide.spark.tracking.receive import WM_COL
 from lowtide.spark.tracking.transport import TrackerRef
+
+
+@dataclass(frozen=True)
+class Targets:
+    """Where a plan's senders send: ``after`` maps each tracked step and source to
+    its receiver's segment; ``sink`` is the sink segment; ``windows``: the query's
+    windows planned in Spark's JVM, whose senders receive for them."""
+
+    ref: TrackerRef
+    after: dict[str, str]
+    sink: str
+    windows: QueryWindows
 
 
 def with_tracking(schema: Any) -> Any:
@@ -47,12 +62,12 @@ def ends_in_arrow_map(step: Step | EntrySpec) -> bool:
     return isinstance(step, OpSpec | EntrySpec) or (isinstance(step, FrameSpec) and step.tracked)
 
 
-def plan_steps(df: Any, group: list[Step | EntrySpec], ref: TrackerRef,
-                after: dict[str, str], sink_name: str, null_sink: bool,
-                trace_file: str | None) -> Any:
+def plan_steps(df: Any, group: list[Step | EntrySpec], to: Targets, null_sink: bool,
+               trace_file: str | None) -> Any:
     """The DataFrame plan of one step, or of tracked Arrow steps chained into one
     ``mapInArrow``, on top of ``df``; checks what can be checked before the query
     starts (see :mod:`lowtide.spark.operators.frames`)."""
+    ref, after, sink_name = to.ref, to.after, to.sink
     step = group[0]
     out_segment = after.get(step.name, sink_name)
     if isinstance(step, TransformSpec):
@@ -60,8 +75,8 @@ def plan_steps(df: Any, group: list[Step | EntrySpec], ref: TrackerRef,
         check_added(df, out, step.name)
         return out
     if isinstance(step, WindowSpec):
-        return described(lambda: build_window(df, step, ref, out_segment,
-                                              operator_id(step.name)))
+        return described(lambda: to.windows.plan(df, step, ref, out_segment,
+                                                 operator_id(step.name), null_sink))
     if isinstance(step, DedupSpec):
         df, keyed = described(lambda: dedup_input(df, step))
         return keyed_plan(df, keyed, ref, out_segment, step.name)
@@ -75,7 +90,10 @@ def plan_steps(df: Any, group: list[Step | EntrySpec], ref: TrackerRef,
         task = retry_task(step.runtime(ref, out_segment))
         return spark_step(step.name, lambda: both.mapInArrow(task, with_tracking(step.schema)))
     if isinstance(step, FrameSpec):
-        df = plan_frame(df, step)
+        planned = plan_frame(df, step)
+        if WM_COL in df.columns and WM_COL not in planned.columns:  # a select keeps it too
+            planned = plan_frame(df, replace(step, args=(*step.args, WM_COL)))
+        df = planned
         if not step.tracked:
             return df
     if isinstance(step, EntrySpec):
@@ -96,7 +114,11 @@ def plan_steps(df: Any, group: list[Step | EntrySpec], ref: TrackerRef,
             kind, fn = s.kind, None
         chain.append(OpRuntime(kind, fn, ref, s.name, after.get(s.name, sink_name),
                                operator_id(s.name), last, trace_file if last else None))
-    return spark_step(step.name, lambda: df.mapInArrow(task_function(*chain), schema))
+    run = task_function(*chain)
+    target = chain[-1].out_segment
+    if to.windows.receives(target):  # a window planned in the JVM receives here
+        run, schema = receiving_task(run, ref, target, chain[-1].in_segment), with_stamp(schema)
+    return spark_step(step.name, lambda: df.mapInArrow(run, schema))
 
 
 def keyed_plan(df: Any, step: StatefulSpec, ref: TrackerRef, out_segment: str, name: str) -> Any:

@@ -1,0 +1,278 @@
+"""The hold of a window planned in Spark's JVM (rule 7 without a hold per window).
+
+Spark emits a window in the micro-batch after the one whose stamp passed its end
+(:mod:`.window_plan`); until then the window is complete in ``S_in`` but not in the
+outbound segment, whose min time must not pass it. One hold per window query does it:
+an ack sent into the state segment ``S_in.state`` at ``H``, the slot of the last
+watermark Spark emitted with, and never received while it stands. Every window not yet
+emitted ends after that watermark, so its result (slot ``end - 1``) is at or above
+``H``, and the outbound segment (bounded by the state segment) stays at or below it.
+
+* First hold: opened by the clock source (:mod:`lowtide.spark.sources.clock`) while
+  Spark plans the query's first micro-batch, after its sources registered their
+  fronts and before any task received a row, at the state segment's min time (every
+  row still to come is at or above it). Opened earlier, with no front registered, it
+  would sit at slot 0, and no move could reach today's slots (a move spans at most the
+  tracker's checksum table).
+* After each micro-batch (its ``StreamingQueryProgress``, posted after its sink
+  committed, so its windows were sent): the hold moves to the batch's watermark, in
+  one keyed batch that releases the old hold and opens the new one (atomic), in hops
+  the checksum table can span. A watermark at the last timestamp (every front
+  finished) releases it for good.
+* Restarts: the hold and a move under way live in a small write-ahead file in the
+  checkpoint (``lowtide/hold-<window>.json``); a move's keyed batch ``(file key, target
+  slot, "<hold>S_in", 0)`` is written down before it is sent and re-sent after a crash
+  (idempotent), so the tracker and the file agree again.
+
+The pure parts (:func:`hold_target`, :func:`hops`, :func:`move_acks`) have worked
+examples in their docstrings.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+from pyspark.sql.streaming.listener import StreamingQueryListener
+
+from lowtide.core.acks import child_acks
+from lowtide.core.errors import AckBehindHead
+from lowtide.core.messages import AckBatch
+from lowtide.core.time import TIME_LIMIT, TimeGrid
+from lowtide.spark.operators.state_clock import key_hash, state_segment
+from lowtide.spark.tracking.receive import STAMP_MAX_MS
+from lowtide.spark.tracking.transport import TrackerRef, batch_key, connect
+
+log = logging.getLogger("lowtide.spark.window")
+
+#: a move spans at most this many tracking windows (the checksum table holds 2**20)
+HOP_WINDOWS = 1 << 18
+#: the target that opens no hold: every front finished, nothing more will be emitted
+END = TIME_LIMIT
+HOLD_PREFIX = "<hold>"
+_PARENT = key_hash("lowtide window hold")
+
+
+def hop_slots(grid: TimeGrid) -> int:
+    return HOP_WINDOWS * grid.window_slots
+
+
+def hold_target(watermark_ms: int, delta_ms: int) -> int:
+    """The hold's slot for a batch's watermark (windows ending at or below it are
+    emitted); :data:`END` for the last timestamp.
+
+    >>> hold_target(1_700_000_000_005, 10), hold_target(STAMP_MAX_MS, 10) == END
+    (170000000000, True)
+    """
+    return END if watermark_ms >= STAMP_MAX_MS else watermark_ms // delta_ms
+
+
+def hops(hold: int, target: int, hop: int) -> list[int]:
+    """The holds a move from ``hold`` to ``target`` opens one after the other (none if
+    ``target`` is not ahead), each at most ``hop`` slots past the one before.
+
+    >>> hops(100, 90, 50), hops(100, 130, 50), hops(100, 230, 50), hops(100, END, 50) == [END]
+    ([], [130], [150, 200, 230], True)
+    """
+    if target <= hold:
+        return []
+    if target == END:
+        return [END]
+    return [*range(hold + hop, target, hop), target]
+
+
+def hold_value(op_id: int, slot: int) -> int:
+    """The ack value of operator ``op_id``'s hold at ``slot``: the same after restarts."""
+    one = np.array([slot], np.uint64)
+    return int(child_acks(np.array([_PARENT], np.uint64), op_id, one)[0])
+
+
+def move_acks(segment: int, op_id: int, old: int | None, new: int) -> AckBatch:
+    """Release the hold at ``old`` (None: none open) and open one at ``new`` (END: none).
+
+    >>> b = move_acks(2, 7, 100, 130)
+    >>> b.time.tolist(), b.count.tolist(), int(b.xor[1]) == hold_value(7, 130)
+    ([100, 130], [-1, 1], True)
+    """
+    entries = ([(old, -1)] if old is not None else []) + ([(new, 1)] if new != END else [])
+    return AckBatch(np.full(len(entries), segment, np.int32),
+                    np.array([t for t, _ in entries], np.int64),
+                    np.array([hold_value(op_id, t) for t, _ in entries], np.uint64),
+                    np.array([c for _, c in entries], np.int64))
+
+
+@dataclass(frozen=True)
+class HoldRecord:
+    """The write-ahead file: the key of the hold's keyed batches, whether the first
+    hold was opened, the open hold (None: none) and a move under way to ``pending``."""
+
+    key: str
+    opened: bool = False
+    hold: int | None = None
+    pending: int | None = None
+
+
+class WatermarkHold:
+    """One window query's hold; see the module docstring. The driver prepares it and
+    moves it (:meth:`listener`); the clock source opens it (:meth:`ensure_open`)."""
+
+    def __init__(self, ref: TrackerRef, window: str, op_id: int, checkpoint: str) -> None:
+        self.ref = ref
+        self.window = window
+        self.op_id = op_id
+        self.checkpoint = checkpoint
+        self.segment = state_segment(window)
+        self.path = os.path.join(checkpoint, "lowtide", f"hold-{window}.json")
+        self._lock = threading.Lock()
+        self.record = HoldRecord("")
+        self.closed = False
+
+    # ------------------------------------------------------------ write-ahead file
+    def _load(self) -> HoldRecord | None:
+        try:
+            with open(self.path) as f:
+                return HoldRecord(**json.load(f))
+        except FileNotFoundError:
+            return None
+
+    def _save(self, record: HoldRecord) -> None:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        tmp = f"{self.path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(asdict(record), f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        self.record = record
+
+    # ------------------------------------------------------------ moves
+    def _move(self, new: int) -> None:
+        """Move the hold to ``new`` (write-ahead, then the keyed batch, then done)."""
+        old = self.record.hold
+        self._save(replace(self.record, pending=new))
+        agent: Any = connect(self.ref)
+        acks = move_acks(self.ref.graph.index(self.segment), self.op_id, old, new)
+        agent.send_batch(batch_key(self.record.key, new, HOLD_PREFIX + self.window, 0), acks)
+        self._save(replace(self.record, opened=True, hold=None if new == END else new,
+                           pending=None))
+
+    def prepare(self) -> None:
+        """Before the query starts: make the file, or finish a move a crash cut short;
+        then open the first hold if a front feeds the window already (a re-run batch
+        reads its logged offsets: the clock is not asked again)."""
+        with self._lock:
+            record = self._load()
+            if record is None:
+                self._save(HoldRecord(uuid.uuid4().hex))
+            else:
+                self.record = record
+                if record.pending is not None:
+                    self._finish_pending(record)
+        self.ensure_open(wait_s=0.0)
+
+    def _finish_pending(self, record: HoldRecord) -> None:
+        assert record.pending is not None
+        try:
+            self._move(record.pending)
+        except AckBehindHead:
+            if record.opened:
+                raise RuntimeError(
+                    f"window {self.window!r}: the tracker does not have this window's "
+                    "hold (a new tracker with an old checkpoint?): start the query "
+                    "from a new checkpoint") from None
+            self._save(replace(record, pending=None))  # ensure_open tries again
+
+    def ensure_open(self, wait_s: float = 1.0) -> bool:
+        """Open the first hold, at the state segment's min time, unless it is open:
+        called while Spark plans a micro-batch, before its tasks run. A min time of 0
+        means the tracker has not seen the fronts the sources just registered: wait for
+        them up to ``wait_s``. True once the hold is open."""
+        from lowtide.service.clock import wall_ms
+
+        with self._lock:
+            if not self.record.opened:
+                self.record = self._load() or self.record
+            if self.record.opened:
+                return True
+            agent: Any = connect(self.ref)
+            deadline = time.monotonic() + wait_s
+            while True:
+                slot = int(agent.min_time_at(self.segment, wall_ms()))
+                if slot == 0 and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                    continue
+                if slot == 0:
+                    return False
+                try:
+                    self._move(slot)
+                    return True
+                except AckBehindHead:  # the segment moved on meanwhile: again, higher
+                    self._save(replace(self.record, pending=None))
+
+    def advance(self, watermark_ms: int) -> None:
+        """After a micro-batch emitted every window ending at or below
+        ``watermark_ms``: move the hold there."""
+        with self._lock:
+            if self.closed:
+                return
+            if not self.record.opened:  # the clock source's process opens it
+                self.record = self._load() or self.record
+            if not self.record.opened or self.record.hold is None or self.record.pending:
+                return
+            target = hold_target(watermark_ms, self.ref.grid.delta_ms)
+            for slot in hops(self.record.hold, target, hop_slots(self.ref.grid)):
+                self._move(slot)
+
+    def close(self) -> None:
+        """The query stopped: later progress events move nothing (its tracker may be
+        closed next; a move blocked on it would hold up every listener of the session).
+        Waits for a move under way."""
+        with self._lock:
+            self.closed = True
+
+    def listener(self, query_id: str) -> HoldListener:
+        return HoldListener(self, query_id)
+
+
+def watermark_ms(progress: Any) -> int | None:
+    """A ``StreamingQueryProgress``'s watermark (ms), None without one."""
+    text = (progress.eventTime or {}).get("watermark")
+    return None if text is None else int(datetime.fromisoformat(text).timestamp() * 1000)
+
+
+class HoldListener(StreamingQueryListener):  # type: ignore[misc]
+    """Moves a window's hold after each micro-batch of its query."""
+
+    def __init__(self, hold: WatermarkHold, query_id: str) -> None:
+        super().__init__()
+        self.hold = hold
+        self.query_id = query_id
+
+    def onQueryStarted(self, event: Any) -> None:
+        pass
+
+    def onQueryProgress(self, event: Any) -> None:
+        if str(event.progress.id) != self.query_id:
+            return
+        wm = watermark_ms(event.progress)
+        if wm is None:
+            return
+        try:
+            self.hold.advance(wm)
+        except Exception as exc:  # the hold stays where it was: nothing passes it
+            log.warning("window hold not moved",
+                        extra={"window": self.hold.window, "reason": repr(exc)})
+
+    def onQueryIdle(self, event: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:
+        pass

@@ -1,0 +1,281 @@
+"""Exact windows planned in Spark's JVM: Spark's own ``groupBy(keys, window).agg``
+(partial aggregation before the shuffle, state in the state store), made exact by
+driving its watermark from the window's inbound segment ``S_in``; lowtide handles only
+the acks, the stamps and one hold. The description is :mod:`.windows`; the runtime for
+what this plan cannot do (``apply(fn)``, ``key_ranges``, a window in a query with
+another stateful step) is :mod:`.window_state`.
+
+::
+
+    rows, received and stamped by their senders: lt_wm      (window_input)
+         ∪ clock rows (lt_wm only)                           (the idle clock source)
+         .withWatermark(lt_wm, 0).withWatermark(lt_ts, 3650 days)
+         .groupBy(keys, window(lt_ts)).agg(...)              (append mode)
+         --emit--> results into the outbound segment         (mapInArrow, few rows)
+
+The query runs with ``multipleWatermarkPolicy=max`` and ``allowMultiple=false``
+(:data:`WATERMARK_CONFS`, set only while it starts): the global watermark is then the
+largest stamp of the batches so far (``lt_ts``'s own watermark, ten years back, never
+wins); Spark emits a window when its end is at or below the watermark and drops a row
+only if its window's end is. The stamps' argument (no row dropped, no window emitted
+before its last row) is in :mod:`lowtide.spark.tracking.receive`. ``lt_ts`` is the
+row's global time (``slot * delta_ms``), unwrapped in the JVM against the batch's
+timestamp; the window's bounds are those of today's windows (multiples of the slide).
+
+Acks (rules 1, 5, 6): the receive step acks each row out of ``S_in``; each result row is
+sent into the outbound segment at slot ``end - 1`` with the id ``xxhash64(keys, start,
+operator id)`` (32 bits), one keyed batch ``(query, batch, "<emit>S_in", partition)``
+per task, confirmed before its rows are handed on. Between a window's completion in
+``S_in`` and its emission, the hold of :mod:`.window_hold` keeps the outbound segment
+from passing it (rule 7).
+
+Aggregates have the semantics and types of :mod:`.window_aggs`, in Spark SQL:
+``first``/``last`` are ``min_by``/``max_by`` over ``(slot, ack id)`` of the non-null
+values, ``percentile`` the element ``ceil(p * n)`` of the sorted values,
+``count_distinct`` the size of ``collect_set``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from lowtide.spark.operators.state_clock import StatefulStep, check_keys
+from lowtide.spark.operators.window_aggs import TypedAgg, bind_aggs
+from lowtide.spark.operators.windows import WindowSpec
+from lowtide.spark.sources.clock import clock_frame
+from lowtide.spark.tracking.column import (
+    HELD_RANGE,
+    ID_BITS,
+    ID_MASK,
+    TRACK_COL,
+    TRACKING_COLS,
+    UNWRAP_RANGE,
+    WRAP_SLOTS,
+    AckAccumulator,
+    reference_slot,
+)
+from lowtide.spark.tracking.receive import WM_COL
+from lowtide.spark.tracking.transport import TrackerRef
+
+TS_COL = "lt_ts"  # the row's global time (timestamp)
+ORDER_COL = "lt_order"  # (slot, ack id): first / last
+WINDOW_COL = "lt_window"
+EMIT_PREFIX = "<emit>"
+#: session confs a query with a JVM window starts with (each query keeps its own copy)
+WATERMARK_CONFS = (("spark.sql.streaming.multipleWatermarkPolicy", "max"),
+                   ("spark.sql.streaming.statefulOperator.allowMultiple", "false"))
+#: ``lt_ts``'s own watermark: far enough back never to be the maximum
+TS_DELAY = "3650 days"
+NAMES = (TS_COL, ORDER_COL, WINDOW_COL)
+
+
+def stateful_steps(stream: Any) -> list[Any]:
+    """The stateful steps (windows, session windows, groupBy, keyed state,
+    dropDuplicates, stream-stream joins) of a stream's query."""
+    from lowtide.spark.operators.dedup import DedupSpec
+    from lowtide.spark.operators.joins import JoinSpec
+
+    mine = [s for s in stream.steps if isinstance(s, StatefulStep | JoinSpec | DedupSpec)]
+    return mine + [s for up in stream.inputs for s in stateful_steps(up)]
+
+
+@contextmanager
+def session_confs(spark: Any, confs: tuple[tuple[str, str], ...]) -> Iterator[None]:
+    """``spark``'s session confs set to ``confs`` inside the block, restored after (a
+    query copies its session's confs when it starts)."""
+    before = [(k, spark.conf.get(k, None)) for k, _ in confs]
+    for k, v in confs:
+        spark.conf.set(k, v)
+    try:
+        yield
+    finally:
+        for k, old in before:
+            if old is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, old)
+
+
+def fallback_reason(spec: WindowSpec, stateful_steps: int) -> str | None:
+    """Why a window needs the ``transformWithState`` runtime (None: it does not)."""
+    if spec.fn is not None:
+        return "apply(fn) runs a Python function over each window's rows"
+    if spec.key_ranges:
+        return "key_ranges: each range's windows come out once that range is complete"
+    if stateful_steps > 1:
+        return "its query has another stateful step (Spark's watermark is global)"
+    return None
+
+
+# ------------------------------------------------------------------ JVM expressions
+
+def slot_column(track: Any, ref_slot: int) -> Any:
+    """The full slot of ``lt_track`` (:func:`lowtide.spark.tracking.unwrap` in the JVM),
+    against ``ref_slot``, fixed when the plan is built: a literal that changed with every
+    micro-batch (its timestamp) would make Spark generate and compile the stage's code
+    again in every batch. Rows further than HELD_RANGE from it fail the query, with
+    what to do."""
+    from pyspark.sql import functions as F
+
+    base = F.lit(ref_slot - UNWRAP_RANGE)
+    slot = base + (F.shiftright(track, ID_BITS) - base).bitwiseAND(F.lit(WRAP_SLOTS - 1))
+    far = F.abs(slot - F.lit(ref_slot)) >= F.lit(HELD_RANGE)
+    return F.when(far, F.raise_error(F.lit(
+        "a row's slot is too far from the slot this window's plan was built at (the "
+        "tracking column holds slots modulo 2**32): restart the query"))).otherwise(slot)
+
+
+def agg_column(a: TypedAgg, col: Any) -> Any:
+    """One aggregate in Spark SQL, typed as :mod:`.window_aggs` types it."""
+    from pyspark.sql import functions as F
+
+    fn = a.agg.fn
+    if a.source is None:
+        out = F.count(F.lit(1))
+    elif fn in ("count", "sum", "min", "max"):
+        out = getattr(F, fn)(col)
+    elif fn == "mean":
+        out = F.avg(col)
+    elif fn in ("first", "last"):  # by global time, ties by ack id, nulls skipped
+        by = F.min_by if fn == "first" else F.max_by
+        out = by(col, F.when(col.isNotNull(), F.col(ORDER_COL)))
+    elif fn == "count_distinct":
+        out = F.size(F.collect_set(col))
+    else:  # percentile: the smallest value with at least p of them at or below it
+        values = F.array_sort(F.collect_list(col))
+        k = F.greatest(F.lit(1), F.ceil(F.lit(a.agg.param or 0.0) * F.size(values)))
+        out = F.when(F.size(values) > 0, F.element_at(values, k.cast("int")))
+    return out.cast(a.out_type()).alias(a.agg.out)
+
+
+def result_track(keys: list[Any], window: Any, op_id: int, delta_ms: int) -> Any:
+    """A result row's ``lt_track``: slot ``end - 1``, id from (keys, start, operator)."""
+    from pyspark.sql import functions as F
+
+    slot = F.floor(F.unix_millis(window.end) / F.lit(delta_ms)) - F.lit(1)
+    ident = F.xxhash64(*keys, window.start, F.lit(op_id)).bitwiseAND(F.lit(int(ID_MASK)))
+    return F.shiftleft(slot, ID_BITS).bitwiseOR(F.greatest(ident, F.lit(1)))
+
+
+# ------------------------------------------------------------------ the plan
+
+@dataclass
+class QueryWindows:
+    """How the windows of one query are planned: in the JVM when its sink gives a
+    checkpoint (the hold's file lives there) and nothing forces the fallback
+    (:func:`fallback_reason`); ``holds`` collects the holds the query must move."""
+
+    checkpoint: str | None
+    stateful: list[Any]  # the query's stateful steps
+    holds: list[Any] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, stream: Any, checkpoint: str | None) -> QueryWindows:
+        return cls(checkpoint, stateful_steps(stream))
+
+    def receives(self, segment: str) -> bool:
+        """Is ``segment`` the inbound segment of a window planned in the JVM? (Its
+        senders receive and stamp their rows: :mod:`.window_input`.)"""
+        return any(isinstance(s, WindowSpec) and s.name == segment and self.in_jvm(s)
+                   for s in self.stateful)
+
+    def plan(self, df: Any, spec: WindowSpec, ref: TrackerRef, out_segment: str,
+             op_id: int, null_sink: bool = False) -> Any:
+        """The window's DataFrame; ``null_sink``: it is the last step and its results go
+        to Spark's ``noop`` sink."""
+        if not self.in_jvm(spec):
+            from lowtide.spark.operators.window_state import build_window
+
+            return build_window(df, spec, ref, out_segment, op_id)
+        from lowtide.spark.operators.window_hold import WatermarkHold
+
+        hold = WatermarkHold(ref, spec.name, op_id, self.checkpoint)
+        # into the null sink, results would be sent and received in one task: no acks,
+        # no Python pass; the hold alone keeps the sink from passing them
+        emit = None if null_sink else emit_function(ref, spec.name, out_segment)
+        out = build_window_plan(df, spec, ref, op_id, hold, emit)
+        self.holds.append(hold)
+        return out
+
+    def in_jvm(self, spec: WindowSpec) -> bool:
+        return self.checkpoint is not None and fallback_reason(spec, len(self.stateful)) is None
+
+    def ends_in_window(self, stream: Any) -> bool:
+        """Does ``stream`` end in a window planned in the JVM (whose emit step can ack
+        the null sink's receipts)?"""
+        return bool(stream.steps) and isinstance(stream.steps[-1], WindowSpec) and \
+            self.in_jvm(stream.steps[-1])
+
+
+def build_window_plan(df: Any, spec: WindowSpec, ref: TrackerRef, op_id: int, hold: Any,
+                      emit: Callable[[Iterator[Any]], Iterator[Any]] | None) -> Any:
+    """The DataFrame of a window step planned in the JVM (see the module docstring).
+    Unknown columns and unsupported types raise here, before the query starts; then
+    ``hold`` (a :class:`.window_hold.WatermarkHold`) is prepared."""
+    from pyspark.sql import functions as F
+
+    fields = {f.name: f.dataType.simpleString() for f in df.schema.fields
+              if f.name not in (*TRACKING_COLS, WM_COL)}
+    what = f"window {spec.name!r}"
+    check_keys(what, spec.keys, fields)
+    taken = [c for c in NAMES if c in fields]  # lt_wm: the stamp, added by the senders
+    if taken:
+        raise ValueError(f"{what}: column {taken[0]!r} is a name lowtide uses: rename it")
+    aggs, columns = bind_aggs(spec.name, spec.aggs, fields)
+    delta = ref.grid.delta_ms
+    track = F.col(TRACK_COL)
+    slot = slot_column(track, reference_slot(ref.grid))
+    picked = [F.col(f"`{c}`") for c in dict.fromkeys([*spec.keys, *columns])]
+    extra = [F.struct(slot.alias("slot"), track.bitwiseAND(F.lit(int(ID_MASK))).alias("ack")
+                      ).alias(ORDER_COL)] if any(a.agg.fn in ("first", "last") for a in aggs) \
+        else []
+    if WM_COL not in df.columns:
+        raise ValueError(f"{what}: a step before it dropped the column {WM_COL!r} its "
+                         "senders add: keep it (like lt_track)")
+    rows = df.select(*picked, *extra, F.timestamp_millis(slot * F.lit(delta)).alias(TS_COL),
+                     F.col(WM_COL))
+    hold.prepare()
+    clock = clock_frame(df.sparkSession, ref, spec.name, spec.slide_ms,
+                        (op_id, hold.checkpoint))
+    timed = (rows.unionByName(clock, allowMissingColumns=True)
+             .withColumn(WM_COL, F.timestamp_millis(F.col(WM_COL)))
+             .withWatermark(WM_COL, "0 seconds").withWatermark(TS_COL, TS_DELAY))
+    window = F.window(TS_COL, f"{spec.size_ms} milliseconds", f"{spec.slide_ms} milliseconds")
+    keys = [F.col(f"`{k}`") for k in spec.keys]
+    grouped = timed.groupBy(*keys, window.alias(WINDOW_COL)).agg(
+        *[agg_column(a, None if a.source is None else F.col(f"`{columns[a.source]}`"))
+          for a in aggs])
+    w = F.col(WINDOW_COL)
+    out = grouped.select(*keys, w.start.alias("window_start"), w.end.alias("window_end"),
+                         *[F.col(f"`{a.agg.out}`") for a in aggs],
+                         result_track(keys, w, op_id, delta).alias(TRACK_COL))
+    return out if emit is None else out.mapInArrow(emit, out.schema)
+
+
+def emit_function(ref: TrackerRef, in_segment: str, out_segment: str
+                  ) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The emit step (``mapInArrow`` over the results): their send-acks into
+    ``out_segment``, one keyed batch per task, confirmed before the rows go on."""
+
+    def run(batches: Iterator[Any]) -> Iterator[Any]:
+        from lowtide.spark.sources.log_source import submit_task_batch
+        from lowtide.spark.tracking.receive import task_partition
+
+        idx = ref.graph.index(out_segment)
+        acc = AckAccumulator()
+        ref_slot = reference_slot(ref.grid)
+        held = []
+        for b in batches:
+            packed = b.column(b.schema.get_field_index(TRACK_COL)).to_numpy(
+                zero_copy_only=False)
+            acc.add_packed(idx, np.asarray(packed, np.int64), ref_slot, +1)
+            held.append(b)
+        submit_task_batch(ref, EMIT_PREFIX + in_segment, task_partition(), acc).wait()
+        yield from held
+
+    return run

@@ -1,0 +1,111 @@
+"""The receive step of a window planned in Spark's JVM, fused into the task of each
+step that sends into the window's inbound segment ``S_in`` (a lowtide source, or a
+chain of tracked Arrow steps: every row crosses into Python there already): the rows
+it hands on are acked as received out of ``S_in`` and carry a column ``lt_wm`` (ms),
+0 except on the task's last rows, which carry the *stamp*: ``S_in``'s min time read
+after the receipts were confirmed. Spark's watermark is driven by the stamps
+(:mod:`lowtide.spark.operators.window_plan`).
+
+Per task (rules 5 and 6): the receipts of all its rows, XOR-reduced per slot, are ONE
+keyed batch ``(query id, batch id, "<receive>S_in<-sender", partition)``, submitted
+after the sender's own batch is confirmed; the task waits for their confirmation, then
+reads the stamp and hands back its last rows. Received in the sender's task is
+received in the micro-batch that aggregates the rows: every row a task hands on goes
+into that batch's aggregation, as Spark commits a batch whole (the steps between must
+keep rows 1:1, as untracked steps must anyway).
+
+Why a stamp is safe (rule S below). Let ``w`` be a stamp read in micro-batch ``N``:
+
+* a row received in a batch ``M > N`` was not received when ``w`` was read (its
+  receive-ack was applied after): it was in flight in ``S_in`` or not yet sent, so its
+  slot is ``>= w``. Spark drops a row as late only if its window ends at or below the
+  watermark, and the watermark of batch ``M`` is the maximum stamp of batches ``< M``:
+  no row is ever dropped;
+* every row with a slot ``< w`` was received before ``w`` was read, by a task of batch
+  ``<= N`` (a failed attempt's rows are the retry's rows; a batch re-run after a
+  restart reads the same offsets), so it is in the state Spark committed with batch
+  ``N``; Spark applies the watermark from batch ``N + 1`` on, so a window it emits
+  (end ``<=`` watermark) holds every one of its rows.
+
+A receive pass of its own (an Arrow UDF over ``lt_track`` before the aggregation)
+costs about a quarter of the query's CPU (BENCHMARKS.md): hence the fusion.
+
+Attempts may read different stamps: each is a min time of ``S_in``, at most the true
+one, and Spark records each batch's watermark in its offset log before the batch runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+
+from lowtide.core.time import TimeGrid
+from lowtide.spark.tracking.column import TRACK_COL, AckAccumulator, reference_slot
+from lowtide.spark.tracking.transport import TrackerRef, connect
+
+RECEIVE_PREFIX = "<receive>"
+WM_COL = "lt_wm"  # the stamp: the segment's min time (ms)
+#: the largest stamp, 9999-12-31T23:59:59.999Z (Spark's last timestamp): a min time past
+#: it means "nothing more will come" (every front finished)
+STAMP_MAX_MS = 253_402_300_799_999
+
+
+def stamp_ms(min_time: int, grid: TimeGrid) -> int:
+    """The stamp (ms since the epoch) of a min time (a slot); a min time that says the
+    input ended (every front closed: :meth:`TimeGrid.at_end`) is the last stamp.
+
+    >>> g = TimeGrid(10)
+    >>> stamp_ms(170_000_000_000, g), stamp_ms(g.end_slot, g) == STAMP_MAX_MS
+    (1700000000000, True)
+    """
+    if grid.at_end(min_time):
+        return STAMP_MAX_MS
+    return min(min_time * grid.delta_ms, STAMP_MAX_MS)
+
+
+def read_stamp(ref: TrackerRef, segment: str) -> int:
+    """``segment``'s min time now, as a stamp (the tracker answers once its clock has
+    passed this process's "now": everything confirmed before is in it)."""
+    from lowtide.service.clock import wall_ms
+
+    agent: Any = connect(ref)
+    return stamp_ms(int(agent.min_time_at(segment, wall_ms())), ref.grid)
+
+
+def stamped(ref: TrackerRef, segment: str, key: str, batches: Iterable[Any]
+            ) -> Iterator[Any]:
+    """``batches`` (Arrow record batches with ``lt_track``) received out of
+    ``segment`` and stamped: each with a column ``lt_wm`` (ms), 0 on all but the last,
+    which is held back until the receipts are confirmed and carries the stamp. The
+    receipts are ONE keyed batch ``(query, batch, key, partition)``, sent once
+    ``batches`` is exhausted: after the batch of the step that produced them, which
+    ``batches`` confirms before it ends."""
+    import pyarrow as pa
+
+    from lowtide.spark.sources.log_source import submit_task_batch
+
+    idx = ref.graph.index(segment)
+    acc = AckAccumulator()
+    ref_slot = reference_slot(ref.grid)
+    last = None
+    for batch in batches:
+        packed = batch.column(batch.schema.get_field_index(TRACK_COL)).to_numpy(
+            zero_copy_only=False)
+        acc.add_packed(idx, np.asarray(packed, np.int64), ref_slot, -1)
+        if last is not None:
+            yield last.append_column(WM_COL, pa.array(np.zeros(last.num_rows, np.int64)))
+        last = batch
+    if last is None:
+        return
+    submit_task_batch(ref, key, task_partition(), acc).wait()
+    stamp = np.full(last.num_rows, read_stamp(ref, segment), np.int64)
+    yield last.append_column(WM_COL, pa.array(stamp))
+
+
+def task_partition() -> int:
+    from pyspark import TaskContext
+
+    tc = TaskContext.get()
+    return tc.partitionId() if tc is not None else 0

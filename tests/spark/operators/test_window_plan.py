@@ -1,0 +1,177 @@
+"""The pure parts of windows planned in Spark's JVM, without Spark: stamps, the clock's
+offsets, the hold's moves against a core tracker, its write-ahead file after a crash,
+and which windows take the fallback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lowtide.core.graph import SegmentGraph
+from lowtide.core.messages import Heartbeat, RegisterFront
+from lowtide.core.time import TimeGrid
+from lowtide.core.tracker import TrackerConfig
+from lowtide.spark.operators.window_hold import (
+    END,
+    HoldRecord,
+    WatermarkHold,
+    hold_target,
+    hops,
+    move_acks,
+)
+from lowtide.spark.operators.window_plan import fallback_reason
+from lowtide.spark.operators.windows import Agg, WindowSpec
+from lowtide.spark.sources.clock import clock_offset
+from lowtide.spark.tracking.receive import STAMP_MAX_MS, stamp_ms
+from lowtide.spark.tracking.transport import TrackerRef, batch_key, register_scheme
+from tests.spark.helpers import CoreAgent
+
+GRAPH = SegmentGraph.of(("w", ()), ("w.state", ("w",)), ("out", ("w.state",)))
+STATE = GRAPH.index("w.state")
+
+
+def test_stamps_and_clock_offsets_worked_examples() -> None:
+    # a min time of slot 170_000_000_000 at 10 ms slots: the stamp is its start, in ms
+    grid = TimeGrid(10, 4)
+    assert stamp_ms(170_000_000_000, grid) == 1_700_000_000_000
+    # every front finished (closed: its heartbeat is the end of time): the last timestamp,
+    # which releases the hold for good (not a hold at END_MS: the sink would stop there)
+    assert stamp_ms(grid.end_slot, grid) == STAMP_MAX_MS
+    assert stamp_ms(grid.end_slot // 4 * 4, grid) == STAMP_MAX_MS
+    assert stamp_ms(grid.end_slot - 4, grid) == (grid.end_slot - 4) * 10
+    assert stamp_ms(1 << 62, grid) == STAMP_MAX_MS
+    assert hold_target(clock_offset(stamp_ms(grid.end_slot, grid), 300), 10) == END
+    # the clock moves by whole slides: between two such times no window can close
+    assert clock_offset(1_700_000_001_999, 1000) == 1_700_000_001_000
+    assert clock_offset(1_700_000_002_000, 1000) == 1_700_000_002_000
+
+
+def test_hold_targets_and_hops_worked_examples() -> None:
+    # a batch with watermark 12:00:00.005 emitted every window ending at or before it
+    assert hold_target(1_700_000_000_005, 10) == 170_000_000_000
+    assert hold_target(STAMP_MAX_MS, 10) == END  # released for good
+    assert hops(100, 100, 50) == [] and hops(100, 99, 50) == []  # never back
+    assert hops(100, 260, 50) == [150, 200, 250, 260]
+    release, open_ = move_acks(STATE, 7, 100, 150).count.tolist()
+    assert (release, open_) == (-1, 1)
+    assert move_acks(STATE, 7, None, 150).count.tolist() == [1]  # the first hold
+    assert move_acks(STATE, 7, 150, END).count.tolist() == [-1]  # the last move
+
+
+def _tracker() -> Any:
+    tr = TrackerConfig(GRAPH).build()
+    tr.register_front(RegisterFront(front=0, segment="w", time=1_000))
+    tr.step(0)
+    return tr
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 400), min_size=1, max_size=12), st.integers(1, 40))
+def test_out_never_passes_the_hold(steps: list[int], hop: int) -> None:
+    """Invariant: while a hold stands at H, the outbound segment's min time is at or
+    below H (results not yet emitted are at or above it); after the last move it
+    follows the inbound segment (liveness); min times never go back."""
+    tr = _tracker()
+    hold: int | None = 1_000
+    tr.apply(move_acks(STATE, 3, None, hold))
+    front = 1_000
+    last_out = 0
+    for step in steps:
+        front += step
+        tr.heartbeat(Heartbeat(0, front))
+        tr.step(0)
+        target = front - step // 2  # the watermark trails the inbound min time
+        for slot in hops(hold, target, hop):
+            tr.apply(move_acks(STATE, 3, hold, slot))
+            hold = slot
+            tr.step(0)
+            assert tr.min_time("out") <= hold
+        out = tr.min_time("out")
+        assert out <= hold and out >= last_out
+        last_out = out
+    tr.apply(move_acks(STATE, 3, hold, END))
+    tr.step(0)
+    assert tr.min_time("out") == tr.min_time("w") == front
+
+
+# ---------------------------------------------------------------- the write-ahead file
+
+
+class HoldAgent(CoreAgent):
+    """CoreAgent with the MinTimeAt question the hold asks (the current min time)."""
+
+    def min_time_at(self, segment: str | None, at_ms: int, timeout_s: float = 30.0) -> int:
+        with self.lock:
+            self.tracker.step(0)
+            return self.tracker.min_time(segment)
+
+
+@pytest.fixture
+def agent() -> Any:
+    a = HoldAgent(GRAPH, TimeGrid())
+    a.tracker.register_front(RegisterFront(front=0, segment="w", time=1_000))
+    register_scheme("holdtest", lambda ref: a)
+    yield a
+    register_scheme("holdtest", None)
+
+
+def _hold(tmp: Path) -> WatermarkHold:
+    return WatermarkHold(TrackerRef("holdtest://x", GRAPH), "w", 3, str(tmp))
+
+
+def test_a_move_cut_short_by_a_crash_is_finished_once(agent: Any, tmp_path: Path) -> None:
+    hold = _hold(tmp_path)
+    hold.prepare()
+    assert hold.ensure_open() and hold.record.hold == 1_000
+    hold.advance(1_500 * 10)  # watermark at slot 1_500
+    assert hold.record == HoldRecord(hold.record.key, True, 1_500, None)
+    # a crash after the move's keyed batch was applied, before the file said so
+    record = json.loads(Path(hold.path).read_text())
+    Path(hold.path).write_text(json.dumps({**record, "hold": 1_500, "pending": 1_800}))
+    agent.send_batch(batch_key(record["key"], 1_800, "<hold>w", 0),
+                     move_acks(STATE, 3, 1_500, 1_800))
+    again = _hold(tmp_path)
+    again.prepare()  # re-sends the same keyed batch: applied at most once
+    assert again.record.hold == 1_800 and again.record.pending is None
+    agent.tracker.heartbeat(Heartbeat(0, 5_000))
+    assert agent.step()["out"] == 1_800  # one hold, at 1_800: not released twice
+
+
+def test_the_first_hold_waits_for_a_front(tmp_path: Path) -> None:
+    a = HoldAgent(GRAPH, TimeGrid())  # no front registered yet: min times are 0
+    register_scheme("holdtest", lambda ref: a)
+    try:
+        hold = _hold(tmp_path)
+        hold.prepare()
+        assert not hold.ensure_open(wait_s=0.05)  # not at slot 0, where no move could go
+        a.tracker.register_front(RegisterFront(front=0, segment="w", time=2_000))
+        assert hold.ensure_open() and hold.record.hold == 2_000
+    finally:
+        register_scheme("holdtest", None)
+
+
+def test_the_fallback_is_chosen_where_the_pipeline_is_described() -> None:
+    agg = WindowSpec("w", ("k",), 1000, 1000, (Agg("n", "count", None),))
+    assert fallback_reason(agg, 1) is None
+    assert "another stateful step" in str(fallback_reason(agg, 2))
+    applied = WindowSpec("w", ("k",), 1000, 1000, (), fn=lambda rows: {}, fn_schema="x long")
+    assert "apply(fn)" in str(fallback_reason(applied, 1))
+    # a window per key range: each range's windows come out when that range completes
+    ranged = WindowSpec("w", ("k",), 1000, 1000, (Agg("n", "count", None),), key_ranges=4)
+    assert "key_ranges" in str(fallback_reason(ranged, 1))
+
+
+def test_a_stopped_query_moves_no_hold(agent: Any, tmp_path: Path) -> None:
+    """After its query stopped, a late progress event moves nothing: its tracker may
+    be closed next, and a move blocked on it would hold up the session's listeners."""
+    hold = _hold(tmp_path)
+    hold.prepare()
+    assert hold.ensure_open() and hold.record.hold == 1_000
+    hold.close()
+    hold.advance(1_500 * 10)
+    assert hold.record.hold == 1_000 and agent.step()["out"] == 1_000

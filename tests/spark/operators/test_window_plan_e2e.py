@@ -1,0 +1,163 @@
+"""End to end, windows planned in Spark's JVM: which plan a window gets; the sink never
+passes a window Spark has not emitted yet (the hold), through a lagging front, injected
+task failures and a restart from the checkpoint, with every window once and equal to a
+batch recomputation; and at the end of a stream, with no row arriving any more, every
+complete window is emitted (the clock)."""
+
+from __future__ import annotations
+
+import glob
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import lowtide
+from lowtide.spark.sources.generator import GeneratorSpec
+from lowtide.spark.sources.ingest import IngestReader
+from tests.spark.helpers import Watcher, fail_once, t0_of_checkpoint
+from tests.spark.operators.helpers import (
+    AGG_COLS,
+    GRID,
+    STUCK_MS,
+    all_input,
+    batch_windows,
+    check,
+    parse,
+    read_results,
+    start_slots,
+)
+
+pytestmark = pytest.mark.spark
+
+SIZE = 100  # slots: 1 second
+
+try:  # the workers cannot import this test module: ship its functions by value
+    from pyspark import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+except ImportError:  # pragma: no cover
+    pass
+
+
+def emitted(out: Path) -> set[tuple[str, int]]:
+    """(user, start slot) of every window in the sink's published files."""
+    got: set[tuple[str, int]] = set()
+    for f in glob.glob(str(out / "*.parquet")):
+        try:
+            t = pq.read_table(f, columns=["user", "window_start"]).to_pandas()
+        except (OSError, pa.ArrowInvalid):  # a file being published
+            continue
+        got.update(zip(t["user"], start_slots(t), strict=True))
+    return got
+
+
+def test_which_plan_a_window_gets(spark, tmp_path: Path) -> None:
+    pipe = lowtide.Pipeline(spark, "which", grid=GRID)
+    src = pipe.generate(GeneratorSpec(fronts=1, rate=10.0, payload_bytes=4)).map(
+        parse, "front int, seq long, user string, amount double", name="parse")
+    agg = src.window("1 second", key="user", name="w").agg(n="count")
+    applied = src.window("1 second", key="user", name="w").apply(
+        lambda rows: {"n": len(rows)}, "n long")
+    try:
+        jvm = pipe.build(agg, checkpoint=str(tmp_path / "a")).df
+        plan = jvm._jdf.queryExecution().analyzed().toString()
+        assert "EventTimeWatermark" in plan and "Aggregate" in plan
+        assert "TransformWithState" not in plan
+        for df in (pipe.build(applied, checkpoint=str(tmp_path / "b")).df,
+                   pipe.build(agg).df):  # no checkpoint (a custom sink): the fallback
+            assert "TransformWithState" in df._jdf.queryExecution().analyzed().toString()
+    finally:
+        pipe.close()
+
+
+def test_sink_never_passes_an_unemitted_window(spark, tmp_path: Path) -> None:
+    spec = GeneratorSpec(fronts=2, rate=200.0, payload_bytes=4, lag_ms={1: 700})
+    pipe = lowtide.Pipeline(spark, "hold", grid=GRID, stuck_after_ms=STUCK_MS)
+    before = fail_once(lambda b, p: b % 5 == 3 and p == 0)
+    after = fail_once(lambda b, p: b % 4 == 2)
+    stream = (pipe.generate(spec)
+              .map(parse, "front int, seq long, user string, amount double", name="parse")
+              .transform(lambda df: df.mapInArrow(before, df.schema))
+              .window("1 second", key="user", name="win")
+              .agg(n="count", total=("amount", "sum"), lo=("amount", "min"),
+                   hi=("amount", "max"), avg=("amount", "mean"))
+              .transform(lambda df: df.mapInArrow(after, df.schema)))
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    watcher = query = None
+    try:
+        pipe.start_tracker(stream.graph())
+        watcher = Watcher(pipe.tracker.agent, "sink", lambda: emitted(out)).start()
+        query = stream.write_parquet(str(out), checkpoint=str(ckpt), trigger="200 milliseconds")
+        t0 = t0_of_checkpoint(ckpt, query)
+        first_end = (GRID.slot_of(t0) // SIZE + 2) * SIZE
+        watcher.wait_for(first_end, 120, query.query)
+        query.stop(graceful_s=0)  # likely mid-batch: that batch re-runs after the restart
+        target = watcher.latest() + 3 * SIZE
+        query = stream.write_parquet(str(out), checkpoint=str(ckpt), trigger="200 milliseconds")
+        watcher.wait_for(target, 120, query.query)
+        assert not query.stuck()
+    finally:
+        if query is not None:
+            query.stop()
+        if watcher is not None:
+            watcher.stop()
+        pipe.close()
+    final = watcher.latest()
+    expected = batch_windows(all_input(spec, t0, final), SIZE, SIZE)
+    ends = expected.assign(end=expected["start"] + SIZE)
+    for n in watcher.seen:  # no notification ran ahead of the emitted windows
+        early = [(u, s) for u, s, e in zip(ends["user"], ends["start"], ends["end"],
+                                           strict=True) if e <= n.time and (u, s) not in
+                 n.snapshot]
+        assert not early, f"the sink passed {n.time} before windows {early[:3]} were out"
+    assert len([n for n in watcher.seen if n.time >= first_end]) >= 2
+    results = read_results(out)
+    horizon = max(final, int(start_slots(results).max()) + SIZE)
+    expected = batch_windows(all_input(spec, t0, horizon), SIZE, SIZE)
+    check(results, expected, horizon, SIZE, AGG_COLS)  # once each, equal to the batch
+
+
+def test_end_of_stream_emits_every_window(spark, tmp_path: Path) -> None:
+    """Fronts write for a while, then only heartbeat, then finish: no row arrives in
+    the last micro-batches, and the clock still brings every complete window out."""
+    log, out = tmp_path / "log", tmp_path / "out"
+    pipe = lowtide.Pipeline(spark, "end", grid=GRID, stuck_after_ms=STUCK_MS)
+    stream = (pipe.read_log(str(log))
+              .map(lambda b: pa.record_batch({"user": pa.array(["u"] * b.num_rows)}),
+                   "user string", name="users")
+              .window("200 milliseconds", key="user", name="win").agg(n="count"))
+    query = None
+    try:
+        pipe.start_tracker(stream.graph())
+        fronts = [pipe.front(f, fsync="never", heartbeat_ms=10) for f in (0, 1)]
+        query = stream.write_parquet(str(out), checkpoint=str(tmp_path / "ckpt"),
+                                     trigger="200 milliseconds")
+        for _ in range(15):
+            for f in fronts:
+                f.send([b"x"] * 4)
+            time.sleep(0.05)
+        time.sleep(1.0)  # heartbeats only: no data, the min time moves
+        time.sleep(0.03)
+        last = min(f.close() for f in fronts)
+        final = query.wait_for_min_time(last, timeout_s=120)
+        assert not query.stuck()
+    finally:
+        if query is not None:
+            query.stop()
+        pipe.close()
+    times = []
+    for f in (0, 1):
+        r = IngestReader(log, f)
+        times.extend(r.read(0, r.end_offset())[0].tolist())
+    assert len(times) == 2 * 15 * 4
+    expected = pd.Series(times).floordiv(20).mul(20).value_counts()
+    got = read_results(out).assign(start=lambda d: start_slots(d))
+    assert not got["start"].duplicated().any(), "a window was emitted twice"
+    done = expected[expected.index + 20 <= final]
+    assert set(done.index) <= set(got["start"]) and len(done) >= 4
+    assert got.set_index("start")["n"].to_dict() == expected[got["start"]].to_dict()
