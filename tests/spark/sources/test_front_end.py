@@ -31,7 +31,7 @@ from lowtide.service.clock import wall_ms
 from lowtide.service.engine.front_events import FrontEvents
 from lowtide.service.progress import open_ends
 from lowtide.service.server.metrics import ServerMetrics
-from lowtide.service.web.view import view_document
+from lowtide.service.web.view import utc_slots, view_document
 from lowtide.spark.pipeline.status import status_of
 from lowtide.spark.sources.front import Front, FrontEnded
 from lowtide.spark.sources.labels import from_label
@@ -164,7 +164,7 @@ def test_status_shows_a_segment_no_live_front_will_close(service: TrackerService
         assert "1 item(s) held open downstream" in line
         assert status_of(doc, GRID).open_ends == [line]
         assert f"OPEN: {line}" in status_of(doc, GRID).render(GRID.delta_ms)
-        assert view_document(doc, GRAPH)["open_ends"] == [line]
+        assert view_document(doc, GRAPH)["open_ends"] == [utc_slots(line, GRID.delta_ms)]
         assert "open: segment 'src'" in text_of(render(doc))
 
         while GRID.slot_of(wall_ms()) < last:  # a new front starts at the paused promise
