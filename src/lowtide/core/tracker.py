@@ -57,6 +57,7 @@ from lowtide.core.messages import (
     RetireFront,
     UnregisterFront,
 )
+from lowtide.core.min_times import MinTimes
 from lowtide.core.open_batches import QueryBatches
 from lowtide.core.table import ChecksumTable
 from lowtide.core.time import TIME_LIMIT, TimeGrid
@@ -149,14 +150,10 @@ class Tracker:
             owned_index=owned_index,
         )
         self._fronts = FrontTable(n, config.front_lease_ms)
-        self._mins = [0] * n
-        self._limits = [0] * n
-        # per segment, the min time of each of its key ranges (rule 15; [] without)
-        self._range_mins = [[0] * self.graph.ranges_of(s) for s in range(n)]
-        self._range_limits = [[0] * self.graph.ranges_of(s) for s in range(n)]
+        self._times = MinTimes(self.graph, self._table, self._fronts, self._w,
+                               release_on_advance)
         self._ranged = np.array([self.graph.ranges_of(s) > 0 for s in range(n)]
                                 + [False] * (self.graph.n_cells - n))
-        self._global = 0
         self._stuck = StuckDetector(config.stuck_after_ms)
         self._dead = DeadFronts(config.front_timeout)
         #: the queries' open batches (their drivers report them): what may still deliver
@@ -174,7 +171,7 @@ class Tracker:
     def register_front(self, msg: RegisterFront, now_ms: int = 0) -> None:
         """``now_ms``: the clock :meth:`step` gets (the holder's lease counts in it)."""
         segment = self._source(msg.front, msg.segment)
-        self._fronts.register(msg.front, segment, msg.time, self._floor(segment, msg.front),
+        self._fronts.register(msg.front, segment, msg.time, self._times.floor(segment, msg.front),
                               msg.owner, msg.session, now_ms)
 
     def unregister_front(self, msg: UnregisterFront, now_ms: int = 0) -> None:
@@ -187,7 +184,7 @@ class Tracker:
         if after is not None and after < 0:
             raise ProtocolError(f"front {msg.front}: retire_after_ms must be >= 0")
         retire_at = NEVER if after is None else now_ms + after
-        self._fronts.declare(msg.front, segment, msg.time, self._floor(segment, msg.front),
+        self._fronts.declare(msg.front, segment, msg.time, self._times.floor(segment, msg.front),
                              msg.owner, retire_at)
 
     def retire_front(self, msg: RetireFront) -> None:
@@ -227,66 +224,8 @@ class Tracker:
         retired = tuple(self._fronts.expire(now_ms))
         self.batches.expire(now_ms)
         dead = tuple(self._dead.check(self._fronts, now_ms, self._busy, self._in_flight))
-        updates: list[MinTimeUpdate] = []
-        if self.graph.simple:
-            for s in range(len(self.graph)):
-                limit = self._bound(s) // self._w
-                self._announce((s,), self._advance(s, limit), limit, updates)
-        else:
-            self._step_components(updates)
-        low = min(self._mins)
-        if low != self._global:
-            self._global = low
-            updates.append(MinTimeUpdate(None, low))
+        updates = self._times.step()
         return Step(tuple(updates), tuple(self._check_stuck(now_ms)), retired, dead)
-
-    def _advance(self, cell: int, limit: int) -> int:
-        """The head of one checksum row (a segment or a key range), released if central."""
-        head = self._table.first_open(cell, limit)
-        if self._release:
-            self._table.release(cell, head)
-        return head
-
-    def _announce(self, segments: tuple[int, ...], head: int, limit: int,
-                  updates: list[MinTimeUpdate]) -> None:
-        time = head * self._w
-        for s in segments:
-            self._limits[s] = limit
-            if time != self._mins[s]:
-                self._mins[s] = time
-                updates.append(MinTimeUpdate(self.graph.names[s], time))
-
-    def _step_components(self, updates: list[MinTimeUpdate]) -> None:
-        """The step of a graph with cycles or key ranges: a component shares one head
-        (rule 11), a segment with key ranges has one per range (rule 15)."""
-        g, s = self.graph, 0
-        while s < len(g):
-            members = g.members(s)
-            if g.ranges_of(s):
-                self._step_ranges(s, updates)
-            else:
-                limit = self._component_bound(s) // self._w
-                head = min(self._table.first_open(m, limit) for m in members)
-                for m in members:
-                    if self._release:
-                        self._table.release(m, head)
-                self._announce(members, head, limit, updates)
-            s = members[-1] + 1
-
-    def _step_ranges(self, s: int, updates: list[MinTimeUpdate]) -> None:
-        """Each key range of ``s`` advances as far as its own checksums and bound
-        allow; the segment's min time is the minimum over its ranges."""
-        g, mins, limits = self.graph, self._range_mins[s], self._range_limits[s]
-        for r in range(len(mins)):
-            limits[r] = self._range_bound(s, r) // self._w
-            time = self._advance(g.cell(s, r), limits[r]) * self._w
-            if time != mins[r]:
-                mins[r] = time
-                updates.append(MinTimeUpdate(g.range_name(s, r), time))
-        head = min(mins) // self._w
-        if self._release:
-            self._table.release(s, head)  # nothing is acked into the segment's own row
-        self._announce((s,), head, min(limits), updates)
 
     def release(self, min_times: Iterable[int]) -> None:
         """Forget windows below ``min_times`` (per segment), never past an open one."""
@@ -304,8 +243,8 @@ class Tracker:
             self._table.entries(),
             live,
             done,
-            tuple(self._mins),
-            self._global,
+            tuple(self._times.mins),
+            self._times.global_min,
             declared,
             done_fronts,
             holders,
@@ -319,29 +258,25 @@ class Tracker:
         self._table.load(snap.bases, snap.cells)
         self._fronts.restore(snap.fronts, snap.done_bounds, snap.declared, snap.done_fronts,
                              snap.holders, snap.seen, snap.dead_fronts)
-        self._mins = list(snap.min_times)
-        self._global = snap.global_min
-        # a central tracker released each key range up to its announced min time
-        self._range_mins = [[self._table.base(self.graph.cell(s, r)) * self._w
-                             for r in range(len(rm))] for s, rm in enumerate(self._range_mins)]
+        self._times.restore(snap.min_times, snap.global_min)
 
     # ---------------------------------------------------------------- queries
     def min_time(self, segment: str | None = None) -> int:
         """The global min time, a segment's, or a key range's (``"<segment>#<r>"``)."""
         if segment is None:
-            return self._global
+            return self._times.global_min
         s, r = self.graph.resolve(segment)
-        return self._mins[s] if r is None else self._range_mins[s][r]
+        return self._times.mins[s] if r is None else self._times.range_mins[s][r]
 
     def range_min_times(self, segment: str) -> tuple[int, ...]:
         """The min time of each key range of ``segment`` (empty without ranges)."""
-        return tuple(self._range_mins[self.graph.index(segment)])
+        return tuple(self._times.range_mins[self.graph.index(segment)])
 
     def min_times(self) -> tuple[int, ...]:
-        return tuple(self._mins)
+        return tuple(self._times.mins)
 
     def bound(self, segment: str) -> int:
-        return self._bound(self.graph.index(segment))
+        return self._times.bound(self.graph.index(segment))
 
     def stuck(self) -> list[StuckWindow]:
         return self._stuck.current()
@@ -367,12 +302,6 @@ class Tracker:
         return self._table.open_windows(s, (TIME_LIMIT - 1) // self._w)
 
     # -------------------------------------------------------------- internals
-    def _bound(self, s: int) -> int:
-        inbound = self.graph.inbound[s]
-        if not inbound:
-            return self._fronts.bound(s)
-        return min(self._mins[u] for u in inbound)
-
     def _beat(self, hb: Heartbeat, session: int | None, now_ms: int) -> None:
         """A heartbeat; one of a front retired as dead (rule 17) by its owner, at or
         above its segment's min time, rejoins it there: it was only slow."""
@@ -381,7 +310,7 @@ class Tracker:
             self._fronts.heartbeat(hb.front, hb.time, hb.owner, session, now_ms)
             return
         segment, owner = dead
-        floor = self._floor(segment, hb.front)
+        floor = self._times.floor(segment, hb.front)
         if hb.owner == owner and hb.time >= floor:
             self._fronts.register(hb.front, segment, hb.time, floor, owner, session or 0,
                                   now_ms)
@@ -399,34 +328,6 @@ class Tracker:
             out += tuple((int(i) * w, (int(i) + 1) * w, int(c))
                          for i, c in zip(windows.tolist(), counts.tolist(), strict=True) if c)
         return out
-
-    def _component_bound(self, s: int) -> int:
-        """The bound of ``s``'s component: its fronts', or its outside inbound's."""
-        outside = self.graph.outside(s)
-        if not outside:
-            return self._fronts.bound_of(self.graph.members(s), lambda f: True)
-        return min(self._mins[u] for u in outside)
-
-    def _range_bound(self, s: int, r: int) -> int:
-        """The bound of key range ``r`` of ``s``: the fronts that feed it, or the same
-        range of each inbound segment split alike (the whole segment otherwise)."""
-        g = self.graph
-        if not g.inbound[s]:
-            listed = g.fronts_of(s)
-            return self._fronts.bound_of((s,), lambda f: f not in listed or r in listed[f])
-        n = g.ranges_of(s)
-        return min(self._range_mins[u][r] if g.ranges_of(u) == n else self._mins[u]
-                   for u in g.inbound[s])
-
-    def _floor(self, s: int, front: int) -> int:
-        """The earliest time a new front may start at: what was announced for ``s``
-        (for each key range the front feeds)."""
-        if not self._release:
-            return self._table.base(s) * self._w
-        if not self.graph.ranges_of(s):
-            return self._mins[s]
-        fed = self.graph.fronts_of(s).get(front)
-        return max(t for r, t in enumerate(self._range_mins[s]) if fed is None or r in fed)
 
     def _windows(self, batch: AckBatch) -> tuple[I64, tuple[int, int] | None]:
         """The acks' windows and their (min, max), after checking segments and times
@@ -461,10 +362,10 @@ class Tracker:
             return []
         self._next_stuck_check_ms = now_ms + self.config.stuck_check_ms
         g, w = self.graph, self._w
-        rows = [(g.names[s], s, self._mins[s], self._limits[s]) for s in range(len(g))
+        rows = [(g.names[s], s, self._times.mins[s], self._times.limits[s]) for s in range(len(g))
                 if not g.ranges_of(s)]
-        rows += [(g.range_name(s, r), g.cell(s, r), t, self._range_limits[s][r])
-                 for s in range(len(g)) for r, t in enumerate(self._range_mins[s])]
+        rows += [(g.range_name(s, r), g.cell(s, r), t, self._times.range_limits[s][r])
+                 for s in range(len(g)) for r, t in enumerate(self._times.range_mins[s])]
         open_windows = {name: self._table.open_windows(cell, limit)
                         for name, cell, time, limit in rows if time // w < limit}
         return self._stuck.observe(now_ms, open_windows, w, self.batches)

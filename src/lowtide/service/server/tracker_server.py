@@ -27,11 +27,9 @@ from lowtide.service.clock import SystemClock
 from lowtide.service.engine.base import Engine, StateRequest, StepResult
 from lowtide.service.engine.coordinator import CoordinatorEngine
 from lowtide.service.errors import ConnectionLost, ServiceError, error_of
-from lowtide.service.handshake import shard_mismatch
 from lowtide.service.logs import LogBudget
 from lowtide.service.persistence.state_dir import store_graph, stored_graph
 from lowtide.service.persistence.state_log import StateLog
-from lowtide.service.progress import utc_text
 from lowtide.service.server.freshness import SlaWatch
 from lowtide.service.server.history import MinTimeHistory
 from lowtide.service.server.inbox import Admit, Call, Gone, Item, Outbox, Peer, Request, Tick
@@ -39,10 +37,11 @@ from lowtide.service.server.metrics import ServerMetrics
 from lowtide.service.server.peers import PeerConnections
 from lowtide.service.server.shard_watch import ShardWatch
 from lowtide.service.server.standing import StandingRequests
+from lowtide.service.server.step_log import log_step
+from lowtide.service.server.welcome import check_version, welcome
 from lowtide.service.web.app import WebApp
 from lowtide.service.web.view import WebView
 from lowtide.wire.messages import (
-    WIRE_VERSION,
     Batch,
     Error,
     ErrorCode,
@@ -61,7 +60,6 @@ from lowtide.wire.messages import (
     Unsubscribe,
     WatchShard,
     Welcome,
-    graph_spec,
 )
 
 if TYPE_CHECKING:
@@ -211,11 +209,7 @@ class TrackerServer:
 
     def _welcome(self, hello: Hello, graph: SegmentGraph | None) -> Welcome:
         """Runs in the state task: may adopt the client's graph."""
-        if hello.version != WIRE_VERSION:
-            raise ServiceError(
-                ErrorCode.UNSUPPORTED_VERSION,
-                f"wire version {hello.version}, server speaks {WIRE_VERSION}",
-            )
+        check_version(hello)
         if self.engine is None:
             if graph is None:
                 raise ServiceError(
@@ -223,24 +217,7 @@ class TrackerServer:
                 )
             self._adopt(graph)
         assert self.engine is not None
-        if graph is not None and graph != self.engine.graph:
-            raise ServiceError(
-                ErrorCode.GRAPH_MISMATCH,
-                f"client graph {graph.fingerprint()} ({len(graph)} segments) differs from "
-                f"the tracker's {self.engine.graph.fingerprint()} ({len(self.engine.graph)})",
-            )
-        cfg = self.config
-        grid = (cfg.grid.delta_ms, cfg.grid.window_slots)
-        if hello.grid is not None and hello.grid != grid:
-            raise ServiceError(ErrorCode.GRID_MISMATCH,
-                               f"this tracker's grid is delta_ms {grid[0]}, window_slots "
-                               f"{grid[1]}; the client expects {hello.grid[0]}, "
-                               f"{hello.grid[1]}: use the tracker's grid")
-        wrong_shard = shard_mismatch(hello.role, hello.shard, cfg.shard)
-        if wrong_shard is not None:
-            raise ServiceError(ErrorCode.SHARD_MISMATCH, wrong_shard)
-        mine = graph_spec(self.engine.graph)
-        return Welcome(WIRE_VERSION, cfg.name, mine, *grid, self.engine.shards, cfg.shard)
+        return welcome(hello, graph, self.engine, self.config)
 
     # ------------------------------------------------------------ state task
     async def _ticker(self) -> None:
@@ -418,23 +395,8 @@ class TrackerServer:
             self._send([(peer, ShardReportFrame(step.report)) for peer in self._watchers])
         if step.release is not None and self.shard_watch is not None:
             self.shard_watch.release(step.release)
-        for dead in step.dead:  # once per front that died
-            log.warning("dead front", extra={
-                "detail": dead.describe(self.engine.graph.names if self.engine else (),
-                                        utc_text),
-                "policy": dead.policy,
-                "fix": "the front's producer stopped heartbeating: restart it (it rejoins), "
-                       "or retire it (lowtide serve --dead-fronts retire)"
-                       if dead.retired_ms is None else
-                       "its items already sent stay tracked: see `lowtide status` (stuck) if "
-                       "some were never written"})
-        for stuck in step.stuck:  # a few lines a minute per segment, with a count of the rest
-            self._log_budget.warn(
-                log, ("stuck", stuck.segment), "stuck window", detail=stuck.describe(),
-                after_ms=self.config.stuck_after_ms,
-                fix=f"items of segment {stuck.segment!r} were lost or are still being "
-                    "processed: see `lowtide status` (stuck) and the operator that receives them",
-            )
+        log_step(step, self.engine.graph.names if self.engine else (), self.config,
+                 self._log_budget)
         if not step.updates:
             return
         self.metrics.updates(step.updates, self.clock.now_ms(), self.config.grid)
