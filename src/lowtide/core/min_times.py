@@ -19,6 +19,8 @@ time is the minimum over the segments.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from lowtide.core.fronts import FrontTable
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import MinTimeUpdate
@@ -41,17 +43,29 @@ class MinTimes:
         self.range_mins = [[0] * graph.ranges_of(s) for s in range(n)]
         self.range_limits = [[0] * graph.ranges_of(s) for s in range(n)]
         self.global_min = 0
+        self._attached: Sequence[int] = range(n)
+
+    def grow(self, graph: SegmentGraph, starts: list[int]) -> None:
+        """Take the next generation of the graph (rule 16): attached segments start at
+        ``starts`` (window boundaries); detached ones keep their last min time, are no
+        longer stepped and no longer count for the global min time."""
+        self.graph = graph
+        self.mins += starts
+        self.limits += [t // self._w for t in starts]
+        self.range_mins += [[] for _ in starts]
+        self.range_limits += [[] for _ in starts]
+        self._attached = [s for s in range(len(graph)) if not graph.is_detached(s)]
 
     def step(self) -> list[MinTimeUpdate]:
         """Advance every segment as far as its bound and its checksums allow."""
         updates: list[MinTimeUpdate] = []
         if self.graph.simple:
-            for s in range(len(self.graph)):
+            for s in self._attached:
                 limit = self.bound(s) // self._w
                 self._announce((s,), self._advance(s, limit), limit, updates)
         else:
             self._step_components(updates)
-        low = min(self.mins)
+        low = min(self.mins[s] for s in self._attached)
         if low != self.global_min:
             self.global_min = low
             updates.append(MinTimeUpdate(None, low))
@@ -79,7 +93,9 @@ class MinTimes:
         g, s = self.graph, 0
         while s < len(g):
             members = g.members(s)
-            if g.ranges_of(s):
+            if g.is_detached(s):
+                pass
+            elif g.ranges_of(s):
                 self._step_ranges(s, updates)
             else:
                 limit = self._component_bound(s) // self._w

@@ -26,13 +26,13 @@ Worked example, two segments, one front, window = 1 slot:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from lowtide.core.dead_fronts import DeadFront, DeadFronts, FrontTimeout, InFlight
 from lowtide.core.diagnostics import StuckDetector, StuckWindow, WaitingWindow
-from lowtide.core.errors import ProtocolError, UnknownSegment
+from lowtide.core.errors import GenerationOutOfOrder, GraphError, ProtocolError, UnknownSegment
 from lowtide.core.fronts import (
     NEVER,
     DeadRow,
@@ -42,6 +42,7 @@ from lowtide.core.fronts import (
     SeenRow,
     check_time,
 )
+from lowtide.core.generations import DetachedSegment, GraphChange, follows, next_graph
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.holders import HolderRow
 from lowtide.core.messages import (
@@ -101,6 +102,8 @@ class TrackerSnapshot:
     holders: tuple[HolderRow, ...] = ()  # (front, session, seen_ms)
     seen: tuple[SeenRow, ...] = ()  # (front, seen_ms, by a keyed batch): dead fronts
     dead_fronts: tuple[DeadRow, ...] = ()  # (front, segment, owner) retired as dead
+    generation: int = 0  # of the graph (rule 16)
+    graph: SegmentGraph | None = None  # that generation's graph; None: generation 0
 
 
 @dataclass(frozen=True)
@@ -152,8 +155,9 @@ class Tracker:
         self._fronts = FrontTable(n, config.front_lease_ms)
         self._times = MinTimes(self.graph, self._table, self._fronts, self._w,
                                release_on_advance)
-        self._ranged = np.array([self.graph.ranges_of(s) > 0 for s in range(n)]
-                                + [False] * (self.graph.n_cells - n))
+        #: the graph's generation (rule 16): how many changes made it
+        self.generation = 0
+        self._mark_cells()
         self._stuck = StuckDetector(config.stuck_after_ms)
         self._dead = DeadFronts(config.front_timeout)
         #: the queries' open batches (their drivers report them): what may still deliver
@@ -161,9 +165,68 @@ class Tracker:
         self.now_ms = 0  # the clock of the latest step
         self._next_stuck_check_ms: int | None = None
 
+    def _mark_cells(self) -> None:
+        """Which checksum rows are split by key range, or detached (rule 16)."""
+        g = self.graph
+        self._ranged = np.array([g.ranges_of(s) > 0 for s in range(len(g))]
+                                + [False] * (g.n_cells - len(g)))
+        self._gone = np.zeros(g.n_cells, bool)
+        self._gone[list(g.detached)] = True
+
+    # ------------------------------------------------------------ generations
+    def change_graph(self, change: GraphChange) -> tuple[DetachedSegment, ...]:
+        """Apply the next generation of the graph, all or nothing (rule 16). Attached
+        segments start at ``change.start`` (the global min time if None; never below
+        it), or below at their inbound segments' min times; detached ones report what
+        they had in flight, drop their fronts and forget their windows."""
+        if change.generation != self.generation + 1:
+            raise GenerationOutOfOrder(
+                f"graph generation {change.generation} does not follow generation "
+                f"{self.generation}: changes apply in order, one at a time")
+        try:
+            graph = next_graph(self.graph, change)
+        except GraphError as err:
+            raise ProtocolError(str(err)) from None
+        low = self._times.global_min
+        start = low if change.start is None else change.start
+        check_time(start, "start")
+        if change.attach and start < low:
+            raise ProtocolError(f"segments attached at time {start}, below the global min "
+                                f"time {low}: nothing below it may enter any more (attach "
+                                f"at or after {low})")
+        starts = self._starts(graph, start)
+        gone = [self.graph.index(name) for name in change.detach]
+        detached = tuple(DetachedSegment(self.graph.names[s], self._in_flight(s))
+                         for s in gone)
+        self._adopt(graph, starts)
+        for s in gone:
+            self._fronts.detach(s)
+            self._table.clear(s)
+        self.generation = change.generation
+        return detached
+
+    def _starts(self, graph: SegmentGraph, start: int) -> list[int]:
+        """Where each attached segment starts: at ``start``, or lower where an inbound
+        segment's min time is (what it sends may be as old), at a window boundary."""
+        times = [*self._times.mins]
+        for s in range(len(self.graph), len(graph)):
+            times.append(min([start // self._w * self._w] + [times[u] for u in graph.inbound[s]
+                                                             if u < s]))
+        return times[len(self.graph):]
+
+    def _adopt(self, graph: SegmentGraph, starts: list[int]) -> None:
+        self._table.add_rows([t // self._w for t in starts])
+        self._fronts.add_segments(starts)
+        self._times.grow(graph, starts)
+        self.graph = graph
+        self.config = replace(self.config, graph=graph)
+        self._mark_cells()
+
     # ----------------------------------------------------------------- inputs
     def _source(self, front: int, name: str) -> int:
         segment = self.graph.index(name)
+        if self.graph.is_detached(segment):
+            raise ProtocolError(f"front {front}: segment {name!r} is detached")
         if not self.graph.takes_fronts(segment):
             raise ProtocolError(f"front {front}: {name!r} has inbound segments")
         return segment
@@ -249,10 +312,20 @@ class Tracker:
             done_fronts,
             holders,
             *self._fronts.export_seen(),
+            self.generation,
+            self.graph if self.generation else None,
         )
 
     def restore(self, snap: TrackerSnapshot) -> None:
-        """Load ``snap`` (taken from a tracker of the same graph and grid)."""
+        """Load ``snap`` (taken from a tracker of the same graph and grid, or of a later
+        generation of it: rule 16)."""
+        if snap.graph is not None and snap.generation != self.generation:
+            if snap.generation < self.generation or not follows(self.graph, snap.graph):
+                raise GenerationOutOfOrder(
+                    f"snapshot of graph generation {snap.generation} does not follow this "
+                    f"tracker's generation {self.generation}")
+            self._adopt(snap.graph, [0] * (len(snap.graph) - len(self.graph)))
+            self.generation = snap.generation
         if snap.graph_fingerprint != self.graph.fingerprint() or snap.window_slots != self._w:
             raise ProtocolError("snapshot was taken from a different graph or window size")
         self._table.load(snap.bases, snap.cells)
@@ -338,6 +411,10 @@ class Tracker:
         cells = self.graph.n_cells
         if int(seg.min()) < 0 or int(seg.max()) >= cells:
             raise UnknownSegment(f"ack for segment outside [0, {cells})")
+        if self.graph.detached and bool(self._gone[seg].any()):
+            s = int(seg[self._gone[seg]][0])
+            raise ProtocolError(f"ack into segment {self.graph.names[s]!r}, which is "
+                                "detached (rule 16)")
         if cells > len(self.graph) and bool(self._ranged[seg].any()):
             s = int(seg[self._ranged[seg]][0])
             raise ProtocolError(f"ack into segment {self.graph.names[s]!r} without a key "
