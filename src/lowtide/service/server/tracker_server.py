@@ -15,6 +15,7 @@ import json
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from lowtide.core.errors import ProtocolError
@@ -28,7 +29,8 @@ from lowtide.service.engine.base import Engine, StateRequest, StepResult
 from lowtide.service.engine.coordinator import CoordinatorEngine
 from lowtide.service.errors import ConnectionLost, ServiceError, error_of
 from lowtide.service.logs import LogBudget
-from lowtide.service.persistence.state_dir import store_graph, stored_graph
+from lowtide.service.persistence.generations import log_generations, recover
+from lowtide.service.persistence.state_dir import stored_graph
 from lowtide.service.persistence.state_log import StateLog
 from lowtide.service.server.freshness import SlaWatch
 from lowtide.service.server.history import MinTimeHistory
@@ -43,6 +45,7 @@ from lowtide.service.web.app import WebApp
 from lowtide.service.web.view import WebView
 from lowtide.wire.messages import (
     Batch,
+    ChangeGraph,
     Error,
     ErrorCode,
     FrontLate,
@@ -95,6 +98,7 @@ class TrackerServer:
         self._history = MinTimeHistory()
         self.inproc_url = ""
         self._failed: Error | None = None  # set once a step raised: fail-stop
+        self._changed = False  # a graph change in the group being run
         self._log_budget = LogBudget()  # per peer, and per segment for stuck windows
         self._conns = PeerConnections(config, self._inbox, self.metrics, self._log_budget)
         sla = config.sla()
@@ -197,8 +201,8 @@ class TrackerServer:
             self.shard_watch = ShardWatch(engine, connection, self.post)
         if self._wal is not None:
             assert self.config.state_dir is not None
-            store_graph(self.config.state_dir, graph)
-            self._wal.recover(engine)
+            engine = recover(self.config.engine, self.config.state_dir, self._wal, graph)
+            log_generations(self.config.state_dir, engine, self.config.fsync)
         self.engine = engine
         with contextlib.suppress(ProtocolError, ServiceError):
             current: dict[str | None, int] = {None: engine.current(None).time}
@@ -289,6 +293,9 @@ class TrackerServer:
         if engine is None:
             return self._send(out)
         committed = self._wal is not None and self._wal.commit(now)
+        if self._changed and self.config.state_dir is not None:
+            log_generations(self.config.state_dir, engine, self.config.fsync)
+        self._changed = False  # its generation logged before confirmed, like any request
         # confirmations first: Spark tasks block on them, and they do not need the step
         self._send(out)
         step = engine.step(now)
@@ -346,7 +353,7 @@ class TrackerServer:
                                   error=forbidden.message, client=peer.name,
                                   peer=peer.channel.peer)
             out.append((peer, forbidden))
-        elif isinstance(msg, Batch | FrontOp):
+        elif isinstance(msg, Batch | FrontOp | ChangeGraph):
             out.append((peer, self._apply(engine, peer, msg, now)))
         elif isinstance(msg, QueryBatch):
             out.append((peer, engine.report_batch(msg, now)))
@@ -370,6 +377,10 @@ class TrackerServer:
                 code=reply.code.name, error=reply.message, client=peer.name,
             )
             self.metrics.error(reply.code.name)
+        elif isinstance(msg, ChangeGraph) and not reply.duplicate:
+            self._changed = True  # logged with the graph it made (rule 16)
+            if self._wal is not None:
+                self._wal.append(replace(msg, fingerprint=engine.graph.fingerprint()))
         elif not reply.duplicate and self._wal is not None:
             self._wal.append(msg)
         return reply

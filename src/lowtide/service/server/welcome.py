@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from lowtide.core.generations import follows
 from lowtide.core.graph import SegmentGraph
 from lowtide.service.engine.base import Engine
 from lowtide.service.errors import ServiceError
@@ -27,7 +28,8 @@ def welcome(hello: Hello, graph: SegmentGraph | None, engine: Engine,
             cfg: ServerConfig) -> Welcome:
     """The Welcome for a client of ``graph`` (None: it takes the tracker's), or the
     refusal that says what to change."""
-    if graph is not None and graph != engine.graph:
+    # a client of an earlier generation keeps its indices in every later one (rule 16)
+    if graph is not None and graph != engine.graph and not follows(graph, engine.graph):
         raise ServiceError(
             ErrorCode.GRAPH_MISMATCH,
             f"client graph {graph.fingerprint()} ({len(graph)} segments) differs from "
