@@ -69,6 +69,8 @@ class SegmentGraph:
                                                   hash=False)
     _first_cell: tuple[int, ...] = field(init=False, repr=False, compare=False, hash=False)
     _simple: bool = field(init=False, repr=False, compare=False, hash=False)
+    #: built by :meth:`ordered` in another order than :meth:`of` would give
+    kept_order: bool = field(default=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         # a dict, not tuple.index: lookups stay O(1) in graphs of thousands of segments
@@ -137,7 +139,8 @@ class SegmentGraph:
         out = cls(tuple(index), tuple(tuple(sorted({index[u] for u in spec.inbound}))
                                       for spec in listed),
                   tuple(graph.key_ranges[i] for i in by) if graph.key_ranges else (), fronts,
-                  tuple(sorted(index[name] for name in set(detached))))
+                  tuple(sorted(index[name] for name in set(detached))),
+                  kept_order=out_of(graph, index))
         out._check_order()
         return out
 
@@ -268,6 +271,11 @@ class SegmentGraph:
             if self.ranges_of(s) and self.is_cyclic(s):
                 raise GraphError(f"segment {_clip(self.names[s])!r} is in a cycle and has "
                                  "key ranges: a cycle shares one min time (drop key_ranges)")
+
+
+def out_of(graph: SegmentGraph, index: dict[str, int]) -> bool:
+    """Does ``index`` order the segments otherwise than ``graph`` (:meth:`of`'s)?"""
+    return tuple(index) != graph.names
 
 
 def _check_ranges(spec: SegmentSpec) -> None:

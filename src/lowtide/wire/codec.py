@@ -81,7 +81,8 @@ def _put_graph(w: Writer, graph: GraphSpec) -> None:
         for up in inbound:
             w.text(up)
         n, fronts, *detached = ranged if ranged else (0, ())
-        w.pack("BII", bool(detached and detached[0]), n, len(fronts))
+        # 0: as listed by SegmentGraph.of; 1, 2: a later generation's, attached, detached
+        w.pack("BII", 1 + bool(detached[0]) if detached else 0, n, len(fronts))
         for front, ranges in fronts:
             w.pack("qI", front, len(ranges))
             for r in ranges:
@@ -92,11 +93,11 @@ def _get_graph(r: Reader) -> GraphSpec:
     out: list[tuple[Any, ...]] = []
     for _ in range(r.count()):
         name, inbound = r.text(), tuple(r.text() for _ in range(r.count()))
-        detached, n = r.unpack("BI")
+        kind, n = r.unpack("BI")
         fronts = tuple((r.one("q"), tuple(r.one("I") for _ in range(r.count())))
                        for _ in range(r.count()))
-        if detached:
-            out.append((name, inbound, 0, (), 1))
+        if kind:
+            out.append((name, inbound, 0, (), kind - 1))
         else:
             out.append((name, inbound) if not n else (name, inbound, n, fronts))
     return tuple(out)

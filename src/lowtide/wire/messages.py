@@ -38,9 +38,11 @@ from lowtide.core.messages import (
 WIRE_VERSION = 6
 
 #: A graph as plain data, in index order: ``(name, (inbound names...))`` per segment,
-#: ``(name, inbound, key_ranges, ((front, (ranges...)), ...))`` for one with key
-#: ranges, and ``(name, inbound, 0, (), 1)`` for a detached one (JSON lists are taken
-#: too: a stored graph reads back as lists).
+#: or ``(name, inbound, key_ranges, ((front, (ranges...)), ...))`` for one with key
+#: ranges (JSON lists are taken too: a stored graph reads back as lists). A later
+#: generation's graph (rule 16) whose order is not the one ``SegmentGraph.of`` gives
+#: has ``(name, inbound, 0, (), detached)`` entries (detached 0 or 1): its indices
+#: are kept as listed.
 GraphSpec = tuple[tuple[Any, ...], ...]
 
 
@@ -49,8 +51,8 @@ def graph_spec(graph: SegmentGraph) -> GraphSpec:
     for s, (name, ups) in enumerate(zip(graph.names, graph.inbound, strict=True)):
         inbound = tuple(graph.names[u] for u in ups)
         n = graph.ranges_of(s)
-        if graph.is_detached(s):
-            out.append((name, inbound, 0, (), 1))
+        if graph.detached or graph.kept_order:  # no key ranges (rule 16)
+            out.append((name, inbound, 0, (), int(graph.is_detached(s))))
             continue
         out.append((name, inbound) if not n else
                    (name, inbound, n, tuple(sorted((f, tuple(sorted(r)))
@@ -67,9 +69,12 @@ def segment_of(entry: Any) -> SegmentSpec:
 
 
 def graph_of(spec: GraphSpec) -> SegmentGraph:
-    """The graph of ``spec``, its segments at the indices they have there."""
-    return SegmentGraph.ordered((segment_of(e) for e in spec),
-                                (e[0] for e in spec if len(e) > 4 and e[4]))
+    """The graph of ``spec``: a later generation's at the indices listed, any other as
+    ``SegmentGraph.of`` orders it."""
+    if any(len(e) > 4 for e in spec):
+        return SegmentGraph.ordered((segment_of(e) for e in spec),
+                                    (e[0] for e in spec if len(e) > 4 and e[4]))
+    return SegmentGraph.of(*(segment_of(e) for e in spec))
 
 
 class Role(IntEnum):

@@ -193,12 +193,15 @@ class Pipeline:
         return refuse_fan_out(derive(list(sinks)))
 
     def start_tracker(self, graph: SegmentGraph) -> TrackerHandle:
-        """Start (embedded) or reach (remote) the tracker for ``graph``; idempotent, and
-        a later query may use a part of the graph the tracker was started with."""
+        """Start (embedded) or reach (remote) the tracker for ``graph``; idempotent. A
+        later query may use a part of the graph the tracker was started with, or add
+        its own segments: they are attached to the running tracker (rule 16)."""
         if self._handle is not None:
             if not covers(self._handle.graph, graph):
-                raise PipelineShapeError("this pipeline's tracker already tracks another graph: "
-                                 "start it with every sink's graph (Pipeline.plan)")
+                self._handle.attach(graph)
+                self._graph = self._handle.graph
+                declare_fronts(self._sources, self._handle.agent, graph, self.name)
+                announce_queries(self._handle.agent, graph)
             return self._handle
         self._graph = graph
         self._handle = TrackerHandle(graph, self.grid, self._tracker_options)
