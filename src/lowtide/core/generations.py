@@ -81,6 +81,23 @@ def next_graph(graph: SegmentGraph, change: GraphChange) -> SegmentGraph:
     return SegmentGraph.ordered(specs, detached)
 
 
+def start_times(graph: SegmentGraph, mins: list[int], start: int) -> list[int]:
+    """Where each segment attached in ``graph`` starts (``mins``: the min times of the
+    segments before them): at ``start``, or lower where a segment it reads is (what
+    that one still sends may be as old).
+
+    >>> g = SegmentGraph.of(("in", ()), ("out", ("in",)))
+    >>> g1 = next_graph(g, GraphChange(1, attach=(SegmentSpec("audit", ("in",)),
+    ...                                           SegmentSpec("in2", ()))))
+    >>> g1.names[2:], start_times(g1, [100, 90], start=500)
+    (('in2', 'audit'), [500, 100])
+    """
+    times = [*mins]
+    for s in range(len(mins), len(graph)):
+        times.append(min([start] + [times[u] for u in graph.inbound[s] if u < s]))
+    return times[len(mins):]
+
+
 def follows(old: SegmentGraph, new: SegmentGraph) -> bool:
     """Can ``new`` be a later generation of ``old``: the same segments at the same
     indices (more may follow), none of ``old``'s detached ones attached again?"""

@@ -42,7 +42,13 @@ from lowtide.core.fronts import (
     SeenRow,
     check_time,
 )
-from lowtide.core.generations import DetachedSegment, GraphChange, follows, next_graph
+from lowtide.core.generations import (
+    DetachedSegment,
+    GraphChange,
+    follows,
+    next_graph,
+    start_times,
+)
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.holders import HolderRow
 from lowtide.core.messages import (
@@ -194,7 +200,7 @@ class Tracker:
             raise ProtocolError(f"segments attached at time {start}, below the global min "
                                 f"time {low}: nothing below it may enter any more (attach "
                                 f"at or after {low})")
-        starts = self._starts(graph, start)
+        starts = start_times(graph, self._times.mins, start // self._w * self._w)
         gone = [self.graph.index(name) for name in change.detach]
         detached = tuple(DetachedSegment(self.graph.names[s], self._in_flight(s))
                          for s in gone)
@@ -204,15 +210,6 @@ class Tracker:
             self._table.clear(s)
         self.generation = change.generation
         return detached
-
-    def _starts(self, graph: SegmentGraph, start: int) -> list[int]:
-        """Where each attached segment starts: at ``start``, or lower where an inbound
-        segment's min time is (what it sends may be as old), at a window boundary."""
-        times = [*self._times.mins]
-        for s in range(len(self.graph), len(graph)):
-            times.append(min([start // self._w * self._w] + [times[u] for u in graph.inbound[s]
-                                                             if u < s]))
-        return times[len(self.graph):]
 
     def _adopt(self, graph: SegmentGraph, starts: list[int]) -> None:
         self._table.add_rows([t // self._w for t in starts])
