@@ -1,7 +1,7 @@
 """End to end, a graph that changes while it runs (rule 16): a second query started on
 a running pipeline attaches its segments to the pipeline's tracker, while the first
-keeps running; the second's exact windows equal a batch recomputation of its input,
-and the first's min time never went back."""
+keeps running; the second's exact windows equal a batch recomputation of its input;
+detached again, the first runs on alone, and its min time never went back."""
 
 from __future__ import annotations
 
@@ -56,8 +56,13 @@ def test_a_second_query_attaches_while_the_first_runs(spark, tmp_path: Path) -> 
         q2.wait_for_min_time(GRID.slot_of(t0) + 400, timeout_s=180)
         seen.append(q1.min_time())
         assert q1.isActive and not q2.stuck() and not q1.stuck()
-        q2.stop()
         final = q2.min_time()
+        reports = pipe.detach(q2)                 # stopped, its segments detached
+        assert pipe.tracker.status()["generation"] == 2
+        assert [r.split("'")[1] for r in reports] == ["p2", "win2", "win2.state", "sink2"]
+        assert pipe.tracker.graph.detached == (2, 3, 4, 5)
+        before = q1.min_time()
+        q1.wait_for_min_time(before + 50, timeout_s=60)  # the first runs on, alone
         seen.append(q1.min_time())
     finally:
         pipe.close()

@@ -59,6 +59,7 @@ from lowtide.spark.sources.generator import GeneratorSpec, GenSource
 from lowtide.spark.sources.log_replay import RANGE_OPTION, LogReplaySource
 from lowtide.spark.sources.log_source import LogSource, parse_fronts
 from lowtide.spark.sources.read_stream import EntrySpec, check_labelled
+from lowtide.spark.sources.retention import release_consumer
 from lowtide.spark.tracking.transport import TrackerRef
 
 _REGISTERED: set[int] = set()
@@ -209,6 +210,21 @@ class Pipeline:
         declare_fronts(self._sources, self._handle.agent, graph, self.name)
         announce_queries(self._handle.agent, graph)  # their start-up is not a loss
         return self._handle
+
+    def detach(self, query: TrackedQuery) -> list[str]:
+        """Stop ``query`` for good and detach the segments no other query uses from the
+        running tracker (rule 16): returns the tracker's report of its items still in
+        flight; a log it read no longer keeps records for it."""
+        query.stop()
+        self._queries = [q for q in self._queries if q is not query]
+        keep = {n for q in self._queries for n in q.graph.names}
+        gone = [n for n in query.graph.names if n not in keep]
+        reports = self.tracker.detach(gone)
+        self._graph = self.tracker.graph
+        for src in self._sources:
+            if src.kind == "log" and source_key(src) in gone:
+                release_consumer(src.options["path"], source_key(src))
+        return reports
 
     @property
     def tracker(self) -> TrackerHandle:

@@ -104,6 +104,14 @@ class TrackerHandle:
                                      "(name its steps apart from the running queries')") from None
         self.ref = replace(self.ref, graph=self.graph)
 
+    def detach(self, names: list[str]) -> list[str]:
+        """Detach segments from the running tracker (rule 16); returns its report of
+        each one's items still in flight."""
+        self.graph = self.agent.change_graph(detach=names)
+        self.ref = replace(self.ref, graph=self.graph)
+        reports: list[str] = self.status()["generations"][-1]["detached"]
+        return reports
+
     @property
     def web_url(self) -> str | None:
         """The embedded tracker's web view (the login link when a secret is set)."""
