@@ -60,6 +60,7 @@ from lowtide.core.messages import (
     ShardReport,
     UnregisterFront,
 )
+from lowtide.core.min_times import MinTimes
 from lowtide.core.sharding import ShardAggregator, ShardLayout, ShardRouter, TrackerShard
 from lowtide.core.time import TIME_LIMIT, TimeGrid
 from lowtide.core.tracker import Tracker, TrackerConfig
@@ -1086,7 +1087,7 @@ def cyclic_setups(draw: st.DrawFn, mode: str) -> Setup:
                                fronts=tuple(fronts), n_nodes=n_nodes)
 
 
-class RangeBoundIgnoresUnlistedFronts(Tracker):
+class RangeBoundIgnoresUnlistedFronts(MinTimes):
     """Unsafe: a source range waits only for the fronts listed as feeding it, not for
     the fronts that feed every range."""
 
@@ -1097,7 +1098,7 @@ class RangeBoundIgnoresUnlistedFronts(Tracker):
         return self._fronts.bound_of((s,), lambda f: f in listed and r in listed[f])
 
 
-class LoopIgnoringTracker(Tracker):
+class LoopIgnoringTimes(MinTimes):
     """Unsafe: every segment of a cycle advances on its own checksums, as if the loop
     could not bring an item back."""
 
@@ -1105,6 +1106,18 @@ class LoopIgnoringTracker(Tracker):
         for s in range(len(self.graph)):
             limit = self._component_bound(s) // self._w
             self._announce((s,), self._advance(s, limit), limit, updates)
+
+
+def tracker_with(times: type[MinTimes]) -> Callable[[TrackerConfig], Tracker]:
+    """A central tracker whose min-time layer is ``times`` (an unsafe one)."""
+
+    def build(config: TrackerConfig) -> Tracker:
+        tracker = Tracker(config)
+        tracker._times = times(tracker.graph, tracker._table, tracker._fronts,
+                               config.grid.window_slots)
+        return tracker
+
+    return build
 
 
 HEARTBEAT_FIRST_BY_4 = 2 | (4 << 2)
@@ -1128,7 +1141,8 @@ ROUND_THE_LOOP: tuple[Setup, Ops] = (
 
 @pytest.mark.parametrize(
     ("tracker", "program"),
-    [(RangeBoundIgnoresUnlistedFronts, UNLISTED_FRONT), (LoopIgnoringTracker, ROUND_THE_LOOP)],
+    [(tracker_with(RangeBoundIgnoresUnlistedFronts), UNLISTED_FRONT),
+     (tracker_with(LoopIgnoringTimes), ROUND_THE_LOOP)],
     ids=["range-ignores-unlisted-fronts", "cycle-ignores-the-loop"],
 )
 def test_the_model_catches_unsafe_range_and_cycle_trackers(

@@ -52,5 +52,9 @@ class TableOverflow(ProtocolError):
     """An ack so far ahead of the head that the checksum table may not grow to hold it."""
 
 
+class GenerationOutOfOrder(ProtocolError):
+    """A graph change (or a snapshot) that does not follow the tracker's generation."""
+
+
 class GraphError(LowtideError, ValueError):
     """A pipeline graph that cannot be tracked (cycle, unknown or duplicate names)."""

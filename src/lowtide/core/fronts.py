@@ -263,6 +263,21 @@ class FrontTable:
             times = [self._time[f] for f in live] + [d.time for d in waiting]
         return min(times) if times else max(self._done_bound[s] for s in segments)
 
+    def add_segments(self, starts: list[int]) -> None:
+        """Segments attached (rule 16), each held at its start until a front of it
+        registers or is declared (it registers at or above its start)."""
+        self._live += [set() for _ in starts]
+        self._done_bound += starts
+
+    def detach(self, segment: int) -> None:
+        """A detached segment's fronts stop bounding anything (rule 16)."""
+        for front in list(self._live[segment]):
+            self._drop(front)
+        for front in [f for f, (s, _owner) in self._dead.items() if s == segment]:
+            del self._dead[front]  # its late heartbeat must not rejoin a detached segment
+        for d in [d for d in self._declared.values() if d.segment == segment]:
+            self._retire(d.front)
+
     def time_of(self, front: int) -> int | None:
         return self._time.get(front)
 

@@ -59,6 +59,9 @@ class SegmentGraph:
     inbound: tuple[tuple[int, ...], ...]
     key_ranges: tuple[int, ...] = ()  # per segment; () when no segment has ranges
     front_ranges: tuple[FrontRanges, ...] = ()  # per segment; () when none are listed
+    #: segments detached by a graph change (rule 16): they keep their index, bound
+    #: nothing and take no acks
+    detached: tuple[int, ...] = ()
     _by_name: dict[str, int] = field(init=False, repr=False, compare=False, hash=False)
     _members: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False,
                                                   hash=False)
@@ -66,6 +69,8 @@ class SegmentGraph:
                                                   hash=False)
     _first_cell: tuple[int, ...] = field(init=False, repr=False, compare=False, hash=False)
     _simple: bool = field(init=False, repr=False, compare=False, hash=False)
+    #: built by :meth:`ordered` in another order than :meth:`of` would give
+    kept_order: bool = field(default=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         # a dict, not tuple.index: lookups stay O(1) in graphs of thousands of segments
@@ -119,6 +124,47 @@ class SegmentGraph:
                     fronts if any(fronts) else ())
         graph._check_cycles_have_no_ranges()
         return graph
+
+    @classmethod
+    def ordered(cls, specs: Iterable[SegmentSpec], detached: Iterable[str] = ()
+                ) -> SegmentGraph:
+        """The graph of ``specs`` in the order given, which must be topological over
+        components (a later generation's: its segments keep their indices, rule 16);
+        ``detached``: the names of its detached segments."""
+        listed = list(specs)
+        graph = cls.of(*listed)  # every check of a declaration
+        index = {spec.name: i for i, spec in enumerate(listed)}
+        by = [graph.index(spec.name) for spec in listed]
+        fronts = tuple(graph.front_ranges[i] for i in by) if graph.front_ranges else ()
+        out = cls(tuple(index), tuple(tuple(sorted({index[u] for u in spec.inbound}))
+                                      for spec in listed),
+                  tuple(graph.key_ranges[i] for i in by) if graph.key_ranges else (), fronts,
+                  tuple(sorted(index[name] for name in set(detached))),
+                  kept_order=out_of(graph, index))
+        out._check_order()
+        return out
+
+    def _check_order(self) -> None:
+        for s in range(len(self.names)):
+            members = self.members(s)
+            if members != tuple(range(members[0], members[0] + len(members))) or \
+                    any(u >= members[0] for u in self.outside(s)):
+                raise GraphError(f"segment {_clip(self.names[s])!r} comes before a segment "
+                                 "it reads: the order is not topological")
+            gone = [u for u in self.inbound[s] if u in self.detached]
+            if gone and s not in self.detached:
+                raise GraphError(f"segment {_clip(self.names[s])!r} reads detached segment "
+                                 f"{_clip(self.names[gone[0]])!r}")
+
+    def spec(self, segment: int) -> SegmentSpec:
+        """The declaration of ``segment``, as :meth:`of` takes it."""
+        return SegmentSpec(self.names[segment], tuple(self.names[u] for u in
+                                                      self.inbound[segment]),
+                           self.ranges_of(segment),
+                           self.front_ranges[segment] if self.front_ranges else ())
+
+    def is_detached(self, segment: int) -> bool:
+        return segment in self.detached
 
     def __len__(self) -> int:
         return len(self.names)
@@ -205,7 +251,8 @@ class SegmentGraph:
 
     def sinks(self) -> tuple[int, ...]:
         fed = {u for s, ups in enumerate(self.inbound) for u in ups if u != s}
-        return tuple(i for i in range(len(self.names)) if i not in fed)
+        return tuple(i for i in range(len(self.names))
+                     if i not in fed and i not in self.detached)
 
     def fingerprint(self) -> str:
         """Stable id of the graph, so peers can check they index segments alike."""
@@ -215,6 +262,8 @@ class SegmentGraph:
         )
         if self.key_ranges or self.front_ranges:  # graphs without keep their old print
             text += f"|{self.key_ranges}|{self.front_ranges}"
+        if self.detached:
+            text += f"|detached{self.detached}"
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def _check_cycles_have_no_ranges(self) -> None:
@@ -222,6 +271,11 @@ class SegmentGraph:
             if self.ranges_of(s) and self.is_cyclic(s):
                 raise GraphError(f"segment {_clip(self.names[s])!r} is in a cycle and has "
                                  "key ranges: a cycle shares one min time (drop key_ranges)")
+
+
+def out_of(graph: SegmentGraph, index: dict[str, int]) -> bool:
+    """Does ``index`` order the segments otherwise than ``graph`` (:meth:`of`'s)?"""
+    return tuple(index) != graph.names
 
 
 def _check_ranges(spec: SegmentSpec) -> None:

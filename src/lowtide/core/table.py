@@ -222,6 +222,21 @@ class ChecksumTable:
         hit = self._first_nonzero(segment, start, span) if span > 0 else -1
         self._base[segment] = target if hit < 0 else start + hit
 
+    def add_rows(self, bases: list[int]) -> None:
+        """Append empty rows (attached segments, rule 16), each starting at its base
+        window: acks below it are refused as behind the head."""
+        n = len(bases)
+        self._xor = np.vstack((self._xor, np.zeros((n, self._cap), np.uint64)))
+        self._count = np.vstack((self._count, np.zeros((n, self._cap), np.int64)))
+        new = np.array([self._up(b) for b in bases], np.int64)
+        self._base = np.concatenate((self._base, new))
+        self._clean = np.concatenate((self._clean, new))
+
+    def clear(self, segment: int) -> None:
+        """Forget every window of a detached segment's row (rule 16)."""
+        self._xor[segment] = 0
+        self._count[segment] = 0
+
     def entries(self) -> tuple[I64, U64, I64, I32]:
         """Every non-zero cell as (windows, xors, counts, segments): a sparse snapshot."""
         seg, col = np.nonzero((self._xor != 0) | (self._count != 0))

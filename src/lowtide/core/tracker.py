@@ -26,13 +26,13 @@ Worked example, two segments, one front, window = 1 slot:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from lowtide.core.dead_fronts import DeadFront, DeadFronts, FrontTimeout, InFlight
 from lowtide.core.diagnostics import StuckDetector, StuckWindow, WaitingWindow
-from lowtide.core.errors import ProtocolError, UnknownSegment
+from lowtide.core.errors import GenerationOutOfOrder, GraphError, ProtocolError, UnknownSegment
 from lowtide.core.fronts import (
     NEVER,
     DeadRow,
@@ -41,6 +41,13 @@ from lowtide.core.fronts import (
     FrontTable,
     SeenRow,
     check_time,
+)
+from lowtide.core.generations import (
+    DetachedSegment,
+    GraphChange,
+    follows,
+    next_graph,
+    start_times,
 )
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.holders import HolderRow
@@ -57,6 +64,7 @@ from lowtide.core.messages import (
     RetireFront,
     UnregisterFront,
 )
+from lowtide.core.min_times import MinTimes
 from lowtide.core.open_batches import QueryBatches
 from lowtide.core.table import ChecksumTable
 from lowtide.core.time import TIME_LIMIT, TimeGrid
@@ -100,6 +108,8 @@ class TrackerSnapshot:
     holders: tuple[HolderRow, ...] = ()  # (front, session, seen_ms)
     seen: tuple[SeenRow, ...] = ()  # (front, seen_ms, by a keyed batch): dead fronts
     dead_fronts: tuple[DeadRow, ...] = ()  # (front, segment, owner) retired as dead
+    generation: int = 0  # of the graph (rule 16)
+    graph: SegmentGraph | None = None  # that generation's graph; None: generation 0
 
 
 @dataclass(frozen=True)
@@ -149,14 +159,11 @@ class Tracker:
             owned_index=owned_index,
         )
         self._fronts = FrontTable(n, config.front_lease_ms)
-        self._mins = [0] * n
-        self._limits = [0] * n
-        # per segment, the min time of each of its key ranges (rule 15; [] without)
-        self._range_mins = [[0] * self.graph.ranges_of(s) for s in range(n)]
-        self._range_limits = [[0] * self.graph.ranges_of(s) for s in range(n)]
-        self._ranged = np.array([self.graph.ranges_of(s) > 0 for s in range(n)]
-                                + [False] * (self.graph.n_cells - n))
-        self._global = 0
+        self._times = MinTimes(self.graph, self._table, self._fronts, self._w,
+                               release_on_advance)
+        #: the graph's generation (rule 16): how many changes made it
+        self.generation = 0
+        self._mark_cells()
         self._stuck = StuckDetector(config.stuck_after_ms)
         self._dead = DeadFronts(config.front_timeout)
         #: the queries' open batches (their drivers report them): what may still deliver
@@ -164,9 +171,59 @@ class Tracker:
         self.now_ms = 0  # the clock of the latest step
         self._next_stuck_check_ms: int | None = None
 
+    def _mark_cells(self) -> None:
+        """Which checksum rows are split by key range, or detached (rule 16)."""
+        g = self.graph
+        self._ranged = np.array([g.ranges_of(s) > 0 for s in range(len(g))]
+                                + [False] * (g.n_cells - len(g)))
+        self._gone = np.zeros(g.n_cells, bool)
+        self._gone[list(g.detached)] = True
+
+    # ------------------------------------------------------------ generations
+    def change_graph(self, change: GraphChange) -> tuple[DetachedSegment, ...]:
+        """Apply the next generation of the graph, all or nothing (rule 16). Attached
+        segments start at ``change.start`` (the global min time if None; never below
+        it), or below at their inbound segments' min times; detached ones report what
+        they had in flight, drop their fronts and forget their windows."""
+        if change.generation != self.generation + 1:
+            raise GenerationOutOfOrder(
+                f"graph generation {change.generation} does not follow generation "
+                f"{self.generation}: changes apply in order, one at a time")
+        try:
+            graph = next_graph(self.graph, change)
+        except GraphError as err:
+            raise ProtocolError(str(err)) from None
+        low = self._times.global_min
+        start = low if change.start is None else change.start
+        check_time(start, "start")
+        if change.attach and start < low:
+            raise ProtocolError(f"segments attached at time {start}, below the global min "
+                                f"time {low}: nothing below it may enter any more (attach "
+                                f"at or after {low})")
+        starts = start_times(graph, self._times.mins, start // self._w * self._w)
+        gone = [self.graph.index(name) for name in change.detach]
+        detached = tuple(DetachedSegment(self.graph.names[s], self._in_flight(s))
+                         for s in gone)
+        self._adopt(graph, starts)
+        for s in gone:
+            self._fronts.detach(s)
+            self._table.clear(s)
+        self.generation = change.generation
+        return detached
+
+    def _adopt(self, graph: SegmentGraph, starts: list[int]) -> None:
+        self._table.add_rows([t // self._w for t in starts])
+        self._fronts.add_segments(starts)
+        self._times.grow(graph, starts)
+        self.graph = graph
+        self.config = replace(self.config, graph=graph)
+        self._mark_cells()
+
     # ----------------------------------------------------------------- inputs
     def _source(self, front: int, name: str) -> int:
         segment = self.graph.index(name)
+        if self.graph.is_detached(segment):
+            raise ProtocolError(f"front {front}: segment {name!r} is detached")
         if not self.graph.takes_fronts(segment):
             raise ProtocolError(f"front {front}: {name!r} has inbound segments")
         return segment
@@ -174,7 +231,7 @@ class Tracker:
     def register_front(self, msg: RegisterFront, now_ms: int = 0) -> None:
         """``now_ms``: the clock :meth:`step` gets (the holder's lease counts in it)."""
         segment = self._source(msg.front, msg.segment)
-        self._fronts.register(msg.front, segment, msg.time, self._floor(segment, msg.front),
+        self._fronts.register(msg.front, segment, msg.time, self._times.floor(segment, msg.front),
                               msg.owner, msg.session, now_ms)
 
     def unregister_front(self, msg: UnregisterFront, now_ms: int = 0) -> None:
@@ -187,7 +244,7 @@ class Tracker:
         if after is not None and after < 0:
             raise ProtocolError(f"front {msg.front}: retire_after_ms must be >= 0")
         retire_at = NEVER if after is None else now_ms + after
-        self._fronts.declare(msg.front, segment, msg.time, self._floor(segment, msg.front),
+        self._fronts.declare(msg.front, segment, msg.time, self._times.floor(segment, msg.front),
                              msg.owner, retire_at)
 
     def retire_front(self, msg: RetireFront) -> None:
@@ -227,66 +284,8 @@ class Tracker:
         retired = tuple(self._fronts.expire(now_ms))
         self.batches.expire(now_ms)
         dead = tuple(self._dead.check(self._fronts, now_ms, self._busy, self._in_flight))
-        updates: list[MinTimeUpdate] = []
-        if self.graph.simple:
-            for s in range(len(self.graph)):
-                limit = self._bound(s) // self._w
-                self._announce((s,), self._advance(s, limit), limit, updates)
-        else:
-            self._step_components(updates)
-        low = min(self._mins)
-        if low != self._global:
-            self._global = low
-            updates.append(MinTimeUpdate(None, low))
+        updates = self._times.step()
         return Step(tuple(updates), tuple(self._check_stuck(now_ms)), retired, dead)
-
-    def _advance(self, cell: int, limit: int) -> int:
-        """The head of one checksum row (a segment or a key range), released if central."""
-        head = self._table.first_open(cell, limit)
-        if self._release:
-            self._table.release(cell, head)
-        return head
-
-    def _announce(self, segments: tuple[int, ...], head: int, limit: int,
-                  updates: list[MinTimeUpdate]) -> None:
-        time = head * self._w
-        for s in segments:
-            self._limits[s] = limit
-            if time != self._mins[s]:
-                self._mins[s] = time
-                updates.append(MinTimeUpdate(self.graph.names[s], time))
-
-    def _step_components(self, updates: list[MinTimeUpdate]) -> None:
-        """The step of a graph with cycles or key ranges: a component shares one head
-        (rule 11), a segment with key ranges has one per range (rule 15)."""
-        g, s = self.graph, 0
-        while s < len(g):
-            members = g.members(s)
-            if g.ranges_of(s):
-                self._step_ranges(s, updates)
-            else:
-                limit = self._component_bound(s) // self._w
-                head = min(self._table.first_open(m, limit) for m in members)
-                for m in members:
-                    if self._release:
-                        self._table.release(m, head)
-                self._announce(members, head, limit, updates)
-            s = members[-1] + 1
-
-    def _step_ranges(self, s: int, updates: list[MinTimeUpdate]) -> None:
-        """Each key range of ``s`` advances as far as its own checksums and bound
-        allow; the segment's min time is the minimum over its ranges."""
-        g, mins, limits = self.graph, self._range_mins[s], self._range_limits[s]
-        for r in range(len(mins)):
-            limits[r] = self._range_bound(s, r) // self._w
-            time = self._advance(g.cell(s, r), limits[r]) * self._w
-            if time != mins[r]:
-                mins[r] = time
-                updates.append(MinTimeUpdate(g.range_name(s, r), time))
-        head = min(mins) // self._w
-        if self._release:
-            self._table.release(s, head)  # nothing is acked into the segment's own row
-        self._announce((s,), head, min(limits), updates)
 
     def release(self, min_times: Iterable[int]) -> None:
         """Forget windows below ``min_times`` (per segment), never past an open one."""
@@ -304,44 +303,50 @@ class Tracker:
             self._table.entries(),
             live,
             done,
-            tuple(self._mins),
-            self._global,
+            tuple(self._times.mins),
+            self._times.global_min,
             declared,
             done_fronts,
             holders,
             *self._fronts.export_seen(),
+            self.generation,
+            self.graph if self.generation else None,
         )
 
     def restore(self, snap: TrackerSnapshot) -> None:
-        """Load ``snap`` (taken from a tracker of the same graph and grid)."""
+        """Load ``snap`` (taken from a tracker of the same graph and grid, or of a later
+        generation of it: rule 16)."""
+        if snap.graph is not None and snap.generation != self.generation:
+            if snap.generation < self.generation or not follows(self.graph, snap.graph):
+                raise GenerationOutOfOrder(
+                    f"snapshot of graph generation {snap.generation} does not follow this "
+                    f"tracker's generation {self.generation}")
+            self._adopt(snap.graph, [0] * (len(snap.graph) - len(self.graph)))
+            self.generation = snap.generation
         if snap.graph_fingerprint != self.graph.fingerprint() or snap.window_slots != self._w:
             raise ProtocolError("snapshot was taken from a different graph or window size")
         self._table.load(snap.bases, snap.cells)
         self._fronts.restore(snap.fronts, snap.done_bounds, snap.declared, snap.done_fronts,
                              snap.holders, snap.seen, snap.dead_fronts)
-        self._mins = list(snap.min_times)
-        self._global = snap.global_min
-        # a central tracker released each key range up to its announced min time
-        self._range_mins = [[self._table.base(self.graph.cell(s, r)) * self._w
-                             for r in range(len(rm))] for s, rm in enumerate(self._range_mins)]
+        self._times.restore(snap.min_times, snap.global_min)
 
     # ---------------------------------------------------------------- queries
     def min_time(self, segment: str | None = None) -> int:
         """The global min time, a segment's, or a key range's (``"<segment>#<r>"``)."""
         if segment is None:
-            return self._global
+            return self._times.global_min
         s, r = self.graph.resolve(segment)
-        return self._mins[s] if r is None else self._range_mins[s][r]
+        return self._times.mins[s] if r is None else self._times.range_mins[s][r]
 
     def range_min_times(self, segment: str) -> tuple[int, ...]:
         """The min time of each key range of ``segment`` (empty without ranges)."""
-        return tuple(self._range_mins[self.graph.index(segment)])
+        return tuple(self._times.range_mins[self.graph.index(segment)])
 
     def min_times(self) -> tuple[int, ...]:
-        return tuple(self._mins)
+        return tuple(self._times.mins)
 
     def bound(self, segment: str) -> int:
-        return self._bound(self.graph.index(segment))
+        return self._times.bound(self.graph.index(segment))
 
     def stuck(self) -> list[StuckWindow]:
         return self._stuck.current()
@@ -367,12 +372,6 @@ class Tracker:
         return self._table.open_windows(s, (TIME_LIMIT - 1) // self._w)
 
     # -------------------------------------------------------------- internals
-    def _bound(self, s: int) -> int:
-        inbound = self.graph.inbound[s]
-        if not inbound:
-            return self._fronts.bound(s)
-        return min(self._mins[u] for u in inbound)
-
     def _beat(self, hb: Heartbeat, session: int | None, now_ms: int) -> None:
         """A heartbeat; one of a front retired as dead (rule 17) by its owner, at or
         above its segment's min time, rejoins it there: it was only slow."""
@@ -381,7 +380,7 @@ class Tracker:
             self._fronts.heartbeat(hb.front, hb.time, hb.owner, session, now_ms)
             return
         segment, owner = dead
-        floor = self._floor(segment, hb.front)
+        floor = self._times.floor(segment, hb.front)
         if hb.owner == owner and hb.time >= floor:
             self._fronts.register(hb.front, segment, hb.time, floor, owner, session or 0,
                                   now_ms)
@@ -400,34 +399,6 @@ class Tracker:
                          for i, c in zip(windows.tolist(), counts.tolist(), strict=True) if c)
         return out
 
-    def _component_bound(self, s: int) -> int:
-        """The bound of ``s``'s component: its fronts', or its outside inbound's."""
-        outside = self.graph.outside(s)
-        if not outside:
-            return self._fronts.bound_of(self.graph.members(s), lambda f: True)
-        return min(self._mins[u] for u in outside)
-
-    def _range_bound(self, s: int, r: int) -> int:
-        """The bound of key range ``r`` of ``s``: the fronts that feed it, or the same
-        range of each inbound segment split alike (the whole segment otherwise)."""
-        g = self.graph
-        if not g.inbound[s]:
-            listed = g.fronts_of(s)
-            return self._fronts.bound_of((s,), lambda f: f not in listed or r in listed[f])
-        n = g.ranges_of(s)
-        return min(self._range_mins[u][r] if g.ranges_of(u) == n else self._mins[u]
-                   for u in g.inbound[s])
-
-    def _floor(self, s: int, front: int) -> int:
-        """The earliest time a new front may start at: what was announced for ``s``
-        (for each key range the front feeds)."""
-        if not self._release:
-            return self._table.base(s) * self._w
-        if not self.graph.ranges_of(s):
-            return self._mins[s]
-        fed = self.graph.fronts_of(s).get(front)
-        return max(t for r, t in enumerate(self._range_mins[s]) if fed is None or r in fed)
-
     def _windows(self, batch: AckBatch) -> tuple[I64, tuple[int, int] | None]:
         """The acks' windows and their (min, max), after checking segments and times
         (the table checks the rest)."""
@@ -437,6 +408,10 @@ class Tracker:
         cells = self.graph.n_cells
         if int(seg.min()) < 0 or int(seg.max()) >= cells:
             raise UnknownSegment(f"ack for segment outside [0, {cells})")
+        if self.graph.detached and bool(self._gone[seg].any()):
+            s = int(seg[self._gone[seg]][0])
+            raise ProtocolError(f"ack into segment {self.graph.names[s]!r}, which is "
+                                "detached (rule 16)")
         if cells > len(self.graph) and bool(self._ranged[seg].any()):
             s = int(seg[self._ranged[seg]][0])
             raise ProtocolError(f"ack into segment {self.graph.names[s]!r} without a key "
@@ -461,10 +436,10 @@ class Tracker:
             return []
         self._next_stuck_check_ms = now_ms + self.config.stuck_check_ms
         g, w = self.graph, self._w
-        rows = [(g.names[s], s, self._mins[s], self._limits[s]) for s in range(len(g))
+        rows = [(g.names[s], s, self._times.mins[s], self._times.limits[s]) for s in range(len(g))
                 if not g.ranges_of(s)]
-        rows += [(g.range_name(s, r), g.cell(s, r), t, self._range_limits[s][r])
-                 for s in range(len(g)) for r, t in enumerate(self._range_mins[s])]
+        rows += [(g.range_name(s, r), g.cell(s, r), t, self._times.range_limits[s][r])
+                 for s in range(len(g)) for r, t in enumerate(self._times.range_mins[s])]
         open_windows = {name: self._table.open_windows(cell, limit)
                         for name, cell, time, limit in rows if time // w < limit}
         return self._stuck.observe(now_ms, open_windows, w, self.batches)

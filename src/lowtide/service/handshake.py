@@ -11,6 +11,8 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
+from lowtide.core.errors import GraphError
+from lowtide.core.generations import follows
 from lowtide.service import auth
 from lowtide.service.channel import Channel
 from lowtide.service.errors import ConnectionLost, ServiceError, exception_of
@@ -21,10 +23,12 @@ from lowtide.wire.messages import (
     Challenge,
     Error,
     ErrorCode,
+    GraphSpec,
     Hello,
     Role,
     ShardSpec,
     Welcome,
+    graph_of,
 )
 
 log = logging.getLogger("lowtide.service.net")
@@ -141,6 +145,15 @@ async def client_handshake(channel: Channel, hello: Hello, secret: bytes | None)
     return reply
 
 
+def later_generation(mine: GraphSpec, theirs: GraphSpec) -> bool:
+    """Is ``theirs`` a later generation of ``mine`` (rule 16)? A client of an earlier
+    generation keeps its segments' indices in it."""
+    try:
+        return follows(graph_of(mine), graph_of(theirs))
+    except GraphError:
+        return False
+
+
 def check_welcome(hello: Hello, welcome: Welcome) -> None:
     """Refuse a Welcome that does not agree with what the Hello asked for: another
     wire version, graph, grid or shard (ServiceError, one line saying which)."""
@@ -148,7 +161,8 @@ def check_welcome(hello: Hello, welcome: Welcome) -> None:
         raise ServiceError(ErrorCode.UNSUPPORTED_VERSION,
                            f"the tracker answered in wire version {welcome.version}, "
                            f"not {hello.version}: run the same lowtide version on both sides")
-    if hello.graph is not None and welcome.graph != hello.graph:
+    if hello.graph is not None and welcome.graph != hello.graph and \
+            not later_generation(hello.graph, welcome.graph):
         raise ServiceError(ErrorCode.GRAPH_MISMATCH,
                            "the tracker's Welcome names another graph than this client's "
                            "(a tracker of another pipeline, or the Hello was altered on "

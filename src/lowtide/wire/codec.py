@@ -37,6 +37,7 @@ from lowtide.wire.messages import (
     Batch,
     BatchState,
     Challenge,
+    ChangeGraph,
     Commit,
     Error,
     ErrorCode,
@@ -79,8 +80,9 @@ def _put_graph(w: Writer, graph: GraphSpec) -> None:
         w.pack("I", len(inbound))
         for up in inbound:
             w.text(up)
-        n, fronts = ranged if ranged else (0, ())
-        w.pack("II", n, len(fronts))
+        n, fronts, *detached = ranged if ranged else (0, ())
+        # 0: as listed by SegmentGraph.of; 1, 2: a later generation's, attached, detached
+        w.pack("BII", 1 + bool(detached[0]) if detached else 0, n, len(fronts))
         for front, ranges in fronts:
             w.pack("qI", front, len(ranges))
             for r in ranges:
@@ -91,10 +93,13 @@ def _get_graph(r: Reader) -> GraphSpec:
     out: list[tuple[Any, ...]] = []
     for _ in range(r.count()):
         name, inbound = r.text(), tuple(r.text() for _ in range(r.count()))
-        n = r.one("I")
+        kind, n = r.unpack("BI")
         fronts = tuple((r.one("q"), tuple(r.one("I") for _ in range(r.count())))
                        for _ in range(r.count()))
-        out.append((name, inbound) if not n else (name, inbound, n, fronts))
+        if kind:
+            out.append((name, inbound, 0, (), kind - 1))
+        else:
+            out.append((name, inbound) if not n else (name, inbound, n, fronts))
     return tuple(out)
 
 
@@ -231,12 +236,34 @@ def _dec_front(r: Reader) -> FrontOp:
     return FrontOp(req, session, kind, front, r.text(), time, owner, after)
 
 
+def _put_names(w: Writer, names: tuple[str, ...]) -> None:
+    w.pack("I", len(names))
+    for name in names:
+        w.text(name)
+
+
+def _get_names(r: Reader) -> tuple[str, ...]:
+    return tuple(r.text() for _ in range(r.count()))
+
+
+def _enc_change_graph(w: Writer, m: ChangeGraph) -> None:
+    w.pack("QQqq", m.req, m.session, m.generation, m.start)
+    _put_graph(w, m.attach)
+    _put_names(w, m.detach)
+    _put_names(w, m.replace)
+    w.text(m.fingerprint)
+
+
+def _dec_change_graph(r: Reader) -> ChangeGraph:
+    req, session, generation, start = r.unpack("QQqq")
+    return ChangeGraph(req, session, generation, _get_graph(r), _get_names(r), _get_names(r),
+                       start, r.text())
+
+
 def _enc_query_batch(w: Writer, m: QueryBatch) -> None:
     w.pack("QqB", m.req, m.batch, m.state)
     w.text(m.query)
-    w.pack("I", len(m.segments))
-    for name in m.segments:
-        w.text(name)
+    _put_names(w, m.segments)
 
 
 def _dec_query_batch(r: Reader) -> QueryBatch:
@@ -246,7 +273,7 @@ def _dec_query_batch(r: Reader) -> QueryBatch:
     except ValueError as exc:
         raise WireError(f"unknown batch state {state}") from exc
     query = r.text()
-    return QueryBatch(req, query, batch, kind, tuple(r.text() for _ in range(r.count())))
+    return QueryBatch(req, query, batch, kind, _get_names(r))
 
 
 def _enc_notify(w: Writer, m: Notify) -> None:
@@ -374,6 +401,7 @@ _CODECS: dict[type[Any], tuple[int, Callable[[Writer, Any], None], Callable[[Rea
     StatusRequest: (14, *_req_codec(StatusRequest)),
     MinTimeAt: (15, _enc_min_time_at, _dec_min_time_at),
     QueryBatch: (16, _enc_query_batch, _dec_query_batch),
+    ChangeGraph: (18, _enc_change_graph, _dec_change_graph),
     Ok: (20, lambda w, m: w.pack("QB", m.req, m.duplicate), lambda r: Ok(*r.unpack("Q?"))),
     Error: (21, _enc_error, _dec_error),
     Notify: (22, _enc_notify, _dec_notify),

@@ -33,11 +33,16 @@ from lowtide.core.messages import (
 #: 4: QueryBatch: a query's driver says which batch it runs (honest stuck reports);
 #:    FrontLate (a front's late records, for status views).
 #: 5: a graph's segments carry their key ranges and the ranges each listed front feeds.
-WIRE_VERSION = 5
+#: 6: graph generations (rule 16): a graph travels in index order with its detached
+#:    segments; ChangeGraph attaches, detaches or replaces segments.
+WIRE_VERSION = 6
 
-#: A graph as plain data, in topological order: ``(name, (inbound names...))`` per
-#: segment, or ``(name, inbound, key_ranges, ((front, (ranges...)), ...))`` for one
-#: with key ranges (JSON lists are taken too: a stored graph reads back as lists).
+#: A graph as plain data, in index order: ``(name, (inbound names...))`` per segment,
+#: or ``(name, inbound, key_ranges, ((front, (ranges...)), ...))`` for one with key
+#: ranges (JSON lists are taken too: a stored graph reads back as lists). A later
+#: generation's graph (rule 16) whose order is not the one ``SegmentGraph.of`` gives
+#: has ``(name, inbound, 0, (), detached)`` entries (detached 0 or 1): its indices
+#: are kept as listed.
 GraphSpec = tuple[tuple[Any, ...], ...]
 
 
@@ -46,20 +51,30 @@ def graph_spec(graph: SegmentGraph) -> GraphSpec:
     for s, (name, ups) in enumerate(zip(graph.names, graph.inbound, strict=True)):
         inbound = tuple(graph.names[u] for u in ups)
         n = graph.ranges_of(s)
+        if graph.detached or graph.kept_order:  # no key ranges (rule 16)
+            out.append((name, inbound, 0, (), int(graph.is_detached(s))))
+            continue
         out.append((name, inbound) if not n else
                    (name, inbound, n, tuple(sorted((f, tuple(sorted(r)))
                                                    for f, r in graph.fronts_of(s).items()))))
     return tuple(out)
 
 
-def graph_of(spec: GraphSpec) -> SegmentGraph:
-    def segment(entry: Any) -> SegmentSpec:
-        name, ups, *ranged = entry
-        n, fronts = ranged if ranged else (0, ())
-        return SegmentSpec(name, tuple(ups), int(n),
-                           tuple((int(f), tuple(int(r) for r in rs)) for f, rs in fronts))
+def segment_of(entry: Any) -> SegmentSpec:
+    """One entry of a :data:`GraphSpec` as a segment's declaration."""
+    name, ups, *ranged = entry
+    n, fronts = ranged[:2] if ranged else (0, ())
+    return SegmentSpec(name, tuple(ups), int(n),
+                       tuple((int(f), tuple(int(r) for r in rs)) for f, rs in fronts))
 
-    return SegmentGraph.of(*(segment(e) for e in spec))
+
+def graph_of(spec: GraphSpec) -> SegmentGraph:
+    """The graph of ``spec``: a later generation's at the indices listed, any other as
+    ``SegmentGraph.of`` orders it."""
+    if any(len(e) > 4 for e in spec):
+        return SegmentGraph.ordered((segment_of(e) for e in spec),
+                                    (e[0] for e in spec if len(e) > 4 and e[4]))
+    return SegmentGraph.of(*(segment_of(e) for e in spec))
 
 
 class Role(IntEnum):
@@ -190,6 +205,24 @@ class FrontOp:
     time: int
     owner: int = 0
     retire_after_ms: int = -1
+
+
+@dataclass(frozen=True)
+class ChangeGraph:
+    """Make the tracker's graph generation ``generation`` (rule 16): ``attach`` these
+    segments (a :data:`GraphSpec`, in topological order), ``detach`` or ``replace``
+    these; attached segments start at ``start`` (-1: the global min time).
+    ``fingerprint``: of the graph the sender expects the change to make ("" if it does
+    not say); a change that makes another is refused."""
+
+    req: int
+    session: int
+    generation: int
+    attach: GraphSpec = ()
+    detach: tuple[str, ...] = ()
+    replace: tuple[str, ...] = ()
+    start: int = -1
+    fingerprint: str = ""
 
 
 class BatchState(IntEnum):
@@ -352,6 +385,7 @@ Message = (
     | Welcome
     | Batch
     | FrontOp
+    | ChangeGraph
     | QueryBatch
     | FrontLate
     | Subscribe

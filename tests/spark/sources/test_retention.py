@@ -16,6 +16,7 @@ from lowtide.spark.sources.retention import (
     consumers,
     log_status,
     register_consumer,
+    release_consumer,
     retain,
 )
 from lowtide.spark.tracking.transport import TrackerRef
@@ -66,6 +67,17 @@ def test_retention_deletes_only_what_every_consumer_committed(tmp_path: Path) ->
     commit_consumer(tmp_path, "slow", {0: 10})
     retain(tmp_path)
     assert log_files(tmp_path, 0) == files[-1:]  # never the file being written
+
+
+def test_a_detached_consumer_no_longer_holds_the_log(tmp_path: Path) -> None:
+    """A query detached from its pipeline (rule 16) releases its share of retention."""
+    fill(tmp_path, 10)
+    register_consumer(tmp_path, "kept", {0: 0})
+    register_consumer(tmp_path, "detached", {0: 0})
+    commit_consumer(tmp_path, "kept", {0: 10})
+    assert retain(tmp_path) == {0: 0}          # the detached one's 0 holds every file
+    release_consumer(tmp_path, "detached")
+    assert consumers(tmp_path) == {"kept": {0: 10}} and retain(tmp_path)[0] > 0
 
 
 def test_a_query_of_the_log_registers_and_commits_as_a_consumer(tmp_path: Path) -> None:

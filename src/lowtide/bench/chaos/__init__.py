@@ -58,6 +58,7 @@ SCENARIOS = (
              producer="pause"),
     Scenario("dead front", dead_front=True,
              serve_args=("--front-timeout-s", "3", "--dead-fronts", "retire")),
+    Scenario("graph changed", (faults.change_graph, faults.kill_tracker)),
     Scenario("slow batch", slow_every=4, serve_args=("--stuck-after-ms", "500")),
 )
 #: with --spark (lowtide.bench.chaos.spark_faults: real Spark queries and files)

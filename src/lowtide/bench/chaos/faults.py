@@ -16,6 +16,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from lowtide.bench.chaos.producer import command, tell
+from lowtide.bench.chaos.workload import GRAPH
+from lowtide.core.messages import Ack, AckBatch
+from lowtide.service import Agent, BatchKey
 
 if TYPE_CHECKING:
     from lowtide.bench.chaos.run import Run
@@ -117,6 +120,37 @@ def outage_under_producer(run: Run) -> None:
     run.faults += 1
     run.restart_tracker()
     run.start_producer()
+
+
+#: the front of the query the "graph changed" fault attaches (apart from the workload's)
+ATTACHED_FRONT = 77
+
+
+def change_graph(run: Run) -> None:
+    """Under load, attach a second query to the running tracker (rule 16), put an item
+    through it and leave one in flight, then detach it: the running query's min times
+    stay exact (the truth checks every one of them), the attached query's sink is never
+    announced past its item in flight, and the detach reports that item."""
+    run.faults += 1
+    with Agent.connect(run.tracker.url, GRAPH, secret=run.work.secret) as agent:
+        graph = agent.change_graph(attach=[("src2", ()), ("sink2", ("src2",))])
+        start = agent.status()["global_min"]
+        src2, sink2 = graph.index("src2"), graph.index("sink2")
+        agent.register_front(ATTACHED_FRONT, "src2", start)
+        key = BatchKey("graph-changed", 0, "src2", ATTACHED_FRONT)
+        agent.send_batch(key, AckBatch.of([Ack(src2, start, 0xC1, +1)]))
+        agent.send_batch(BatchKey("graph-changed", 0, "sink2", 0),
+                         AckBatch.of([Ack(sink2, start, 0xC2, +1), Ack(src2, start, 0xC1, -1)]))
+        agent.heartbeat(ATTACHED_FRONT, start + 50)
+        agent.flush()
+        time.sleep(0.3)
+        mins = {s["segment"]: s["min_time"] for s in agent.status()["segments"]}
+        if mins["sink2"] > start:
+            run.premature.append(f"sink2 announced {mins['sink2']} with an item at {start}")
+        gone = agent.status()["generation"]
+        agent.change_graph(detach=["sink2", "src2"])
+        detached = agent.status()["generations"][gone]["detached"]
+        run.say(f"graph changed: attached and detached a query; {'; '.join(detached)}")
 
 
 def _restart_or_restore(run: Run, backup: os.PathLike[str]) -> None:

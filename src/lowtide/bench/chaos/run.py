@@ -86,6 +86,7 @@ class Run:
         self.faults = 0
         self.refused_starts = 0
         self.notes: list[str] = []
+        self.premature: list[str] = []  # what a fault saw announced too early itself
         self.skew = dict(scenario.skew)
         self.producer: Any = None
         self.producer_front = PRODUCER_FRONT
@@ -219,7 +220,8 @@ def run_scenario(tmp: Path, work: Workload, scenario: Scenario, secret_file: Pat
     if scenario.slow_every:
         run.faults += work.slots // scenario.slow_every
         run.say(f"slow batches of {work.slow_ms / 1000:g} s: {losses} loss report(s)")
-    return Result(scenario.name, run.faults, run.refused_starts, truth.premature(run.seen),
+    return Result(scenario.name, run.faults, run.refused_starts,
+                  truth.premature(run.seen) + run.premature,
                   lost, truth.notify_delays_ms(run.seen), run.notes, time.monotonic() - started,
                   losses, retired)
 

@@ -30,6 +30,7 @@ from lowtide.service.errors import ServiceError, SessionFailed, exception_of, fr
 from lowtide.wire.messages import (
     WIRE_VERSION,
     Batch,
+    ChangeGraph,
     Error,
     FrontAction,
     FrontLate,
@@ -374,11 +375,14 @@ class AgentState:
         body: dict[str, Any] = json.loads(reply.json)
         return body
 
-    async def query_batch(self, msg: QueryBatch) -> None:
+    async def main_request(self, msg: QueryBatch | ChangeGraph) -> None:
+        """A request to the tracker itself (not its shards), checked."""
         await self._ready()
         assert self.main is not None
         req = next(self._reqs)
         fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        if isinstance(msg, ChangeGraph):  # deduplicated by (session, req), like a front op
+            msg = replace(msg, session=self.session)
         self.main.submit(req, replace(msg, req=req), fut)
         _check(await fut)
 

@@ -22,13 +22,21 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Iterable
 from typing import Any, ClassVar, Self, TypeVar
 
-from lowtide.core.graph import SegmentGraph
+from lowtide.core.generations import GraphChange, next_graph
+from lowtide.core.graph import SegmentGraph, SegmentSpec
 from lowtide.core.messages import AckBatch, Heartbeat
 from lowtide.core.time import TimeGrid
 from lowtide.service.client.agent_state import AgentConfig, AgentState
 from lowtide.service.client.batches import BatchKey, Outcome, PendingBatch
 from lowtide.service.errors import ConnectionLost
-from lowtide.wire.messages import BatchState, FrontAction, QueryBatch
+from lowtide.wire.messages import (
+    BatchState,
+    ChangeGraph,
+    FrontAction,
+    QueryBatch,
+    graph_of,
+    graph_spec,
+)
 
 log = logging.getLogger("lowtide.service.agent")
 
@@ -254,7 +262,30 @@ class BaseAgent(ABC):
         batch may still deliver is then reported as waiting for it, not as missing."""
         self._ensure()
         msg = QueryBatch(0, query, batch, state, tuple(segments))
-        self._call(self._state.query_batch(msg), timeout_s)
+        self._call(self._state.main_request(msg), timeout_s)
+
+    def change_graph(self, *, attach: Iterable[SegmentSpec | tuple[str, Iterable[str]]] = (),
+                     detach: Iterable[str] = (), replace: Iterable[str] = (),
+                     start: int | None = None, timeout_s: float = 30.0) -> SegmentGraph:
+        """Make the tracker's next graph generation (rule 16) and use it from now on:
+        ``attach`` segments (declared as for ``SegmentGraph.of``; they may read existing
+        ones), ``detach`` or ``replace`` existing ones; attached segments start at slot
+        ``start`` (None: the global min time; never below it). Returns the new graph.
+        Refused (ServiceError) if another change came first: ask again."""
+        self._ensure()
+        doc = self.status(timeout_s)
+        current = graph_of(doc["graph"])
+        specs = tuple(s if isinstance(s, SegmentSpec) else SegmentSpec(s[0], tuple(s[1]))
+                      for s in attach)
+        change = GraphChange(int(doc.get("generation", 0)) + 1, specs, tuple(detach),
+                             tuple(replace), start)
+        made = next_graph(current, change)  # a bad change is refused here, in one line
+        attached = graph_spec(made)[len(current):]
+        msg = ChangeGraph(0, 0, change.generation, attached, change.detach, change.replace,
+                          -1 if start is None else start, made.fingerprint())
+        self._call(self._state.main_request(msg), timeout_s)
+        self.graph = self._state.graph = made
+        return made
 
     def flush(self, timeout_s: float = 30.0) -> None:
         """Send what the local tracker holds and wait until every earlier request is

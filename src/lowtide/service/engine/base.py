@@ -33,6 +33,7 @@ from lowtide.service.engine.front_events import FrontEvents
 from lowtide.service.errors import ServiceError, Unproven, error_of
 from lowtide.wire.messages import (
     Batch,
+    ChangeGraph,
     Error,
     ErrorCode,
     FrontOp,
@@ -43,8 +44,8 @@ from lowtide.wire.messages import (
 )
 
 #: Requests that change tracker state, hence are logged and deduplicated.
-StateRequest = Batch | FrontOp
-Logged = Batch | FrontOp | ShardReleaseFrame | Refused
+StateRequest = Batch | FrontOp | ChangeGraph
+Logged = Batch | FrontOp | ChangeGraph | ShardReleaseFrame | Refused
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,8 @@ class Engine(ABC):
         #: the clock of the request being handled (declarations count deadlines from it)
         self.now_ms = 0
         self.front_events = FrontEvents()
+        #: the graph changes applied (rule 16), for the status: one entry each
+        self.generations: list[dict[str, Any]] = []
 
     def handle(self, msg: StateRequest, now_ms: int) -> Ok | Error:
         """Apply a request at most once; the reply says what happened. A refusal is
@@ -185,6 +188,14 @@ class Engine(ABC):
         self.sent += sent.astype(np.int64)
         self.received += received.astype(np.int64)
 
+    def adopt_graph(self, graph: SegmentGraph) -> None:
+        """Serve a later generation of the graph (rule 16): its attached segments
+        count rows from zero."""
+        grown = len(graph) - len(self.graph)
+        self.graph = graph
+        self.received = np.concatenate((self.received, np.zeros(grown, np.int64)))
+        self.sent = np.concatenate((self.sent, np.zeros(grown, np.int64)))
+
     def identity(self) -> dict[str, Any]:
         """What a state dir must have been written for, besides the graph: the time
         grid (slots and windows mean nothing under another) and, on a shard, which
@@ -244,12 +255,16 @@ class Engine(ABC):
         """A report covering every flush not yet known complete (shard only)."""
         raise ServiceError(ErrorCode.BAD_REQUEST, "only shards send reports")
 
-    def apply_logged(self, msg: Logged, now_ms: int) -> None:
+    def apply_logged(self, msg: Logged, now_ms: int) -> str | None:
         """Replay one logged request; it was valid when logged, so it is valid now (and
-        a refused one stays refused)."""
+        a refused one stays refused). A graph change that no longer applies says why:
+        recovery must not go on without it (rule 16)."""
         if isinstance(msg, ShardReleaseFrame):
             self.release(msg)
         elif isinstance(msg, Refused):
             self.remember(msg, now_ms)
         else:
-            self.handle(msg, now_ms)
+            reply = self.handle(msg, now_ms)
+            if isinstance(msg, ChangeGraph) and isinstance(reply, Error):
+                return f"graph generation {msg.generation} does not apply: {reply.message}"
+        return None

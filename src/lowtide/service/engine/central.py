@@ -9,6 +9,7 @@ import numpy as np
 
 from lowtide.core.messages import MinTimeUpdate
 from lowtide.service.engine.base import Engine, EngineConfig, StateRequest, StepResult
+from lowtide.service.engine.generations import change_graph
 from lowtide.service.engine.tracker_state import (
     apply_front_op,
     export_tracker,
@@ -17,7 +18,15 @@ from lowtide.service.engine.tracker_state import (
     tracker_status,
 )
 from lowtide.service.errors import ServiceError
-from lowtide.wire.messages import BatchState, ErrorCode, FrontOp, Ok, QueryBatch
+from lowtide.wire.messages import (
+    BatchState,
+    ChangeGraph,
+    ErrorCode,
+    FrontOp,
+    Ok,
+    QueryBatch,
+    graph_spec,
+)
 
 
 class CentralEngine(Engine):
@@ -28,6 +37,10 @@ class CentralEngine(Engine):
         self.tracker = config.tracker_config().build()
 
     def _apply(self, msg: StateRequest) -> None:
+        if isinstance(msg, ChangeGraph):
+            self.generations.append(change_graph(self.tracker, msg))
+            self.adopt_graph(self.tracker.graph)
+            return
         if isinstance(msg, FrontOp):
             apply_front_op(self.tracker, msg, self.now_ms)
             return
@@ -57,15 +70,20 @@ class CentralEngine(Engine):
         return MinTimeUpdate(segment, self.tracker.min_time(segment))
 
     def status(self) -> dict[str, Any]:
-        return tracker_status(self.tracker, self.graph)
+        return {**tracker_status(self.tracker, self.graph),
+                # what a client changing the graph changes (rule 16)
+                "generation": self.tracker.generation, "graph": graph_spec(self.graph),
+                "generations": self.generations}
 
     def export(self) -> tuple[dict[str, Any], dict[str, np.ndarray[Any, Any]]]:
         meta, arrays = export_tracker(self.tracker.snapshot())
         doc = {"tracker": meta, "dedup": self.dedup.export(),
-               "front_events": self.front_events.export()}
+               "front_events": self.front_events.export(), "generations": self.generations}
         return doc, arrays
 
     def restore(self, meta: dict[str, Any], arrays: dict[str, np.ndarray[Any, Any]]) -> None:
         self.tracker.restore(import_tracker(meta["tracker"], arrays))
+        self.adopt_graph(self.tracker.graph)  # a later generation's (rule 16)
+        self.generations = list(meta.get("generations", ()))
         self.dedup.load(meta["dedup"])
         self.front_events.load(meta.get("front_events"))

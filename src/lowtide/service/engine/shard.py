@@ -43,7 +43,7 @@ from lowtide.service.engine.tracker_state import (
     tracker_status,
 )
 from lowtide.service.errors import ServiceError, Unproven
-from lowtide.wire.messages import Batch, ErrorCode, FrontOp, ShardReleaseFrame
+from lowtide.wire.messages import Batch, ChangeGraph, ErrorCode, FrontOp, ShardReleaseFrame
 
 
 class ShardEngine(Engine):
@@ -57,6 +57,10 @@ class ShardEngine(Engine):
         if isinstance(msg, FrontOp):
             apply_front_op(self.shard, msg, self.now_ms)
             return
+        if isinstance(msg, ChangeGraph):
+            raise ServiceError(ErrorCode.BAD_REQUEST, "a sharded tracker's graph cannot "
+                               "change while it runs yet (rule 16): restart it with the "
+                               "new graph")
         self._prove(msg)
         nt = msg.node_time
         if nt is not None and nt.counter <= self.shard.node_times().get(nt.node, 0):

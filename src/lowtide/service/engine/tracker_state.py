@@ -16,7 +16,7 @@ from lowtide.core.messages import DeclareFront, RegisterFront, RetireFront, Unre
 from lowtide.core.sharding import TrackerShard
 from lowtide.core.tracker import Tracker, TrackerSnapshot
 from lowtide.service.progress import utc_text
-from lowtide.wire.messages import Batch, FrontAction, FrontOp
+from lowtide.wire.messages import Batch, FrontAction, FrontOp, graph_of, graph_spec
 
 
 def flush_session(msg: Batch) -> int | None:
@@ -57,6 +57,7 @@ def tracker_status(tracker: Tracker, graph: SegmentGraph) -> dict[str, Any]:
                 "stuck_windows": sum(1 for w in stuck if w.segment == name),
                 # a min time per key range (rule 15); the segment's is their minimum
                 "key_ranges": list(tracker.range_min_times(name)),
+                "detached": graph.is_detached(graph.index(name)),  # rule 16
             }
         )
     now_ms = tracker.now_ms
@@ -113,6 +114,8 @@ def export_tracker(snap: TrackerSnapshot) -> tuple[dict[str, Any], dict[str, np.
         "done_bounds": list(snap.done_bounds),
         "min_times": list(snap.min_times),
         "global_min": snap.global_min,
+        "generation": snap.generation,
+        "graph": None if snap.graph is None else graph_spec(snap.graph),
     }
     arrays: dict[str, np.ndarray[Any, Any]] = {
         "bases": snap.bases,
@@ -147,4 +150,6 @@ def import_tracker(
         tuple((int(f), int(s), int(t)) for f, s, t in meta.get("holders", ())),
         tuple((int(f), int(t), bool(b)) for f, t, b in meta.get("seen", ())),
         tuple((int(f), int(s), int(o)) for f, s, o in meta.get("dead_fronts", ())),
+        int(meta.get("generation", 0)),
+        None if meta.get("graph") is None else graph_of(meta["graph"]),
     )

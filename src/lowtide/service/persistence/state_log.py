@@ -110,7 +110,9 @@ class StateLog:
         for msg, stop in read_records(data):
             if isinstance(msg, Commit):
                 for req in group:
-                    engine.apply_logged(req, msg.now_ms)
+                    refused = engine.apply_logged(req, msg.now_ms)
+                    if refused is not None:  # a generation that does not follow (rule 16)
+                        raise refusal(path, confirmed, refused)
                 engine.step(msg.now_ms)
                 group, groups, confirmed = [], groups + 1, stop
             elif isinstance(msg, Logged):

@@ -10,6 +10,7 @@ from lowtide.core.graph import SegmentGraph
 from lowtide.service.channel import Channel
 from lowtide.wire.messages import (
     Batch,
+    ChangeGraph,
     Error,
     ErrorCode,
     FrontLate,
@@ -31,8 +32,8 @@ from lowtide.wire.messages import (
 #: reports acks and fronts and reads; a status client only reads; a coordinator
 #: watches its shards and releases their old windows.
 RIGHTS: dict[Role, tuple[type[Message], ...]] = {
-    Role.AGENT: (Batch, FrontOp, QueryBatch, FrontLate, Subscribe, Unsubscribe, MinTimeAt,
-                 StatusRequest),
+    Role.AGENT: (Batch, FrontOp, ChangeGraph, QueryBatch, FrontLate, Subscribe, Unsubscribe,
+                 MinTimeAt, StatusRequest),
     Role.STATUS: (StatusRequest, Subscribe, Unsubscribe, MinTimeAt),
     Role.COORDINATOR: (WatchShard, ShardReleaseFrame, StatusRequest),
 }

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from lowtide.core.errors import ProtocolError
@@ -27,11 +28,10 @@ from lowtide.service.clock import SystemClock
 from lowtide.service.engine.base import Engine, StateRequest, StepResult
 from lowtide.service.engine.coordinator import CoordinatorEngine
 from lowtide.service.errors import ConnectionLost, ServiceError, error_of
-from lowtide.service.handshake import shard_mismatch
 from lowtide.service.logs import LogBudget
-from lowtide.service.persistence.state_dir import store_graph, stored_graph
+from lowtide.service.persistence.generations import log_generations, recover
+from lowtide.service.persistence.state_dir import stored_graph
 from lowtide.service.persistence.state_log import StateLog
-from lowtide.service.progress import utc_text
 from lowtide.service.server.freshness import SlaWatch
 from lowtide.service.server.history import MinTimeHistory
 from lowtide.service.server.inbox import Admit, Call, Gone, Item, Outbox, Peer, Request, Tick
@@ -39,11 +39,13 @@ from lowtide.service.server.metrics import ServerMetrics
 from lowtide.service.server.peers import PeerConnections
 from lowtide.service.server.shard_watch import ShardWatch
 from lowtide.service.server.standing import StandingRequests
+from lowtide.service.server.step_log import log_step
+from lowtide.service.server.welcome import check_version, welcome
 from lowtide.service.web.app import WebApp
 from lowtide.service.web.view import WebView
 from lowtide.wire.messages import (
-    WIRE_VERSION,
     Batch,
+    ChangeGraph,
     Error,
     ErrorCode,
     FrontLate,
@@ -61,7 +63,6 @@ from lowtide.wire.messages import (
     Unsubscribe,
     WatchShard,
     Welcome,
-    graph_spec,
 )
 
 if TYPE_CHECKING:
@@ -97,6 +98,7 @@ class TrackerServer:
         self._history = MinTimeHistory()
         self.inproc_url = ""
         self._failed: Error | None = None  # set once a step raised: fail-stop
+        self._changed = False  # a graph change in the group being run
         self._log_budget = LogBudget()  # per peer, and per segment for stuck windows
         self._conns = PeerConnections(config, self._inbox, self.metrics, self._log_budget)
         sla = config.sla()
@@ -199,8 +201,8 @@ class TrackerServer:
             self.shard_watch = ShardWatch(engine, connection, self.post)
         if self._wal is not None:
             assert self.config.state_dir is not None
-            store_graph(self.config.state_dir, graph)
-            self._wal.recover(engine)
+            engine = recover(self.config.engine, self.config.state_dir, self._wal, graph)
+            log_generations(self.config.state_dir, engine, self.config.fsync)
         self.engine = engine
         with contextlib.suppress(ProtocolError, ServiceError):
             current: dict[str | None, int] = {None: engine.current(None).time}
@@ -211,11 +213,7 @@ class TrackerServer:
 
     def _welcome(self, hello: Hello, graph: SegmentGraph | None) -> Welcome:
         """Runs in the state task: may adopt the client's graph."""
-        if hello.version != WIRE_VERSION:
-            raise ServiceError(
-                ErrorCode.UNSUPPORTED_VERSION,
-                f"wire version {hello.version}, server speaks {WIRE_VERSION}",
-            )
+        check_version(hello)
         if self.engine is None:
             if graph is None:
                 raise ServiceError(
@@ -223,24 +221,7 @@ class TrackerServer:
                 )
             self._adopt(graph)
         assert self.engine is not None
-        if graph is not None and graph != self.engine.graph:
-            raise ServiceError(
-                ErrorCode.GRAPH_MISMATCH,
-                f"client graph {graph.fingerprint()} ({len(graph)} segments) differs from "
-                f"the tracker's {self.engine.graph.fingerprint()} ({len(self.engine.graph)})",
-            )
-        cfg = self.config
-        grid = (cfg.grid.delta_ms, cfg.grid.window_slots)
-        if hello.grid is not None and hello.grid != grid:
-            raise ServiceError(ErrorCode.GRID_MISMATCH,
-                               f"this tracker's grid is delta_ms {grid[0]}, window_slots "
-                               f"{grid[1]}; the client expects {hello.grid[0]}, "
-                               f"{hello.grid[1]}: use the tracker's grid")
-        wrong_shard = shard_mismatch(hello.role, hello.shard, cfg.shard)
-        if wrong_shard is not None:
-            raise ServiceError(ErrorCode.SHARD_MISMATCH, wrong_shard)
-        mine = graph_spec(self.engine.graph)
-        return Welcome(WIRE_VERSION, cfg.name, mine, *grid, self.engine.shards, cfg.shard)
+        return welcome(hello, graph, self.engine, self.config)
 
     # ------------------------------------------------------------ state task
     async def _ticker(self) -> None:
@@ -312,6 +293,9 @@ class TrackerServer:
         if engine is None:
             return self._send(out)
         committed = self._wal is not None and self._wal.commit(now)
+        if self._changed and self.config.state_dir is not None:
+            log_generations(self.config.state_dir, engine, self.config.fsync)
+        self._changed = False  # its generation logged before confirmed, like any request
         # confirmations first: Spark tasks block on them, and they do not need the step
         self._send(out)
         step = engine.step(now)
@@ -369,7 +353,7 @@ class TrackerServer:
                                   error=forbidden.message, client=peer.name,
                                   peer=peer.channel.peer)
             out.append((peer, forbidden))
-        elif isinstance(msg, Batch | FrontOp):
+        elif isinstance(msg, Batch | FrontOp | ChangeGraph):
             out.append((peer, self._apply(engine, peer, msg, now)))
         elif isinstance(msg, QueryBatch):
             out.append((peer, engine.report_batch(msg, now)))
@@ -393,6 +377,10 @@ class TrackerServer:
                 code=reply.code.name, error=reply.message, client=peer.name,
             )
             self.metrics.error(reply.code.name)
+        elif isinstance(msg, ChangeGraph) and not reply.duplicate:
+            self._changed = True  # logged with the graph it made (rule 16)
+            if self._wal is not None:
+                self._wal.append(replace(msg, fingerprint=engine.graph.fingerprint()))
         elif not reply.duplicate and self._wal is not None:
             self._wal.append(msg)
         return reply
@@ -418,23 +406,8 @@ class TrackerServer:
             self._send([(peer, ShardReportFrame(step.report)) for peer in self._watchers])
         if step.release is not None and self.shard_watch is not None:
             self.shard_watch.release(step.release)
-        for dead in step.dead:  # once per front that died
-            log.warning("dead front", extra={
-                "detail": dead.describe(self.engine.graph.names if self.engine else (),
-                                        utc_text),
-                "policy": dead.policy,
-                "fix": "the front's producer stopped heartbeating: restart it (it rejoins), "
-                       "or retire it (lowtide serve --dead-fronts retire)"
-                       if dead.retired_ms is None else
-                       "its items already sent stay tracked: see `lowtide status` (stuck) if "
-                       "some were never written"})
-        for stuck in step.stuck:  # a few lines a minute per segment, with a count of the rest
-            self._log_budget.warn(
-                log, ("stuck", stuck.segment), "stuck window", detail=stuck.describe(),
-                after_ms=self.config.stuck_after_ms,
-                fix=f"items of segment {stuck.segment!r} were lost or are still being "
-                    "processed: see `lowtide status` (stuck) and the operator that receives them",
-            )
+        log_step(step, self.engine.graph.names if self.engine else (), self.config,
+                 self._log_budget)
         if not step.updates:
             return
         self.metrics.updates(step.updates, self.clock.now_ms(), self.config.grid)

@@ -63,6 +63,7 @@ from lowtide.spark.sources.generator import GeneratorSpec, GenSource
 from lowtide.spark.sources.log_replay import RANGE_OPTION, LogReplaySource
 from lowtide.spark.sources.log_source import LogSource, parse_fronts
 from lowtide.spark.sources.read_stream import EntrySpec, check_labelled
+from lowtide.spark.sources.retention import release_consumer
 from lowtide.spark.tracking.transport import TrackerRef
 
 _SOURCES = {ds.name(): ds for ds in (LogSource, LogReplaySource, GenSource, ReceivingSource)}
@@ -191,12 +192,15 @@ class Pipeline:
         return refuse_fan_out(derive(list(sinks)))
 
     def start_tracker(self, graph: SegmentGraph) -> TrackerHandle:
-        """Start (embedded) or reach (remote) the tracker for ``graph``; idempotent, and
-        a later query may use a part of the graph the tracker was started with."""
+        """Start (embedded) or reach (remote) the tracker for ``graph``; idempotent. A
+        later query may use a part of the graph the tracker was started with, or add
+        its own segments: they are attached to the running tracker (rule 16)."""
         if self._handle is not None:
             if not covers(self._handle.graph, graph):
-                raise PipelineShapeError("this pipeline's tracker already tracks another graph: "
-                                 "start it with every sink's graph (Pipeline.plan)")
+                self._handle.attach(graph)
+                self._graph = self._handle.graph
+                declare_fronts(self._sources, self._handle.agent, graph, self.name)
+                announce_queries(self._handle.agent, graph)
             return self._handle
         self._graph = graph
         self._handle = TrackerHandle(graph, self.grid, self._tracker_options)
@@ -204,6 +208,21 @@ class Pipeline:
         declare_fronts(self._sources, self._handle.agent, graph, self.name)
         announce_queries(self._handle.agent, graph)  # their start-up is not a loss
         return self._handle
+
+    def detach(self, query: TrackedQuery) -> list[str]:
+        """Stop ``query`` for good and detach the segments no other query uses from the
+        running tracker (rule 16): returns the tracker's report of its items still in
+        flight; a log it read no longer keeps records for it."""
+        query.stop()
+        self._queries = [q for q in self._queries if q is not query]
+        keep = {n for q in self._queries for n in q.graph.names}
+        gone = [n for n in query.graph.names if n not in keep]
+        reports = self.tracker.detach(gone)
+        self._graph = self.tracker.graph
+        for src in self._sources:
+            if src.kind == "log" and source_key(src) in gone:
+                release_consumer(src.options["path"], source_key(src))
+        return reports
 
     @property
     def tracker(self) -> TrackerHandle:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from lowtide.core.dead_fronts import FrontTimeout
@@ -89,6 +89,28 @@ class TrackerHandle:
         self.url: str = url
         self.ref = TrackerRef(self.url, graph, grid, options.secret, options.confirm)
         self._agent: Any = None
+
+    def attach(self, part: SegmentGraph) -> None:
+        """Attach the segments of ``part`` (another query's graph) that the tracker
+        lacks, on the running tracker (rule 16): the queries running keep going, and
+        the tasks of the queries built from now on use the new generation's graph."""
+        from lowtide.core.errors import GraphError
+
+        missing = [part.spec(s) for s in range(len(part)) if part.names[s] not in self.graph]
+        try:
+            self.graph = self.agent.change_graph(attach=missing)
+        except GraphError as err:
+            raise PipelineShapeError(f"this query cannot join the running tracker: {err} "
+                                     "(name its steps apart from the running queries')") from None
+        self.ref = replace(self.ref, graph=self.graph)
+
+    def detach(self, names: list[str]) -> list[str]:
+        """Detach segments from the running tracker (rule 16); returns its report of
+        each one's items still in flight."""
+        self.graph = self.agent.change_graph(detach=names)
+        self.ref = replace(self.ref, graph=self.graph)
+        reports: list[str] = self.status()["generations"][-1]["detached"]
+        return reports
 
     @property
     def web_url(self) -> str | None:

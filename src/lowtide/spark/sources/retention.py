@@ -41,7 +41,8 @@ from lowtide.spark.sources.ingest import (
     log_path,
 )
 
-__all__ = ["commit_consumer", "consumers", "log_status", "register_consumer", "retain"]
+__all__ = ["commit_consumer", "consumers", "log_status", "register_consumer",
+           "release_consumer", "retain"]
 
 CONSUMERS = "consumers"
 
@@ -90,6 +91,12 @@ def commit_consumer(
     for front, offset in offsets.items():
         merged[front] = max(merged.get(front, 0), offset)
     _write(path, merged)
+
+
+def release_consumer(directory: str | os.PathLike[str], consumer: str) -> None:
+    """``consumer`` reads no more (its query was detached from the pipeline, rule 16):
+    its commits no longer hold what :func:`retain` may delete."""
+    _path(directory, consumer).unlink(missing_ok=True)
 
 
 def _committed_by_all(directory: str | os.PathLike[str], front: int) -> int | None:
