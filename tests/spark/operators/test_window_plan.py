@@ -164,6 +164,9 @@ def test_the_fallback_is_chosen_where_the_pipeline_is_described() -> None:
     # a window per key range: each range's windows come out when that range completes
     ranged = WindowSpec("w", ("k",), 1000, 1000, (Agg("n", "count", None),), key_ranges=4)
     assert "key_ranges" in str(fallback_reason(ranged, 1))
+    # a retry step sends into the window without the senders' stamps (its e2e test failed
+    # with "dropped the column 'lt_wm'")
+    assert "retry loop" in str(fallback_reason(agg, 1, loop=True))
 
 
 def test_a_stopped_query_moves_no_hold(agent: Any, tmp_path: Path) -> None:

@@ -101,8 +101,18 @@ def session_confs(spark: Any, confs: tuple[tuple[str, str], ...]) -> Iterator[No
                 spark.conf.set(k, old)
 
 
-def fallback_reason(spec: WindowSpec, stateful_steps: int) -> str | None:
+def has_loop(stream: Any) -> bool:
+    """Does a stream's query hold a retry loop (rule 11)?"""
+    from lowtide.spark.operators.retry import RetrySpec
+
+    return any(isinstance(s, RetrySpec) for s in stream.steps) or any(
+        has_loop(up) for up in stream.inputs)
+
+
+def fallback_reason(spec: WindowSpec, stateful_steps: int, loop: bool = False) -> str | None:
     """Why a window needs the ``transformWithState`` runtime (None: it does not)."""
+    if loop:  # a retry step sends into the window without the senders' stamps
+        return "its query has a retry loop, whose step does not stamp the rows it sends"
     if spec.fn is not None:
         return "apply(fn) runs a Python function over each window's rows"
     if spec.key_ranges:
@@ -172,11 +182,12 @@ class QueryWindows:
 
     checkpoint: str | None
     stateful: list[Any]  # the query's stateful steps
+    loop: bool = False  # a retry loop in the query
     holds: list[Any] = field(default_factory=list)
 
     @classmethod
     def of(cls, stream: Any, checkpoint: str | None) -> QueryWindows:
-        return cls(checkpoint, stateful_steps(stream))
+        return cls(checkpoint, stateful_steps(stream), has_loop(stream))
 
     def receives(self, segment: str) -> bool:
         """Is ``segment`` the inbound segment of a window planned in the JVM? (Its
@@ -203,7 +214,8 @@ class QueryWindows:
         return out
 
     def in_jvm(self, spec: WindowSpec) -> bool:
-        return self.checkpoint is not None and fallback_reason(spec, len(self.stateful)) is None
+        return self.checkpoint is not None and fallback_reason(
+            spec, len(self.stateful), self.loop) is None
 
     def ends_in_window(self, stream: Any) -> bool:
         """Does ``stream`` end in a window planned in the JVM (whose emit step can ack
