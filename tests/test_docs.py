@@ -44,6 +44,11 @@ PREAMBLES: dict[str, tuple[str, ...]] = {"spark.md": ("spark", "work"),
 
 #: every fragment: (doc, the reason its first line gives)
 FRAGMENTS = {
+    ("operating.md", "a second query attached to a running one; "
+                     "tests/spark/pipeline/test_dag_e2e.py runs it"),
+    ("operating.md", "detaches the query above; tests/spark/pipeline/test_dag_e2e.py runs it"),
+    ("operating.md", "needs a lowtide serve of yours; "
+                     "tests/service/test_generations.py runs these calls"),
     ("ARCHITECTURE.md", "the contract in brief, on placeholders; docs/service.md runs "
                         "these calls"),
     ("operating.md", "a past hour of a running pipeline; "
