@@ -19,6 +19,7 @@ from lowtide.spark.session import SessionConfig
 LOWTIDE = [sys.executable, "-m", "lowtide.cli"]
 
 
+@pytest.mark.slow  # ~40-100 s: a demo run whose workers are made late
 @pytest.mark.spark
 def test_demo_whose_python_workers_start_too_late_says_so_in_one_line(tmp_path: Path) -> None:
     slow = tmp_path / "slow-python"

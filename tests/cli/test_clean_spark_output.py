@@ -45,6 +45,7 @@ def test_spark_demo_is_clean() -> None:
     assert "segment" in out
 
 
+@pytest.mark.slow  # ~40-95 s; the demo is checked clean by default
 def test_bench_spark_is_clean() -> None:
     out = run_clean("bench", "spark", "--seconds", "1", "--rounds", "2", "--stages", "1",
                     "--rows-per-batch", "5000", "--warmup-batches", "2")

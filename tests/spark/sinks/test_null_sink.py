@@ -66,6 +66,7 @@ def test_receipts_from_the_last_operator_are_exact_per_batch(spark, tmp_path: Pa
             assert rows == progress[batch], (batch, rows, progress[batch])
 
 
+@pytest.mark.slow  # ~25-65 s; task failures before a null sink: test_e2e_generator
 def test_a_filter_last_with_task_retries_completes(spark, tmp_path: Path) -> None:
     """A filter as the last operator, in tasks whose first attempts fail after the
     operator before it has sent its acks: receipts neither lost nor doubled, so the

@@ -77,6 +77,7 @@ def delta_appends(spark: Any, path: Path) -> Any:
     return write
 
 
+@pytest.mark.slow  # ~25-55 s (Delta); the file and Kafka entries run by default
 def test_delta_source_entry_equals_batch(spark, tmp_path: Path) -> None:
     if not has_delta(spark):
         pytest.skip(NEEDS_DELTA)
