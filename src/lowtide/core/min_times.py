@@ -93,9 +93,10 @@ class MinTimes:
         g, s = self.graph, 0
         while s < len(g):
             members = g.members(s)
-            if g.is_detached(s):
-                pass
-            elif g.ranges_of(s):
+            if g.is_detached(s):  # frozen where it was detached (rule 16)
+                s = members[-1] + 1
+                continue
+            if g.ranges_of(s):
                 self._step_ranges(s, updates)
             else:
                 limit = self._component_bound(s) // self._w
