@@ -111,13 +111,14 @@ def _drain(client: RawClient) -> None:
             client.recv(timeout_s=0.05)
 
 
-@settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
-@given(handshake=st.booleans(), payloads=st.lists(frames, min_size=1, max_size=8))
-def test_fuzzed_clients_do_not_disturb_good_ones(
-    live: Live, handshake: bool, payloads: list[bytes]
-) -> None:
+#: codes only a client past the handshake meets (its requests reached the tracker)
+PAST_HANDSHAKE = {"UNKNOWN_SEGMENT", "UNKNOWN_FRONT", "NON_MONOTONIC_HEARTBEAT",
+                  "ACK_BEHIND_HEAD", "TABLE_OVERFLOW", "PROTOCOL", "BAD_REQUEST"}
+#: rounds of more fuzzing the last test may run until the fuzz met what it asks for
+MORE_ROUNDS = 10
+
+
+def fuzz_once(live: Live, handshake: bool, payloads: list[bytes]) -> None:
     client = RawClient.open(live.service.url)
     try:
         if handshake:
@@ -133,8 +134,52 @@ def test_fuzzed_clients_do_not_disturb_good_ones(
     assert live.sub.next_update(5) == MinTimeUpdate("sink", live.time)
 
 
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(handshake=st.booleans(), payloads=st.lists(frames, min_size=1, max_size=8))
+def test_fuzzed_clients_do_not_disturb_good_ones(
+    live: Live, handshake: bool, payloads: list[bytes]
+) -> None:
+    fuzz_once(live, handshake, payloads)
+
+
+def error_codes(live: Live) -> set[str]:
+    """The error codes the server has sent so far."""
+    return {
+        s.labels["code"]
+        for metric in live.service.server.metrics.registry.collect()
+        if metric.name == "lowtide_errors"
+        for s in metric.samples
+        if s.name == "lowtide_errors_total" and s.value > 0
+    }
+
+
+def fuzzed_enough(codes: set[str]) -> bool:
+    """Bad frames were refused, and illegal requests got past the handshake (at least
+    two kinds of them)."""
+    return "BAD_FRAME" in codes and len(codes & PAST_HANDSHAKE) >= 2
+
+
+def fuzz_until_enough(live: Live) -> None:
+    """More of the same fuzzing, bounded, until it met what ``fuzzed_enough`` asks: a
+    fuzzed client closes after 50 ms, and on a loaded machine the server may not have
+    read its frames by then (its close resets the connection and drops them unread)."""
+
+    @settings(max_examples=20, deadline=None)
+    @given(handshake=st.just(True), payloads=st.lists(frames, min_size=1, max_size=8))
+    def more(handshake: bool, payloads: list[bytes]) -> None:
+        fuzz_once(live, handshake, payloads)
+
+    for _ in range(MORE_ROUNDS):
+        if fuzzed_enough(error_codes(live)):
+            return
+        more()
+
+
 def test_after_fuzzing_the_state_is_exact(live: Live) -> None:
     """Only the good client's acks were ever applied: a full round trip balances."""
+    fuzz_until_enough(live)
     t, n = live.time, 100
     items = np.arange(1, n + 1, dtype=np.uint64)
     times = np.full(n, t)
@@ -152,12 +197,5 @@ def test_after_fuzzing_the_state_is_exact(live: Live) -> None:
     assert status["acks_applied"] == 4  # merged per (segment, window): 1 + 2 + 1
     assert status["fronts"] == {"1": ["src", t + 5]}
     assert all(s["in_flight"] == 0 and s["open_windows"] == 0 for s in status["segments"])
-    registry = live.service.server.metrics.registry
-    codes = {
-        s.labels["code"]
-        for metric in registry.collect()
-        if metric.name == "lowtide_errors"
-        for s in metric.samples
-        if s.name == "lowtide_errors_total" and s.value > 0
-    }
-    assert "BAD_FRAME" in codes and len(codes) >= 3, codes  # got past the handshake, too
+    codes = error_codes(live)
+    assert fuzzed_enough(codes), codes
