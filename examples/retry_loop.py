@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import tempfile
 import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -58,8 +60,25 @@ def orders(front: Any, stop: threading.Event, pause_s: float) -> None:
         i += 1
 
 
-def main(spark: Any, work: Path) -> pd.DataFrame:
+@contextmanager
+def producing(fronts: Sequence[Any], pauses_s: Sequence[float]) -> Iterator[threading.Event]:
+    """A producer thread per front while the block runs (set the event to stop them
+    early); they are stopped and joined when it ends, also when it raises."""
     stop = threading.Event()
+    producers = [threading.Thread(target=orders, args=(front, stop, pause))
+                 for front, pause in zip(fronts, pauses_s, strict=True)]
+    try:
+        for p in producers:
+            p.start()
+        yield stop
+    finally:
+        stop.set()
+        for p in producers:
+            if p.is_alive():
+                p.join()
+
+
+def main(spark: Any, work: Path) -> pd.DataFrame:
     # examples/retry_loop.py
     policy = lowtide.RetryPolicy(attempts=3, path=str(work / "retries"))
     with lowtide.Pipeline(spark, "payments") as pipe:
@@ -73,16 +92,10 @@ def main(spark: Any, work: Path) -> pd.DataFrame:
                    .agg(orders=("amount", "count"), total=("amount", "sum")))
         pipe.start_tracker(revenue.graph())
         fronts = [pipe.front(f) for f in (0, 1)]
-        producers = [threading.Thread(target=orders, args=(front, stop, pause))
-                     for front, pause in zip(fronts, (0.01, 0.1), strict=True)]
-        for p in producers:
-            p.start()
-        query = revenue.write_parquet(str(work / "out"), checkpoint=str(work / "ckpt"),
-                                      trigger="200 milliseconds")
-        stop.wait(3.0)
-        stop.set()
-        for p in producers:
-            p.join()
+        with producing(fronts, pauses_s=(0.01, 0.1)) as stop:   # the second one is slow
+            query = revenue.write_parquet(str(work / "out"), checkpoint=str(work / "ckpt"),
+                                          trigger="200 milliseconds")
+            stop.wait(3.0)                     # three seconds of orders
         promised = min(front.close() for front in fronts)
         query.wait_for_min_time(promised, timeout_s=300)   # every order charged or given up
         query.stop()

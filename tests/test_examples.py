@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import threading
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -35,3 +37,25 @@ def test_example_runs_and_equals_its_batch_recomputation(spark, tmp_path: Path, 
         module.main(spark, tmp_path, broker.bootstrap, request.getfixturevalue("kafka_topic")(2))
     else:
         module.main(spark, tmp_path)
+
+
+class Collected:
+    """Where a producer's records go in the test below: a list, not a tracker."""
+
+    def __init__(self) -> None:
+        self.records: list[bytes] = []
+
+    def send(self, records: list[bytes]) -> None:
+        self.records.extend(records)
+
+
+def test_retry_loop_stops_its_producers_when_the_example_raises() -> None:
+    """An exception inside the example's producing block leaves no producer running."""
+    producing = load(ROOT / "examples" / "retry_loop.py").producing
+    before, fronts = set(threading.enumerate()), [Collected(), Collected()]
+    with pytest.raises(RuntimeError, match="the query failed"), \
+            producing(fronts, pauses_s=(0.001, 0.001)):
+        while not all(f.records for f in fronts):
+            time.sleep(0.01)
+        raise RuntimeError("the query failed")
+    assert set(threading.enumerate()) <= before
