@@ -60,11 +60,12 @@ def produce(front: Any, bootstrap: str, topic: str) -> tuple[int, list[tuple[int
     """One producer, its front's partition: 30 lines of 1-4 words, a line every 0.1 s;
     returns its last heartbeat and (slot, line) of each line it wrote."""
     rng = np.random.default_rng(front.front)
+    # examples/word_count.py (a producer)
     out = KafkaProducerConfig(topic, bootstrap, partition=front.front).build(front)
     written = []
     for _ in range(30):
         line = " ".join(rng.choice(WORDS, rng.integers(1, 5)))
-        batch = out.send([line.encode()])
+        batch = out.send([line.encode()])   # label, produce, wait for delivery, written()
         written.append((int(batch.times[0]), line))
         time.sleep(0.1)
     return front.close(), written

@@ -1,12 +1,9 @@
-"""Every ```python block in README.md and docs/*.md runs in the suite as written, is a
-verbatim part of an example the suite runs, or is a listed fragment. A block's first
-line says which:
+"""Every ```python block in README.md and docs/*.md runs in the suite as written, or is
+a verbatim part of an example the suite runs. A block's first line says which:
 
 * ``# examples/NAME.py``: a verbatim part of that example (tests/test_examples.py runs
-  the example and checks the block against it);
-* ``# fragment: REASON``: it cannot run alone (a signature, a tour of calls on objects
-  the text describes); ``FRAGMENTS`` below lists every one, so adding one is a decision
-  taken here, not a way around this test;
+  the example and checks the block against it), from the line in the example that
+  carries the same tag on; ``# examples/NAME.py (PART)`` names one of several parts;
 * anything else runs. A doc's blocks run in order in one namespace, so a block may use
   what the blocks above it defined (as a reader who runs them in turn would). Before the
   first block a doc gets only what ``PREAMBLES`` names, each doc saying so where its
@@ -42,35 +39,6 @@ BLOCK = re.compile(r"^( *)```python\n(.*?)^\1```", re.S | re.M)
 PREAMBLES: dict[str, tuple[str, ...]] = {"spark.md": ("spark", "work"),
                                          "operating.md": ("spark", "work")}
 
-#: every fragment: (doc, the reason its first line gives)
-FRAGMENTS = {
-    ("operating.md", "a second query attached to a running one; "
-                     "tests/spark/pipeline/test_dag_e2e.py runs it"),
-    ("operating.md", "detaches the query above; tests/spark/pipeline/test_dag_e2e.py runs it"),
-    ("operating.md", "needs a lowtide serve of yours; "
-                     "tests/service/test_generations.py runs these calls"),
-    ("ARCHITECTURE.md", "the contract in brief, on placeholders; docs/service.md runs "
-                        "these calls"),
-    ("operating.md", "a past hour of a running pipeline; "
-                     "tests/spark/pipeline/test_replay_e2e.py runs replay"),
-    ("operating.md", "needs a loss; tests/spark/pipeline/test_replay_e2e.py makes one and "
-                     "repairs it"),
-    ("operating.md", "reads a tracked table at 10:00; tests/spark/sinks/test_cuts_e2e.py "
-                     "runs it"),
-    ("spark.md", "needs a Kafka broker; examples/sliding_max.py and word_count.py run it "
-                 "on one"),
-    ("spark.md", "Spark's own query, the one ported below (the reader's Kafka topic and "
-                 "output)"),
-    ("spark.md", "two Delta queries chained, slow for this page's run; "
-                 "tests/spark/sinks/test_tables.py runs them"),
-    ("spark.md", "reads the gold table above; tests/spark/sinks/test_tables_completeness.py "
-                 "runs it"),
-    ("spark.md", "a and b are two streams of one plan; "
-                 "tests/spark/sinks/test_tables_completeness.py runs it"),
-    ("spark.md", "needs a query of its own (not one a Pipeline started); "
-                 "tests/spark/pipeline/test_monitoring.py runs it"),
-}
-
 
 @dataclass(frozen=True)
 class Block:
@@ -83,17 +51,12 @@ class Block:
         return self.code.splitlines()[0].strip() if self.code.strip() else ""
 
     @property
-    def fragment(self) -> str | None:
-        return self.tag.removeprefix("# fragment:").strip() if self.tag.startswith(
-            "# fragment:") else None
-
-    @property
     def example(self) -> str | None:
-        return self.tag[2:] if self.tag.startswith("# examples/") else None
+        return self.tag[2:].split()[0] if self.tag.startswith("# examples/") else None
 
     @property
     def runs(self) -> bool:
-        return self.fragment is None and self.example is None
+        return self.example is None
 
 
 def blocks(doc: Path) -> list[Block]:
@@ -107,8 +70,8 @@ def all_blocks() -> list[Block]:
 
 
 def test_every_block_parses_and_imports_what_exists() -> None:
-    """Fragments too: each is Python, and every name it imports from lowtide exists, so
-    a renamed API fails here, not in a reader's hands."""
+    """Each is Python, and every name it imports from lowtide exists (the example parts
+    too), so a renamed API fails here, not in a reader's hands."""
     found = all_blocks()
     assert len(found) >= 40
     for b in found:
@@ -122,13 +85,6 @@ def test_every_block_parses_and_imports_what_exists() -> None:
                 for a in node.names:
                     if a.name.startswith("lowtide"):
                         importlib.import_module(a.name)
-
-
-def test_fragments_are_the_listed_ones() -> None:
-    """A block that does not run says why on its first line, and is one of these."""
-    found = {(b.doc, b.fragment) for b in all_blocks() if b.fragment is not None}
-    assert found == set(FRAGMENTS), f"unlisted: {found - set(FRAGMENTS)}; " \
-                                    f"gone: {set(FRAGMENTS) - found}"
 
 
 def test_example_blocks_are_verbatim_parts_of_the_examples() -> None:

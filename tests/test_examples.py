@@ -16,6 +16,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
+#: examples over a minute on 2 cores, and the tests of ``make test`` that show the same
+SLOW = {"medallion": "tests/spark/sinks/test_tables.py (the Parquet chain), test_cuts_e2e.py",
+        "replay_repair": "tests/spark/pipeline/test_replay_e2e.py",
+        "two_writers": "tests/spark/sinks/test_two_writers.py"}
 
 
 def load(path: Path) -> ModuleType:
@@ -27,7 +31,8 @@ def load(path: Path) -> ModuleType:
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.slow) if p.stem in SLOW
+                                  else p for p in EXAMPLES], ids=lambda p: p.stem)
 def test_example_runs_and_equals_its_batch_recomputation(spark, tmp_path: Path, path: Path,
                                                          request: pytest.FixtureRequest
                                                          ) -> None:
