@@ -73,7 +73,7 @@ def main(spark: Any, work: Path) -> pd.DataFrame:
         query = stream.write_parquet(str(work / "clicks"), checkpoint=str(work / "ckpt"),
                                      keep_tracking_columns=True)
         began = datetime.now(UTC)
-        promised = produce(pipe, work / "lost")        # records for a while, fronts closed
+        promised = produce(pipe, work / "lost")   # the slot the closed fronts promise
         done = pipe.replay(from_time=began, to_time=promised * pipe.grid.delta_ms,
                            path=str(work / "clicks-replay"))      # a fresh, empty folder
         print(done.offsets)   # {front: (first offset, end offset)} that were replayed
