@@ -49,6 +49,14 @@ class ServerProcess:
     def log(self) -> str:
         return self.log_path.read_text()
 
+    def wait_serving(self, timeout_s: float) -> str:
+        """A standby's ``lowtide serving`` line, once it leads (``--ha``)."""
+        line = read_line(self.proc, timeout_s)
+        if not line.startswith("lowtide serving "):
+            raise RuntimeError(f"unexpected output {line!r}: {self.log()}")
+        self.lines.append(line)
+        return line.split()[-1]
+
 
 def write_graph(tmp: Path) -> Path:
     path = tmp / "graph.json"
@@ -58,10 +66,12 @@ def write_graph(tmp: Path) -> Path:
 
 @contextmanager
 def serve(
-    tmp: Path, *args: str, env: dict[str, str] | None = None, nofile: int | None = None
+    tmp: Path, *args: str, env: dict[str, str] | None = None, nofile: int | None = None,
+    standby: bool = False,
 ) -> Iterator[ServerProcess]:
-    """``lowtide serve`` in a subprocess; yields once it prints its URL(s). ``nofile``:
-    its file limit, as ``ulimit -n`` would set it (soft and hard)."""
+    """``lowtide serve`` in a subprocess; yields once it prints its URL(s) (``standby``:
+    once it stands by, ``--ha``; its URL is then its ``--port``'s). ``nofile``: its
+    file limit, as ``ulimit -n`` would set it (soft and hard)."""
 
     def limit() -> None:  # in the child, before it runs the server
         if nofile is not None:
@@ -84,9 +94,11 @@ def serve(
     url = ""
     try:
         lines.append(read_line(proc, 30))
-        if not lines[0].startswith("lowtide serving "):
+        expected = "lowtide standby " if standby else "lowtide serving "
+        if not lines[0].startswith(expected):
             raise RuntimeError(f"unexpected output {lines[0]!r}: {log_path.read_text()}")
-        url = lines[0].split()[-1]
+        url = (f"tcp://127.0.0.1:{args[args.index('--port') + 1]}" if standby
+               else lines[0].split()[-1])
         yield ServerProcess(proc, url, lines, log_path)
     finally:
         if url:
