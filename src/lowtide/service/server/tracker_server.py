@@ -35,6 +35,7 @@ from lowtide.service.logs import LogBudget
 from lowtide.service.persistence.generations import log_generations, recover
 from lowtide.service.persistence.state_dir import stored_graph
 from lowtide.service.persistence.state_log import StateLog
+from lowtide.service.server.fail_stop import FailStop
 from lowtide.service.server.freshness import SlaWatch
 from lowtide.service.server.history import MinTimeHistory
 from lowtide.service.server.inbox import Admit, Call, Gone, Item, Outbox, Peer, Request, Tick
@@ -105,10 +106,10 @@ class TrackerServer:
         self._next_metrics_ms = 0
         self._history = MinTimeHistory()
         self.inproc_url = ""
-        self._failed: Error | None = None  # set once a step raised: fail-stop
         self._changed = False  # a graph change in the group being run
         self._log_budget = LogBudget()  # per peer, and per segment for stuck windows
         self._conns = PeerConnections(config, self._inbox, self.metrics, self._log_budget)
+        self._fail_stop = FailStop(self.metrics, self._conns.close_all, self._send)
         sla = config.sla()
         self.freshness = None if sla is None else SlaWatch(sla)
 
@@ -259,58 +260,24 @@ class TrackerServer:
             items = [await inbox.get()]
             while len(items) < MAX_GROUP and not inbox.empty():
                 items.append(inbox.get_nowait())
-            if self._failed is not None:
-                self._refuse_group(items)
+            if self._fail_stop.error is not None:
+                self._fail_stop.refuse(items)
                 continue
             try:
                 self._run_group(items)
             except LeadLost as exc:
                 self._lose_lead(exc, items)
             except Exception as exc:
-                self._fail(exc, items)
-
-    def _fail(self, exc: Exception, items: list[Item]) -> None:
-        """Fail-stop after a step raised: its state may be half applied or its log
-        unwritten, so nothing may be confirmed any more (rule 6: confirm after
-        logging). Each request is answered INTERNAL from now on and every connection
-        is closed, so clients learn why at once instead of waiting for a timeout (a
-        dead state task would leave them all hanging)."""
-        log.critical("tracker state step failed: refusing everything from now on",
-                     exc_info=exc, extra={"error": repr(exc), "fix": "restart the tracker (it "
-                                          "recovers from its state dir)"})
-        self.metrics.error(ErrorCode.INTERNAL.name)
-        self._failed = Error(0, ErrorCode.INTERNAL, f"the tracker failed: {exc!r}")
-        self._refuse_group(items)
-        self._conns.close_all()
+                self._fail_stop.failed(exc, items)
 
     def _lose_lead(self, exc: Exception, items: list[Item]) -> None:
-        """Another tracker leads now (or the log is gone): nothing may be confirmed or
-        announced from here on (rule 18). Its clients are let go, to find the leader."""
-        log.error("stopped leading", extra={
-            "reason": str(exc), "log": self.role.config.url if self.role else "",
-            "fix": "nothing to do: the group's leader serves; restart this one to stand by"})
-        self._failed = Error(0, ErrorCode.INTERNAL, f"this tracker stopped leading: {exc}")
-        self._refuse_group(items)
-        self._conns.close_all()
+        """Nothing may be confirmed or announced from here on (rule 18): its clients
+        are let go to find the leader, and ``lowtide serve`` ends."""
+        self._fail_stop.lost_lead(exc, items, self.role.config.url if self.role else "")
         for server in self._servers:
             server.close()
         self.lost = str(exc)
         self.ended.set()
-
-    def _refuse_group(self, items: list[Item]) -> None:
-        """A failed server's answer to everything. (A request of the failing step that
-        was answered already gets this too; the client drops the stray answer.)"""
-        failed = self._failed
-        assert failed is not None
-        out: Outbox = []
-        for item in items:
-            if isinstance(item, Admit) and not item.reply.done():
-                item.reply.set_exception(ServiceError(failed.code, failed.message))
-            elif isinstance(item, Request):
-                req = getattr(item.msg, "req", None)
-                if isinstance(req, int):
-                    out.append((item.peer, Error(req, failed.code, failed.message)))
-        self._send(out)
 
     def _run_group(self, items: list[Item]) -> None:
         now = self.clock.now_ms()
