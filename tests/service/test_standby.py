@@ -9,12 +9,16 @@ lets its clients go. Skipped, with the reason, without java and the broker jars.
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +26,15 @@ import pytest
 
 from lowtide.apps.kafka_broker import KafkaBroker
 from lowtide.core.messages import Heartbeat, MinTimeUpdate
-from lowtide.service import Agent, BatchKey, ServerConfig
-from lowtide.service.channel import tracker_urls
+from lowtide.service import Agent, BatchKey, ServerConfig, TrackerService
+from lowtide.service.channel import InprocChannel, tracker_urls
+from lowtide.service.errors import ConnectionLost, ServiceError
 from lowtide.service.ha.config import HaConfig
+from lowtide.service.ha.leader_log import LeadLost
+from lowtide.service.server.fail_stop import FailStop
+from lowtide.service.server.inbox import Admit, Peer, Request
+from lowtide.service.server.metrics import ServerMetrics
+from lowtide.wire.messages import WIRE_VERSION, Batch, ErrorCode, Hello, Role
 from tests.service.procs import (
     FRONT_OWNER,
     ServerProcess,
@@ -42,7 +52,7 @@ pytestmark = pytest.mark.socket
 SLOTS = 12
 HELD = 6  # front 0's slot whose sink receive waits until after the takeover
 FRONTS = (0, 1)
-LEASE_S = 1.0
+LEASE_S = 2.0
 
 
 def free_port() -> int:
@@ -131,19 +141,24 @@ def test_paused_leader_wakes_fenced(tmp_path: Path, kafka_broker: KafkaBroker) -
             assert agent.send_batch(BatchKey("q", 1, "src", 0), produced(0, 1),
                                     [Heartbeat(0, 2)]) is True
             os.kill(first.proc.pid, signal.SIGSTOP)  # partitioned: alive, silent
-            try:
-                second.wait_serving(30)
-            finally:
-                os.kill(first.proc.pid, signal.SIGCONT)
-            _fenced(first)
-            # the agent lost its leader and finds the new one; the old one confirmed
-            # nothing after the takeover, the new one has everything it confirmed
-            assert agent.send_batch(BatchKey("q", 2, "src", 0), produced(0, 2),
-                                    [Heartbeat(0, 3)]) is True
+            with ThreadPoolExecutor(1) as pool:
+                try:  # sent to the paused leader, which reads it only once fenced
+                    sent = pool.submit(agent.send_batch, BatchKey("q", 2, "src", 0),
+                                       produced(0, 2), [Heartbeat(0, 3)], timeout_s=60)
+                    second.wait_serving(30)
+                finally:
+                    os.kill(first.proc.pid, signal.SIGCONT)
+                _fenced(first)
+                # neither confirmed nor refused by the fenced leader: the agent resent it
+                # to the new one, which has everything the old one confirmed
+                assert sent.result(60) is True
             assert agent.send_batch(BatchKey("q", 1, "src", 0), produced(0, 1)) is False
             status = agent.status()
             assert status["ha"] == {"role": "leader", "epoch": 2, "log": status["ha"]["log"]}
             assert status["pid"] == second.proc.pid
+            shown = subprocess.run([sys.executable, "-m", "lowtide.cli", "status", "--once",
+                                    "--url", urls], capture_output=True, text=True, timeout=60)
+            assert f"leader of kafka://{kafka_broker.bootstrap}/{group}, epoch 2" in shown.stdout
 
 
 def _fenced(old: ServerProcess) -> None:
@@ -152,6 +167,21 @@ def _fenced(old: ServerProcess) -> None:
     log = old.log()
     assert log.count('"event": "stopped leading"') == 1
     assert "fenced" in log and "Traceback" not in log
+
+
+def test_a_client_tries_the_next_address() -> None:
+    """No Kafka: the first address serves nothing (a standby listens on nothing), the
+    agent finds the second, and a subscription follows it there."""
+    svc = TrackerService.start(graph())
+    try:
+        urls = f"tcp://127.0.0.1:{free_port()},{svc.url}"
+        with Agent.connect(urls, graph()) as agent, agent.subscribe("src") as sub:
+            agent.register_front(0, "src", 1)
+            assert agent.send_batch(BatchKey("q", 1, "src", 0), produced(0, 1),
+                                    [Heartbeat(0, 2)]) is True
+            assert sub.wait_for(1, timeout_s=10).time >= 1
+    finally:
+        svc.stop()
 
 
 def test_group_options_refused_early() -> None:
@@ -164,3 +194,30 @@ def test_group_options_refused_early() -> None:
     assert tracker_urls("tcp://a:1, tcp://b:2") == ["tcp://a:1", "tcp://b:2"]
     with pytest.raises(ValueError, match="tcp://HOST:PORT"):
         tracker_urls("tcp://a:1,b:2")
+
+
+def test_a_lost_lead_answers_nothing_a_failed_step_answers_internal() -> None:
+    """A deposed leader's group was neither confirmed nor refused: it answers nothing
+    (the agent resends to the next address; an INTERNAL error would fail its batch),
+    and a handshake waiting then is a lost connection, not a refusal. A step that
+    raised answers every request INTERNAL, as before."""
+    loop = asyncio.new_event_loop()
+    try:
+        channel, _other = InprocChannel.pair(loop, loop, "peer")
+        peer = Peer(channel)
+        batch = Batch(1, 7, "k", produced(0, 1))
+        for lost, expected in ((True, []), (False, [ErrorCode.INTERNAL])):
+            sent: list[Any] = []
+            stop = FailStop(ServerMetrics(), lambda: None, sent.extend)
+            hello = Hello(WIRE_VERSION, Role.AGENT, b"n" * 16, "agent", None)
+            admit = Admit(hello, None, loop.create_future())
+            items: list[Any] = [Request(peer, batch), admit]
+            if lost:
+                stop.lost_lead(LeadLost("fenced", fenced=True), items, "kafka://b/g")
+            else:
+                stop.failed(RuntimeError("boom"), items)
+            assert [msg.code for _peer, msg in sent] == expected
+            refusal = admit.reply.exception()
+            assert isinstance(refusal, ConnectionLost if lost else ServiceError)
+    finally:
+        loop.close()

@@ -60,8 +60,9 @@ def main(args: argparse.Namespace) -> int:
         "not_measured": NOT_MEASURED, "replayed_rows": run.repaired_rows,
         "repair_s": round(run.repair_s, 1), "load_1m": round(os.getloadavg()[0], 1)}
     print(f"{'part':<28} {'result'}")
-    print(f"{'leader killed twice':<28} failover {failover.failover_s} s; premature "
-          f"{len(failover.premature)}, lost {failover.lost}; {'; '.join(failover.notes)}")
+    takeovers = ", ".join(f"{s:.1f}" for s in failover.failover_s)
+    print(f"{'leader killed twice':<28} failover {takeovers} s; premature "
+          f"{len(failover.premature)}, lost {failover.lost}")
     print(f"{'rows lost, replayed':<28} {run.repaired_rows} rows in {run.repair_s:.1f} s; "
           f"equals batch: {run.equals_batch()}; premature {len(result.premature)}, "
           f"lost {result.lost}, false loss reports {run.false_loss_reports()}")

@@ -107,7 +107,7 @@ class TrackerProcess:
 
 
 #: a leader silent this long is taken over (a group's --lease-s)
-LEASE_S = 1.0
+LEASE_S = 2.0
 
 
 class TrackerGroup:

@@ -148,6 +148,10 @@ def render(
     parts: list[RenderableType] = [_segments(status, rates or RowRates())]
     if status.get("fronts"):
         parts.append(_fronts(status))
+    if "ha" in status:  # a tracker of a group (rule 18)
+        ha = status["ha"]
+        parts.append(Text(f"{ha['role']} of {ha['log']}, epoch {ha['epoch']}, pid "
+                          f"{status.get('pid')}"))
     for shard in status.get("shards", []):
         state = "up" if shard["connected"] else "DOWN"
         shard_min = (shard.get("status") or {}).get("global_min", "?")

@@ -67,6 +67,7 @@ class Standby:
             "enable.auto.commit": False,
             "enable.partition.eof": True,
             "fetch.message.max.bytes": MAX_MESSAGE_BYTES,
+            "fetch.wait.max.ms": min(100, config.beat_ms),  # the lease counts from arrival
             "logger": log,
         }))
         self._partition = ck.TopicPartition(config.topic, 0, ck.OFFSET_BEGINNING)

@@ -1,14 +1,16 @@
 """A tracker that may confirm nothing more: after a step raised (its state may be half
 applied or its log unwritten, rule 6), or once it stopped leading its group (rule 18).
-Every request is then answered with the reason and every connection closed, so that
-clients learn at once (and, in a group, go to the leader) instead of timing out."""
+After a failed step every request is answered with the reason and every connection
+closed, so that clients learn at once instead of timing out. After a lost lead nothing
+is answered (the requests were not refused: the leader will take them) and every
+connection is closed, so that clients resend them to the group's next address."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
 
-from lowtide.service.errors import ServiceError
+from lowtide.service.errors import ConnectionLost, ServiceError
 from lowtide.service.server.inbox import Admit, Item, Outbox, Request
 from lowtide.service.server.metrics import ServerMetrics
 from lowtide.wire.messages import Error, ErrorCode
@@ -23,6 +25,7 @@ class FailStop:
         self._close_all = close_all
         self._send = send
         self.error: Error | None = None  # set once stopped: the answer to everything
+        self._answers = True  # False after a lost lead: nothing is answered
 
     def failed(self, exc: Exception, items: list[Item]) -> None:
         log.critical("tracker state step failed: refusing everything from now on",
@@ -36,6 +39,7 @@ class FailStop:
         log.error("stopped leading", extra={
             "reason": str(exc), "log": group,
             "fix": "nothing to do: the group's leader serves; restart this one to stand by"})
+        self._answers = False
         self._stop(f"this tracker stopped leading: {exc}", items)
 
     def _stop(self, message: str, items: list[Item]) -> None:
@@ -51,8 +55,9 @@ class FailStop:
         out: Outbox = []
         for item in items:
             if isinstance(item, Admit) and not item.reply.done():
-                item.reply.set_exception(ServiceError(failed.code, failed.message))
-            elif isinstance(item, Request):
+                item.reply.set_exception(ServiceError(failed.code, failed.message)
+                                         if self._answers else ConnectionLost(failed.message))
+            elif isinstance(item, Request) and self._answers:
                 req = getattr(item.msg, "req", None)
                 if isinstance(req, int):
                     out.append((item.peer, Error(req, failed.code, failed.message)))
