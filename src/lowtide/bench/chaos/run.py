@@ -106,7 +106,7 @@ class Run:
     @property
     def url(self) -> str:
         """What clients dial: the tracker, or both of a group's."""
-        return self.url if self.group is None else self.group.url
+        return self.tracker.url if self.group is None else self.group.url
 
     def start_tracker(self) -> bool:
         return self.tracker.start() if self.group is None else self.group.start()

@@ -60,8 +60,7 @@ class ServerConnection:
         on_push: Callable[[Message], None],
         on_refused: Callable[[ServiceError], None] = lambda _exc: None,
     ) -> None:
-        self.url = url
-        self._urls = tracker_urls(url)
+        self.url = url  # may change: a coordinator's shard that moved
         self._tries = 0  # which of the addresses the next attempt dials
         self._hello = hello
         self._config = config
@@ -207,7 +206,8 @@ class ServerConnection:
                 return
 
     async def _dial(self) -> Channel:
-        url = self._urls[self._tries % len(self._urls)]
+        urls = tracker_urls(self.url)
+        url = urls[self._tries % len(urls)]
         if Address.parse(url).scheme == "inproc":
             return dial_inproc(url, asyncio.get_running_loop())
         return await net.connect_tcp(url, self._config.limits, self._config.connect_timeout_s)
