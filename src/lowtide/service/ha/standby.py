@@ -138,6 +138,9 @@ class Standby:
             self.epoch = max(self.epoch, int(body))
         elif kind == STEPS and self.engine is not None:
             self._apply_records(body, offset)
+        elif kind == STEPS:
+            raise StepLogDamaged(f"{self.config.url}: steps at offset {offset} before the "
+                                 "graph (its first messages are missing)")
         elif kind != BEAT:
             raise StepLogDamaged(f"{self.config.url}: message at offset {offset} is not a "
                                  "step log message (another program writes this topic?)")
