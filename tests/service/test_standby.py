@@ -195,7 +195,7 @@ def test_a_lost_lead_answers_nothing_a_failed_step_answers_internal() -> None:
             admit = Admit(hello, None, loop.create_future())
             items: list[Any] = [Request(peer, batch), admit]
             if lost:
-                stop.lost_lead(LeadLost("fenced", fenced=True), items, "kafka://b/g")
+                stop.lost_lead(LeadLost("fenced"), items, "kafka://b/g")
             else:
                 stop.failed(RuntimeError("boom"), items)
             assert [msg.code for _peer, msg in sent] == expected

@@ -38,12 +38,8 @@ MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 
 class LeadLost(Exception):
-    """This tracker may no longer confirm anything: another one took over (``fenced``)
+    """This tracker may no longer confirm anything: another one took over (fenced)
     or its log is unreachable. The message is one line."""
-
-    def __init__(self, message: str, fenced: bool) -> None:
-        super().__init__(message)
-        self.fenced = fenced
 
 
 def kafka() -> Any:
@@ -114,8 +110,7 @@ class LeaderLog:
         except errors as exc:
             raise lead_lost(exc) from None
         except BufferError as exc:  # the producer's queue is full: the broker is away
-            raise LeadLost(f"the step log {self.config.url} is not taking writes ({exc})",
-                           fenced=False) from None
+            raise LeadLost(f"the step log {self.config.url} is not taking writes ({exc})") from None
         self._written_ms = now_ms
 
     def close(self) -> None:
@@ -129,4 +124,4 @@ def lead_lost(exc: Exception) -> LeadLost:
     fenced = name in ("_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH")
     why = ("another tracker of this group took over (fenced)" if fenced
            else f"the step log is unreachable ({error})")
-    return LeadLost(why, fenced=fenced)
+    return LeadLost(why)

@@ -110,7 +110,7 @@ class Standby:
         while self._position() < high:
             if time.monotonic() > deadline:
                 raise LeadLost(f"could not read the step log {self.config.url} to its end "
-                               f"(offset {high}) in {timeout_s} s", fenced=False)
+                               f"(offset {high}) in {timeout_s} s")
             self.poll()
 
     def _position(self) -> int:
@@ -183,4 +183,4 @@ def ensure_topic(config: HaConfig) -> None:
         except ck.KafkaException as exc:
             if exc.args[0].code() != ck.KafkaError.TOPIC_ALREADY_EXISTS:
                 raise LeadLost(f"cannot create the step log topic {config.topic} on "
-                               f"{config.bootstrap}: {exc.args[0]}", fenced=False) from None
+                               f"{config.bootstrap}: {exc.args[0]}") from None
