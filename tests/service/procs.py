@@ -23,7 +23,7 @@ import numpy as np
 
 from lowtide.core.acks import child_acks, root_acks
 from lowtide.core.graph import SegmentGraph
-from lowtide.core.messages import AckBatch, Heartbeat
+from lowtide.core.messages import AckBatch, Heartbeat, MinTimeUpdate
 from lowtide.service import Agent, BatchKey
 from lowtide.service.client.base_agent import close_shared
 
@@ -49,6 +49,14 @@ class ServerProcess:
     def log(self) -> str:
         return self.log_path.read_text()
 
+    def wait_serving(self, timeout_s: float) -> str:
+        """A standby's ``lowtide serving`` line, once it leads (``--ha``)."""
+        line = read_line(self.proc, timeout_s)
+        if not line.startswith("lowtide serving "):
+            raise RuntimeError(f"unexpected output {line!r}: {self.log()}")
+        self.lines.append(line)
+        return line.split()[-1]
+
 
 def write_graph(tmp: Path) -> Path:
     path = tmp / "graph.json"
@@ -58,10 +66,12 @@ def write_graph(tmp: Path) -> Path:
 
 @contextmanager
 def serve(
-    tmp: Path, *args: str, env: dict[str, str] | None = None, nofile: int | None = None
+    tmp: Path, *args: str, env: dict[str, str] | None = None, nofile: int | None = None,
+    standby: bool = False,
 ) -> Iterator[ServerProcess]:
-    """``lowtide serve`` in a subprocess; yields once it prints its URL(s). ``nofile``:
-    its file limit, as ``ulimit -n`` would set it (soft and hard)."""
+    """``lowtide serve`` in a subprocess; yields once it prints its URL(s) (``standby``:
+    once it stands by, ``--ha``; its URL is then its ``--port``'s). ``nofile``: its
+    file limit, as ``ulimit -n`` would set it (soft and hard)."""
 
     def limit() -> None:  # in the child, before it runs the server
         if nofile is not None:
@@ -84,9 +94,11 @@ def serve(
     url = ""
     try:
         lines.append(read_line(proc, 30))
-        if not lines[0].startswith("lowtide serving "):
+        expected = "lowtide standby " if standby else "lowtide serving "
+        if not lines[0].startswith(expected):
             raise RuntimeError(f"unexpected output {lines[0]!r}: {log_path.read_text()}")
-        url = lines[0].split()[-1]
+        url = (f"tcp://127.0.0.1:{args[args.index('--port') + 1]}" if standby
+               else lines[0].split()[-1])
         yield ServerProcess(proc, url, lines, log_path)
     finally:
         if url:
@@ -164,6 +176,43 @@ def consumer(
                     release.wait(60)
                 agent.send_batch(BatchKey("q", slot, "out", front), second)
             time.sleep(0.03)
+
+
+def stop_processes(procs: list[Any]) -> None:
+    """Kill what still runs (by its own pid) and reap every process."""
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+        p.join(10)
+
+
+def finish_held(url: str, procs: list[Any], holding: Any, release: Any, held: int,
+                slots: int, seen: list[MinTimeUpdate]) -> dict[str, Any]:
+    """After an outage (a restart, a takeover) while the consumer holds front 0's slot
+    ``held``: the producers finish, a new subscriber starts between what ``seen`` had
+    before and ``held`` (nothing lost, nothing premature, for ``seen`` too), the
+    release completes everything, ``seen`` never went back, and a retry of a batch
+    confirmed before is not applied again. Returns the tracker's final status."""
+    before = seen[-1].time
+    assert holding.wait(60)
+    for p in procs[:2]:
+        p.join(60)
+        assert p.exitcode == 0
+    with Agent.connect(url, graph()) as late, late.subscribe("sink") as sub:
+        current = sub.next_update(20).time
+        assert before <= current <= held
+        assert max(u.time for u in seen) <= held
+        release.set()
+        assert sub.wait_for(slots + 1, timeout_s=30).time == slots + 1
+        procs[2].join(30)
+        assert procs[2].exitcode == 0
+        key = BatchKey("q", 1, "src", 0)
+        assert late.send_batch(key, produced(0, 1), [Heartbeat(0, 2)]) is False
+        status: dict[str, Any] = late.status()
+    assert [u.time for u in seen] == sorted({u.time for u in seen})
+    assert status["global_min"] == slots + 1
+    assert all(s["open_windows"] == 0 and s["in_flight"] == 0 for s in status["segments"])
+    return status
 
 
 def wait_until(check: Any, timeout_s: float = 20.0) -> Any:

@@ -25,6 +25,7 @@ from tests.service.procs import (
     producer,
     serve,
     shard_pids,
+    stop_processes,
     wait_until,
     write_graph,
 )
@@ -74,10 +75,7 @@ def test_sharded_cluster_survives_a_shard_kill(tmp_path: Path) -> None:
             assert watcher.send_batch(key, produced(0, 1)) is False  # a retry, on both shards
             _split_batch_is_completed_by_a_retry(watcher)
         finally:
-            for p in procs:
-                if p.is_alive():
-                    p.kill()
-                p.join(10)
+            stop_processes(procs)
             watcher.close()
     assert [u.time for u in seen] == sorted({u.time for u in seen})
 

@@ -16,7 +16,7 @@ from lowtide.service.auth import web_token
 from lowtide.service.net import HttpReply, HttpRequest, parse_http_head
 from lowtide.service.web.app import COOKIE, WebApp
 from lowtide.service.web.charts import ChartRing
-from lowtide.service.web.page import PAGE_HTML
+from lowtide.service.web.page import APP_JS, PAGE_HTML
 from lowtide.service.web.view import WebView, view_document
 from tests.service import lost
 from tests.service.conftest import SECRET
@@ -241,3 +241,11 @@ def test_http_heads_are_parsed_or_refused() -> None:
         "GET", "/api/view?x=1", {"host": "localhost:1", "cookie": "a=b"}
     )
     assert parse_http_head(b"\x16\x03\x01 hello\r\n\r\n") is None  # TLS, or garbage
+
+
+def test_a_group_tracker_shows_its_role_and_epoch() -> None:
+    """Rule 18: the status's ``ha`` reaches the page's summary line."""
+    ha = {"role": "leader", "epoch": 3, "log": "kafka://127.0.0.1:9092/orders"}
+    assert view_document({"ha": ha}, None)["ha"] == ha
+    assert view_document({}, None)["ha"] is None
+    assert "view.ha.role" in APP_JS

@@ -73,6 +73,15 @@ class Address:
         )
 
 
+def tracker_urls(url: str) -> list[str]:
+    """The addresses of ``url``: one, or a group's trackers separated by commas
+    (``tcp://a:7433,tcp://b:7433``, rule 18); a ValueError names a bad one."""
+    urls = [part.strip() for part in url.split(",")]
+    for part in urls:
+        Address.parse(part)
+    return urls
+
+
 class InprocChannel:
     def __init__(self, loop: asyncio.AbstractEventLoop, peer_name: str) -> None:
         self.peer = peer_name

@@ -24,10 +24,12 @@ lost in a step and replayed by time, a retry loop under a task failure and a res
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +62,8 @@ SCENARIOS = (
              serve_args=("--front-timeout-s", "3", "--dead-fronts", "retire")),
     Scenario("graph changed", (faults.change_graph, faults.kill_tracker)),
     Scenario("slow batch", slow_every=4, serve_args=("--stuck-after-ms", "500")),
+    Scenario("leader killed", (faults.kill_leader, faults.kill_leader), standby=True),
+    Scenario("leader partitioned", (faults.partition_leader,), standby=True),
 )
 #: with --spark (lowtide.bench.chaos.spark_faults: real Spark queries and files)
 SPARK_SCENARIOS = ("rerun from a new checkpoint", "two writers of one table",
@@ -67,7 +71,10 @@ SPARK_SCENARIOS = ("rerun from a new checkpoint", "two writers of one table",
                    "retry loop under task failures and a restart")
 
 
-def run(work: Workload, names: list[str] | None = None) -> list[Result]:
+def run(work: Workload, names: list[str] | None = None,
+        bootstrap: str | None = None) -> list[Result]:
+    """The scenarios ``names`` (None: all); the standby ones use the Kafka broker at
+    ``bootstrap``, or start one."""
     # the agents' warnings here (a refused lane, unflushed acks) are the faults this
     # bench makes on purpose: its table reports what they did
     logging.getLogger("lowtide").setLevel(logging.ERROR)
@@ -76,14 +83,42 @@ def run(work: Workload, names: list[str] | None = None) -> list[Result]:
         secret_file = Path(tmp) / "secret"
         secret_file.write_bytes(work.secret or b"")
         os.chmod(secret_file, 0o600)
-        for k, sc in enumerate(s for s in SCENARIOS if not names or s.name in names):
-            scenario_dir = Path(tmp) / f"s{k}"
-            scenario_dir.mkdir()
-            result = run_scenario(scenario_dir, work, sc, secret_file)
-            print(f"  {sc.name}: {len(result.premature)} premature, {result.lost} lost,"
-                  f" {result.seconds:.1f} s", flush=True)
-            results.append(result)
+        chosen = [s for s in SCENARIOS if not names or s.name in names]
+        needed = bootstrap is None and any(s.standby for s in chosen)
+        with kafka_broker(Path(tmp), needed) as started:
+            broker = bootstrap or started
+            for k, sc in enumerate(chosen):
+                if sc.standby and not isinstance(broker, str):
+                    results.append(Result(sc.name, notes=[f"not run: {broker}"]))
+                    continue
+                scenario_dir = Path(tmp) / f"s{k}"
+                scenario_dir.mkdir()
+                result = run_scenario(scenario_dir, work, sc, secret_file,
+                                      broker if isinstance(broker, str) else None)
+                print(f"  {sc.name}: {len(result.premature)} premature, {result.lost} lost,"
+                      f" {result.seconds:.1f} s", flush=True)
+                results.append(result)
     return results
+
+
+@contextlib.contextmanager
+def kafka_broker(tmp: Path, needed: bool) -> Iterator[str | Exception | None]:
+    """A broker for the standby scenarios' step log (``make setup``'s jars), stopped
+    after them; the reason instead when it cannot start."""
+    if not needed:
+        yield None
+        return
+    from lowtide.apps.kafka_broker import KafkaBrokerConfig
+
+    try:
+        broker = KafkaBrokerConfig(tmp / "kafka", start_timeout_s=120).build()
+    except Exception as exc:  # no java, no jars: the scenarios say so instead of running
+        yield exc
+        return
+    try:
+        yield broker.bootstrap
+    finally:
+        broker.stop()
 
 
 def summary(results: list[Result]) -> dict[str, Any]:
@@ -95,6 +130,7 @@ def summary(results: list[Result]) -> dict[str, Any]:
         delays = next((r.delays_ms for r in results if r.name == name), [])
         return round(percentile(delays, 50), 2) if delays else None
 
+    failovers = [s for r in results for s in r.failover_s]
     return {
         "bench": "chaos",
         "faults": sum(r.faults for r in results),
@@ -103,6 +139,7 @@ def summary(results: list[Result]) -> dict[str, Any]:
         "refused_starts": sum(r.refused_starts for r in results),
         "false_loss_reports": sum(r.false_losses for r in results),
         "dead_front_retired": any(r.retired for r in results if r.name == "dead front"),
+        "failover_s": round(max(failovers), 2) if failovers else None,  # the slowest
         "notify_p50_ms_quiet": p50("quiet"),
         "notify_p99_ms_quiet": p99("quiet"),
         "notify_p50_ms_attacked": p50("hostile peers"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -31,6 +32,52 @@ def kill_tracker(run: Run) -> None:
     run.tracker.kill9()
     time.sleep(0.3)  # clients notice, retry, and resend once it is back
     run.restart_tracker()
+
+
+def kill_leader(run: Run) -> None:
+    """kill -9 a group's leader: the standby takes over; the killed one comes back as
+    the standby (as a supervisor would restart it)."""
+    assert run.group is not None
+    run.faults += 1
+    leader = run.group.members[run.group.leader]
+    killed = time.monotonic()
+    leader.kill9()
+    _failed_over(run, killed)
+    leader.start(standby=True)
+
+
+def partition_leader(run: Run) -> None:
+    """SIGSTOP a group's leader (alive, silent: a partition) until the standby took
+    over, then wake it: it must find itself fenced and stop (exit 4), confirming and
+    announcing nothing more; its clients go to the new leader."""
+    assert run.group is not None
+    run.faults += 1
+    leader = run.group.members[run.group.leader]
+    assert leader.proc is not None
+    stopped = time.monotonic()
+    os.kill(leader.proc.pid, signal.SIGSTOP)
+    try:
+        _failed_over(run, stopped)
+    finally:
+        os.kill(leader.proc.pid, signal.SIGCONT)
+    try:
+        code = leader.proc.wait(30)
+    except subprocess.TimeoutExpired:
+        code = None
+    if code != 4:
+        run.premature.append(f"the deposed leader went on serving (exit {code})")
+    leader.kill9()
+    leader.start(standby=True)
+
+
+def _failed_over(run: Run, since: float) -> None:
+    assert run.group is not None
+    seconds = run.group.take_over(since)
+    if seconds is None:
+        run.say("the standby did not take over in 30 s")
+    else:
+        run.failover_s.append(seconds)
+        run.say(f"the standby took over in {seconds:.1f} s")
 
 
 def kill_consumer(run: Run) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 from lowtide.bench.chaos import hostile
 from lowtide.bench.chaos.faults import Fault
 from lowtide.bench.chaos.producer import producer_process, tell
-from lowtide.bench.chaos.tracker import TrackerProcess
+from lowtide.bench.chaos.tracker import TrackerGroup, TrackerProcess
 from lowtide.bench.chaos.workload import (
     GRAPH,
     QUERY,
@@ -48,6 +48,7 @@ class Scenario:
     probe: Callable[[bytes | None], bool] | None = None  # True: the probe was fooled
     dead_front: bool = False  # the last front goes silent a third of the way in
     slow_every: int = 0  # every this many batches of the consumer is slow (reported open)
+    standby: bool = False  # a leader and a standby sharing a step log in Kafka (--ha)
 
     @property
     def expect_complete(self) -> bool:
@@ -67,15 +68,23 @@ class Result:
     seconds: float = 0.0
     false_losses: int = 0  # "missing" reports of the tracker (nothing is ever lost here)
     retired: int = 0  # fronts the tracker retired as dead
+    failover_s: list[float] = field(default_factory=list)  # until the standby served
 
 
 class Run:
     """What faults act on: the tracker process, the consumer process, the counters."""
 
-    def __init__(self, tmp: Path, work: Workload, scenario: Scenario, secret_file: Path) -> None:
+    def __init__(self, tmp: Path, work: Workload, scenario: Scenario, secret_file: Path,
+                 bootstrap: str | None = None) -> None:
         self.tmp, self.work, self.scenario = tmp, work, scenario
         self.tracker = TrackerProcess(tmp, shards=scenario.shards, secret_file=secret_file,
                                       nofile=scenario.nofile, args=scenario.serve_args)
+        self.group = None  # with scenario.standby: the leader and its standby, not tracker
+        if scenario.standby:
+            assert bootstrap is not None, "a standby scenario needs a Kafka broker"
+            self.group = TrackerGroup(tmp, bootstrap, secret_file=secret_file,
+                                      args=scenario.serve_args)
+        self.failover_s: list[float] = []
         self.journal = tmp / "journal"
         self.journal.mkdir()
         self.ctx = multiprocessing.get_context("spawn")
@@ -94,6 +103,14 @@ class Run:
     def say(self, note: str) -> None:
         self.notes.append(note)
 
+    @property
+    def url(self) -> str:
+        """What clients dial: the tracker, or both of a group's."""
+        return self.tracker.url if self.group is None else self.group.url
+
+    def start_tracker(self) -> bool:
+        return self.tracker.start() if self.group is None else self.group.start()
+
     def restart_tracker(self) -> None:
         if not self.tracker.start():
             self.refused_starts += 1
@@ -102,7 +119,7 @@ class Run:
     def start_producer(self) -> None:
         """The Front producer (again: a successor takes over its front and topic)."""
         self.producer = self.ctx.Process(target=producer_process, args=(
-            self.tracker.url, self.work, self.producer_front, str(self.journal), self.go))
+            self.url, self.work, self.producer_front, str(self.journal), self.go))
         self.producer.start()
         self.procs.append(self.producer)
 
@@ -111,7 +128,7 @@ class Run:
         producers = (PRODUCER_FRONT,) if self.scenario.producer else ()
         work = replace(self.work, fronts=fronts, producers=producers)
         self.consumer = self.ctx.Process(
-            target=consumer_process, args=(self.tracker.url, work, self.skew, str(self.journal)))
+            target=consumer_process, args=(self.url, work, self.skew, str(self.journal)))
         self.consumer.start()
 
     def kill_consumer(self) -> None:
@@ -119,7 +136,7 @@ class Run:
         self.consumer.join(10)
 
     def shard_pids(self) -> list[int]:
-        with Agent.connect(self.tracker.url, GRAPH, secret=self.work.secret) as agent:
+        with Agent.connect(self.url, GRAPH, secret=self.work.secret) as agent:
             shards = agent.status(timeout_s=5).get("shards", [])
         return [int(s["status"]["pid"]) for s in shards if s.get("status")]
 
@@ -131,12 +148,12 @@ class Run:
         a front registered ahead of the others would move the min time past the slots
         the others start at."""
         starts = [(self.skew.get(f, 0), front_process,
-                   (self.tracker.url, self.work, f, self.skew.get(f, 0),
+                   (self.url, self.work, f, self.skew.get(f, 0),
                     str(self.journal / f"front-{f}.log"), self.go))
                   for f in self.work.fronts]
         if self.scenario.rogue:
             starts.append((0, rogue_front_process,
-                           (self.tracker.url, self.work, ROGUE_FRONT,
+                           (self.url, self.work, ROGUE_FRONT,
                             str(self.journal / f"front-{ROGUE_FRONT}.log"), self.go)))
         for _skew, target, args in sorted(starts, key=lambda s: s[0]):
             self.procs.append(self.ctx.Process(target=target, args=args))
@@ -165,9 +182,12 @@ class Run:
                 p.kill()
             p.join(10)
         self.tracker.kill9()
+        if self.group is not None:
+            self.group.kill9()
 
 
-def run_scenario(tmp: Path, work: Workload, scenario: Scenario, secret_file: Path) -> Result:
+def run_scenario(tmp: Path, work: Workload, scenario: Scenario, secret_file: Path,
+                 bootstrap: str | None = None) -> Result:
     started = time.monotonic()
     if scenario.probe is not None:
         fooled = scenario.probe(work.secret)
@@ -176,12 +196,12 @@ def run_scenario(tmp: Path, work: Workload, scenario: Scenario, secret_file: Pat
                       seconds=time.monotonic() - started)
     work = replace(work, dead_front=work.fronts[-1] if scenario.dead_front else None,
                    slow_every=scenario.slow_every)
-    run = Run(tmp, work, scenario, secret_file)
+    run = Run(tmp, work, scenario, secret_file, bootstrap)
     watcher = attack = None
     try:
-        if not run.tracker.start():
+        if not run.start_tracker():
             raise RuntimeError(f"the tracker did not start: see {run.tracker.log_path}")
-        watcher = Agent.connect(run.tracker.url, GRAPH, secret=work.secret)
+        watcher = Agent.connect(run.url, GRAPH, secret=work.secret)
         for segment in ("src", "sink"):
             watcher.on_update(run.note_update, segment)
         if scenario.slow_every:  # as a pipeline does when its tracker starts
@@ -190,7 +210,7 @@ def run_scenario(tmp: Path, work: Workload, scenario: Scenario, secret_file: Pat
         run.start_consumer()
         run.faults += scenario.rogue + bool(scenario.skew)
         if scenario.attacks:
-            attack = hostile.Attack(run.tracker.url, work.secret, scenario.attacks)
+            attack = hostile.Attack(run.url, work.secret, scenario.attacks)
             attack.start()
             run.faults += len(scenario.attacks)
         fronts = len(work.fronts) + scenario.rogue + bool(scenario.producer)
@@ -223,7 +243,7 @@ def run_scenario(tmp: Path, work: Workload, scenario: Scenario, secret_file: Pat
     return Result(scenario.name, run.faults, run.refused_starts,
                   truth.premature(run.seen) + run.premature,
                   lost, truth.notify_delays_ms(run.seen), run.notes, time.monotonic() - started,
-                  losses, retired)
+                  losses, retired, run.failover_s)
 
 
 def tracker_reports(log: Path) -> tuple[int, int]:

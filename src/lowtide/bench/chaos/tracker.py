@@ -1,7 +1,9 @@
 """The tracker under test: ``lowtide serve`` in a subprocess on loopback, killed and
 restarted on the same port and state dir, optionally with a file size limit (a disk
 that fills up) or a file descriptor limit (``ulimit -n``, with a snapshot every half
-second, so that snapshots meet whatever holds the descriptors). Stopped by its own pid."""
+second, so that snapshots meet whatever holds the descriptors). Or a group of two
+(:class:`TrackerGroup`, ``--ha``): a leader and a standby sharing a step log in Kafka.
+Stopped by their own pids."""
 
 from __future__ import annotations
 
@@ -11,9 +13,11 @@ import os
 import resource
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 from lowtide.bench.chaos.workload import GRAPH
@@ -22,14 +26,16 @@ from lowtide.wire import graph_spec
 
 class TrackerProcess:
     def __init__(self, tmp: Path, *, shards: int = 0, secret_file: Path | None = None,
-                 nofile: int | None = None, args: tuple[str, ...] = ()) -> None:
+                 nofile: int | None = None, args: tuple[str, ...] = (),
+                 ha: str | None = None, port: int = 0, log_path: Path | None = None) -> None:
         self.state_dir = tmp / "state"
         self.graph_file = tmp / "graph.json"
         self.graph_file.write_text(json.dumps(graph_spec(GRAPH)))
-        self.log_path = tmp / "tracker.log"
+        self.log_path = log_path or tmp / "tracker.log"
+        self.ha = ha  # kafka://HOST:PORT/GROUP: a member of a group, no state dir
         self.shards, self.secret_file, self.nofile = shards, secret_file, nofile
         self.args = args
-        self.port = 0
+        self.port = port
         self.proc: subprocess.Popen[str] | None = None
 
     @property
@@ -38,8 +44,10 @@ class TrackerProcess:
 
     def _command(self) -> list[str]:
         cmd = [sys.executable, "-m", "lowtide.service.deploy.standalone", "--port", str(self.port),
-               "--graph", str(self.graph_file), "--state-dir", str(self.state_dir),
-               "--log-level", "warning", "--stuck-after-ms", "60000", "--watch-stdin"]
+               "--graph", str(self.graph_file), "--log-level", "warning",
+               "--stuck-after-ms", "60000", "--watch-stdin"]
+        cmd += (["--ha", self.ha, "--lease-s", str(LEASE_S)] if self.ha
+                else ["--state-dir", str(self.state_dir)])
         if self.shards:
             cmd += ["--shards", str(self.shards)]
         if self.secret_file is not None:
@@ -48,9 +56,11 @@ class TrackerProcess:
             cmd += ["--snapshot-every-s", "0.5"]
         return cmd + list(self.args)
 
-    def start(self, *, file_limit_bytes: int | None = None, timeout_s: float = 30.0) -> bool:
+    def start(self, *, file_limit_bytes: int | None = None, timeout_s: float = 30.0,
+              standby: bool = False) -> bool:
         """Start (on the port it had, once it had one); False if it would not start
-        (it said why in its log, e.g. a state dir it refuses to recover)."""
+        (it said why in its log, e.g. a state dir it refuses to recover). A group's
+        member (``ha``) leads before this returns, or with ``standby`` stands by."""
         def limit() -> None:  # in the child: writes past the limit fail with EFBIG
             if file_limit_bytes is not None:
                 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
@@ -62,14 +72,22 @@ class TrackerProcess:
             self.proc = subprocess.Popen(self._command(), stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=log, text=True,
                                          preexec_fn=limit)
-        assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
-        line = self.proc.stdout.readline().strip() if ready else ""
+        line = self.read_line(timeout_s)
+        if self.ha and line.startswith("lowtide standby "):
+            if standby:
+                return True
+            line = self.read_line(timeout_s)
         if not line.startswith("lowtide serving "):
             self.kill9()
             return False
         self.port = int(line.rsplit(":", 1)[1])
         return True
+
+    def read_line(self, timeout_s: float) -> str:
+        """The next line it prints ("" if none in time)."""
+        assert self.proc is not None and self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
+        return self.proc.stdout.readline().strip() if ready else ""
 
     def kill9(self) -> None:
         """SIGKILL the tracker (its shards exit by themselves: they watch its stdin)."""
@@ -86,3 +104,52 @@ class TrackerProcess:
 
     def wal_files(self) -> list[Path]:
         return sorted(p for p in self.state_dir.rglob("*") if p.is_file() and "wal" in p.name)
+
+
+#: a leader silent this long is taken over (a group's --lease-s)
+LEASE_S = 2.0
+
+
+class TrackerGroup:
+    """Two ``lowtide serve --ha`` on fixed ports sharing a step log in ``bootstrap``'s
+    Kafka; clients get both addresses. One log file for both (appended to)."""
+
+    def __init__(self, tmp: Path, bootstrap: str, *, secret_file: Path | None = None,
+                 args: tuple[str, ...] = ()) -> None:
+        ha = f"kafka://{bootstrap}/chaos-{uuid.uuid4().hex[:8]}"
+        self.log_path = tmp / "tracker.log"
+        self.members = []
+        for k in range(2):
+            (tmp / f"member-{k}").mkdir(exist_ok=True)
+            self.members.append(TrackerProcess(
+                tmp / f"member-{k}", secret_file=secret_file, args=args, ha=ha,
+                port=free_port(), log_path=self.log_path))
+        self.leader = 0
+
+    @property
+    def url(self) -> str:
+        return ",".join(member.url for member in self.members)
+
+    def start(self) -> bool:
+        """The first member leads (the log is new and silent), the second stands by."""
+        return self.members[0].start() and self.members[1].start(standby=True)
+
+    def take_over(self, since: float, timeout_s: float = 30.0) -> float | None:
+        """Seconds from ``since`` (monotonic) until the standby serves (None: not in
+        ``timeout_s``); it leads now."""
+        standby = self.members[1 - self.leader]
+        if not standby.read_line(timeout_s).startswith("lowtide serving "):
+            return None
+        self.leader = 1 - self.leader
+        return time.monotonic() - since
+
+    def kill9(self) -> None:
+        for member in self.members:
+            member.kill9()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port

@@ -1,5 +1,7 @@
 """One client connection to one server, kept alive: it reconnects with backoff after
-any failure and then resends, in order, every request that has no answer yet.
+any failure and then resends, in order, every request that has no answer yet. Given a
+group of trackers (``tcp://a:1,tcp://b:2``, rule 18) it tries the next address after
+each failure or lost connection, so it finds whichever leads.
 
 Resending is safe because servers apply each (session, req) at most once. Standing
 requests (subscriptions, shard watches) are sent again on every new connection.
@@ -15,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from lowtide.service import net
-from lowtide.service.channel import Address, Channel, dial_inproc
+from lowtide.service.channel import Address, Channel, dial_inproc, tracker_urls
 from lowtide.service.errors import ConnectionLost, ServiceError, fresh
 from lowtide.service.handshake import client_handshake
 from lowtide.service.logs import LogBudget
@@ -58,7 +60,8 @@ class ServerConnection:
         on_push: Callable[[Message], None],
         on_refused: Callable[[ServiceError], None] = lambda _exc: None,
     ) -> None:
-        self.url = url
+        self.url = url  # may change: a coordinator's shard that moved
+        self._tries = 0  # which of the addresses the next attempt dials
         self._hello = hello
         self._config = config
         self._on_welcome = on_welcome
@@ -152,6 +155,7 @@ class ServerConnection:
                 self.last_error = repr(exc)
                 log.exception("connection failed", extra={"url": self.url})
             finally:
+                self._tries += 1
                 self.connected.clear()
                 if self._channel is not None:
                     self._channel.close()
@@ -202,9 +206,11 @@ class ServerConnection:
                 return
 
     async def _dial(self) -> Channel:
-        if Address.parse(self.url).scheme == "inproc":
-            return dial_inproc(self.url, asyncio.get_running_loop())
-        return await net.connect_tcp(self.url, self._config.limits, self._config.connect_timeout_s)
+        urls = tracker_urls(self.url)
+        url = urls[self._tries % len(urls)]
+        if Address.parse(url).scheme == "inproc":
+            return dial_inproc(url, asyncio.get_running_loop())
+        return await net.connect_tcp(url, self._config.limits, self._config.connect_timeout_s)
 
     def _receive(self, msg: Message) -> None:
         if not isinstance(msg, Ok | Error | Status | MinTimeAtReply):

@@ -25,7 +25,7 @@ from rich.text import Text
 
 from lowtide.core.errors import ProtocolError
 from lowtide.service.auth import load_secret, nonce
-from lowtide.service.channel import Address
+from lowtide.service.channel import tracker_urls
 from lowtide.service.client.connection import ConnectionConfig, Reply, ServerConnection
 from lowtide.service.errors import ConnectionLost, ServiceError, exception_of
 from lowtide.service.progress import (
@@ -126,7 +126,7 @@ def watch(
     """:func:`poll_status` for a command: its exit code, and on failure one line on
     stderr saying why (a refused secret, a bad URL), never a traceback."""
     try:
-        Address.parse(url)  # a bad URL is the user's to fix, not a connection's to retry
+        tracker_urls(url)  # a bad URL is the user's to fix, not a connection's to retry
         config = ConnectionConfig(secret=load_secret(secret_file), connect_timeout_s=timeout_s)
         asyncio.run(poll_status(url, config, on_status, interval_s, timeout_s))
     except ValueError as exc:  # the secret file or the URL
@@ -148,6 +148,10 @@ def render(
     parts: list[RenderableType] = [_segments(status, rates or RowRates())]
     if status.get("fronts"):
         parts.append(_fronts(status))
+    if "ha" in status:  # a tracker of a group (rule 18)
+        ha = status["ha"]
+        parts.append(Text(f"{ha['role']} of {ha['log']}, epoch {ha['epoch']}, pid "
+                          f"{status.get('pid')}"))
     for shard in status.get("shards", []):
         state = "up" if shard["connected"] else "DOWN"
         shard_min = (shard.get("status") or {}).get("global_min", "?")

@@ -21,9 +21,11 @@ from lowtide.service import logs
 from lowtide.service.auth import load_secret
 from lowtide.service.channel import MAX_PORT
 from lowtide.service.deploy.cluster import ShardProcesses
+from lowtide.service.ha.config import HaConfig
 from lowtide.service.net import Limits
 from lowtide.service.persistence.state_dir import StateDirError
 from lowtide.service.server.config import ServerConfig
+from lowtide.service.server.tracker_server import TrackerServer
 
 
 def add_arguments(serve: argparse.ArgumentParser) -> None:
@@ -76,6 +78,13 @@ def add_arguments(serve: argparse.ArgumentParser) -> None:
     )
     serve.add_argument("--sla-window-s", type=float, default=1.0,
                        help="the sink windows the SLA applies to (default 1 s)")
+    serve.add_argument(
+        "--ha", metavar="kafka://HOST:PORT/GROUP",
+        help="run in a group of trackers sharing a step log in Kafka: stand by, lead once "
+             "the leader is silent for --lease-s (start one per machine, same GROUP)",
+    )
+    serve.add_argument("--lease-s", type=float, default=3.0,
+                       help="a leader silent this long is taken over (with --ha)")
     serve.add_argument("--shards", type=int, default=0, help="run N shard processes")
     serve.add_argument("--shard", help=argparse.SUPPRESS)  # K/N: run as shard K of N
     serve.add_argument("--watch-stdin", action="store_true", help=argparse.SUPPRESS)
@@ -148,6 +157,7 @@ def server_config(args: argparse.Namespace, shard_urls: tuple[str, ...] = ()) ->
         sla_window_ms=int(args.sla_window_s * 1000),
         shard=shard,
         shard_urls=shard_urls,
+        ha=None if args.ha is None else HaConfig.parse(args.ha, int(args.lease_s * 1000)),
         name=f"shard-{shard[0]}" if shard else "lowtide",
     )
 
@@ -160,7 +170,7 @@ def run_serve(args: argparse.Namespace) -> int:
         return 2
     logs.setup(args.log_format, args.log_level)
     try:
-        asyncio.run(_serve(args))
+        lost = asyncio.run(_serve(args))
     except StateDirError as exc:
         print(f"lowtide serve: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -170,6 +180,9 @@ def run_serve(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"lowtide serve: {why_not_serving(args, exc)}", file=sys.stderr)
         return 1
+    if lost:  # a group's tracker that stopped leading (or never could): say why
+        print(f"lowtide serve: stopped leading: {lost}", file=sys.stderr)
+        return 4
     return 0
 
 
@@ -182,7 +195,8 @@ def why_not_serving(args: argparse.Namespace, exc: OSError) -> str:
     )
 
 
-async def _serve(args: argparse.Namespace) -> None:
+async def _serve(args: argparse.Namespace) -> str:
+    """Serve until stopped; returns why it stopped leading, if it did (``--ha``)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -200,16 +214,32 @@ async def _serve(args: argparse.Namespace) -> None:
     await server.start()
     if shards is not None:
         shards.on_moved = server.move_shard
+    if config.ha is not None:
+        print(f"lowtide standby {config.ha.url}", flush=True)
+        await first_of(stop, server.leading, server.ended)
+    if server.leading.is_set():
+        _announce(config, server)
+    await first_of(stop, server.ended)
+    await server.stop()
+    if shards is not None:
+        await shards.stop()
+    return server.lost
+
+
+async def first_of(*events: asyncio.Event) -> None:
+    waits = [asyncio.ensure_future(event.wait()) for event in events]
+    _done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for wait in pending:
+        wait.cancel()
+
+
+def _announce(config: ServerConfig, server: TrackerServer) -> None:
     print(f"lowtide serving {server.url}", flush=True)
     if server.metrics_port:
         host = config.metrics_host
         print(f"lowtide metrics http://{host}:{server.metrics_port}/metrics", flush=True)
     if server.web_url:  # with a secret a login link, as Jupyter prints one
         print(f"lowtide web {server.web_url}", flush=True)
-    await stop.wait()
-    await server.stop()
-    if shards is not None:
-        await shards.stop()
 
 
 def _wait_for_eof(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:

@@ -47,6 +47,17 @@ log = logging.getLogger("lowtide.service.persist")
 SNAPSHOT_RETRY_MS = 1_000
 
 
+def apply_group(engine: Engine, group: list[Logged], now_ms: int) -> str | None:
+    """Replay one logged group and its step at ``now_ms``, as the server ran them;
+    a graph change that no longer applies stops it and says why (rule 16)."""
+    for req in group:
+        refused = engine.apply_logged(req, now_ms)
+        if refused is not None:
+            return refused
+    engine.step(now_ms)
+    return None
+
+
 class StateLog:
     def __init__(
         self,
@@ -109,11 +120,9 @@ class StateLog:
         groups, confirmed, stop = 0, 0, 0
         for msg, stop in read_records(data):
             if isinstance(msg, Commit):
-                for req in group:
-                    refused = engine.apply_logged(req, msg.now_ms)
-                    if refused is not None:  # a generation that does not follow (rule 16)
-                        raise refusal(path, confirmed, refused)
-                engine.step(msg.now_ms)
+                refused = apply_group(engine, group, msg.now_ms)
+                if refused is not None:  # a generation that does not follow (rule 16)
+                    raise refusal(path, confirmed, refused)
                 group, groups, confirmed = [], groups + 1, stop
             elif isinstance(msg, Logged):
                 group.append(msg)

@@ -16,6 +16,7 @@ from lowtide.service.engine.central import CentralEngine
 from lowtide.service.engine.coordinator import CoordinatorEngine
 from lowtide.service.engine.shard import ShardEngine
 from lowtide.service.freshness import Sla
+from lowtide.service.ha.config import HaConfig
 from lowtide.service.server.tracker_server import TrackerServer
 
 
@@ -58,6 +59,9 @@ class ServerConfig:
     pipeline: str = "default"  # the metrics' pipeline label
     shard: tuple[int, int] | None = None  # (index, count): this server is one shard
     shard_urls: tuple[str, ...] = ()  # this server coordinates these shards
+    #: a group of trackers sharing a step log in Kafka (rule 18): this one stands by
+    #: until the leader is silent for the lease, then leads
+    ha: HaConfig | None = None
 
     def __post_init__(self) -> None:
         if self.listen and not is_loopback(self.host) and self.secret is None:
@@ -76,6 +80,10 @@ class ServerConfig:
                 raise ValueError("--front-timeout-s works with a central tracker only (each "
                                  "shard would retire on its own clock): drop --shards")
         self.sla()
+        if self.ha is not None and (self.state_dir is not None or self.shard is not None
+                                    or self.shard_urls):
+            raise ValueError("--ha keeps the state in the group's Kafka topic: drop "
+                             "--state-dir and --shards")
 
     def sla(self) -> Sla | None:
         return None if self.sla_ms is None else Sla(self.sla_ms, self.sla_window_ms)

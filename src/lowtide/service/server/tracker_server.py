@@ -28,10 +28,14 @@ from lowtide.service.clock import SystemClock
 from lowtide.service.engine.base import Engine, StateRequest, StepResult
 from lowtide.service.engine.coordinator import CoordinatorEngine
 from lowtide.service.errors import ConnectionLost, ServiceError, error_of
+from lowtide.service.ha.leader_log import LeaderLog, LeadLost
+from lowtide.service.ha.role import TrackerRole
+from lowtide.service.ha.standby import StepLogDamaged
 from lowtide.service.logs import LogBudget
 from lowtide.service.persistence.generations import log_generations, recover
 from lowtide.service.persistence.state_dir import stored_graph
 from lowtide.service.persistence.state_log import StateLog
+from lowtide.service.server.fail_stop import FailStop
 from lowtide.service.server.freshness import SlaWatch
 from lowtide.service.server.history import MinTimeHistory
 from lowtide.service.server.inbox import Admit, Call, Gone, Item, Outbox, Peer, Request, Tick
@@ -87,7 +91,12 @@ class TrackerServer:
         self._standing = StandingRequests(config.limits)
         self._watchers: set[Peer] = set()
         self._posted: set[asyncio.Task[None]] = set()
-        self._wal: StateLog | None = None
+        self._wal: StateLog | LeaderLog | None = None
+        #: in a group of trackers (rule 18): standby, then leader until fenced
+        self.role = None if config.ha is None else TrackerRole(config.ha, config.engine)
+        self.leading = asyncio.Event()  # set once it serves (at once, unless a standby)
+        self.ended = asyncio.Event()  # set when it stopped leading: see ``lost``
+        self.lost = ""
         self._tasks: list[asyncio.Task[None]] = []
         self._servers: list[asyncio.Server] = []
         self.port = 0
@@ -97,10 +106,10 @@ class TrackerServer:
         self._next_metrics_ms = 0
         self._history = MinTimeHistory()
         self.inproc_url = ""
-        self._failed: Error | None = None  # set once a step raised: fail-stop
         self._changed = False  # a graph change in the group being run
         self._log_budget = LogBudget()  # per peer, and per segment for stuck windows
         self._conns = PeerConnections(config, self._inbox, self.metrics, self._log_budget)
+        self._fail_stop = FailStop(self.metrics, self._conns.close_all, self._send)
         sla = config.sla()
         self.freshness = None if sla is None else SlaWatch(sla)
 
@@ -121,6 +130,9 @@ class TrackerServer:
     async def start(self) -> None:
         cfg = self.config
         graph = cfg.graph
+        if self.role is not None:  # it listens once it leads
+            self._tasks = [asyncio.get_running_loop().create_task(self._lead())]
+            return
         if cfg.state_dir is not None:
             graph = graph or stored_graph(cfg.state_dir)
             self._wal = StateLog(
@@ -132,6 +144,15 @@ class TrackerServer:
             if self._wal is not None:
                 self._wal.close()  # and with it the state directory's lock
             raise
+
+    async def _lead(self) -> None:
+        assert self.role is not None
+        try:
+            self._wal = await self.role.lead(self.clock.now_ms)
+            if self._wal is not None:
+                await self._listen(self.role.graph or self.config.graph)
+        except (LeadLost, StepLogDamaged, ValueError) as exc:  # ValueError: no confluent-kafka
+            self._lose_lead(exc, [])
 
     async def _listen(self, graph: SegmentGraph | None) -> None:
         cfg = self.config
@@ -155,13 +176,16 @@ class TrackerServer:
             web, self.web_port = await net.serve_http(cfg.web_host, cfg.web_port,
                                                       self.web.respond)
             self._servers.append(web)
-        self._tasks = [loop.create_task(self._state_loop()), loop.create_task(self._ticker())]
+        self._tasks += [loop.create_task(self._state_loop()), loop.create_task(self._ticker())]
+        self.leading.set()
         limits = self._conns.gate.limits
         log.info("serving", extra={"url": self.url, "state_dir": str(cfg.state_dir or ""),
                                    "max_connections": limits.max_connections,
                                    "max_handshakes": limits.max_handshakes})
 
     async def stop(self) -> None:
+        if self.role is not None:
+            self.role.stop()
         unregister_inproc(self.inproc_url)
         for server in self._servers:
             server.close()
@@ -195,11 +219,12 @@ class TrackerServer:
         self.post(move)
 
     def _adopt(self, graph: SegmentGraph) -> None:
-        engine = self.config.engine(graph)
+        engine = (self.config.engine(graph) if self.role is None
+                  else self.role.engine(graph, self.clock.now_ms()))
         if isinstance(engine, CoordinatorEngine):
             connection = ConnectionConfig(secret=self.config.secret, limits=self.config.limits)
             self.shard_watch = ShardWatch(engine, connection, self.post)
-        if self._wal is not None:
+        if isinstance(self._wal, StateLog):
             assert self.config.state_dir is not None
             engine = recover(self.config.engine, self.config.state_dir, self._wal, graph)
             log_generations(self.config.state_dir, engine, self.config.fsync)
@@ -235,42 +260,24 @@ class TrackerServer:
             items = [await inbox.get()]
             while len(items) < MAX_GROUP and not inbox.empty():
                 items.append(inbox.get_nowait())
-            if self._failed is not None:
-                self._refuse_group(items)
+            if self._fail_stop.error is not None:
+                self._fail_stop.refuse(items)
                 continue
             try:
                 self._run_group(items)
+            except LeadLost as exc:
+                self._lose_lead(exc, items)
             except Exception as exc:
-                self._fail(exc, items)
+                self._fail_stop.failed(exc, items)
 
-    def _fail(self, exc: Exception, items: list[Item]) -> None:
-        """Fail-stop after a step raised: its state may be half applied or its log
-        unwritten, so nothing may be confirmed any more (rule 6: confirm after
-        logging). Each request is answered INTERNAL from now on and every connection
-        is closed, so clients learn why at once instead of waiting for a timeout (a
-        dead state task would leave them all hanging)."""
-        log.critical("tracker state step failed: refusing everything from now on",
-                     exc_info=exc, extra={"error": repr(exc), "fix": "restart the tracker (it "
-                                          "recovers from its state dir)"})
-        self.metrics.error(ErrorCode.INTERNAL.name)
-        self._failed = Error(0, ErrorCode.INTERNAL, f"the tracker failed: {exc!r}")
-        self._refuse_group(items)
-        self._conns.close_all()
-
-    def _refuse_group(self, items: list[Item]) -> None:
-        """A failed server's answer to everything. (A request of the failing step that
-        was answered already gets this too; the client drops the stray answer.)"""
-        failed = self._failed
-        assert failed is not None
-        out: Outbox = []
-        for item in items:
-            if isinstance(item, Admit) and not item.reply.done():
-                item.reply.set_exception(ServiceError(failed.code, failed.message))
-            elif isinstance(item, Request):
-                req = getattr(item.msg, "req", None)
-                if isinstance(req, int):
-                    out.append((item.peer, Error(req, failed.code, failed.message)))
-        self._send(out)
+    def _lose_lead(self, exc: Exception, items: list[Item]) -> None:
+        """Nothing may be confirmed or announced from here on (rule 18): its clients
+        are let go to find the leader, and ``lowtide serve`` ends."""
+        self._fail_stop.lost_lead(exc, items, self.role.config.url if self.role else "")
+        for server in self._servers:
+            server.close()
+        self.lost = str(exc)
+        self.ended.set()
 
     def _run_group(self, items: list[Item]) -> None:
         now = self.clock.now_ms()
@@ -329,7 +336,9 @@ class TrackerServer:
                 self.freshness.check(status, engine.graph, now, self.metrics,
                                      self._log_budget)
             self._refresh_web(status)
-        if self._wal is not None and self._wal.snapshot_due(now):
+        if isinstance(self._wal, LeaderLog):
+            self._wal.beat(now)  # a woken, fenced leader learns it here
+        elif self._wal is not None and self._wal.snapshot_due(now):
             try:  # a failed snapshot is retried (see StateLog.snapshot): never fatal
                 self._wal.snapshot(engine, now)
             except OSError as exc:
@@ -430,6 +439,8 @@ class TrackerServer:
             "pid": os.getpid(),
             "connections": len(self._conns.peers),
         }
+        if self.role is not None:
+            body["ha"] = self.role.document()
         if engine is not None:
             body["acks_applied"] = engine.acks_applied
             body["dedup_keys"] = len(engine.dedup)

@@ -326,7 +326,8 @@ function render(view) {
   document.getElementById("summary").textContent = view.graph_known
     ? `global min ${clock(view.global_min * view.delta_ms)} \u00b7 lag ` +
       `${lag(view.global_lag_ms)} \u00b7 ${view.connections} connections \u00b7 ` +
-      `${count(view.acks_applied)} acks`
+      `${count(view.acks_applied)} acks` +
+      (view.ha ? ` \u00b7 ${view.ha.role}, epoch ${view.ha.epoch}` : "")
     : "no pipeline graph yet: it comes with the first agent";
   drawGraph(view);
   fill("segments", view.segments.flatMap(s => [[s.stuck_windows > 0 ? "stuck" : "", [

@@ -101,6 +101,7 @@ def view_document(
         "global_min": global_min,
         "global_lag_ms": lag_ms(global_min, now, grid),
         "connections": status.get("connections", 0),
+        "ha": status.get("ha"),  # a group's tracker: its role and epoch (rule 18)
         "acks_applied": status.get("acks_applied", 0),
         "segments": _segments(status, graph, rates or RowRates(), now, grid),
         "stuck": [_stuck(w, delta) for w in status.get("stuck_detail", [])],

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,7 +103,8 @@ class Pipeline:
     """A tracked PySpark streaming pipeline; see the module docstring.
 
     ``tracker``: None to embed a tracker service in this process, or
-    ``"tcp://host:port"`` of a running ``lowtide serve`` (``secret``: its shared secret).
+    ``"tcp://host:port"`` of a running ``lowtide serve`` (``secret``: its shared secret),
+    or a list of a group's trackers, a leader and its standbys (docs/operating.md).
     ``freeze_gc``: when the embedded tracker starts, ``gc.freeze()`` the objects alive
     in this process, so Python's full collections (which stall the tracker's thread
     with the rest of the process) scan only objects made later; see docs/spark.md.
@@ -124,7 +126,7 @@ class Pipeline:
         spark: Any,
         name: str = "lowtide",
         *,
-        tracker: str | None = None,
+        tracker: str | Sequence[str] | None = None,
         secret: str | None = None,
         grid: TimeGrid | None = None,
         state_dir: str | None = None,
@@ -142,7 +144,7 @@ class Pipeline:
         self.name = name
         self.grid = grid or TimeGrid()
         self._tracker_options = TrackerOptions(
-            url=tracker,
+            url=tracker if tracker is None or isinstance(tracker, str) else ",".join(tracker),
             secret=secret if secret is not None else os.environ.get("LOWTIDE_SECRET"),
             state_dir=state_dir, stuck_after_ms=stuck_after_ms, freeze_gc=freeze_gc,
             confirm=confirm, pipeline=name, web_port=web_port,
