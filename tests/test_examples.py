@@ -19,7 +19,8 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 #: examples over a minute on 2 cores, and the tests of ``make test`` that show the same
 #: (at load 17: medallion 391 s, two_writers 97 s; replay_repair 45 s, 90 s at load 28)
 SLOW = {"medallion": "tests/spark/sinks/test_tables.py (the Parquet chain), test_cuts_e2e.py",
-        "two_writers": "tests/spark/sinks/test_two_writers.py"}
+        "two_writers": "tests/spark/sinks/test_two_writers.py",
+        "replay_repair": "tests/spark/pipeline/test_replay_e2e.py"}
 
 
 def load(path: Path) -> ModuleType:
