@@ -209,55 +209,14 @@ def _import_modules(batches: Any) -> Any:
     yield from batches
 
 
-def _warm_planners(spark: Any) -> None:
-    """Read from and write to an empty Python data source once: Spark starts a Python
-    process for each kind of call it makes on the driver (look the sources up, create
-    one, plan its read, plan a write) and keeps it for the next call, so a query's
-    first micro-batch does not wait for them one after the other."""
-    from pyspark.sql.datasource import (
-        DataSource,
-        DataSourceReader,
-        DataSourceWriter,
-        WriterCommitMessage,
-    )
-
-    class Reader(DataSourceReader):  # type: ignore[misc]
-        def read(self, partition: Any) -> Any:
-            return iter(())
-
-    class Writer(DataSourceWriter):  # type: ignore[misc]
-        def write(self, iterator: Any) -> WriterCommitMessage:
-            return WriterCommitMessage()
-
-    class Warm(DataSource):  # type: ignore[misc]
-        @classmethod
-        def name(cls) -> str:
-            return "lowtide_warm"
-
-        def schema(self) -> str:
-            return "x long"
-
-        def reader(self, schema: Any) -> Reader:
-            return Reader()
-
-        def writer(self, schema: Any, overwrite: bool) -> Writer:
-            return Writer()
-
-    spark.dataSource.register(Warm)
-    spark.read.format("lowtide_warm").load().collect()
-    spark.range(0, 1, 1, 1).write.format("lowtide_warm").mode("append").save()
-
-
 def prewarm(spark: Any, workers: int = 2) -> threading.Thread:
     """Start ``workers`` Python workers and import lowtide's task modules in them, in
     a background thread, while the caller plans its query: Spark keeps idle workers
     (``spark.python.worker.reuse``) and hands them to the query's first tasks, which
-    then skip the start-up. The driver's Python planner processes start first
-    (:func:`_warm_planners`). Join the thread to wait for it."""
+    then skip the start-up. Join the thread to wait for it."""
 
     def run() -> None:
         try:
-            _warm_planners(spark)
             df = spark.range(0, workers, 1, workers)
             df.mapInArrow(_import_modules, df.schema).count()
         except Exception:  # pre-warming is an optimisation: the query starts anyway
