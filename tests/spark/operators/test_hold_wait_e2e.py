@@ -52,8 +52,8 @@ except ImportError:  # pragma: no cover
 
 class StopTracker(StreamingQueryListener):  # type: ignore[misc]
     """SIGSTOPs the tracker process on the ``after``-th progress of query ``name``
-    that has a watermark (the hold is open and has moved), noting the time and the
-    files the sink had published then."""
+    that has a watermark (the hold is open and has moved), once the sink published a
+    window, noting the time and the files the sink had published then."""
 
     def __init__(self, pid: int, name: str, out: Path, after: int = 2) -> None:
         super().__init__()
@@ -71,7 +71,7 @@ class StopTracker(StreamingQueryListener):  # type: ignore[misc]
             return
         if (p.eventTime or {}).get("watermark"):
             self.seen += 1
-        if self.seen >= self.after:
+        if self.seen >= self.after and published(self.out):
             os.kill(self.pid, signal.SIGSTOP)
             self.stopped_at = time.monotonic()
             self.files_then = published(self.out)
