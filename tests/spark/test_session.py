@@ -57,3 +57,14 @@ def test_quiet_sessions_read_the_log_file_from_their_first_line() -> None:
     assert quiet_log4j2_file().read_text() == QUIET_LOG4J2
     loud = SessionConfig(quiet=False, master=None).settings()
     assert "log4j2" not in loud["spark.driver.extraJavaOptions"]
+
+
+def test_local_sessions_rename_checkpoint_files_without_a_process() -> None:
+    """Local checkpoints go through the FileSystem API (a rename is a system call),
+    not FileContext (a `readlink` process per renamed file); a cluster keeps Spark's."""
+    from lowtide.spark.session import FS_CHECKPOINTS
+
+    key = "spark.sql.streaming.checkpointFileManagerClass"
+    assert SessionConfig().settings()[key] == FS_CHECKPOINTS
+    assert key not in SessionConfig(master=None).settings()
+    assert key not in SessionConfig(master="spark://head:7077").settings()

@@ -35,6 +35,12 @@ __all__ = ["QUIET_LOG4J2", "JarsMissing", "SessionConfig", "jars_dir", "prewarm"
            "quiet_log4j2_file", "session_jars"]
 
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+# Spark's default checkpoint manager goes through Hadoop's FileContext, whose local file
+# system starts a `readlink` process for each file it renames into place: some 40
+# processes per micro-batch of a windowed query (offsets, commits, state changelogs),
+# measured with strace. Through the FileSystem API, renames are a rename(2) call.
+FS_CHECKPOINTS = ("org.apache.spark.sql.execution.streaming.checkpointing."
+                  "FileSystemBasedCheckpointFileManager")
 JARS_ENV = "LOWTIDE_JARS"
 # Pinned in jars/spark/pom.xml; the names a user passes to --packages on a cluster.
 KAFKA_PACKAGE = "org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0"
@@ -161,6 +167,8 @@ class SessionConfig:
         out["spark.driver.extraJavaOptions"] = java
         if self.driver_memory:
             out["spark.driver.memory"] = self.driver_memory
+        if (self.master or "").startswith("local"):  # checkpoints on the local disk
+            out["spark.sql.streaming.checkpointFileManagerClass"] = FS_CHECKPOINTS
         jars = session_jars(kafka=self.kafka, delta=self.delta)
         if jars:
             out["spark.jars"] = ",".join(jars)

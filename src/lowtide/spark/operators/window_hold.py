@@ -19,6 +19,11 @@ emitted ends after that watermark, so its result (slot ``end - 1``) is at or abo
   one keyed batch that releases the old hold and opens the new one (atomic), in hops
   the checksum table can span. A watermark at the last timestamp (every front
   finished) releases it for good.
+* A tracker that does not answer: a move waits at most the pipeline's
+  ``hold_wait_s`` over all its hops; then the query stops with one line that says
+  what to do (:class:`HoldFailed`), the hold stays where it was (nothing passes it),
+  and later progress events wait for nothing (a listener that waits holds up every
+  other listener of the session, and ``SparkContext.stop``).
 * Restarts: the hold and a move under way live in a small write-ahead file in the
   checkpoint (``lowtide/hold-<window>.json``); a move's keyed batch ``(file key, target
   slot, "<hold>S_in", 0)`` is written down before it is sent and re-sent after a crash
@@ -36,6 +41,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -44,7 +50,7 @@ import numpy as np
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
 from lowtide.core.acks import child_acks
-from lowtide.core.errors import AckBehindHead
+from lowtide.core.errors import AckBehindHead, LowtideError
 from lowtide.core.messages import AckBatch
 from lowtide.core.time import TIME_LIMIT, TimeGrid
 from lowtide.spark.operators.state_clock import key_hash, state_segment
@@ -58,6 +64,8 @@ HOP_WINDOWS = 1 << 18
 #: the target that opens no hold: every front finished, nothing more will be emitted
 END = TIME_LIMIT
 HOLD_PREFIX = "<hold>"
+#: how long a move may wait for the tracker, over all its hops (``Pipeline(hold_wait_s=)``)
+HOLD_WAIT_S = 30.0
 _PARENT = key_hash("lowtide window hold")
 
 
@@ -109,6 +117,18 @@ def move_acks(segment: int, op_id: int, old: int | None, new: int) -> AckBatch:
                     np.array([c for _, c in entries], np.int64))
 
 
+class HoldFailed(LowtideError, RuntimeError):
+    """A window's hold could not move within ``hold_wait_s``: its query stopped."""
+
+
+def hold_failed(window: str, url: str, wait_s: float) -> HoldFailed:
+    return HoldFailed(
+        f"window {window!r}: the tracker at {url} did not confirm a move of the window's "
+        f"hold within {wait_s:g} s (hold_wait_s), so the query stopped and emits nothing "
+        f"past the hold: check the tracker (lowtide status --url {url}), then start the "
+        "query again from its checkpoint")
+
+
 @dataclass(frozen=True)
 class HoldRecord:
     """The write-ahead file: the key of the hold's keyed batches, whether the first
@@ -154,13 +174,16 @@ class WatermarkHold:
         self.record = record
 
     # ------------------------------------------------------------ moves
-    def _move(self, new: int) -> None:
-        """Move the hold to ``new`` (write-ahead, then the keyed batch, then done)."""
+    def _move(self, new: int, timeout_s: float = HOLD_WAIT_S) -> None:
+        """Move the hold to ``new`` (write-ahead, then the keyed batch, then done);
+        TimeoutError if the tracker did not confirm within ``timeout_s`` (the move stays
+        pending: :meth:`prepare` sends it again)."""
         old = self.record.hold
         self._save(replace(self.record, pending=new))
         agent: Any = connect(self.ref)
         acks = move_acks(self.ref.graph.index(self.segment), self.op_id, old, new)
-        agent.send_batch(batch_key(self.record.key, new, HOLD_PREFIX + self.window, 0), acks)
+        agent.send_batch(batch_key(self.record.key, new, HOLD_PREFIX + self.window, 0), acks,
+                         timeout_s=timeout_s)
         self._save(replace(self.record, opened=True, hold=None if new == END else new,
                            pending=None))
 
@@ -217,9 +240,11 @@ class WatermarkHold:
                 except AckBehindHead:  # the segment moved on meanwhile: again, higher
                     self._save(replace(self.record, pending=None))
 
-    def advance(self, watermark_ms: int) -> None:
+    def advance(self, watermark_ms: int, wait_s: float = HOLD_WAIT_S) -> None:
         """After a micro-batch emitted every window ending at or below
-        ``watermark_ms``: move the hold there."""
+        ``watermark_ms``: move the hold there, waiting at most ``wait_s`` for the
+        tracker over every hop (TimeoutError after)."""
+        deadline = time.monotonic() + wait_s
         with self._lock:
             if self.closed:
                 return
@@ -229,7 +254,10 @@ class WatermarkHold:
                 return
             target = hold_target(watermark_ms, self.ref.grid.delta_ms)
             for slot in hops(self.record.hold, target, hop_slots(self.ref.grid)):
-                self._move(slot)
+                left_s = deadline - time.monotonic()
+                if left_s <= 0:
+                    raise TimeoutError(f"the hold's move took over {wait_s:g} s")
+                self._move(slot, left_s)
 
     def close(self) -> None:
         """The query stopped: later progress events move nothing (its tracker may be
@@ -238,8 +266,9 @@ class WatermarkHold:
         with self._lock:
             self.closed = True
 
-    def listener(self, query_id: str) -> HoldListener:
-        return HoldListener(self, query_id)
+    def listener(self, query_id: str, wait_s: float = HOLD_WAIT_S,
+                 on_failure: Callable[[HoldFailed], None] | None = None) -> HoldListener:
+        return HoldListener(self, query_id, wait_s, on_failure)
 
 
 def watermark_ms(progress: Any) -> int | None:
@@ -249,24 +278,35 @@ def watermark_ms(progress: Any) -> int | None:
 
 
 class HoldListener(StreamingQueryListener):  # type: ignore[misc]
-    """Moves a window's hold after each micro-batch of its query."""
+    """Moves a window's hold after each micro-batch of its query; a move the tracker
+    did not confirm within ``wait_s`` hands :class:`HoldFailed` to ``on_failure``
+    (which stops the query) once, and later events move nothing."""
 
-    def __init__(self, hold: WatermarkHold, query_id: str) -> None:
+    def __init__(self, hold: WatermarkHold, query_id: str, wait_s: float = HOLD_WAIT_S,
+                 on_failure: Callable[[HoldFailed], None] | None = None) -> None:
         super().__init__()
         self.hold = hold
         self.query_id = query_id
+        self.wait_s = wait_s
+        self.on_failure = on_failure
+        self.failed: HoldFailed | None = None
 
     def onQueryStarted(self, event: Any) -> None:
         pass
 
     def onQueryProgress(self, event: Any) -> None:
-        if str(event.progress.id) != self.query_id:
+        if str(event.progress.id) != self.query_id or self.failed is not None:
             return
         wm = watermark_ms(event.progress)
         if wm is None:
             return
         try:
-            self.hold.advance(wm)
+            self.hold.advance(wm, self.wait_s)
+        except TimeoutError as exc:  # fail closed: the hold stays, the query stops
+            self.failed = hold_failed(self.hold.window, self.hold.ref.url, self.wait_s)
+            log.error(str(self.failed), extra={"reason": str(exc)})
+            if self.on_failure is not None:
+                self.on_failure(self.failed)
         except Exception as exc:  # the hold stays where it was: nothing passes it
             log.warning("window hold not moved",
                         extra={"window": self.hold.window, "reason": repr(exc)})

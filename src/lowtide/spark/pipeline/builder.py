@@ -32,6 +32,7 @@ from lowtide.core.time import TimeGrid
 from lowtide.service.progress import RowRates
 from lowtide.spark.operators.joins import JoinSpec, join_input
 from lowtide.spark.operators.tracked import OpSpec
+from lowtide.spark.operators.window_hold import HOLD_WAIT_S
 from lowtide.spark.operators.window_input import FORMAT, ReceivingSource
 from lowtide.spark.operators.window_plan import WATERMARK_CONFS, QueryWindows, session_confs
 from lowtide.spark.pipeline.batches import BatchReporter, announce_queries
@@ -119,6 +120,8 @@ class Pipeline:
     ``front_timeout`` (``"30 seconds"``): a front silent this long is dead; ``dead_fronts``
     ``"wait"`` says so and waits, ``"retire"`` retires it; ``sla``: each sink window of
     ``sla_window`` is late that long after its end (FreshnessListener; docs/operating.md).
+    ``hold_wait_s``: how long a window's hold waits for the tracker after a micro-batch;
+    then its query stops with one line that says what to do (docs/spark.md).
     """
 
     def __init__(
@@ -139,6 +142,7 @@ class Pipeline:
         dead_fronts: str = "wait",
         sla: str | int | None = None,
         sla_window: str | int = "1 second",
+        hold_wait_s: float = HOLD_WAIT_S,
     ) -> None:
         self.spark = spark
         self.name = name
@@ -147,7 +151,7 @@ class Pipeline:
             url=tracker if tracker is None or isinstance(tracker, str) else ",".join(tracker),
             secret=secret if secret is not None else os.environ.get("LOWTIDE_SECRET"),
             state_dir=state_dir, stuck_after_ms=stuck_after_ms, freeze_gc=freeze_gc,
-            confirm=confirm, pipeline=name, web_port=web_port,
+            confirm=confirm, pipeline=name, web_port=web_port, hold_wait_s=hold_wait_s,
             **operating_options(front_timeout, dead_fronts, sla, sla_window))
         self._progress_metrics = progress_metrics
         self._sources: list[SourceSpec] = []
@@ -360,12 +364,15 @@ class Pipeline:
         # a query takes its session's confs when it starts: JVM windows need theirs then
         with session_confs(self.spark, WATERMARK_CONFS if built.holds else ()):
             query = writer.start()
-        listeners = [h.listener(str(query.id)) for h in built.holds]
+        tracked: list[TrackedQuery] = []  # a hold's listener stops the query it moves
+        listeners = [h.listener(str(query.id), self._tracker_options.hold_wait_s,
+                                lambda error: tracked[0].fail(error)) for h in built.holds]
         for listener in listeners:
             self.spark.streams.addListener(listener)
         closers = [lambda x=x: self.spark.streams.removeListener(x) for x in listeners]
         tq = TrackedQuery(self, query, graph, sink_name, batches, stream=stream,
                           sink_spec=sink, closers=[*closers, *(h.close for h in built.holds)])
+        tracked.append(tq)
         self._queries.append(tq)
         return tq
 

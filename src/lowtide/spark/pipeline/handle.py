@@ -10,6 +10,7 @@ from lowtide.core.dead_fronts import FrontTimeout
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.time import TimeGrid
 from lowtide.service.freshness import Sla
+from lowtide.spark.operators.window_hold import HOLD_WAIT_S
 from lowtide.spark.pipeline.dag import PipelineShapeError
 from lowtide.spark.pipeline.describe import duration_of
 from lowtide.spark.tracking.transport import TrackerRef
@@ -37,6 +38,13 @@ class TrackerOptions:
     #: each sink's windows of sla_window_ms are late sla_ms after their end (None: off)
     sla_ms: int | None = None
     sla_window_ms: int = 1_000
+    #: how long a window's hold waits for the tracker before its query stops
+    hold_wait_s: float = HOLD_WAIT_S
+
+    def __post_init__(self) -> None:
+        if not self.hold_wait_s > 0:
+            raise PipelineShapeError(f"hold_wait_s must be > 0 s, got {self.hold_wait_s} "
+                                     "(e.g. hold_wait_s=30)")
 
     def embedded_kwargs(self) -> dict[str, Any]:
         """``TrackerService.start``'s keyword arguments for an embedded tracker."""

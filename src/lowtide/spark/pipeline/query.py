@@ -122,6 +122,7 @@ class TrackedQuery:
         # what the query runs, as described: a replay runs it again
         self.stream, self.sink_spec = stream, sink_spec
         self.query = query
+        self._failure: LowtideError | None = None  # lowtide stopped it (see fail)
         self.graph = graph
         self.sink = sink or graph.names[-1]
         self.metrics = ProgressMetrics.of(pipeline.tracker.ref, self.sink)
@@ -169,11 +170,26 @@ class TrackedQuery:
         return list(self.query.recentProgress)
 
     def awaitTermination(self, timeout: float | None = None) -> bool | None:
-        """Spark's: block until the query ends (``timeout`` s: False if it did not)."""
-        return self.query.awaitTermination(timeout)  # type: ignore[no-any-return]
+        """Spark's: block until the query ends (``timeout`` s: False if it did not);
+        raises the error lowtide stopped it with (:meth:`fail`)."""
+        ended = self.query.awaitTermination(timeout)
+        if self._failure is not None and not self.query.isActive:
+            raise self._failure
+        return ended  # type: ignore[no-any-return]
 
     def exception(self) -> Any:
-        return self.query.exception()
+        """Why the query ended: the error lowtide stopped it with, else Spark's."""
+        return self._failure or self.query.exception()
+
+    def fail(self, error: LowtideError) -> threading.Thread:
+        """Stop the query because of ``error`` (one line that says what to do), from a
+        thread of its own (a listener calls this, and must not wait for the stop);
+        :meth:`exception` and :meth:`awaitTermination` report it. Returns the thread."""
+        self._failure = self._failure or error
+        thread = threading.Thread(target=lambda: self.stop(graceful_s=0), daemon=True,
+                                  name=f"lowtide-fail-{self.id}")
+        thread.start()
+        return thread
 
     def explain(self, extended: bool = False) -> None:
         self.query.explain(extended)
@@ -229,8 +245,8 @@ class TrackedQuery:
             t = self.min_time(seg)
             if t >= time_slot:
                 return t
-            if self.query.exception() is not None:
-                raise QueryFailed(f"query failed: {first_line(self.query.exception())}")
+            if self.exception() is not None:
+                raise QueryFailed(f"query failed: {first_line(self.exception())}")
             if time.monotonic() > deadline:
                 grid = self.pipeline.grid
                 raise TimeoutError(f"{seg!r} complete below {timestamp_of(t, grid)}, waited "

@@ -1,0 +1,141 @@
+"""A window's hold when its tracker stops answering (a real ``lowtide serve`` process,
+SIGSTOPped): the hold's move waits at most ``hold_wait_s``, then the query stops with
+one line that says what to do, emits nothing more, and once the tracker runs again
+its sink has not passed a window the query did not emit (fail closed).
+
+The tracker is stopped right as a micro-batch's progress is posted: a listener
+registered before the query's gets each event first (Spark's listener bus calls them
+in order on one thread), so the hold's listener then moves on a tracker that never
+answers."""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql.streaming.listener import StreamingQueryListener
+
+import lowtide
+from lowtide.spark.operators.window_hold import HoldFailed
+from lowtide.spark.sources.generator import GeneratorSpec
+from tests.spark.helpers import t0_of_checkpoint
+from tests.spark.operators.helpers import (
+    GRID,
+    SCHEMA,
+    STUCK_MS,
+    all_input,
+    batch_windows,
+    check,
+    parse,
+    read_results,
+)
+
+pytestmark = pytest.mark.spark
+
+WAIT_S = 3.0
+#: Spark's stop of a query whose tasks and source wait on the tracker (their own 30 s)
+STOP_SLACK_S = 60.0
+
+try:  # the workers cannot import this test module: ship its functions by value
+    from pyspark import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+except ImportError:  # pragma: no cover
+    pass
+
+
+class StopTracker(StreamingQueryListener):  # type: ignore[misc]
+    """SIGSTOPs the tracker process on the ``after``-th progress of query ``name``
+    that has a watermark (the hold is open and has moved), once the sink published a
+    window, noting the time and the files the sink had published then."""
+
+    def __init__(self, pid: int, name: str, out: Path, after: int = 2) -> None:
+        super().__init__()
+        self.pid, self.name, self.out, self.after = pid, name, out, after
+        self.seen = 0
+        self.stopped_at: float | None = None
+        self.files_then: set[str] = set()
+
+    def onQueryStarted(self, event: Any) -> None:
+        pass
+
+    def onQueryProgress(self, event: Any) -> None:
+        p = event.progress
+        if p.name != self.name or self.stopped_at is not None:
+            return
+        if (p.eventTime or {}).get("watermark"):
+            self.seen += 1
+        if self.seen >= self.after and published(self.out):
+            os.kill(self.pid, signal.SIGSTOP)
+            self.stopped_at = time.monotonic()
+            self.files_then = published(self.out)
+
+    def onQueryIdle(self, event: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:
+        pass
+
+
+def published(out: Path) -> set[str]:
+    return set(glob.glob(str(out / "*.parquet")))
+
+
+def test_a_hung_tracker_stops_the_query_within_hold_wait(spark, tmp_path: Path) -> None:
+    from tests.service.procs import serve  # the service tests' servers: stopped by pid
+
+    spec = GeneratorSpec(fronts=2, rate=200.0, payload_bytes=4)
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    with serve(tmp_path, "--delta-ms", str(GRID.delta_ms),
+               "--stuck-after-ms", str(STUCK_MS)) as server:
+        stopper = StopTracker(server.proc.pid, "hung", out)
+        spark.streams.addListener(stopper)
+        pipe = lowtide.Pipeline(spark, "hung", tracker=server.url, grid=GRID,
+                                stuck_after_ms=STUCK_MS, hold_wait_s=WAIT_S)
+        stream = (pipe.generate(spec).map(parse, SCHEMA, name="parse")
+                  .window("1 second", key="user", name="win").agg(n="count"))
+        query = None
+        try:
+            query = stream.write_parquet(str(out), checkpoint=str(ckpt),
+                                         trigger="200 milliseconds", query_name="hung")
+            t0 = t0_of_checkpoint(ckpt, query)
+            deadline = time.monotonic() + 180
+            while stopper.stopped_at is None and time.monotonic() < deadline:
+                assert query.query.exception() is None, query.query.exception()
+                time.sleep(0.1)
+            assert stopper.stopped_at is not None, "the query made no progress"
+            assert query.query.awaitTermination(WAIT_S + STOP_SLACK_S), \
+                "the query still runs on a tracker that does not answer"
+            took_s = time.monotonic() - stopper.stopped_at
+            error = query.exception()
+            assert isinstance(error, HoldFailed), error
+            text = str(error)
+            assert "\n" not in text and f"within {WAIT_S:g} s (hold_wait_s)" in text
+            assert "lowtide status --url" in text and "from its checkpoint" in text
+            with pytest.raises(HoldFailed):
+                query.awaitTermination(1)
+            # nothing emitted once the tracker stopped: no file published since (a
+            # batch whose rows were confirmed before may have been publishing then)
+            files_after = published(out)
+            assert len(files_after - stopper.files_then) <= 1, took_s
+            os.kill(server.proc.pid, signal.SIGCONT)
+            time.sleep(1.0)  # acks the tracker received while stopped are applied
+            final = query.min_time(query.sink)
+            assert published(out) == files_after  # the stopped query wrote nothing more
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+            spark.streams.removeListener(stopper)
+            if query is not None:
+                query.stop()
+            pipe.close()
+    print(f"hung tracker: the query stopped {took_s:.1f} s after the SIGSTOP")
+    assert took_s < WAIT_S + STOP_SLACK_S
+    results = read_results(out)
+    expected = batch_windows(all_input(spec, t0, final), 100, 100)
+    check(results, expected, final, 100, ["n"])  # the sink passed no unemitted window
