@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
+from lowtide.spark.session import FS_CHECKPOINTS
 from tests.kafka_broker import kafka_broker, kafka_topic  # noqa: F401 (fixtures)
 
 settings.register_profile("lowtide", deadline=None)
@@ -82,6 +83,8 @@ def spark() -> Iterator[Any]:
         .config("spark.driver.extraJavaOptions", "-Xss32m")
         # as lowtide's own sessions (SessionConfig.worker_timeout_s): a loaded machine
         .config("spark.python.authenticate.socketTimeout", "120s")
+        # as lowtide's local sessions: renames without a `readlink` process each
+        .config("spark.sql.streaming.checkpointFileManagerClass", FS_CHECKPOINTS)
     )
     for key, value in _table_and_kafka_settings().items():
         builder = builder.config(key, value)
