@@ -77,16 +77,26 @@ def test_a_range_is_emitted_before_a_lagging_range_and_all_equal_batch(
     assert {3} < set(got.index.get_level_values("front"))
 
 
-def test_key_ranges_need_the_window_right_after_a_generator(spark) -> None:
+def test_key_ranges_need_one_source_and_narrow_steps(spark, tmp_path: Path) -> None:
     pipe = lowtide.Pipeline(spark, "win-ranges-bad", grid=GRID)
-    stream = (pipe.generate(GeneratorSpec(fronts=2, rate=10.0))
-              .where("seq >= 0", name="keep")
-              .window("500 milliseconds", key="front", key_ranges=2, name="win").count())
-    with pytest.raises(ValueError, match="key_ranges needs the step right after a generator"):
-        stream.graph()
+    gen = pipe.generate(GeneratorSpec(fronts=2, rate=10.0))
+    other = pipe.generate(GeneratorSpec(fronts=2, rate=10.0, first_front=2))
+    two = gen.union(other).where("seq >= 0", name="keep")
+    with pytest.raises(ValueError, match="'keep' is fed by gen:0-1, gen:2-3"):
+        two.window("500 milliseconds", key="front", key_ranges=2, name="win").count().graph()
+    keyed = gen.window("500 milliseconds", key="front", name="w1").count()
+    with pytest.raises(ValueError, match="through narrow steps only .* 'win' is fed by w1"):
+        keyed.window("1 second", key="front", key_ranges=2, name="win").count().graph()
+    with pytest.raises(ValueError, match="needs the fronts of 'ingest' listed"):
+        pipe.read_log(str(tmp_path / "log")).window(
+            "500 milliseconds", key="front", key_ranges=2, name="win").count().graph()
+    with pytest.raises(ValueError, match=r"front_ranges has no range for front\(s\) \[1\]"):
+        gen.window("500 milliseconds", key="front", key_ranges=2, front_ranges={0: 1},
+                   name="win").count().graph()
     with pytest.raises(ValueError, match="key_ranges=1"):
-        pipe.generate(GeneratorSpec(fronts=2, rate=10.0)).window(
-            "500 milliseconds", key="front", key_ranges=1)
+        gen.window("500 milliseconds", key="front", key_ranges=1)
+    with pytest.raises(ValueError, match="front_ranges maps front ids"):
+        gen.window("500 milliseconds", key="front", key_ranges=2, front_ranges={0: 2})
     pipe.close()
 
 
