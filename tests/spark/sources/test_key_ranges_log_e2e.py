@@ -1,0 +1,137 @@
+"""End to end, key ranges from the ingest log (rule 15): four Front producers, their
+fronts declared with ``read_log(fronts=...)``, feed two key ranges by the window's
+``front_ranges=`` (fronts 0, 1 -> range 0; 2, 3 -> range 1); front 3's clock runs 15 s
+behind. The ingest segment and the map after it are split alike: range 0's windows
+come out while range 1 waits for front 3, a task fails once after its acks were sent,
+and every window equals a batch recomputation of the log, none emitted twice."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+import lowtide
+from lowtide.core.time import TimeGrid
+from lowtide.spark.operators.window_state import window_starts
+from lowtide.spark.sources.ingest import IngestReader
+from tests.spark.helpers import fail_once, parse_log_record, published
+
+pytestmark = pytest.mark.spark
+
+GRID = TimeGrid(delta_ms=10)
+SIZE = 50  # slots: 500 ms windows
+LAG_MS = 15_000
+RANGES = {0: 0, 1: 0, 2: 1, 3: 1}
+
+
+class LaggingClock:
+    """Wall time ``lag_ms`` behind, never before its start: the front's records and
+    heartbeats trail the others' by ``lag_ms``."""
+
+    def __init__(self, lag_ms: int) -> None:
+        self.lag_ms, self.start_ms = lag_ms, time.time_ns() // 1_000_000
+
+    def now_ms(self) -> int:
+        return max(self.start_ms, time.time_ns() // 1_000_000 - self.lag_ms)
+
+
+def produce(fronts: list, stop: threading.Event) -> list[threading.Thread]:  # type: ignore[type-arg]
+    def run(front) -> None:  # type: ignore[no-untyped-def]
+        i = 0
+        while not stop.wait(0.02):
+            front.send([f"{front.front}:{i + k}".encode() for k in range(3)])
+            i += 3
+
+    threads = [threading.Thread(target=run, args=(f,), daemon=True) for f in fronts]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def start_slots(starts: pd.Series) -> pd.Series:
+    ms = (pd.to_datetime(starts, utc=True) - pd.Timestamp(0, tz="UTC")) // pd.Timedelta(1, "ms")
+    return ms.astype("int64") // GRID.delta_ms
+
+
+def batch_windows(ingest: Path) -> pd.DataFrame:
+    parts = []
+    for f in RANGES:
+        r = IngestReader(ingest, f)
+        times, _ = r.read(0, r.end_offset())
+        parts.append(pd.DataFrame({"front": f, "slot": np.asarray(times, np.int64)}))
+    rows = pd.concat(parts, ignore_index=True)
+    starts = window_starts(rows["slot"].to_numpy(), SIZE, SIZE)[:, 0]
+    return rows.assign(start=starts).groupby(["front", "start"]).size().rename("n")
+
+
+def test_log_fronts_feed_key_ranges_by_a_stated_map(spark, tmp_path: Path) -> None:
+    ingest, out, ckpt = tmp_path / "ingest", tmp_path / "out", tmp_path / "ckpt"
+    pipe = lowtide.Pipeline(spark, "log-ranges", grid=GRID, stuck_after_ms=60_000)
+    after = fail_once(lambda b, p: b % 5 == 3)  # after the source's and the map's acks
+    stream = (pipe.read_log(str(ingest), fronts=list(RANGES))
+              .map(parse_log_record, "front int, offset long, size int", name="parse")
+              .transform(lambda df: df.mapInArrow(after, df.schema))
+              .window("500 milliseconds", key="front", key_ranges=2, front_ranges=RANGES,
+                      name="win")
+              .count())
+    graph = stream.graph()
+    assert [graph.ranges_of(graph.index(s)) for s in ("ingest", "parse", "win")] == [2, 2, 2]
+    assert graph.fronts_of(graph.index("ingest")) == {f: {r} for f, r in RANGES.items()}
+    stop, threads, fronts = threading.Event(), [], []
+    query = None
+    try:
+        pipe.start_tracker(graph)
+        fronts = [pipe.front(f, fsync="never", clock=LaggingClock(LAG_MS) if f == 3 else None)
+                  for f in RANGES]
+        threads = produce(fronts, stop)
+        query = stream.write_parquet(str(out), checkpoint=str(ckpt),
+                                     trigger="200 milliseconds")
+        start = GRID.slot_of(time.time_ns() // 1_000_000)
+        query.wait_for_min_time(start + 8 * SIZE, timeout_s=240)  # Spark warmed up
+        # windows of range 0 ending after now come out once range 0 passes them, while
+        # range 1 is still LAG_MS behind
+        now = GRID.slot_of(time.time_ns() // 1_000_000)
+        query.wait_for_min_time(now + 4 * SIZE, segment="win#0", timeout_s=240)
+        query.wait_for_min_time(now + 4 * SIZE, timeout_s=240)
+        assert not query.stuck()
+        agent = pipe.tracker.agent
+        ahead = []  # range 0's windows written before range 1 reached them
+        for f in published(out):
+            written_ms = (out / f).stat().st_mtime_ns // 1_000_000
+            lagging = agent.min_time_at("win#1", written_ms)
+            got = pq.read_table(out / f).to_pandas()
+            fast = got[got["front"] < 2]
+            ends = start_slots(fast["window_start"]) + SIZE
+            ahead += [int(e) for e in ends if e > lagging]
+        doc = agent.status()
+        stop.set()
+        for t in threads:
+            t.join()
+        final = min(f.close() for f in fronts)
+        fronts = []
+        query.wait_for_min_time(final, timeout_s=240)
+    finally:
+        stop.set()
+        for f in fronts:
+            f.close()
+        if query is not None:
+            query.stop()
+        pipe.close()
+    assert ahead, "no window of range 0 came out before range 1 reached it"
+    ranged = {s["segment"]: s["key_ranges"] for s in doc["segments"] if s.get("key_ranges")}
+    assert set(ranged) == {"ingest", "parse", "win"}
+    assert ranged["win"][0] > ranged["win"][1], "the lagging range is not behind"
+    results = pd.concat([pq.read_table(out / f).to_pandas() for f in published(out)])
+    results["start"] = start_slots(results["window_start"])
+    got = results.set_index(["front", "start"])["count"].sort_index()
+    assert got.index.is_unique, "a window was emitted twice"
+    expected = batch_windows(ingest)
+    np.testing.assert_array_equal(got.to_numpy(), expected.loc[got.index].to_numpy())
+    done = expected[expected.index.get_level_values("start") + SIZE <= final]
+    assert set(done.index) <= set(got.index), "a complete window was not emitted"
