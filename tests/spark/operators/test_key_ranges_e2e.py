@@ -85,7 +85,7 @@ def test_key_ranges_need_one_source_and_narrow_steps(spark, tmp_path: Path) -> N
     with pytest.raises(ValueError, match="'keep' is fed by gen:0-1, gen:2-3"):
         two.window("500 milliseconds", key="front", key_ranges=2, name="win").count().graph()
     keyed = gen.window("500 milliseconds", key="front", name="w1").count()
-    with pytest.raises(ValueError, match="through narrow steps only .* 'win' is fed by w1"):
+    with pytest.raises(ValueError, match=r"through narrow steps only .* 'win' is fed by w1"):
         keyed.window("1 second", key="front", key_ranges=2, name="win").count().graph()
     with pytest.raises(ValueError, match="needs the fronts of 'ingest' listed"):
         pipe.read_log(str(tmp_path / "log")).window(

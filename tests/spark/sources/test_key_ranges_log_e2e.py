@@ -1,9 +1,14 @@
-"""End to end, key ranges from the ingest log (rule 15): four Front producers, their
-fronts declared with ``read_log(fronts=...)``, feed two key ranges by the window's
-``front_ranges=`` (fronts 0, 1 -> range 0; 2, 3 -> range 1); front 3's clock runs 15 s
-behind. The ingest segment and the map after it are split alike: range 0's windows
-come out while range 1 waits for front 3, a task fails once after its acks were sent,
-and every window equals a batch recomputation of the log, none emitted twice."""
+"""End to end, key ranges from declared fronts (rule 15): four Front producers feed two
+key ranges; front 3's clock runs 15 s behind. The ingest segment and the steps after
+it are split alike: the other range's windows come out while front 3's range waits, a
+task fails once after its acks were sent, and every window equals a batch
+recomputation of what the fronts wrote, none emitted twice.
+
+* the ingest log: ``read_log(fronts=...)`` and the window's ``front_ranges=`` (fronts
+  0, 1 -> range 0; 2, 3 -> range 1);
+* any Spark source (``read_stream``, here Parquet files as a Kafka topic would be
+  read, one producer per partition): the rows carry their front in ``front``, fronts
+  declared with ``read_stream(fronts=...)``, the default map ``front % 2``."""
 
 from __future__ import annotations
 
@@ -19,6 +24,8 @@ import pytest
 import lowtide
 from lowtide.core.time import TimeGrid
 from lowtide.spark.operators.window_state import window_starts
+from lowtide.spark.sources.files_producer import FilesProducerConfig
+from lowtide.spark.sources.front import Front
 from lowtide.spark.sources.ingest import IngestReader
 from tests.spark.helpers import fail_once, parse_log_record, published
 
@@ -101,14 +108,7 @@ def test_log_fronts_feed_key_ranges_by_a_stated_map(spark, tmp_path: Path) -> No
         query.wait_for_min_time(now + 4 * SIZE, timeout_s=240)
         assert not query.stuck()
         agent = pipe.tracker.agent
-        ahead = []  # range 0's windows written before range 1 reached them
-        for f in published(out):
-            written_ms = (out / f).stat().st_mtime_ns // 1_000_000
-            lagging = agent.min_time_at("win#1", written_ms)
-            got = pq.read_table(out / f).to_pandas()
-            fast = got[got["front"] < 2]
-            ends = start_slots(fast["window_start"]) + SIZE
-            ahead += [int(e) for e in ends if e > lagging]
+        ahead = ahead_of(agent, out, "win#1", lambda d: d["front"] < 2)
         doc = agent.status()
         stop.set()
         for t in threads:
@@ -135,3 +135,93 @@ def test_log_fronts_feed_key_ranges_by_a_stated_map(spark, tmp_path: Path) -> No
     np.testing.assert_array_equal(got.to_numpy(), expected.loc[got.index].to_numpy())
     done = expected[expected.index.get_level_values("start") + SIZE <= final]
     assert set(done.index) <= set(got.index), "a complete window was not emitted"
+
+
+def ahead_of(agent: object, out: Path, lagging_range: str, fast: object) -> list[int]:
+    """Ends of fast windows written before ``lagging_range`` reached them."""
+    ahead = []
+    for f in published(out):
+        lagging = agent.min_time_at(lagging_range,  # type: ignore[attr-defined]
+                                    (out / f).stat().st_mtime_ns // 1_000_000)
+        got = pq.read_table(out / f).to_pandas()
+        ends = start_slots(got[fast(got)]["window_start"]) + SIZE  # type: ignore[operator]
+        ahead += [int(e) for e in ends if e > lagging]
+    return ahead
+
+
+def test_read_stream_fronts_feed_key_ranges_by_front_mod_n(spark, tmp_path: Path) -> None:
+    files, out, ckpt = tmp_path / "in", tmp_path / "out", tmp_path / "ckpt"
+    files.mkdir()
+    pipe = lowtide.Pipeline(spark, "files-ranges", grid=GRID, stuck_after_ms=60_000)
+    df = spark.readStream.schema("front int, seq long, k long, lt_time long, lt_ack long")\
+        .parquet(str(files))
+    after = fail_once(lambda b, p: b == 3)  # after the entry's acks, in its task
+    stream = (pipe.read_stream(df, fronts=list(RANGES))
+              .transform(lambda d: d.mapInArrow(after, d.schema))
+              .window("500 milliseconds", key="k", key_ranges=2, name="win").count())
+    graph = stream.graph()
+    assert graph.fronts_of(graph.index("ingest")) == {f: {f % 2} for f in RANGES}
+    stop, threads, fronts = threading.Event(), [], []
+    written: list[pd.DataFrame] = []
+    query = None
+    try:
+        pipe.start_tracker(graph)
+        fronts = [Front(None, f, pipe.tracker_ref, clock=LaggingClock(LAG_MS) if f == 3
+                        else None) for f in RANGES]
+        threads = write_files(fronts, FilesProducerConfig(files), stop, written)
+        query = stream.write_parquet(str(out), checkpoint=str(ckpt),
+                                     trigger="300 milliseconds")
+        start = GRID.slot_of(time.time_ns() // 1_000_000)
+        query.wait_for_min_time(start + 8 * SIZE, timeout_s=240)  # Spark warmed up
+        now = GRID.slot_of(time.time_ns() // 1_000_000)
+        query.wait_for_min_time(now + 4 * SIZE, segment="win#0", timeout_s=240)
+        query.wait_for_min_time(now + 4 * SIZE, timeout_s=240)
+        assert not query.stuck()
+        ahead = ahead_of(pipe.tracker.agent, out, "win#1", lambda d: d["k"] // 10 % 2 == 0)
+        stop.set()
+        for t in threads:
+            t.join()
+        final = min(f.close() for f in fronts)
+        fronts = []
+        query.wait_for_min_time(final, timeout_s=240)
+    finally:
+        stop.set()
+        for f in fronts:
+            f.close()
+        if query is not None:
+            query.stop()
+        pipe.close()
+    assert ahead, "no window of range 0 came out before range 1 reached it"
+    rows = pd.concat(written, ignore_index=True)
+    starts = window_starts(rows["lt_time"].to_numpy(), SIZE, SIZE)[:, 0]
+    expected = rows.assign(start=starts).groupby(["k", "start"]).size()
+    results = pd.concat([pq.read_table(out / f).to_pandas() for f in published(out)])
+    got = results.assign(start=start_slots(results["window_start"])).set_index(
+        ["k", "start"])["count"].sort_index()
+    assert got.index.is_unique, "a window was emitted twice"
+    np.testing.assert_array_equal(got.to_numpy(), expected.loc[got.index].to_numpy())
+    done = expected[expected.index.get_level_values("start") + SIZE <= final]
+    assert set(done.index) <= set(got.index), "a complete window was not emitted"
+
+
+def write_files(fronts: list[Front], config: FilesProducerConfig, stop: threading.Event,
+                written: list[pd.DataFrame]) -> list[threading.Thread]:
+    """A file of 20 rows per front every 500 ms (Spark's file source lists the folder
+    at every batch: few files); keys ``front * 10 + seq % 2``."""
+    lock = threading.Lock()
+
+    def run(front: Front) -> None:
+        producer, seq = config.build(front), 0
+        while not stop.wait(0.5):
+            s = np.arange(seq, seq + 20, dtype=np.int64)
+            rows = pd.DataFrame({"front": np.full(20, front.front, np.int32), "seq": s,
+                                 "k": front.front * 10 + s % 2})
+            labelled = producer.send(rows)
+            with lock:
+                written.append(rows.assign(lt_time=labelled.times))
+            seq += 20
+
+    threads = [threading.Thread(target=run, args=(f,), daemon=True) for f in fronts]
+    for t in threads:
+        t.start()
+    return threads
