@@ -5,6 +5,7 @@ rows come from two ranges fails the query."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -64,17 +65,26 @@ def test_a_range_is_emitted_before_a_lagging_range_and_all_equal_batch(
         query.stop()
         pipe.close()
     assert ahead, "no window of a fast range came out before the lagging range reached it"
-    results = read_results(out).assign(start=lambda d: start_slots(d))
-    keys = list(zip(results["front"], results["start"], strict=True))
+    got = assert_equals_batch(read_results(out), "front", final,
+                              lambda horizon: batch_by_front(all_input(spec, t0, horizon)))
+    assert {3} < set(got.index.get_level_values("front"))
+
+
+def assert_equals_batch(results: pd.DataFrame, key: str, final: int,
+                        batch: Callable[[int], pd.DataFrame]) -> pd.DataFrame:
+    """Each window once, equal to ``batch(horizon)``'s, and every window complete
+    below ``final`` emitted; returns the results by (key, start)."""
+    results = results.assign(start=lambda d: start_slots(d))
+    keys = list(zip(results[key], results["start"], strict=True))
     assert len(keys) == len(set(keys)), "a window was emitted twice"
     horizon = max(final, int(results["start"].max()) + SIZE)
-    expected = batch_by_front(all_input(spec, t0, horizon)).set_index(["front", "start"])
-    got = results.set_index(["front", "start"]).sort_index()
+    expected = batch(horizon).set_index([key, "start"])
+    got = results.set_index([key, "start"]).sort_index()
     np.testing.assert_array_equal(got["n"], expected.loc[got.index, "n"])
     np.testing.assert_array_equal(got["total"], expected.loc[got.index, "total"])
     done = expected[expected.index.get_level_values("start") + SIZE <= final]
     assert set(done.index) <= set(got.index), "a complete window was not emitted"
-    assert {3} < set(got.index.get_level_values("front"))
+    return got
 
 
 def test_key_ranges_need_one_source_and_narrow_steps(spark, tmp_path: Path) -> None:

@@ -19,10 +19,9 @@ from lowtide.spark.operators.window_state import window_starts
 from lowtide.spark.sources.generator import GeneratorSpec
 from tests.spark.helpers import fail_once, t0_of_checkpoint
 from tests.spark.operators.helpers import GRID, STUCK_MS, all_input, read_results, start_slots
+from tests.spark.operators.test_key_ranges_e2e import SIZE, assert_equals_batch
 
 pytestmark = pytest.mark.spark
-
-SIZE = 50  # slots: 500 ms windows
 
 
 def with_k(b: pa.RecordBatch) -> pa.RecordBatch:
@@ -77,16 +76,8 @@ def test_ranges_through_where_and_map_emit_early_and_equal_batch(spark, tmp_path
     ranged = {s["segment"]: s["key_ranges"] for s in doc["segments"] if s.get("key_ranges")}
     assert set(ranged) == {"keep", "addk", "win"} and len(ranged["keep"]) == 4
     assert min(ranged["win"][:3]) > ranged["win"][3], "the lagging range is not the lowest"
-    results = read_results(out).assign(start=lambda d: start_slots(d))
-    keys = list(zip(results["k"], results["start"], strict=True))
-    assert len(keys) == len(set(keys)), "a window was emitted twice"
-    horizon = max(final, int(results["start"].max()) + SIZE)
-    expected = batch_windows(all_input(spec, t0, horizon)).set_index(["k", "start"])
-    got = results.set_index(["k", "start"]).sort_index()
-    np.testing.assert_array_equal(got["n"], expected.loc[got.index, "n"])
-    np.testing.assert_array_equal(got["total"], expected.loc[got.index, "total"])
-    done = expected[expected.index.get_level_values("start") + SIZE <= final]
-    assert set(done.index) <= set(got.index), "a complete window was not emitted"
+    assert_equals_batch(read_results(out), "k", final,
+                        lambda horizon: batch_windows(all_input(spec, t0, horizon)))
 
 
 def test_a_step_that_drops_the_front_is_refused_where_described(spark, tmp_path: Path) -> None:

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -99,23 +101,9 @@ def test_log_fronts_feed_key_ranges_by_a_stated_map(spark, tmp_path: Path) -> No
         threads = produce(fronts, stop)
         query = stream.write_parquet(str(out), checkpoint=str(ckpt),
                                      trigger="200 milliseconds")
-        start = GRID.slot_of(time.time_ns() // 1_000_000)
-        query.wait_for_min_time(start + 8 * SIZE, timeout_s=240)  # Spark warmed up
-        # windows of range 0 ending after now come out once range 0 passes them, while
-        # range 1 is still LAG_MS behind
-        now = GRID.slot_of(time.time_ns() // 1_000_000)
-        query.wait_for_min_time(now + 4 * SIZE, segment="win#0", timeout_s=240)
-        query.wait_for_min_time(now + 4 * SIZE, timeout_s=240)
-        assert not query.stuck()
-        agent = pipe.tracker.agent
-        ahead = ahead_of(agent, out, "win#1", lambda d: d["front"] < 2)
-        doc = agent.status()
-        stop.set()
-        for t in threads:
-            t.join()
-        final = min(f.close() for f in fronts)
+        ahead, doc = watch(pipe, query, out, lambda d: d["front"] < 2)
+        final = finish(stop, threads, fronts, query)
         fronts = []
-        query.wait_for_min_time(final, timeout_s=240)
     finally:
         stop.set()
         for f in fronts:
@@ -127,26 +115,51 @@ def test_log_fronts_feed_key_ranges_by_a_stated_map(spark, tmp_path: Path) -> No
     ranged = {s["segment"]: s["key_ranges"] for s in doc["segments"] if s.get("key_ranges")}
     assert set(ranged) == {"ingest", "parse", "win"}
     assert ranged["win"][0] > ranged["win"][1], "the lagging range is not behind"
+    assert_equals_batch(out, "front", batch_windows(ingest), final)
+
+
+def watch(pipe: lowtide.Pipeline, query: Any, out: Path, fast: Callable[[Any], Any]
+          ) -> tuple[list[int], dict[str, Any]]:
+    """Once Spark is warm, until range 0 and then the sink pass a time ahead of now:
+    the ends of ``fast`` windows written before range 1 reached them, and the
+    tracker's status (what `lowtide status`, the metrics and the web view show)."""
+    start = GRID.slot_of(time.time_ns() // 1_000_000)
+    query.wait_for_min_time(start + 8 * SIZE, timeout_s=240)
+    # windows of range 0 ending after now come out once range 0 passes them, while
+    # range 1 is still LAG_MS behind
+    now = GRID.slot_of(time.time_ns() // 1_000_000)
+    query.wait_for_min_time(now + 4 * SIZE, segment="win#0", timeout_s=240)
+    query.wait_for_min_time(now + 4 * SIZE, timeout_s=240)
+    assert not query.stuck()
+    agent = pipe.tracker.agent
+    ahead = []
+    for f in published(out):
+        lagging = agent.min_time_at("win#1", (out / f).stat().st_mtime_ns // 1_000_000)
+        got = pq.read_table(out / f).to_pandas()
+        ends = start_slots(got[fast(got)]["window_start"]) + SIZE
+        ahead += [int(e) for e in ends if e > lagging]
+    return ahead, agent.status()
+
+
+def finish(stop: threading.Event, threads: list[threading.Thread], fronts: list[Front],
+           query: Any) -> int:
+    """Stop producing, end the fronts, wait for the sink: their last heartbeat."""
+    stop.set()
+    for t in threads:
+        t.join()
+    final = min(f.close() for f in fronts)
+    query.wait_for_min_time(final, timeout_s=240)
+    return final
+
+
+def assert_equals_batch(out: Path, key: str, expected: pd.Series, final: int) -> None:
     results = pd.concat([pq.read_table(out / f).to_pandas() for f in published(out)])
     results["start"] = start_slots(results["window_start"])
-    got = results.set_index(["front", "start"])["count"].sort_index()
+    got = results.set_index([key, "start"])["count"].sort_index()
     assert got.index.is_unique, "a window was emitted twice"
-    expected = batch_windows(ingest)
     np.testing.assert_array_equal(got.to_numpy(), expected.loc[got.index].to_numpy())
     done = expected[expected.index.get_level_values("start") + SIZE <= final]
     assert set(done.index) <= set(got.index), "a complete window was not emitted"
-
-
-def ahead_of(agent: object, out: Path, lagging_range: str, fast: object) -> list[int]:
-    """Ends of fast windows written before ``lagging_range`` reached them."""
-    ahead = []
-    for f in published(out):
-        lagging = agent.min_time_at(lagging_range,  # type: ignore[attr-defined]
-                                    (out / f).stat().st_mtime_ns // 1_000_000)
-        got = pq.read_table(out / f).to_pandas()
-        ends = start_slots(got[fast(got)]["window_start"]) + SIZE  # type: ignore[operator]
-        ahead += [int(e) for e in ends if e > lagging]
-    return ahead
 
 
 def test_read_stream_fronts_feed_key_ranges_by_front_mod_n(spark, tmp_path: Path) -> None:
@@ -171,19 +184,9 @@ def test_read_stream_fronts_feed_key_ranges_by_front_mod_n(spark, tmp_path: Path
         threads = write_files(fronts, FilesProducerConfig(files), stop, written)
         query = stream.write_parquet(str(out), checkpoint=str(ckpt),
                                      trigger="300 milliseconds")
-        start = GRID.slot_of(time.time_ns() // 1_000_000)
-        query.wait_for_min_time(start + 8 * SIZE, timeout_s=240)  # Spark warmed up
-        now = GRID.slot_of(time.time_ns() // 1_000_000)
-        query.wait_for_min_time(now + 4 * SIZE, segment="win#0", timeout_s=240)
-        query.wait_for_min_time(now + 4 * SIZE, timeout_s=240)
-        assert not query.stuck()
-        ahead = ahead_of(pipe.tracker.agent, out, "win#1", lambda d: d["k"] // 10 % 2 == 0)
-        stop.set()
-        for t in threads:
-            t.join()
-        final = min(f.close() for f in fronts)
+        ahead, _ = watch(pipe, query, out, lambda d: d["k"] // 10 % 2 == 0)
+        final = finish(stop, threads, fronts, query)
         fronts = []
-        query.wait_for_min_time(final, timeout_s=240)
     finally:
         stop.set()
         for f in fronts:
@@ -194,14 +197,8 @@ def test_read_stream_fronts_feed_key_ranges_by_front_mod_n(spark, tmp_path: Path
     assert ahead, "no window of range 0 came out before range 1 reached it"
     rows = pd.concat(written, ignore_index=True)
     starts = window_starts(rows["lt_time"].to_numpy(), SIZE, SIZE)[:, 0]
-    expected = rows.assign(start=starts).groupby(["k", "start"]).size()
-    results = pd.concat([pq.read_table(out / f).to_pandas() for f in published(out)])
-    got = results.assign(start=start_slots(results["window_start"])).set_index(
-        ["k", "start"])["count"].sort_index()
-    assert got.index.is_unique, "a window was emitted twice"
-    np.testing.assert_array_equal(got.to_numpy(), expected.loc[got.index].to_numpy())
-    done = expected[expected.index.get_level_values("start") + SIZE <= final]
-    assert set(done.index) <= set(got.index), "a complete window was not emitted"
+    assert_equals_batch(out, "k", rows.assign(start=starts).groupby(["k", "start"]).size(),
+                        final)
 
 
 def write_files(fronts: list[Front], config: FilesProducerConfig, stop: threading.Event,
