@@ -173,6 +173,8 @@ class _Walk:
         return out
 
     def _split_up(self, step: object, out: dict[str, tuple[int, FrontRanges]]) -> None:
+        """Split ``step``'s inbound segment, then each one above it up to the segment
+        its source's fronts feed, or refuse a sender that is neither."""
         name, n = getattr(step, "name", ""), getattr(step, "key_ranges", 0)
         segment = name
         while True:
@@ -202,13 +204,13 @@ def front_ranges(name: str, n: int, src: SourceSpec, given: dict[int, int]) -> F
         ids = sorted(src.fronts.ids) if src.fronts is not None else sorted(given)
     if not ids:
         raise PipelineShapeError(
-            f"{name!r}: key_ranges needs the fronts of {src.name!r} listed (read_log(path, "
+            f"{name!r}: key_ranges needs the fronts of {source_key(src)!r} listed (read_log(path, "
             f"fronts=[...]) or read_stream(df, fronts=[...])) or front_ranges={{front: "
             f"range}}: each front's range is stated where the pipeline is built")
     missing = [f for f in ids if given and f not in given]
     if missing:
         raise PipelineShapeError(f"{name!r}: front_ranges has no range for front(s) "
-                                 f"{missing}: give every front of {src.name!r} its range")
+                                 f"{missing}: give every front of {source_key(src)} its range")
     return tuple((f, (given[f] if given else f % n,)) for f in ids)
 
 
