@@ -10,6 +10,7 @@ import pytest
 
 @pytest.mark.parametrize("module", [
     "lowtide.spark.tracking.column",
+    "lowtide.spark.tracking.key_ranges",
     "lowtide.spark.sources.ingest",
     "lowtide.spark.sources.generator",
     "lowtide.spark.operators.windows",

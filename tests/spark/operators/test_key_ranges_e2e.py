@@ -1,14 +1,19 @@
 """End to end, key ranges (rule 15): a window whose fronts partition its keys emits a
 range's windows once that range is complete, while a lagging front's range waits;
 every window equals a batch recomputation, none is emitted twice, and a key whose
-rows come from two ranges fails the query."""
+rows come from two ranges fails the query. With narrow steps (a ``where``, a ``map``)
+between the generator and the window, each step's segment is split into the same
+ranges, each row sent and received in its front's range at every step, under a task
+failure after the acks were sent."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -64,29 +69,48 @@ def test_a_range_is_emitted_before_a_lagging_range_and_all_equal_batch(
         query.stop()
         pipe.close()
     assert ahead, "no window of a fast range came out before the lagging range reached it"
-    results = read_results(out).assign(start=lambda d: start_slots(d))
-    keys = list(zip(results["front"], results["start"], strict=True))
+    got = assert_equals_batch(read_results(out), "front", final,
+                              lambda horizon: batch_by_front(all_input(spec, t0, horizon)))
+    assert {3} < set(got.index.get_level_values("front"))
+
+
+def assert_equals_batch(results: pd.DataFrame, key: str, final: int,
+                        batch: Callable[[int], pd.DataFrame]) -> pd.DataFrame:
+    """Each window once, equal to ``batch(horizon)``'s, and every window complete
+    below ``final`` emitted; returns the results by (key, start)."""
+    results = results.assign(start=lambda d: start_slots(d))
+    keys = list(zip(results[key], results["start"], strict=True))
     assert len(keys) == len(set(keys)), "a window was emitted twice"
     horizon = max(final, int(results["start"].max()) + SIZE)
-    expected = batch_by_front(all_input(spec, t0, horizon)).set_index(["front", "start"])
-    got = results.set_index(["front", "start"]).sort_index()
+    expected = batch(horizon).set_index([key, "start"])
+    got = results.set_index([key, "start"]).sort_index()
     np.testing.assert_array_equal(got["n"], expected.loc[got.index, "n"])
     np.testing.assert_array_equal(got["total"], expected.loc[got.index, "total"])
     done = expected[expected.index.get_level_values("start") + SIZE <= final]
     assert set(done.index) <= set(got.index), "a complete window was not emitted"
-    assert {3} < set(got.index.get_level_values("front"))
+    return got
 
 
-def test_key_ranges_need_the_window_right_after_a_generator(spark) -> None:
+def test_key_ranges_need_one_source_and_narrow_steps(spark, tmp_path: Path) -> None:
     pipe = lowtide.Pipeline(spark, "win-ranges-bad", grid=GRID)
-    stream = (pipe.generate(GeneratorSpec(fronts=2, rate=10.0))
-              .where("seq >= 0", name="keep")
-              .window("500 milliseconds", key="front", key_ranges=2, name="win").count())
-    with pytest.raises(ValueError, match="key_ranges needs the step right after a generator"):
-        stream.graph()
+    gen = pipe.generate(GeneratorSpec(fronts=2, rate=10.0))
+    other = pipe.generate(GeneratorSpec(fronts=2, rate=10.0, first_front=2))
+    two = gen.union(other).where("seq >= 0", name="keep")
+    with pytest.raises(ValueError, match="'keep' is fed by gen:0-1, gen:2-3"):
+        two.window("500 milliseconds", key="front", key_ranges=2, name="win").count().graph()
+    keyed = gen.window("500 milliseconds", key="front", name="w1").count()
+    with pytest.raises(ValueError, match=r"through narrow steps only .* 'win' is fed by w1"):
+        keyed.window("1 second", key="front", key_ranges=2, name="win").count().graph()
+    with pytest.raises(ValueError, match="needs the fronts of 'ingest' listed"):
+        pipe.read_log(str(tmp_path / "log")).window(
+            "500 milliseconds", key="front", key_ranges=2, name="win").count().graph()
+    with pytest.raises(ValueError, match=r"front_ranges has no range for front\(s\) \[1\]"):
+        gen.window("500 milliseconds", key="front", key_ranges=2, front_ranges={0: 1},
+                   name="win").count().graph()
     with pytest.raises(ValueError, match="key_ranges=1"):
-        pipe.generate(GeneratorSpec(fronts=2, rate=10.0)).window(
-            "500 milliseconds", key="front", key_ranges=1)
+        gen.window("500 milliseconds", key="front", key_ranges=1)
+    with pytest.raises(ValueError, match="front_ranges maps front ids"):
+        gen.window("500 milliseconds", key="front", key_ranges=2, front_ranges={0: 2})
     pipe.close()
 
 
@@ -104,3 +128,72 @@ def test_a_key_in_two_ranges_fails_the_query(spark, tmp_path: Path) -> None:
     finally:
         query.stop()
         pipe.close()
+
+
+# narrow steps between the source and the window: each segment split alike
+
+
+def with_k(b: pa.RecordBatch) -> pa.RecordBatch:
+    """Two keys per front: ``k = front * 10 + seq % 2`` (a key stays in its front's range)."""
+    front = b["front"].to_numpy(zero_copy_only=False).astype(np.int64)
+    seq = b["seq"].to_numpy(zero_copy_only=False)
+    return pa.RecordBatch.from_arrays([b["front"], b["seq"], pa.array(front * 10 + seq % 2)],
+                                      names=["front", "seq", "k"])
+
+
+def batch_windows(rows: pd.DataFrame) -> pd.DataFrame:
+    rows = rows[rows["seq"] % 3 != 0].assign(k=lambda d: d["front"] * 10 + d["seq"] % 2)
+    starts = window_starts(rows["slot"].to_numpy(), SIZE, SIZE)[:, 0]
+    return (rows.assign(start=starts).groupby(["k", "start"])
+            .agg(n=("seq", "size"), total=("seq", "sum")).reset_index())
+
+
+def test_ranges_through_where_and_map_emit_early_and_equal_batch(spark, tmp_path: Path) -> None:
+    spec = GeneratorSpec(fronts=4, rate=160.0, payload_bytes=4, lag_ms={3: 20_000})
+    pipe = lowtide.Pipeline(spark, "win-ranges-steps", grid=GRID, stuck_after_ms=STUCK_MS)
+    # a task of the where fails once after it sent its acks (the next step is in its
+    # task): its retry must send the same acks in the same ranges
+    after = fail_once(lambda b, p: b % 4 == 2)
+    stream = (pipe.generate(spec)
+              .where("seq % 3 != 0", name="keep")
+              .transform(lambda df: df.mapInArrow(after, df.schema))
+              .map(with_k, "front int, seq long, k long", name="addk")
+              .window("500 milliseconds", key="k", key_ranges=4, name="win")
+              .agg(n="count", total=("seq", "sum")))
+    graph = stream.graph()
+    assert [graph.ranges_of(graph.index(s)) for s in ("keep", "addk", "win")] == [4, 4, 4]
+    assert graph.fronts_of(graph.index("keep")) == {f: {f} for f in range(4)}
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    query = stream.write_parquet(str(out), checkpoint=str(ckpt), trigger="200 milliseconds")
+    try:
+        t0 = t0_of_checkpoint(ckpt, query, timeout_s=240)
+        query.wait_for_min_time(GRID.slot_of(t0) + 8 * SIZE, timeout_s=240)
+        assert not query.stuck()
+        agent = pipe.tracker.agent
+        ahead = []  # fast ranges' windows written before the lagging range reached them
+        for f in sorted(out.glob("*.parquet")):
+            lagging = agent.min_time_at("win#3", f.stat().st_mtime_ns // 1_000_000)
+            got = pq.read_table(f).to_pandas()
+            ends = start_slots(got[got["k"] // 10 != 3]) + SIZE
+            ahead += [int(e) for e in ends if e > lagging]
+        final = query.min_time()
+        doc = agent.status()  # what `lowtide status`, the metrics and the web view show
+    finally:
+        query.stop()
+        pipe.close()
+    assert ahead, "no window of a fast range came out before the lagging range reached it"
+    ranged = {s["segment"]: s["key_ranges"] for s in doc["segments"] if s.get("key_ranges")}
+    assert set(ranged) == {"keep", "addk", "win"} and len(ranged["keep"]) == 4
+    assert min(ranged["win"][:3]) > ranged["win"][3], "the lagging range is not the lowest"
+    assert_equals_batch(read_results(out), "k", final,
+                        lambda horizon: batch_windows(all_input(spec, t0, horizon)))
+
+
+def test_a_step_that_drops_the_front_is_refused_where_described(spark, tmp_path: Path) -> None:
+    pipe = lowtide.Pipeline(spark, "win-ranges-dropped", grid=GRID)
+    gen = pipe.generate(GeneratorSpec(fronts=2, rate=10.0))
+    dropped = (gen.select("seq").where("seq >= 0", name="keep")
+               .window("500 milliseconds", key="seq", key_ranges=2, name="win").count())
+    with pytest.raises(ValueError, match="step 'keep': its rows are split into key ranges"):
+        dropped.write_parquet(str(tmp_path / "a"), checkpoint=str(tmp_path / "ca"))
+    pipe.close()

@@ -56,8 +56,6 @@ from lowtide.spark.tracking.transport import TrackerRef
 # a null key: PySpark 4.2 hands a null grouping key's rows out one per call and mixed
 # another key's rows into its state in our tests)
 GROUP_COL = "lt_group"
-# the column a row's key range comes from (``% key_ranges``): its front's
-RANGE_COL = "front"
 
 
 @dataclass(frozen=True)
@@ -74,7 +72,8 @@ class StatefulSpec(StatefulStep):
     buckets: int = 0
     what: str = "stateful"
     #: 0, or the key ranges of the inbound segment (rule 15): a group's rows are of one
-    #: range, ``RANGE_COL % key_ranges``, and its outputs wait for that range only
+    #: range, their fronts' (:mod:`lowtide.spark.tracking.key_ranges`), and its outputs
+    #: wait for that range only
     key_ranges: int = 0
     eager: bool = False  # step at every poll, not only once a wake is complete (rule 13)
 

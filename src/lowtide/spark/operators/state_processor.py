@@ -20,7 +20,6 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
 from lowtide.spark.operators.keyed_state import (
     GROUP_COL,
-    RANGE_COL,
     KeyedRuntime,
     StatefulSpec,
     key_json,
@@ -46,6 +45,7 @@ from lowtide.spark.operators.state_clock import (
     use_rocksdb,
 )
 from lowtide.spark.tracking.column import TRACK_COL, TRACKING_COLS, as_u64
+from lowtide.spark.tracking.key_ranges import RANGE_COL, row_ranges
 from lowtide.spark.tracking.transport import TrackerRef
 
 # the store's schemas: a GroupRecord per group, a logic's row parts per (group, tag, index)
@@ -146,14 +146,15 @@ class SlotProcessor(StatefulProcessor):  # type: ignore[misc]
         n = self.rt.spec.key_ranges
         if not n:
             return None
-        found = set((df[RANGE_COL].to_numpy(np.int64) % n).tolist())
+        graph = self.rt.ref.graph
+        found = set(row_ranges(graph, graph.index(self.rt.spec.name),
+                               df[RANGE_COL].to_numpy(np.int64)).tolist())
         if stored is not None:
             found.add(stored)
         if len(found) > 1:
             raise ValueError(f"{self.rt.spec.what} {self.rt.spec.name!r}: key {spark_key(key)} "
                              f"has rows of key ranges {sorted(found)}; with key_ranges={n} "
-                             f"each key's rows must come from fronts of one range "
-                             f"({RANGE_COL} % {n})")
+                             f"each key's rows must come from fronts of one range")
         key_range = found.pop()
         if stored is None:
             assert self.range is not None

@@ -52,6 +52,7 @@ from lowtide.spark.tracking.column import (
     reference_slot,
     track_children,
 )
+from lowtide.spark.tracking.key_ranges import by_range
 from lowtide.spark.tracking.transport import TrackerRef, task_identity
 
 KINDS = ("map", "flat_map", "filter")
@@ -201,7 +202,9 @@ def task_function(*chain: OpRuntime) -> Callable[[Iterator[Any]], Iterator[Any]]
 
         def apply_chain(batch: Any) -> Any:
             for rt, (in_idx, out_idx) in zip(chain, idx, strict=True):
-                batch = apply_op(rt, batch, acc, in_idx, out_idx, ref_slot)
+                # in a segment split into key ranges, each range's rows apart (rule 15)
+                batch = by_range(graph, in_idx, out_idx, batch, lambda b, i, o, rt=rt:
+                                 apply_op(rt, b, acc, i, o, ref_slot))
             return batch
 
         outputs = (apply_chain(batch) for batch in batches)

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from lowtide.spark.operators.keyed_state import RANGE_COL, StatefulSpec
+from lowtide.spark.operators.keyed_state import StatefulSpec
 from lowtide.spark.operators.slot_logic import AT_COL, ID_COL, SLOT_COL, LogicStep, RowParts
 from lowtide.spark.operators.state_clock import check_keys
 from lowtide.spark.operators.window_aggs import (
@@ -42,6 +42,7 @@ from lowtide.spark.operators.window_aggs import (
 )
 from lowtide.spark.operators.windows import WindowSpec
 from lowtide.spark.tracking.column import TRACK_COL, TRACKING_COLS
+from lowtide.spark.tracking.key_ranges import RANGE_COL
 from lowtide.spark.tracking.transport import TrackerRef
 
 

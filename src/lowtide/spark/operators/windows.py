@@ -148,9 +148,10 @@ class WindowSpec(StatefulStep):
     fn_schema: str | None = None
     poll_ms: int = 100
     #: 0, or how many key ranges the window's inbound segment is split into (rule 15):
-    #: a row's range is its front's (``front % key_ranges``), the window of a key is
-    #: emitted once its range is complete
+    #: a row's range is its front's (``front % key_ranges``, or ``front_ranges``), the
+    #: window of a key is emitted once its range is complete
     key_ranges: int = 0
+    front_ranges: tuple[tuple[int, int], ...] = ()  # (front, its range); () for f % N
 
 
 @dataclass(frozen=True)
@@ -164,6 +165,7 @@ class WindowedStream:
     slide_ms: int
     poll_ms: int = 100
     key_ranges: int = 0
+    front_ranges: tuple[tuple[int, int], ...] = ()
 
     def agg(self, **aggs: Any) -> Any:
         """``name="count"``, ``name=(column, fn)`` with fn one of ``count``, ``sum``,
@@ -173,7 +175,8 @@ class WindowedStream:
         parsed = checked_aggs(f"window {self.name!r}", self.keys,
                               ("window_start", "window_end"), aggs)
         spec = WindowSpec(self.name, self.keys, self.size_ms, self.slide_ms, parsed,
-                          poll_ms=self.poll_ms, key_ranges=self.key_ranges)
+                          poll_ms=self.poll_ms, key_ranges=self.key_ranges,
+                          front_ranges=self.front_ranges)
         return self.stream._then(spec)
 
     def count(self) -> Any:
@@ -184,16 +187,22 @@ class WindowedStream:
         result row per row), columns as in the DDL ``schema``; called once per window
         with all its rows (without the tracking columns), when it is complete."""
         spec = WindowSpec(self.name, self.keys, self.size_ms, self.slide_ms, (), fn, schema,
-                          self.poll_ms, self.key_ranges)
+                          self.poll_ms, self.key_ranges, self.front_ranges)
         return self.stream._then(spec)
 
 
 def make_windowed(stream: Any, size: str | int, key: Any, slide: str | int | None,
-                  name: str, poll_ms: int, delta_ms: int, key_ranges: int = 0
-                  ) -> WindowedStream:
+                  name: str, poll_ms: int, delta_ms: int, key_ranges: int = 0,
+                  front_ranges: dict[int, int] | None = None) -> WindowedStream:
     if key_ranges and not 2 <= key_ranges <= MAX_KEY_RANGES:
         raise ValueError(f"window {name!r}: key_ranges={key_ranges}; use 0 (none) or "
                          f"2..{MAX_KEY_RANGES}")
+    pairs = tuple(sorted((int(f), int(r)) for f, r in (front_ranges or {}).items()))
+    if pairs and not key_ranges:
+        raise ValueError(f"window {name!r}: front_ranges needs key_ranges=N")
+    if any(not 0 <= r < key_ranges or f < 0 for f, r in pairs):
+        raise ValueError(f"window {name!r}: front_ranges maps front ids (>= 0) to ranges "
+                         f"0..{key_ranges - 1}, got {dict(pairs)}")
     size_ms = duration_ms(size)
     slide_ms = duration_ms(slide) if slide is not None else size_ms
     if size_ms % delta_ms or slide_ms % delta_ms:
@@ -201,4 +210,4 @@ def make_windowed(stream: Any, size: str | int, key: Any, slide: str | int | Non
     if slide_ms <= 0 or size_ms % slide_ms:
         raise ValueError("the window size must be a positive multiple of the slide")
     return WindowedStream(stream, name, parse_keys(key), size_ms, slide_ms, poll_ms,
-                          key_ranges)
+                          key_ranges, pairs)

@@ -25,10 +25,13 @@ from typing import TYPE_CHECKING
 
 from lowtide.core.errors import GraphError, LowtideError
 from lowtide.core.graph import FrontRanges, SegmentGraph, SegmentSpec
+from lowtide.spark.pipeline.sources import SourceSpec
 
 if TYPE_CHECKING:
-    from lowtide.spark.pipeline.sources import SourceSpec
     from lowtide.spark.pipeline.stream import Stream
+
+#: tracked steps that keep each row's key range (its front) as it came (rule 15)
+NARROW_KINDS = ("map", "flat_map", "filter", "where", "explode", "enrich")
 
 
 class PipelineShapeError(LowtideError, ValueError):
@@ -161,22 +164,54 @@ class _Walk:
 
     def key_ranges(self) -> dict[str, tuple[int, FrontRanges]]:
         """The segments split into key ranges (rule 15): a ``key_ranges`` step's
-        inbound segment, fed by one generator's fronts, front ``f`` feeding range
-        ``f % N`` (the fronts partition the keys)."""
+        inbound segment and each one up to its source (narrow steps between keep each
+        row's range, its front's); the source segment lists the range of each front."""
         out: dict[str, tuple[int, FrontRanges]] = {}
         for name, step in self.owner.items():
-            n = getattr(step, "key_ranges", 0)
-            if not n or name != getattr(step, "name", None):
-                continue
-            feeders = [key for key, segs in self.sends.items() if name in segs]
-            src = self.generators.get(feeders[0]) if len(feeders) == 1 else None
-            if src is None or src.spec is None:
-                raise PipelineShapeError(
-                    f"{name!r}: key_ranges needs the step right after a generator (its "
-                    "fronts partition the keys; steps between would have to carry each "
-                    "row's range)")
-            out[name] = (n, tuple((f, (f % n,)) for f in src.spec.front_ids()))
+            if getattr(step, "key_ranges", 0) and name == getattr(step, "name", None):
+                self._split_up(step, out)
         return out
+
+    def _split_up(self, step: object, out: dict[str, tuple[int, FrontRanges]]) -> None:
+        """Split ``step``'s inbound segment, then each one above it up to the segment
+        its source's fronts feed, or refuse a sender that is neither."""
+        name, n = getattr(step, "name", ""), getattr(step, "key_ranges", 0)
+        segment = name
+        while True:
+            out[segment] = (n, ())
+            feeders = [key for key, segs in self.sends.items() if segment in segs]
+            sender = self.owner.get(feeders[0]) if len(feeders) == 1 else None
+            if isinstance(sender, SourceSpec):
+                if sender.kind != "gen":  # its ingest segment is the one fronts feed
+                    segment = feeders[0]
+                out[segment] = (n, front_ranges(name, n, sender,
+                                                dict(getattr(step, "front_ranges", ()))))
+                return
+            if getattr(sender, "kind", None) not in NARROW_KINDS:
+                raise PipelineShapeError(
+                    f"{name!r}: key_ranges needs its rows straight from one source, through "
+                    f"narrow steps only ({', '.join(NARROW_KINDS)}, select, with_column); "
+                    f"{segment!r} is fed by {', '.join(sorted(feeders))}")
+            segment = feeders[0]
+
+
+def front_ranges(name: str, n: int, src: SourceSpec, given: dict[int, int]) -> FrontRanges:
+    """The range each front of ``src`` feeds: ``given`` (the window's ``front_ranges=``),
+    else ``front % n``; the fronts must be known where the pipeline is built."""
+    if src.spec is not None:
+        ids = src.spec.front_ids()
+    else:
+        ids = sorted(src.fronts.ids) if src.fronts is not None else sorted(given)
+    if not ids:
+        raise PipelineShapeError(
+            f"{name!r}: key_ranges needs the fronts of {source_key(src)!r} listed (read_log(path, "
+            f"fronts=[...]) or read_stream(df, fronts=[...])) or front_ranges={{front: "
+            f"range}}: each front's range is stated where the pipeline is built")
+    missing = [f for f in ids if given and f not in given]
+    if missing:
+        raise PipelineShapeError(f"{name!r}: front_ranges has no range for front(s) "
+                                 f"{missing}: give every front of {source_key(src)} its range")
+    return tuple((f, (given[f] if given else f % n,)) for f in ids)
 
 
 def derive(sinks: Sequence[tuple[Stream, str]]) -> SegmentPlan:

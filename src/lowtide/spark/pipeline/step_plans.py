@@ -30,6 +30,7 @@ from lowtide.spark.pipeline.describe import described
 from lowtide.spark.pipeline.stream import Step, TransformSpec
 from lowtide.spark.sources.read_stream import EntrySpec, entry_schema
 from lowtide.spark.tracking.column import TRACK_COL
+from lowtide.spark.tracking.key_ranges import RANGE_COL
 from lowtide.spark.tracking.receive import WM_COL
 from lowtide.spark.tracking.transport import TrackerRef
 
@@ -96,6 +97,7 @@ def plan_steps(df: Any, group: list[Step | EntrySpec], to: Targets, null_sink: b
         df = planned
         if not step.tracked:
             return df
+    check_range_col(ref, step.name, df)
     if isinstance(step, EntrySpec):
         schema = entry_schema(df, step.time_col, step.ack_col)
     else:
@@ -119,6 +121,17 @@ def plan_steps(df: Any, group: list[Step | EntrySpec], to: Targets, null_sink: b
     if to.windows.receives(target):  # a window planned in the JVM receives here
         run, schema = receiving_task(run, ref, target, chain[-1].in_segment), with_stamp(schema)
     return spark_step(step.name, lambda: df.mapInArrow(run, schema))
+
+
+def check_range_col(ref: TrackerRef, segment: str, df: Any) -> None:
+    """Rows received from a segment split into key ranges carry their front (their
+    range, rule 15): a one-line error where a step before dropped it."""
+    g = ref.graph
+    if segment in g and g.ranges_of(g.index(segment)) and RANGE_COL not in df.columns:
+        raise PipelineShapeError(f"step {segment!r}: its rows are split into key ranges by "
+                                 f"their front, but have no {RANGE_COL!r} column: keep it "
+                                 f"(in select, in a map's schema), or add each row's front "
+                                 f"as {RANGE_COL!r} (read_stream)")
 
 
 def keyed_plan(df: Any, step: StatefulSpec, ref: TrackerRef, out_segment: str, name: str) -> Any:

@@ -179,15 +179,18 @@ class Stream:
 
     def window(self, size: str | int, *, key: str | list[str] | tuple[str, ...],
                slide: str | int | None = None,
-               name: str | None = None, poll_ms: int = 100, key_ranges: int = 0) -> Windowed:
+               name: str | None = None, poll_ms: int = 100, key_ranges: int = 0,
+               front_ranges: dict[int, int] | None = None) -> Windowed:
         """Exact keyed windows over global time (tumbling, or sliding with ``slide``);
         finish with ``.agg(n="count", total=("amount", "sum"))`` or ``.apply(fn,
         schema)``. ``key_ranges=N``: the fronts partition the keys into N ranges (a
-        row's range is ``front % N``) and a key's window is emitted once its range is
-        complete, not the whole input. See :mod:`lowtide.spark.operators.windows`."""
+        row's range is its ``front``'s: ``front % N``, or ``front_ranges[front]``) and
+        a key's window is emitted once its range is complete, not the whole input. See
+        :mod:`lowtide.spark.operators.windows`."""
         name = name or self._default_name("window")
         return Windowed(described(lambda: make_windowed(
-            self, size, key, slide, name, poll_ms, self.pipeline.grid.delta_ms, key_ranges)))
+            self, size, key, slide, name, poll_ms, self.pipeline.grid.delta_ms, key_ranges,
+            front_ranges)))
 
     def speculative(self, every: str | int | None = None) -> Stream:
         """Early results of the window before it (``window(...).agg(...)``): a

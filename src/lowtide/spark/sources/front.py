@@ -72,6 +72,7 @@ from lowtide.spark.sources.labels import Labelled, as_label
 from lowtide.spark.sources.lateness import LatePolicy, LateStats
 from lowtide.spark.sources.retention import retain
 from lowtide.spark.tracking.column import AckAccumulator
+from lowtide.spark.tracking.key_ranges import front_cell
 from lowtide.spark.tracking.transport import AgentLike, TrackerRef, connect
 
 log = logging.getLogger("lowtide.spark.front")
@@ -189,7 +190,9 @@ class Front:
             tracker, "graph", None)
         if graph is None:
             raise TypeError("pass a TrackerRef, or an agent with a .graph")
-        self._segment_index = [graph.index(s) for s in self.segments]
+        # what its send-acks carry into each segment: the segment, or its key range
+        self._segment_cell = [front_cell(graph, s, fid)
+                              for s, fid in zip(self.segments, self.front_ids(), strict=True)]
 
     def _open_log(self, log_dir: str | os.PathLike[str], fsync: str,
                   rotate_bytes: int | None) -> IngestWriter:
@@ -289,8 +292,8 @@ class Front:
         self._next_seq += k
         if k:
             acc = AckAccumulator()
-            for index in self._segment_index:
-                acc.add(index, times, acks, +1)
+            for cell in self._segment_cell:
+                acc.add(cell, times, acks, +1)
             self._agent.add_acks(acc.build(self.grid.window_slots))
             self._max_label = max(self._max_label, int(times.max()))
             if self.confirm:

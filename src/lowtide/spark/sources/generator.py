@@ -39,7 +39,6 @@ from typing import Any
 import numpy as np
 
 from lowtide.core.acks import root_acks
-from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import Heartbeat
 from lowtide.core.time import TimeGrid
 from lowtide.service.clock import wall_ms
@@ -58,6 +57,7 @@ from lowtide.spark.tracking.column import (
     pack,
     reference_slot,
 )
+from lowtide.spark.tracking.key_ranges import front_cell
 from lowtide.spark.tracking.transport import TrackerRef, connect
 
 try:
@@ -243,22 +243,6 @@ def gen_rows(
         names=["front", "seq", "event_ms", "payload"],
     )
     return batch, times, acks
-
-
-
-
-
-def front_cell(graph: SegmentGraph, segment: str, front: int) -> int:
-    """What a front's send-acks into ``segment`` carry: the segment, or, in a segment
-    split into key ranges, the range the front feeds (rule 15)."""
-    s = graph.index(segment)
-    if not graph.ranges_of(s):
-        return s
-    ranges = sorted(graph.fronts_of(s).get(front, ()))
-    if len(ranges) != 1:
-        raise ValueError(f"front {front} feeds key ranges {ranges} of {segment!r}: a "
-                         "generator's front feeds one")
-    return graph.cell(s, ranges[0])
 
 
 class GenStreamReader(DataSourceStreamReader):  # type: ignore[misc]

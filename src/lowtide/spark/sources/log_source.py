@@ -38,6 +38,7 @@ from lowtide.spark.tracking.column import (
     pack,
     reference_slot,
 )
+from lowtide.spark.tracking.key_ranges import front_range
 from lowtide.spark.tracking.transport import (
     AgentLike,
     Pending,
@@ -223,8 +224,11 @@ class LogStreamReader(DataSourceStreamReader):  # type: ignore[misc]
     def read(self, partition: FrontPartition) -> Iterator[Any]:
         batch, times, acks = read_log_partition(self.path, partition)
         packed = pack(times, acks, reference_slot(self.ref.grid))
-        out = self.ref.graph.index(self.out)
-        ingest = self.ref.graph.index(self.ingest)
+        graph = self.ref.graph
+        ingest, out = graph.index(self.ingest), graph.index(self.out)
+        r = front_range(graph, self.ingest, partition.front)
+        if r is not None:  # its front's key range (rule 15), the next segment split alike
+            ingest, out = graph.cell(ingest, r), graph.cell(out, r)
         acc = AckAccumulator()
         acc.add(out, times, ack_ids(packed), +1)  # children first: the acks' low 32 bits
         acc.add(ingest, times, acks, -1)
