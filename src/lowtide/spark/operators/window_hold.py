@@ -313,10 +313,15 @@ class ProgressCallback:
         self.listener = listener
 
     def onQueryProgress(self, jevent: Any) -> None:
-        progress = jevent.progress()
-        if progress.id().toString() != self.listener.query_id:
+        try:
+            progress = jevent.progress()
+            if progress.id().toString() != self.listener.query_id:
+                return
+            text = progress.eventTime().get("watermark")
+        except Exception as exc:  # the JVM going away: the hold stays where it was
+            log.warning("window hold not moved", extra={
+                "window": self.listener.hold.window, "reason": repr(exc)})
             return
-        text = progress.eventTime().get("watermark")
         self.listener.advance(None if text is None else iso_ms(text))
 
     def onQueryStarted(self, jevent: Any) -> None:
