@@ -167,13 +167,19 @@ def report_maps(result: dict[str, Any], cfg: BenchConfig) -> int:
           f" embedded tracker waits them out): {result['driver_full_gcs']}, longest"
           f" {result['driver_full_gc_max_ms']} ms; one at the end took"
           f" {result['driver_full_gc_now_ms']} ms (freeze_gc={cfg.freeze_gc})")
+    print("CPU us per input row by process: " + "; ".join(
+        f"{v} " + ", ".join(f"{k} {x:.3f}" for k, x in by.items())
+        for v, by in (("untracked", result["untracked_us_per_row_by_process"]),
+                      *((v, r["us_per_row_by_process"])
+                        for v, r in result["variants"].items()))))
     print("micro-batches per counted run, at the fewest: " + ", ".join(
         f"{v} {n}" for v, n in result["fewest_batches"].items())
         + f" (each run counts at least {cfg.min_batches}: --min-batches)")
     print(json.dumps({k: result[k] for k in (
         "bench", "throughput_ratio", "cpu_ratio", "rows_per_s_tracked", "rows_per_s_untracked",
         "notify_p50_ms", "notify_p99_ms", "notify_max_ms", "notify_uncounted_max_ms",
-        "driver_full_gc_max_ms", "driver_full_gc_now_ms", "fewest_batches", "variants")}))
+        "driver_full_gc_max_ms", "driver_full_gc_now_ms", "fewest_batches", "variants",
+        "untracked_us_per_row_by_process")}))
     return 0
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from lowtide.bench.spark.measure import (
+    BY_PROCESS,
     CPU,
     FULL_GCS,
     BenchConfig,
@@ -246,6 +247,7 @@ def _rounds(spark: Any, cfg: BenchConfig, workdir: str,
                 t = tally[variant]
                 t.rows, t.secs, t.batches = t.rows + rows, t.secs + secs, t.batches + n
                 t.cpu_rows, t.cpu_s = t.cpu_rows + CPU["rows"], t.cpu_s + CPU["last"]
+                t.by_process.add(BY_PROCESS, CPU["rows"])
                 t.add_delays(m, d, f"round {r + 1}")
                 t.full_gcs_ms += FULL_GCS.ms[gcs:]
                 fewest[variant] = min(fewest.get(variant, n), n)
@@ -303,6 +305,7 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
         "driver_full_gc_max_ms": round(max(tracked.full_gcs_ms, default=0.0), 2),
         "driver_full_gc_now_ms": round(full_gc_now_ms, 2),
         "variants": variants,
+        "untracked_us_per_row_by_process": un.by_process.us_per_row(),
         # every counted run had at least cfg.min_batches (see measure._measure)
         "fewest_batches": fewest,
     }

@@ -3,6 +3,7 @@ generator spec, and measuring rows per second and per CPU second over whole batc
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -64,42 +65,92 @@ def _spec(cfg: BenchConfig) -> GeneratorSpec:
                          payload_bytes=cfg.payload_bytes, max_rows_per_batch=per_front)
 
 
-def cpu_seconds() -> float:
-    """CPU time (user + system) of this process and all its descendants (the JVM, the
-    Python workers): a cost measure that other load on the machine does not inflate."""
+#: what :func:`cpu_by_process` splits a run's CPU into
+PROCESSES = ("driver", "JVM tasks", "JVM other", "Python workers")
+
+
+def _stat(path: str) -> tuple[str, list[str]] | None:
+    """A /proc ``stat`` file: the command name and the fields after it."""
+    try:
+        with open(path) as f:
+            head, tail = f.read().rsplit(")", 1)
+    except OSError:
+        return None
+    return head.split("(", 1)[1], tail.split()
+
+
+def _cpu_s(fields: list[str], tick: int) -> float:
+    return (int(fields[11]) + int(fields[12])) / tick
+
+
+def cpu_by_process() -> dict[str, float]:
+    """CPU time (user + system) of this process (the driver's Python, the embedded
+    tracker) and all its descendants, by :data:`PROCESSES`: a JVM's task threads
+    (``Executor task launch worker``: in local mode the tasks run in the driver's JVM)
+    apart from its other threads (planning, scheduling, listeners), every other
+    descendant as a Python worker. A cost measure that other load on the machine
+    does not inflate."""
     tick = os.sysconf("SC_CLK_TCK")
-    parent: dict[int, int] = {}
-    used: dict[int, float] = {}
+    procs: dict[int, tuple[int, str, float]] = {}  # pid -> (parent, name, cpu s)
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parent[int(entry)] = int(fields[1])
-        used[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+        stat = _stat(f"/proc/{entry}/stat") if entry.isdigit() else None
+        if stat is not None:
+            procs[int(entry)] = (int(stat[1][1]), stat[0], _cpu_s(stat[1], tick))
     me = os.getpid()
 
     def mine(pid: int) -> bool:
         while pid > 1:
             if pid == me:
                 return True
-            pid = parent.get(pid, 1)
+            pid = procs[pid][0] if pid in procs else 1
         return False
 
-    return sum(t for pid, t in used.items() if mine(pid))
+    out = dict.fromkeys(PROCESSES, 0.0)
+    for pid, (_, name, cpu) in procs.items():
+        if pid == me:
+            out["driver"] += cpu
+        elif name == "java" and mine(pid):
+            tasks = _task_threads_s(pid, tick)
+            out["JVM tasks"] += tasks
+            out["JVM other"] += cpu - tasks
+        elif mine(pid):
+            out["Python workers"] += cpu
+    return out
+
+
+def _task_threads_s(pid: int, tick: int) -> float:
+    """CPU time of a JVM's task threads (their names start ``Executor task``)."""
+    total = 0.0
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            stat = _stat(f"/proc/{pid}/task/{tid}/stat")
+            if stat is not None and stat[0].startswith("Executor task"):
+                total += _cpu_s(stat[1], tick)
+    return total
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and all its descendants (:func:`cpu_by_process`)."""
+    return sum(cpu_by_process().values())
 
 
 CPU: dict[str, float] = {}
+#: the last measured run's CPU seconds by process (:func:`cpu_by_process`)
+BY_PROCESS: dict[str, float] = {}
+
+
+def last_batch_id(query: Any) -> int:
+    """The id of a query's last finished batch (-1: none), read from the JVM alone:
+    ``lastProgress`` converts the whole progress report, and a poll every 10 ms of
+    that cost the driver more than a bench measures (counted on both sides alike)."""
+    progress = query._jsq.lastProgress()
+    return -1 if progress is None else int(progress.batchId())
 
 
 def _next_batch(query: Any, after: int, deadline: float, why: str = "") -> int:
     """Wait until a batch with id > ``after`` has completed; its id."""
     while True:
-        p = query.lastProgress
-        done = -1 if p is None else int(p["batchId"])
+        done = last_batch_id(query)
         if done > after:
             return done
         if query.exception() is not None:
@@ -132,14 +183,17 @@ def _measure(query: Any, cfg: BenchConfig) -> Measured:
     deadline = time.monotonic() + 300
     warm = _next_batch(query, cfg.warmup_batches - 2, deadline)
     first = _next_batch(query, warm, deadline)
-    cpu0 = cpu_seconds()
+    cpu0 = cpu_by_process()
     time.sleep(cfg.seconds)
-    last = _next_batch(query, int(query.lastProgress["batchId"]), deadline)
+    last = _next_batch(query, last_batch_id(query), deadline)
     while last - first < cfg.min_batches:  # too few to count: run longer
         why = (f"the query finished {last - first} micro-batches after warm-up in 300 s, "
                f"fewer than {cfg.min_batches}: no ratio from this run")
         last = _next_batch(query, last, deadline, why)
-    CPU["last"] = cpu_seconds() - cpu0
+    by = cpu_by_process()
+    BY_PROCESS.clear()
+    BY_PROCESS.update({k: by[k] - cpu0[k] for k in PROCESSES})
+    CPU["last"] = sum(BY_PROCESS.values())
     progress = [p for p in query.recentProgress if first < p["batchId"] <= last]
     rows = sum(int(p["numInputRows"]) for p in progress)
     CPU["rows"] = float(rows)
@@ -175,6 +229,22 @@ FULL_GCS = FullCollections()
 
 
 @dataclass
+class _ByProcess:
+    """One side's CPU seconds by process and rows, summed over counted runs."""
+
+    cpu_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PROCESSES, 0.0))
+    rows: float = 0.0
+
+    def add(self, by: dict[str, float], rows: float) -> None:
+        for k in PROCESSES:
+            self.cpu_s[k] += by.get(k, 0.0)
+        self.rows += rows
+
+    def us_per_row(self) -> dict[str, float]:
+        return {k: round(v * 1e6 / max(self.rows, 1.0), 3) for k, v in self.cpu_s.items()}
+
+
+@dataclass
 class _Tally:
     """One variant's counted runs."""
 
@@ -190,6 +260,7 @@ class _Tally:
     #: the other batches with rows: each query's warm-up, and those run while it stops
     uncounted: list[tuple[float, str]] = field(default_factory=list)
     full_gcs_ms: list[float] = field(default_factory=list)  # the driver's, during counted runs
+    by_process: _ByProcess = field(default_factory=_ByProcess)
 
     def add_delays(self, m: Measured, delays: dict[int, float], run: str) -> None:
         for batch, ms in delays.items():
@@ -218,6 +289,7 @@ def _summary(t: _Tally, base: _Tally) -> dict[str, Any]:
         "round_cpu_ratios": [round(r, 3) for r in t.cpu_ratios],
         "rows_per_s": round(t.rate(), 1),
         "rows_per_cpu_s": round(t.cpu_rate(), 1),
+        "us_per_row_by_process": t.by_process.us_per_row(),
     }
 
 
@@ -275,6 +347,7 @@ def versus(cfg: BenchConfig, shape: str, spark_side: tuple[str, Runner],
     register_sources(spark)
     rates: dict[str, list[tuple[float, float]]] = {"spark": [], "lowtide": []}
     dropped = {"spark": 0, "lowtide": 0}
+    by_process = {"spark": _ByProcess(), "lowtide": _ByProcess()}
     try:
         for r in range(cfg.rounds):
             for name, (_, runner) in (("spark", spark_side), ("lowtide", lowtide_side)):
@@ -284,6 +357,7 @@ def versus(cfg: BenchConfig, shape: str, spark_side: tuple[str, Runner],
                 if counted:
                     rates[name].append((rate, cpu_rate))
                     dropped[name] += m.dropped
+                    by_process[name].add(BY_PROCESS, CPU["rows"])
                 note = "" if counted else "  (warm-up, not counted)"
                 print(f"round {r + 1} {name:>8}: {rate:>10,.0f} rows/s {cpu_rate:>9,.0f} rows"
                       f" per CPU s  ({m.batches} batches, {m.rows:,} rows, {m.dropped:,}"
@@ -308,6 +382,8 @@ def versus(cfg: BenchConfig, shape: str, spark_side: tuple[str, Runner],
         # rows dropped by a watermark in the counted rounds (lowtide has none to drop)
         "spark_dropped_late": dropped["spark"],
         "lowtide_dropped_late": dropped["lowtide"],
+        # CPU microseconds per input row by process, over the counted rounds
+        "us_per_row_by_process": {k: v.us_per_row() for k, v in by_process.items()},
     }
 
 
@@ -324,6 +400,11 @@ def report_versus(result: dict[str, Any]) -> None:
           f"{result['round_ratios']}), CPU {result['cpu_ratio']:.3f} (rounds "
           f"{result['round_cpu_ratios']}); medians over the counted rounds, each run "
           f"at least {result.get('min_batches', 1)} micro-batches after warm-up")
+    by = result.get("us_per_row_by_process")
+    if by:
+        print(f"{'CPU us per input row':<{width}} " + " ".join(f"{k:>14}" for k in PROCESSES))
+        for side, q in (("spark", spark_q), ("lowtide", lowtide_q)):
+            print(f"{q:<{width}} " + " ".join(f"{by[side][k]:>14.3f}" for k in PROCESSES))
     if "spark_dropped_late" in result:
         print(f"rows dropped as late (counted rounds): Spark {result['spark_dropped_late']:,}"
               f" (its watermark), lowtide {result['lowtide_dropped_late']:,}")

@@ -43,8 +43,8 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from datetime import datetime
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import Any, ClassVar
 
 import numpy as np
 from pyspark.sql.streaming.listener import StreamingQueryListener
@@ -66,6 +66,7 @@ END = TIME_LIMIT
 HOLD_PREFIX = "<hold>"
 #: how long a move may wait for the tracker, over all its hops (``Pipeline(hold_wait_s=)``)
 HOLD_WAIT_S = 30.0
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _PARENT = key_hash("lowtide window hold")
 
 
@@ -274,13 +275,28 @@ class WatermarkHold:
 def watermark_ms(progress: Any) -> int | None:
     """A ``StreamingQueryProgress``'s watermark (ms), None without one."""
     text = (progress.eventTime or {}).get("watermark")
-    return None if text is None else int(datetime.fromisoformat(text).timestamp() * 1000)
+    return None if text is None else iso_ms(text)
+
+
+def iso_ms(text: str) -> int:
+    """Milliseconds since the epoch of Spark's progress timestamps.
+
+    >>> iso_ms("2023-11-14T22:13:20.005Z")
+    1700000000005
+    """
+    return (datetime.fromisoformat(text) - EPOCH) // timedelta(milliseconds=1)
 
 
 class HoldListener(StreamingQueryListener):  # type: ignore[misc]
     """Moves a window's hold after each micro-batch of its query; a move the tracker
     did not confirm within ``wait_s`` hands :class:`HoldFailed` to ``on_failure``
-    (which stops the query) once, and later events move nothing."""
+    (which stops the query) once, and later events move nothing.
+
+    Registered like any listener, but Spark calls :class:`ProgressCallback`, which reads
+    the two figures it needs from the Java event: PySpark's own wrapper converts every
+    event of every query of the session whole (each operator's and source's figures,
+    each a Py4J call run on Spark's listener thread), 0.5-0.7 us per input row of a
+    window query (BENCHMARKS.md)."""
 
     def __init__(self, hold: WatermarkHold, query_id: str, wait_s: float = HOLD_WAIT_S,
                  on_failure: Callable[[HoldFailed], None] | None = None) -> None:
@@ -291,14 +307,25 @@ class HoldListener(StreamingQueryListener):  # type: ignore[misc]
         self.on_failure = on_failure
         self.failed: HoldFailed | None = None
 
+    @property
+    def _jlistener(self) -> Any:
+        if not hasattr(self, "_jcallback"):
+            from pyspark import SparkContext
+
+            jvm: Any = SparkContext._jvm
+            self._jcallback = jvm.PythonStreamingQueryListenerWrapper(ProgressCallback(self))
+        return self._jcallback
+
     def onQueryStarted(self, event: Any) -> None:
         pass
 
     def onQueryProgress(self, event: Any) -> None:
-        if str(event.progress.id) != self.query_id or self.failed is not None:
-            return
-        wm = watermark_ms(event.progress)
-        if wm is None:
+        if str(event.progress.id) == self.query_id:
+            self.advance(watermark_ms(event.progress))
+
+    def advance(self, wm: int | None) -> None:
+        """Its query's batch ended with watermark ``wm`` (ms; None: none yet)."""
+        if wm is None or self.failed is not None:
             return
         try:
             self.hold.advance(wm, self.wait_s)
@@ -316,3 +343,36 @@ class HoldListener(StreamingQueryListener):  # type: ignore[misc]
 
     def onQueryTerminated(self, event: Any) -> None:
         pass
+
+
+class ProgressCallback:
+    """The Java listener (``PythonStreamingQueryListener``, through Py4J) of a
+    :class:`HoldListener`: per progress event, its query's id and watermark."""
+
+    def __init__(self, listener: HoldListener) -> None:
+        self.listener = listener
+
+    def onQueryProgress(self, jevent: Any) -> None:
+        try:
+            progress = jevent.progress()
+            if progress.id().toString() != self.listener.query_id:
+                return
+            text = progress.eventTime().get("watermark")
+        except Exception as exc:  # the JVM going away: the hold stays where it was
+            log.warning("window hold not moved", extra={
+                "window": self.listener.hold.window, "reason": repr(exc)})
+            return
+        self.listener.advance(None if text is None else iso_ms(text))
+
+    def onQueryStarted(self, jevent: Any) -> None:
+        pass
+
+    def onQueryIdle(self, jevent: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, jevent: Any) -> None:
+        pass
+
+    class Java:
+        implements: ClassVar[list[str]] = [
+            "org.apache.spark.sql.streaming.PythonStreamingQueryListener"]
