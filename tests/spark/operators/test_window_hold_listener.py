@@ -23,7 +23,7 @@ class Moves:
     def __init__(self) -> None:
         self.watermarks: list[int] = []
 
-    def advance(self, watermark_ms: int) -> None:
+    def advance(self, watermark_ms: int, wait_s: float) -> None:
         self.watermarks.append(watermark_ms)
 
 
