@@ -26,6 +26,15 @@ from lowtide.core.time import TimeGrid
 from lowtide.spark.pipeline.query import slot_after, span, timestamp_of
 from lowtide.spark.pipeline.sources import SourceSpec
 from lowtide.spark.pipeline.stream import Stream
+from lowtide.spark.sources.kafka_replay import (
+    REPLAY_FRONT,
+    REPLAY_OWNER,
+    KafkaReplayRefused,
+    kafka_options,
+    kafka_range,
+    range_acks,
+    reading,
+)
 from lowtide.spark.sources.log_replay import RANGE_OPTION, replay_offsets
 
 if TYPE_CHECKING:
@@ -68,8 +77,7 @@ class Replayed:
     offsets: dict[int, tuple[int, int]]
 
 
-def log_source_of(stream: Stream) -> SourceSpec:
-    """The one ingest log ``stream`` reads (a one-line refusal otherwise)."""
+def _sources(stream: Stream) -> list[SourceSpec]:
     sources: list[SourceSpec] = []
 
     def walk(s: Stream) -> None:
@@ -79,11 +87,30 @@ def log_source_of(stream: Stream) -> SourceSpec:
             walk(i)
 
     walk(stream)
+    return sources
+
+
+def log_source_of(stream: Stream) -> SourceSpec:
+    """The one ingest log ``stream`` reads (a one-line refusal otherwise)."""
+    sources = _sources(stream)
     if len(sources) != 1 or sources[0].kind != "log":
         kinds = ", ".join(s.kind for s in sources)
-        raise ReplayRefused(f"replay by time reads one ingest log (pipe.read_log); this query "
-                            f"reads {kinds}: replay a Kafka topic from startingOffsetsByTimestamp")
+        raise ReplayRefused(f"replay by time reads one ingest log (pipe.read_log) or one "
+                            f"Kafka topic (pipe.read_stream); this query reads {kinds}")
     return sources[0]
+
+
+def replay_source_of(stream: Stream) -> tuple[SourceSpec, dict[str, str] | None]:
+    """The one source ``stream`` replays from, and its Kafka options if it is a
+    labelled Kafka stream (None: an ingest log)."""
+    try:
+        return log_source_of(stream), None
+    except ReplayRefused:
+        frames = [s for s in _sources(stream) if s.kind == "frame"]
+        options = kafka_options(frames[0].frame) if len(frames) == 1 else None
+        if options is None or len(_sources(stream)) != 1:
+            raise
+        return frames[0], options
 
 
 def _fronts(src: SourceSpec) -> list[int] | None:
@@ -107,16 +134,15 @@ def losses_of(status: dict[str, Any], stream: Stream) -> list[Loss]:
     return losses(status, src.options["path"], _fronts(src))
 
 
-def _rebound(stream: Stream, pipe: Pipeline, lo: int, hi: int) -> Stream:
-    """``stream`` described on ``pipe``, its log source reading ``[lo, hi)`` only."""
+def _rebound(stream: Stream, pipe: Pipeline, ranged: SourceSpec) -> Stream:
+    """``stream`` described on ``pipe``, its source ``ranged`` (reading the range)."""
     memo: dict[int, SourceSpec] = {}
 
     def rebind(s: Stream) -> Stream:
         src = s.source
         if src is not None:
             if id(src) not in memo:
-                memo[id(src)] = replace(src, options={**src.options, RANGE_OPTION: f"{lo}:{hi}"},
-                                        fronts=None)
+                memo[id(src)] = ranged
                 pipe._sources.append(memo[id(src)])
             src = memo[id(src)]
         return replace(s, pipeline=pipe, source=src, inputs=tuple(map(rebind, s.inputs)))
@@ -157,17 +183,23 @@ def replay(pipe: Pipeline, stream: Stream, from_time: datetime | int,
 def replay_slots(pipe: Pipeline, stream: Stream, lo: int, hi: int, path: str, sink: str,
                  timeout_s: float) -> Replayed:
     """:func:`replay` of the slots ``[lo, hi)``."""
-    src = log_source_of(stream)
+    src, kafka = replay_source_of(stream)
     _check_promised(pipe, src, hi)
     out = Path(path)
     if out.exists() and any(out.iterdir()):
         raise ReplayRefused(f"a replay writes a fresh output: {path} is not empty")
-    offsets = replay_offsets(src.options["path"], _fronts(src), lo, hi)
     rp = type(pipe)(pipe.spark, f"{pipe.name}-replay", grid=pipe.grid,
                     stuck_after_ms=int(timeout_s * 1000), progress_metrics=False)
     checkpoint = tempfile.mkdtemp(prefix="lowtide-replay-")
     try:
-        query = _rebound(stream, rp, lo, hi).write_parquet(
+        if kafka is None:
+            offsets = replay_offsets(src.options["path"], _fronts(src), lo, hi)
+            ranged = replace(src, options={**src.options, RANGE_OPTION: f"{lo}:{hi}"},
+                             fronts=None)
+            rebound = _rebound(stream, rp, ranged)
+        else:
+            offsets, rebound = _kafka_rebound(stream, rp, src, kafka, lo, hi, sink)
+        query = rebound.write_parquet(
             str(out), checkpoint=checkpoint, name=sink, keep_tracking_columns=True,
             trigger="200 milliseconds", query_name=None)
         query.wait_for_min_time(hi, timeout_s=timeout_s)
@@ -175,3 +207,26 @@ def replay_slots(pipe: Pipeline, stream: Stream, lo: int, hi: int, path: str, si
         rp.close()
         shutil.rmtree(checkpoint, ignore_errors=True)
     return Replayed(str(out), lo, hi, offsets)
+
+
+def _kafka_rebound(stream: Stream, rp: Pipeline, src: SourceSpec, options: dict[str, str],
+                   lo: int, hi: int, sink: str) -> tuple[dict[int, tuple[int, int]], Stream]:
+    """The Kafka range of ``[lo, hi)`` (offsets per partition), and ``stream`` on
+    ``rp`` reading it; ``rp``'s tracker started with the range's records sent into
+    its ingest segment by the driver, their front promising ``hi``."""
+    try:
+        rng = kafka_range(options, lo, hi, rp.grid.delta_ms)
+        ranged = replace(src, frame=reading(src.frame, rng, src.options["time_col"]),
+                         fronts=None)
+        rebound = _rebound(stream, rp, ranged)
+        handle = rp.start_tracker(rebound.graph(sink))
+        segment = src.name or "ingest"
+        acks = range_acks(rp.spark, options, rng, rp.grid.delta_ms, handle.graph.index(segment))
+    except KafkaReplayRefused as exc:
+        raise ReplayRefused(str(exc)) from None
+    agent = handle.agent
+    agent.register_front(REPLAY_FRONT, segment, lo, owner=REPLAY_OWNER)
+    agent.add_acks(acks)
+    agent.heartbeat(REPLAY_FRONT, hi, owner=REPLAY_OWNER)  # after its records' acks
+    agent.flush()
+    return rng.offsets, rebound

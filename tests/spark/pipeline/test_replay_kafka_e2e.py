@@ -1,0 +1,85 @@
+"""Replay by time from a Kafka topic, end to end: a real broker, a topic of two
+partitions fed by a front each, an exact windowed query over it; a replay of a time
+range into a fresh folder equals the batch recomputation of that range, and a replay
+past the fronts' promise, or from a start the topic no longer holds, is refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import lowtide
+from lowtide.spark.pipeline.replay import ReplayRefused
+from lowtide.spark.sources.front import Front
+from lowtide.spark.sources.kafka_producer import KafkaProducerConfig
+from tests.spark.sources.helpers import (
+    GRID,
+    SIZE,
+    assert_equal_to_batch,
+    close_all,
+    exact_windows,
+    kafka_labelled,
+    producing,
+    results_of,
+)
+
+pytestmark = pytest.mark.spark
+
+
+def _drop_before(bootstrap: str, topic: str, partition: int, offset: int) -> None:
+    """What retention does: the partition's records before ``offset`` are deleted."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.delete_records([TopicPartition(topic, partition, offset)]).values():
+        future.result(timeout=30)
+
+
+def test_kafka_replay_equals_batch_of_range(spark, kafka_broker, kafka_topic,
+                                            tmp_path: Path) -> None:
+    if "spark-sql-kafka" not in spark.conf.get("spark.jars", ""):
+        pytest.skip("the shared Spark session has no Kafka connector")
+    topic = kafka_topic(2)
+    pipe = lowtide.Pipeline(spark, "kafka-replay", grid=GRID, stuck_after_ms=60_000)
+    stream = exact_windows(pipe, kafka_labelled(spark, kafka_broker.bootstrap, topic))
+    pipe.start_tracker(stream.graph())
+    fronts = [Front(None, i, pipe.tracker_ref, segment="ingest", heartbeat_ms=20)
+              for i in range(2)]
+    producers = [KafkaProducerConfig(topic, kafka_broker.bootstrap, partition=i).build(f)
+                 for i, f in enumerate(fronts)]
+    query = stream.write_parquet(str(tmp_path / "out"), checkpoint=str(tmp_path / "ckpt"),
+                                 trigger="300 milliseconds")
+    written: list[pd.DataFrame] = []
+    try:
+        for t in [producing(producers[0], 6, 0.2, written),
+                  producing(producers[1], 4, 0.3, written)]:
+            t.join()
+        rows = pd.concat(written, ignore_index=True)
+        last_end = (int(rows["lt_time"].max()) // SIZE + 1) * SIZE
+        query.wait_for_min_time(last_end, timeout_s=240)
+        query.stop()
+        times = sorted(rows["lt_time"])
+        lo = times[len(times) // 3] // SIZE * SIZE + SIZE // 2  # mid-window: a part of it
+        with pytest.raises(ReplayRefused, match="promised only up to"):
+            pipe.replay(lo * GRID.delta_ms, (last_end + 100_000) * GRID.delta_ms,
+                        str(tmp_path / "early"))
+        replayed = pipe.replay(lo * GRID.delta_ms, last_end * GRID.delta_ms,
+                               str(tmp_path / "fresh"), timeout_s=240)
+        assert (replayed.from_slot, replayed.to_slot) == (lo, last_end)
+        assert sorted(replayed.offsets) == [0, 1]
+        # what retention does to partition 0: its first records gone, a replay from
+        # the start would miss them, one from after them is exact again
+        _drop_before(kafka_broker.bootstrap, topic, 0, 3)
+        with pytest.raises(ReplayRefused, match="no longer holds"):
+            pipe.replay(times[0] * GRID.delta_ms, last_end * GRID.delta_ms,
+                        str(tmp_path / "gone"))
+    finally:
+        close_all(pipe, [query], producers, fronts)
+    assert not (tmp_path / "early").exists() or not any((tmp_path / "early").iterdir())
+    assert_equal_to_batch(results_of(tmp_path / "out"), written)
+    in_range = rows[(rows["lt_time"] >= lo) & (rows["lt_time"] < last_end)]
+    assert 0 < len(in_range) < len(rows)
+    assert_equal_to_batch(results_of(tmp_path / "fresh"), [in_range])
