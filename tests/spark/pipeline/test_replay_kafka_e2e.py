@@ -1,19 +1,27 @@
 """Replay by time from a Kafka topic, end to end: a real broker, a topic of two
 partitions fed by a front each, an exact windowed query over it; a replay of a time
 range into a fresh folder equals the batch recomputation of that range, and a replay
-past the fronts' promise, or from a start the topic no longer holds, is refused."""
+past the fronts' promise, or from a start the topic no longer holds, is refused; a
+step loses rows once, the loss names the partitions' offsets, and one repair completes
+the sink's windows exactly once."""
 
 from __future__ import annotations
 
+import time
+from collections import Counter
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import lowtide
+from lowtide.bench.chaos.replay_fault import drop_once
 from lowtide.spark.pipeline.replay import ReplayRefused
 from lowtide.spark.sources.front import Front
 from lowtide.spark.sources.kafka_producer import KafkaProducerConfig
+from lowtide.spark.sources.labels import KAFKA_HEADER_EXPRS
 from tests.spark.sources.helpers import (
     GRID,
     SIZE,
@@ -83,3 +91,55 @@ def test_kafka_replay_equals_batch_of_range(spark, kafka_broker, kafka_topic,
     in_range = rows[(rows["lt_time"] >= lo) & (rows["lt_time"] < last_end)]
     assert 0 < len(in_range) < len(rows)
     assert_equal_to_batch(results_of(tmp_path / "fresh"), [in_range])
+
+
+def _with_offsets(spark, bootstrap: str, topic: str):  # type: ignore[no-untyped-def]
+    """The topic's records with their Kafka offset (what drop_once picks by)."""
+    raw = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+           .option("subscribe", topic).option("startingOffsets", "earliest")
+           .option("includeHeaders", "true").load())
+    labels = [f"{expr} AS {name}" for name, expr in KAFKA_HEADER_EXPRS.items()]
+    return raw.selectExpr("from_json(CAST(value AS STRING), 'k string, v long') AS r",
+                          "offset", *labels).selectExpr("r.k AS k", "r.v AS v", "offset",
+                                                        "lt_time", "lt_ack")
+
+
+def test_kafka_loss_repaired_exactly_once(spark, kafka_broker, kafka_topic,
+                                          tmp_path: Path) -> None:
+    if "spark-sql-kafka" not in spark.conf.get("spark.jars", ""):
+        pytest.skip("the shared Spark session has no Kafka connector")
+    topic, out = kafka_topic(2), tmp_path / "out"
+    pipe = lowtide.Pipeline(spark, "kafka-repair", grid=GRID, stuck_after_ms=3_000)
+    stream = (pipe.read_stream(_with_offsets(spark, kafka_broker.bootstrap, topic))
+              .transform(lambda d: d.mapInArrow(drop_once(str(tmp_path / "dropped")),
+                                                d.schema)))
+    pipe.start_tracker(stream.graph())
+    fronts = [Front(None, i, pipe.tracker_ref, segment="ingest", heartbeat_ms=20)
+              for i in range(2)]
+    producers = [KafkaProducerConfig(topic, kafka_broker.bootstrap, partition=i).build(f)
+                 for i, f in enumerate(fronts)]
+    query = stream.write_parquet(str(out), checkpoint=str(tmp_path / "ckpt"),
+                                 keep_tracking_columns=True, trigger="300 milliseconds")
+    written: list[pd.DataFrame] = []
+    try:
+        for t in [producing(producers[0], 4, 0.2, written),
+                  producing(producers[1], 4, 0.2, written)]:
+            t.join()
+        rows = pd.concat(written, ignore_index=True)
+        last = int(rows["lt_time"].max()) + 1
+        deadline = time.monotonic() + 120
+        while not (found := [x for x in pipe.losses() if x.segment == "sink"]):
+            assert query.exception() is None, query.exception()
+            assert time.monotonic() < deadline, f"no loss reported: {pipe.status().stuck}"
+            time.sleep(0.3)
+        assert "item(s) missing; replay partition" in found[0].describe(GRID)
+        repaired = pipe.repair(timeout_s=180)
+        assert repaired.rows == sum(x.missing for x in repaired.losses) > 0
+        query.wait_for_min_time(last, timeout_s=120)
+    finally:
+        close_all(pipe, [query], producers, fronts)
+    got = pa.concat_tables([pq.read_table(f, columns=["k", "v", "lt_time"])
+                            for f in sorted(out.glob("part-*.parquet"))]).to_pandas()
+    key = ["k", "v", "lt_time"]
+    assert Counter(map(tuple, got[key].values.tolist())) == \
+        Counter(map(tuple, rows[key].values.tolist()))

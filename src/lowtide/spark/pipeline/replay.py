@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from lowtide.core.errors import LowtideError
 from lowtide.core.time import TimeGrid
@@ -44,6 +45,9 @@ __all__ = ["Loss", "ReplayRefused", "Replayed", "log_source_of", "losses", "loss
            "replay_slots"]
 
 
+T = TypeVar("T")
+
+
 class ReplayRefused(LowtideError, ValueError):
     """A replay or repair that would not be exact (one line: why, and what to do)."""
 
@@ -51,7 +55,8 @@ class ReplayRefused(LowtideError, ValueError):
 @dataclass(frozen=True)
 class Loss:
     """A stuck window with missing items, and where its rows entered: per front of the
-    log, the offsets ``[start, end)`` of its records in the window's time range."""
+    log, the offsets ``[start, end)`` of its records in the window's time range (per
+    partition of a Kafka topic: offsets that hold them, and maybe others)."""
 
     segment: str
     start: int  # slots [start, end)
@@ -59,9 +64,10 @@ class Loss:
     missing: int
     offsets: dict[int, tuple[int, int]]
     since_ms: int = 0  # when the tracker first saw it open with its bound passed
+    source: str = "front"  # what ``offsets`` is keyed by: "front" (log), "partition" (Kafka)
 
     def describe(self, grid: TimeGrid) -> str:
-        where = ", ".join(f"front {f} offsets [{lo}, {hi})"
+        where = ", ".join(f"{self.source} {f} offsets [{lo}, {hi})"
                           for f, (lo, hi) in sorted(self.offsets.items()) if hi > lo)
         return (f"segment {self.segment!r}, {span(self.start, self.end, grid)}: "
                 f"{self.missing} item(s) missing; replay {where or 'no record (none logged)'}")
@@ -119,19 +125,44 @@ def _fronts(src: SourceSpec) -> list[int] | None:
     return parse_fronts(src.options.get("fronts"))
 
 
+def _missing(status: dict[str, Any]) -> list[dict[str, Any]]:
+    return [w for w in status.get("stuck_detail", []) if int(w.get("missing", 0)) > 0]
+
+
+def _loss(w: dict[str, Any], offsets: dict[int, tuple[int, int]], source: str) -> Loss:
+    return Loss(w["segment"], int(w["window_start"]), int(w["window_end"]), int(w["missing"]),
+                offsets, int(w.get("since_ms", 0)), source)
+
+
 def losses(status: dict[str, Any], log_dir: str, fronts: list[int] | None = None) -> list[Loss]:
     """The stuck windows with missing items in a tracker's ``status``, each with the
     offsets of the log's records in its time range."""
-    return [Loss(w["segment"], int(w["window_start"]), int(w["window_end"]), int(w["missing"]),
-                 replay_offsets(log_dir, fronts, int(w["window_start"]), int(w["window_end"])),
-                 int(w.get("since_ms", 0)))
-            for w in status.get("stuck_detail", []) if int(w.get("missing", 0)) > 0]
+    return [_loss(w, replay_offsets(log_dir, fronts, int(w["window_start"]),
+                                    int(w["window_end"])), "front")
+            for w in _missing(status)]
 
 
 def losses_of(status: dict[str, Any], stream: Stream) -> list[Loss]:
-    """:func:`losses` in the ingest log ``stream`` reads."""
-    src = log_source_of(stream)
-    return losses(status, src.options["path"], _fronts(src))
+    """:func:`losses` in the ingest log or the Kafka topic ``stream`` reads (a topic:
+    per partition, the offsets that hold the window's records)."""
+    src, kafka = replay_source_of(stream)
+    if kafka is None:
+        return losses(status, src.options["path"], _fronts(src))
+    delta_ms = stream.pipeline.grid.delta_ms
+
+    def held(w: dict[str, Any]) -> dict[int, tuple[int, int]]:
+        lo, hi = int(w["window_start"]), int(w["window_end"])
+        return _refused(lambda: kafka_range(kafka, lo, hi, delta_ms)).offsets
+
+    return [_loss(w, held(w), "partition") for w in _missing(status)]
+
+
+def _refused(call: Callable[[], T]) -> T:
+    """``call()``, a Kafka refusal raised as :class:`ReplayRefused`."""
+    try:
+        return call()
+    except KafkaReplayRefused as exc:
+        raise ReplayRefused(str(exc)) from None
 
 
 def _rebound(stream: Stream, pipe: Pipeline, ranged: SourceSpec) -> Stream:
@@ -214,16 +245,13 @@ def _kafka_rebound(stream: Stream, rp: Pipeline, src: SourceSpec, options: dict[
     """The Kafka range of ``[lo, hi)`` (offsets per partition), and ``stream`` on
     ``rp`` reading it; ``rp``'s tracker started with the range's records sent into
     its ingest segment by the driver, their front promising ``hi``."""
-    try:
-        rng = kafka_range(options, lo, hi, rp.grid.delta_ms)
-        ranged = replace(src, frame=reading(src.frame, rng, src.options["time_col"]),
-                         fronts=None)
-        rebound = _rebound(stream, rp, ranged)
-        handle = rp.start_tracker(rebound.graph(sink))
-        segment = src.name or "ingest"
-        acks = range_acks(rp.spark, options, rng, rp.grid.delta_ms, handle.graph.index(segment))
-    except KafkaReplayRefused as exc:
-        raise ReplayRefused(str(exc)) from None
+    rng = _refused(lambda: kafka_range(options, lo, hi, rp.grid.delta_ms))
+    ranged = replace(src, frame=reading(src.frame, rng, src.options["time_col"]), fronts=None)
+    rebound = _rebound(stream, rp, ranged)
+    handle = rp.start_tracker(rebound.graph(sink))
+    segment = src.name or "ingest"
+    acks = _refused(lambda: range_acks(rp.spark, options, rng, rp.grid.delta_ms,
+                                       handle.graph.index(segment)))
     agent = handle.agent
     agent.register_front(REPLAY_FRONT, segment, lo, owner=REPLAY_OWNER)
     agent.add_acks(acks)
