@@ -19,16 +19,15 @@ import pytest
 import lowtide
 from lowtide.bench.chaos.replay_fault import drop_once
 from lowtide.spark.pipeline.replay import ReplayRefused
-from lowtide.spark.sources.front import Front
-from lowtide.spark.sources.kafka_producer import KafkaProducerConfig
-from lowtide.spark.sources.labels import KAFKA_HEADER_EXPRS
 from tests.spark.sources.helpers import (
     GRID,
     SIZE,
     assert_equal_to_batch,
     close_all,
     exact_windows,
+    kafka_fronts,
     kafka_labelled,
+    needs_kafka_connector,
     producing,
     results_of,
 )
@@ -48,16 +47,12 @@ def _drop_before(bootstrap: str, topic: str, partition: int, offset: int) -> Non
 
 def test_kafka_replay_equals_batch_of_range(spark, kafka_broker, kafka_topic,
                                             tmp_path: Path) -> None:
-    if "spark-sql-kafka" not in spark.conf.get("spark.jars", ""):
-        pytest.skip("the shared Spark session has no Kafka connector")
+    needs_kafka_connector(spark)
     topic = kafka_topic(2)
     pipe = lowtide.Pipeline(spark, "kafka-replay", grid=GRID, stuck_after_ms=60_000)
     stream = exact_windows(pipe, kafka_labelled(spark, kafka_broker.bootstrap, topic))
     pipe.start_tracker(stream.graph())
-    fronts = [Front(None, i, pipe.tracker_ref, segment="ingest", heartbeat_ms=20)
-              for i in range(2)]
-    producers = [KafkaProducerConfig(topic, kafka_broker.bootstrap, partition=i).build(f)
-                 for i, f in enumerate(fronts)]
+    fronts, producers = kafka_fronts(pipe, kafka_broker.bootstrap, topic, 2)
     query = stream.write_parquet(str(tmp_path / "out"), checkpoint=str(tmp_path / "ckpt"),
                                  trigger="300 milliseconds")
     written: list[pd.DataFrame] = []
@@ -93,31 +88,17 @@ def test_kafka_replay_equals_batch_of_range(spark, kafka_broker, kafka_topic,
     assert_equal_to_batch(results_of(tmp_path / "fresh"), [in_range])
 
 
-def _with_offsets(spark, bootstrap: str, topic: str):  # type: ignore[no-untyped-def]
-    """The topic's records with their Kafka offset (what drop_once picks by)."""
-    raw = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
-           .option("subscribe", topic).option("startingOffsets", "earliest")
-           .option("includeHeaders", "true").load())
-    labels = [f"{expr} AS {name}" for name, expr in KAFKA_HEADER_EXPRS.items()]
-    return raw.selectExpr("from_json(CAST(value AS STRING), 'k string, v long') AS r",
-                          "offset", *labels).selectExpr("r.k AS k", "r.v AS v", "offset",
-                                                        "lt_time", "lt_ack")
-
-
 def test_kafka_loss_repaired_exactly_once(spark, kafka_broker, kafka_topic,
                                           tmp_path: Path) -> None:
-    if "spark-sql-kafka" not in spark.conf.get("spark.jars", ""):
-        pytest.skip("the shared Spark session has no Kafka connector")
+    needs_kafka_connector(spark)
     topic, out = kafka_topic(2), tmp_path / "out"
     pipe = lowtide.Pipeline(spark, "kafka-repair", grid=GRID, stuck_after_ms=3_000)
-    stream = (pipe.read_stream(_with_offsets(spark, kafka_broker.bootstrap, topic))
+    stream = (pipe.read_stream(kafka_labelled(spark, kafka_broker.bootstrap, topic,
+                                             extra=("offset",)))
               .transform(lambda d: d.mapInArrow(drop_once(str(tmp_path / "dropped")),
                                                 d.schema)))
     pipe.start_tracker(stream.graph())
-    fronts = [Front(None, i, pipe.tracker_ref, segment="ingest", heartbeat_ms=20)
-              for i in range(2)]
-    producers = [KafkaProducerConfig(topic, kafka_broker.bootstrap, partition=i).build(f)
-                 for i, f in enumerate(fronts)]
+    fronts, producers = kafka_fronts(pipe, kafka_broker.bootstrap, topic, 2)
     query = stream.write_parquet(str(out), checkpoint=str(tmp_path / "ckpt"),
                                  keep_tracking_columns=True, trigger="300 milliseconds")
     written: list[pd.DataFrame] = []
