@@ -1,10 +1,12 @@
-"""Replay by time (Gearpump's timestamp-based replay from a source-side store: here the
-ingest log, whose index maps times to offsets).
+"""Replay by time (Gearpump's timestamp-based replay from a source-side store: the
+ingest log, whose index maps times to offsets, or a Kafka topic, whose broker's
+timestamp index does).
 
-* :func:`replay` re-runs a query's steps over the ingest log's records of a time range
-  ``[from, to)`` (:mod:`lowtide.spark.sources.log_replay`: one offset range per front)
-  into a fresh output, on a tracker of its own, and returns once that output is
-  complete below ``to``: a backfill, or a recomputation to compare with.
+* :func:`replay` re-runs a query's steps over the records of a time range
+  ``[from, to)`` (:mod:`lowtide.spark.sources.log_replay`: one offset range per front;
+  :mod:`lowtide.spark.sources.kafka_replay`: per partition, from the offset of
+  ``from``) into a fresh output, on a tracker of its own, and returns once that output
+  is complete below ``to``: a backfill, or a recomputation to compare with.
 * :func:`losses` turns the tracker's stuck windows into what to replay: per window, its
   segment, slots, missing count and the offsets of every front of the log in its time
   range (a stateless step keeps its rows' times, so the lost rows came from there).
@@ -203,7 +205,7 @@ def _check_promised(pipe: Pipeline, src: SourceSpec, to_slot: int) -> None:
 def replay(pipe: Pipeline, stream: Stream, from_time: datetime | int,
            to_time: datetime | int, path: str, *, sink: str = "sink",
            timeout_s: float = 300.0) -> Replayed:
-    """Re-run ``stream`` over the log's records of ``[from_time, to_time)`` (datetimes
+    """Re-run ``stream`` over its source's records of ``[from_time, to_time)`` (datetimes
     or epoch ms, rounded up to slots) into Parquet files at ``path`` (a fresh folder;
     labels kept), tracked on a tracker of its own; returns once ``path`` is complete
     below ``to_time``."""
