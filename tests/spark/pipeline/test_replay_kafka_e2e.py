@@ -18,7 +18,9 @@ import pytest
 
 import lowtide
 from lowtide.bench.chaos.replay_fault import drop_once
-from lowtide.spark.pipeline.replay import ReplayRefused
+from lowtide.spark.pipeline.replay import ReplayRefused, replay
+from lowtide.spark.sources.front import Front
+from lowtide.spark.sources.kafka_producer import KafkaProducerConfig
 from tests.spark.sources.helpers import (
     GRID,
     SIZE,
@@ -124,3 +126,28 @@ def test_kafka_loss_repaired_exactly_once(spark, kafka_broker, kafka_topic,
     key = ["k", "v", "lt_time"]
     assert Counter(map(tuple, got[key].values.tolist())) == \
         Counter(map(tuple, rows[key].values.tolist()))
+
+
+def test_kafka_replay_refuses_event_time_records(spark, kafka_broker, kafka_topic) -> None:
+    """An event-time front's records carry the broker's clock as Kafka timestamp, not
+    their label time: the index cannot find a time's offsets, so no replay."""
+    needs_kafka_connector(spark)
+    topic = kafka_topic(1)
+    pipe = lowtide.Pipeline(spark, "kafka-event-time", grid=GRID, stuck_after_ms=60_000)
+    stream = pipe.read_stream(kafka_labelled(spark, kafka_broker.bootstrap, topic))
+    pipe.start_tracker(stream.graph())
+    front = Front(None, 0, pipe.tracker_ref, segment="ingest", heartbeat_ms=None,
+                  time_from="ts")
+    producer = KafkaProducerConfig(topic, kafka_broker.bootstrap, partition=0).build(front)
+    try:
+        now_ms = int(time.time() * 1000)
+        ts = pd.to_datetime([now_ms - 60_000, now_ms - 59_000], unit="ms")
+        batch = producer.send(pd.DataFrame({"ts": ts, "k": ["a", "b"], "v": [1, 2]}))
+        end = int(max(batch.times)) + 1
+        producer.close()
+        assert front.close(end=False) >= end  # a pause: its promise past its newest record
+        with pytest.raises(ReplayRefused, match="not their label time"):
+            replay(pipe, stream, int(min(batch.times)) * GRID.delta_ms, end * GRID.delta_ms,
+                   "/nonexistent-replay-out")  # as `lowtide replay --app` does
+    finally:
+        close_all(pipe, [], [], [])
