@@ -109,6 +109,10 @@ def kafka_range(options: dict[str, str], from_slot: int, to_slot: int, delta_ms:
             [TopicPartition(topic, p, from_slot * delta_ms) for p in parts], timeout=timeout_s)
         offsets = {}
         for tp in found:
+            if tp.error is not None:
+                raise KafkaReplayRefused(f"the broker found no offset of {from_slot * delta_ms} "
+                                         f"ms in partition {tp.partition} of {topic!r}: "
+                                         f"{tp.error}")
             low, high = consumer.get_watermark_offsets(TopicPartition(topic, tp.partition),
                                                        timeout=timeout_s)
             start = high if tp.offset < 0 else tp.offset
