@@ -158,14 +158,37 @@ NEEDS_DELTA = ("the shared Spark session has no Delta Lake: give tests/conftest.
                "SessionConfig(delta=True, kafka=True)'s spark.jars and extensions")
 
 
-def kafka_labelled(spark: Any, bootstrap: str, topic: str) -> Any:
-    """The topic's records: the JSON fields, and the labels from the headers."""
+def kafka_labelled(spark: Any, bootstrap: str, topic: str, extra: tuple[str, ...] = ()) -> Any:
+    """The topic's records: the JSON fields, ``extra`` Kafka columns (e.g. ``offset``),
+    and the labels from the headers."""
     raw = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
            .option("subscribe", topic).option("startingOffsets", "earliest")
            .option("includeHeaders", "true").load())
     labels = [f"{expr} AS {name}" for name, expr in KAFKA_HEADER_EXPRS.items()]
     return (raw.selectExpr("from_json(CAST(value AS STRING), 'k string, v long') AS r",
-                           *labels).selectExpr("r.k AS k", "r.v AS v", "lt_time", "lt_ack"))
+                           *extra, *labels)
+            .selectExpr("r.k AS k", "r.v AS v", *extra, "lt_time", "lt_ack"))
+
+
+def kafka_fronts(pipe: Any, bootstrap: str, topic: str, partitions: int,
+                 segment: Any = "ingest") -> tuple[list[Any], list[Any]]:
+    """A front (heartbeating every 20 ms) and a Kafka producer for each partition."""
+    from lowtide.spark.sources.front import Front
+    from lowtide.spark.sources.kafka_producer import KafkaProducerConfig
+
+    fronts = [Front(None, i, pipe.tracker_ref, segment=segment, heartbeat_ms=20)
+              for i in range(partitions)]
+    producers = [KafkaProducerConfig(topic, bootstrap, partition=i).build(f)
+                 for i, f in enumerate(fronts)]
+    return fronts, producers
+
+
+def needs_kafka_connector(spark: Any) -> None:
+    if "spark-sql-kafka" not in spark.conf.get("spark.jars", ""):
+        import pytest
+
+        pytest.skip("the shared Spark session has no Kafka connector: give tests/conftest.py's "
+                    "session SessionConfig(kafka=True, delta=True)'s spark.jars")
 
 
 def producing(producer: Any, rounds: int, every_s: float, out: list) -> threading.Thread:

@@ -12,15 +12,15 @@ import pandas as pd
 import pytest
 
 import lowtide
-from lowtide.spark.sources.front import Front
-from lowtide.spark.sources.kafka_producer import KafkaProducerConfig
 from tests.spark.sources.helpers import (
     GRID,
     SIZE,
     assert_equal_to_batch,
     close_all,
     exact_windows,
+    kafka_fronts,
     kafka_labelled,
+    needs_kafka_connector,
     producing,
     results_of,
 )
@@ -29,17 +29,12 @@ pytestmark = pytest.mark.spark
 
 
 def test_kafka_entry_equals_batch(spark, kafka_broker, kafka_topic, tmp_path: Path) -> None:
-    if "spark-sql-kafka" not in spark.conf.get("spark.jars", ""):
-        pytest.skip("the shared Spark session has no Kafka connector: give tests/conftest.py's "
-                    "session SessionConfig(kafka=True, delta=True)'s spark.jars")
+    needs_kafka_connector(spark)
     topic = kafka_topic(3)
     pipe = lowtide.Pipeline(spark, "kafka-entry", grid=GRID, stuck_after_ms=60_000)
     stream = exact_windows(pipe, kafka_labelled(spark, kafka_broker.bootstrap, topic))
     pipe.start_tracker(stream.graph())
-    fronts = [Front(None, i, pipe.tracker_ref, segment="ingest", heartbeat_ms=20)
-              for i in range(3)]
-    producers = [KafkaProducerConfig(topic, kafka_broker.bootstrap, partition=i).build(f)
-                 for i, f in enumerate(fronts)]
+    fronts, producers = kafka_fronts(pipe, kafka_broker.bootstrap, topic, 3)
     query = stream.write_parquet(str(tmp_path / "out"), checkpoint=str(tmp_path / "ckpt"),
                                  trigger="300 milliseconds")
     written: list[pd.DataFrame] = []
