@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing
 import os
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -325,3 +327,33 @@ def test_caller_agent_reconnects_to_a_restarted_tracker_between_calls(
     finally:
         agent.close()
         svc.stop()
+
+
+def test_an_idle_agent_of_a_stopped_tracker_dials_again_only_once_used(
+    graph: SegmentGraph
+) -> None:
+    """An agent with nothing to send redialled a stopped tracker's port every second for
+    ever; when a Spark worker's callback socket took that port, Spark read our Hello's
+    length as a 1 GiB string (a CI run's OutOfMemoryError). Now it dials once it is used."""
+    import socket
+
+    service = TrackerService.start(graph, port=0)
+    port = int(service.url.rsplit(":", 1)[1])
+    agent = Agent.connect(service.url, graph)
+    try:
+        agent.status()
+        service.stop()
+        with socket.create_server(("127.0.0.1", port)) as other:  # another program's port
+            other.settimeout(3.0)
+            with pytest.raises(TimeoutError):
+                other.accept()
+            threading.Thread(target=lambda: _quietly(agent.status), daemon=True).start()
+            conn, _ = other.accept()  # used: it dials again
+            conn.close()
+    finally:
+        agent.close()
+
+
+def _quietly(call: Callable[[], object]) -> None:
+    with contextlib.suppress(Exception):  # the port is not a tracker's: the call fails
+        call()

@@ -72,6 +72,7 @@ class ServerConnection:
         self._channel: Channel | None = None
         self._task: asyncio.Task[None] | None = None
         self.connected = asyncio.Event()
+        self._used = asyncio.Event()  # a request since the connection was last lost
         self.connects = 0
         self.last_error = ""  # why the last connection failed or ended, for timeouts
         self.last_failure: BaseException | None = None  # the same, for callers to classify
@@ -99,10 +100,12 @@ class ServerConnection:
     def submit(self, req: int, msg: Message, fut: asyncio.Future[Reply] | None = None) -> None:
         """Send now if connected, else on the next connection; ``fut`` gets the reply."""
         self._pending[req] = (msg, fut)
+        self._used.set()
         self._send(msg)
 
     def post(self, msg: Message) -> None:
         """Send if connected, forget otherwise: for requests whose loss is harmless."""
+        self._used.set()
         self._send(msg)
 
     def submit_standing(
@@ -162,6 +165,18 @@ class ServerConnection:
                     self._channel = None
             await asyncio.sleep(pause)
             pause = min(pause * 2, longest)
+            await self._until_used()
+
+    async def _until_used(self) -> None:
+        """A lost connection with nothing to send or stand for dials again only once it
+        is used: a client of a tracker that is gone for good (an agent in a Python
+        worker Spark reuses for other work) must not redial its port for ever, where
+        another program may listen by now (Spark's worker callback socket once read a
+        Hello's length as a 1 GiB string and ran out of heap)."""
+        if self._pending or self._standing:
+            return
+        self._used.clear()
+        await self._used.wait()
 
     def _refused(self, exc: ServiceError) -> None:
         """A server that is full (LIMIT) may take us on the next try: the waiters wait
