@@ -90,6 +90,7 @@ def test_kafka_replay_equals_batch_of_range(spark, kafka_broker, kafka_topic,
     assert_equal_to_batch(results_of(tmp_path / "fresh"), [in_range])
 
 
+@pytest.mark.slow  # ~50 s; a repair from the ingest log is in make test (test_replay_e2e.py)
 def test_kafka_loss_repaired_exactly_once(spark, kafka_broker, kafka_topic,
                                           tmp_path: Path) -> None:
     needs_kafka_connector(spark)

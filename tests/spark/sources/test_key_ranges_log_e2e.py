@@ -31,7 +31,9 @@ from lowtide.spark.sources.front import Front
 from lowtide.spark.sources.ingest import IngestReader
 from tests.spark.helpers import fail_once, parse_log_record, published
 
-pytestmark = pytest.mark.spark
+# ~1-1.5 min each under load: `make test-all` runs them; key ranges through steps and
+# after a generator are in make test (tests/spark/operators/test_key_ranges_e2e.py)
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 GRID = TimeGrid(delta_ms=10)
 SIZE = 50  # slots: 500 ms windows
