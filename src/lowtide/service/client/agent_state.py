@@ -119,7 +119,8 @@ class AgentState:
         self._owners: dict[int, int] = {}
 
     def start(self) -> None:
-        self.main = self._connect(self.url, self._on_welcome)
+        self.main = self._connect(self.url, self._on_welcome,
+                                  busy=lambda: any(s.unanswered() for s in self.shards))
         self.main.start()
 
     def describe(self) -> str:
@@ -127,10 +128,11 @@ class AgentState:
         return "; ".join(conn.describe() for conn in connections) or "not started"
 
     def _connect(self, url: str, on_welcome: Callable[[Welcome], None],
-              shard: tuple[int, int] | None = None) -> ServerConnection:
+              shard: tuple[int, int] | None = None,
+              busy: Callable[[], bool] = lambda: False) -> ServerConnection:
         config = self.config.connection()
         return ServerConnection(url, lambda: self._hello(shard), config, on_welcome, self._on_push,
-                    self._on_refused)
+                    self._on_refused, busy)
 
     def _on_refused(self, exc: ServiceError) -> None:
         self.refused = exc

@@ -59,6 +59,7 @@ class ServerConnection:
         on_welcome: Callable[[Welcome], None],
         on_push: Callable[[Message], None],
         on_refused: Callable[[ServiceError], None] = lambda _exc: None,
+        busy: Callable[[], bool] = lambda: False,
     ) -> None:
         self.url = url  # may change: a coordinator's shard that moved
         self._tries = 0  # which of the addresses the next attempt dials
@@ -67,6 +68,7 @@ class ServerConnection:
         self._on_welcome = on_welcome
         self._on_push = on_push
         self._on_refused = on_refused
+        self._busy = busy  # work elsewhere needs this connection (a coordinator's Welcome)
         self._pending: dict[int, tuple[Message, asyncio.Future[Reply] | None]] = {}
         self._standing: dict[int, Message] = {}
         self._channel: Channel | None = None
@@ -172,11 +174,15 @@ class ServerConnection:
         is used: a client of a tracker that is gone for good (an agent in a Python
         worker Spark reuses for other work) must not redial its port for ever, where
         another program may listen by now (Spark's worker callback socket once read a
-        Hello's length as a 1 GiB string and ran out of heap)."""
-        if self._pending or self._standing:
-            return
-        self._used.clear()
-        await self._used.wait()
+        Hello's length as a 1 GiB string and ran out of heap). ``busy``: an agent's
+        coordinator connection is in use while a shard connection waits for answers
+        (a moved shard's address comes in the coordinator's Welcome)."""
+        while not (self._pending or self._standing or self._busy()):
+            self._used.clear()
+            with contextlib.suppress(TimeoutError):  # looks at _busy again now and then
+                await asyncio.wait_for(self._used.wait(), self._config.backoff_s[1])
+            if self._used.is_set():
+                return
 
     def _refused(self, exc: ServiceError) -> None:
         """A server that is full (LIMIT) may take us on the next try: the waiters wait
