@@ -1,5 +1,6 @@
 """One client connection to one server, kept alive: it reconnects with backoff after
-any failure and then resends, in order, every request that has no answer yet. Given a
+any failure and then resends, in order, every request that has no answer yet (an idle
+one, with nothing to send, reconnects at its next use). Given a
 group of trackers (``tcp://a:1,tcp://b:2``, rule 18) it tries the next address after
 each failure or lost connection, so it finds whichever leads.
 
