@@ -59,7 +59,7 @@ lint: $(STAMP)
 # The suite CI runs: everything but the few slowest Spark tests (marked slow), so it
 # stays well under 20 minutes on 2 cores; test-all adds them.
 test: setup lint
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" --durations=20
 
 test-all: setup lint
 	$(BIN)/python -m pytest -q
