@@ -10,14 +10,13 @@ from pathlib import Path
 import pytest
 
 from lowtide.bench.spark import kafka as bench_kafka
+from tests.spark.sources.helpers import needs_kafka_connector
 
 pytestmark = pytest.mark.spark
 
 
 def test_tracked_and_untracked_drain_one_topic(spark, kafka_broker, tmp_path: Path) -> None:
-    if "spark-sql-kafka" not in spark.conf.get("spark.jars", ""):
-        pytest.skip("the shared Spark session has no Kafka connector: give tests/conftest.py's "
-                    "session SessionConfig(kafka=True, delta=True)'s spark.jars")
+    needs_kafka_connector(spark)
     cfg = bench_kafka.KafkaBenchConfig(fronts=2, records=6_000, rows_per_batch=1_000,
                                        warmup_batches=1, rounds=2)
     rounds = [bench_kafka.one_round(spark, kafka_broker.bootstrap, tmp_path, r, cfg)

@@ -187,8 +187,7 @@ def needs_kafka_connector(spark: Any) -> None:
     if "spark-sql-kafka" not in spark.conf.get("spark.jars", ""):
         import pytest
 
-        pytest.skip("the shared Spark session has no Kafka connector: give tests/conftest.py's "
-                    "session SessionConfig(kafka=True, delta=True)'s spark.jars")
+        pytest.skip("the shared Spark session has no Kafka connector: run `make setup`")
 
 
 def producing(producer: Any, rounds: int, every_s: float, out: list) -> threading.Thread:

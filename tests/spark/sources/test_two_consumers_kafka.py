@@ -21,6 +21,7 @@ from tests.spark.sources.helpers import (
     assert_equal_to_batch,
     close_all,
     kafka_labelled,
+    needs_kafka_connector,
     producing,
     results_of,
 )
@@ -30,8 +31,7 @@ pytestmark = pytest.mark.spark
 
 def test_two_queries_of_one_topic_both_complete(spark, kafka_broker, kafka_topic,
                                                  tmp_path: Path) -> None:
-    if "spark-sql-kafka" not in spark.conf.get("spark.jars", ""):
-        pytest.skip("the shared Spark session has no Kafka connector: run `make setup`")
+    needs_kafka_connector(spark)
     topic = kafka_topic(2)
     pipe = lowtide.Pipeline(spark, "kafka-two", grid=GRID, stuck_after_ms=60_000)
     branches = {name: pipe.read_stream(kafka_labelled(spark, kafka_broker.bootstrap, topic),
