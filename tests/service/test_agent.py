@@ -357,3 +357,29 @@ def test_an_idle_agent_of_a_stopped_tracker_dials_again_only_once_used(
 def _quietly(call: Callable[[], object]) -> None:
     with contextlib.suppress(Exception):  # the port is not a tracker's: the call fails
         call()
+
+
+def test_an_agent_started_before_its_tracker_connects_once_it_is_up(
+    graph: SegmentGraph
+) -> None:
+    """Idle connections dial again only when used; an agent waiting for its first
+    Welcome is using its connection, so it keeps dialling until its tracker is up."""
+    import socket
+
+    with socket.socket() as probe:  # a free port for the tracker to come
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    agents: list[Agent] = []
+    starting = threading.Thread(target=lambda: agents.append(
+        Agent.connect(f"tcp://127.0.0.1:{port}", graph)), daemon=True)
+    starting.start()
+    time.sleep(1.5)  # its first dials are refused
+    service = TrackerService.start(graph, port=port)
+    try:
+        starting.join(30)
+        assert agents, "the agent never connected"
+        assert "global_min" in agents[0].status()
+    finally:
+        for agent in agents:
+            agent.close()
+        service.stop()
