@@ -23,7 +23,6 @@ from typing import Any, TypeVar
 import numpy as np
 
 from lowtide.core.messages import (
-    AckBatch,
     Heartbeat,
     MinTimeUpdate,
     NodeTime,
@@ -31,6 +30,20 @@ from lowtide.core.messages import (
     ShardReport,
 )
 from lowtide.wire.buffers import Reader, WireError, Writer
+from lowtide.wire.fields import (
+    get_acks,
+    get_graph,
+    get_ints,
+    get_names,
+    get_pair,
+    get_pairs,
+    put_acks,
+    put_graph,
+    put_ints,
+    put_names,
+    put_pair,
+    put_pairs,
+)
 from lowtide.wire.messages import (
     WIRE_VERSION,
     Auth,
@@ -44,7 +57,6 @@ from lowtide.wire.messages import (
     FrontAction,
     FrontLate,
     FrontOp,
-    GraphSpec,
     Hello,
     Message,
     MinTimeAt,
@@ -64,97 +76,6 @@ from lowtide.wire.messages import (
     Welcome,
 )
 
-_ACK_DTYPES: tuple[np.dtype[Any], ...] = (
-    np.dtype("<i4"),
-    np.dtype("<i8"),
-    np.dtype("<u8"),
-    np.dtype("<i8"),
-)
-_ACK_NATIVE: tuple[type, ...] = (np.int32, np.int64, np.uint64, np.int64)
-
-
-def _put_graph(w: Writer, graph: GraphSpec) -> None:
-    w.pack("I", len(graph))
-    for name, inbound, *ranged in graph:
-        w.text(name)
-        w.pack("I", len(inbound))
-        for up in inbound:
-            w.text(up)
-        n, fronts, *detached = ranged if ranged else (0, ())
-        # 0: as listed by SegmentGraph.of; 1, 2: a later generation's, attached, detached
-        w.pack("BII", 1 + bool(detached[0]) if detached else 0, n, len(fronts))
-        for front, ranges in fronts:
-            w.pack("qI", front, len(ranges))
-            for r in ranges:
-                w.pack("I", r)
-
-
-def _get_graph(r: Reader) -> GraphSpec:
-    out: list[tuple[Any, ...]] = []
-    for _ in range(r.count()):
-        name, inbound = r.text(), tuple(r.text() for _ in range(r.count()))
-        kind, n = r.unpack("BI")
-        fronts = tuple((r.one("q"), tuple(r.one("I") for _ in range(r.count())))
-                       for _ in range(r.count()))
-        if kind:
-            out.append((name, inbound, 0, (), kind - 1))
-        else:
-            out.append((name, inbound) if not n else (name, inbound, n, fronts))
-    return tuple(out)
-
-
-def _put_acks(w: Writer, acks: AckBatch) -> None:
-    w.pack("I", len(acks))
-    columns: tuple[np.ndarray[Any, Any], ...] = (acks.segment, acks.time, acks.xor, acks.count)
-    for column, dtype in zip(columns, _ACK_DTYPES, strict=True):
-        w.array(column, dtype)
-
-
-def _get_acks(r: Reader) -> AckBatch:
-    n = r.count()
-    seg, time, xor, count = (
-        r.array(n, d, t) for d, t in zip(_ACK_DTYPES, _ACK_NATIVE, strict=True)
-    )
-    return AckBatch(seg, time, xor, count)
-
-
-def _put_pairs(w: Writer, pairs: tuple[tuple[int, int], ...] | list[tuple[int, int]]) -> None:
-    """Pairs of int64 as two packed columns (heartbeats, node-time vectors)."""
-    w.pack("I", len(pairs))
-    arr = np.array(pairs, dtype=np.int64).reshape(-1, 2)
-    w.array(arr[:, 0], np.dtype("<i8"))
-    w.array(arr[:, 1], np.dtype("<i8"))
-
-
-def _get_pairs(r: Reader) -> list[tuple[int, int]]:
-    n = r.count()
-    i8 = np.dtype("<i8")
-    a, b = r.array(n, i8, np.int64), r.array(n, i8, np.int64)
-    return list(zip(a.tolist(), b.tolist(), strict=True))
-
-
-def _put_ints(w: Writer, values: tuple[int, ...]) -> None:
-    w.pack("I", len(values))
-    w.array(np.array(values, dtype=np.int64), np.dtype("<i8"))
-
-
-def _get_ints(r: Reader) -> tuple[int, ...]:
-    return tuple(r.array(r.count(), np.dtype("<i8"), np.int64).tolist())
-
-
-# ---------------------------------------------------------------- messages
-def _put_pair(w: Writer, pair: tuple[int, int] | None) -> None:
-    w.pack("B", pair is not None)
-    if pair is not None:
-        w.pack("II", *pair)
-
-
-def _get_pair(r: Reader) -> tuple[int, int] | None:
-    if not r.one("B"):
-        return None
-    first, second = r.unpack("II")
-    return first, second
-
 
 def _enc_hello(w: Writer, m: Hello) -> None:
     w.pack("HB", m.version, m.role)
@@ -162,9 +83,9 @@ def _enc_hello(w: Writer, m: Hello) -> None:
     w.text(m.name)
     w.pack("B", m.graph is not None)
     if m.graph is not None:
-        _put_graph(w, m.graph)
-    _put_pair(w, m.grid)
-    _put_pair(w, m.shard)
+        put_graph(w, m.graph)
+    put_pair(w, m.grid)
+    put_pair(w, m.shard)
 
 
 def _dec_hello(r: Reader) -> Hello:
@@ -173,8 +94,8 @@ def _dec_hello(r: Reader) -> Hello:
         raise WireError(f"wire version {version}, this lowtide speaks {WIRE_VERSION}: run the "
                         "same lowtide version on both sides")
     nonce, name = bytes(r.blob(256)), r.text()
-    graph = _get_graph(r) if r.one("B") else None
-    grid, shard = _get_pair(r), _get_pair(r)
+    graph = get_graph(r) if r.one("B") else None
+    grid, shard = get_pair(r), get_pair(r)
     try:
         return Hello(version, Role(role), nonce, name, graph, grid, shard)
     except ValueError as exc:
@@ -184,18 +105,18 @@ def _dec_hello(r: Reader) -> Hello:
 def _enc_welcome(w: Writer, m: Welcome) -> None:
     w.pack("HII", m.version, m.delta_ms, m.window_slots)
     w.text(m.server)
-    _put_graph(w, m.graph)
+    put_graph(w, m.graph)
     w.pack("I", len(m.shards))
     for url in m.shards:
         w.text(url)
-    _put_pair(w, m.shard)
+    put_pair(w, m.shard)
 
 
 def _dec_welcome(r: Reader) -> Welcome:
     version, delta, window = r.unpack("HII")
-    server, graph = r.text(), _get_graph(r)
+    server, graph = r.text(), get_graph(r)
     shards = tuple(r.text() for _ in range(r.count()))
-    return Welcome(version, server, graph, delta, window, shards, _get_pair(r))
+    return Welcome(version, server, graph, delta, window, shards, get_pair(r))
 
 
 def _enc_batch(w: Writer, m: Batch) -> None:
@@ -205,8 +126,8 @@ def _enc_batch(w: Writer, m: Batch) -> None:
     w.pack("B", nt is not None)
     if nt is not None:
         w.pack("qqq", nt.node, nt.counter, nt.min_time)
-    _put_acks(w, m.acks)
-    _put_pairs(w, [(h.front, h.time) for h in m.heartbeats])
+    put_acks(w, m.acks)
+    put_pairs(w, [(h.front, h.time) for h in m.heartbeats])
     w.array(np.array([h.owner for h in m.heartbeats], np.uint64), np.dtype("<u8"))
 
 
@@ -214,8 +135,8 @@ def _dec_batch(r: Reader) -> Batch:
     req, session = r.unpack("QQ")
     key = r.text()
     nt = NodeTime(*r.unpack("qqq")) if r.one("B") else None
-    acks = _get_acks(r)
-    pairs = _get_pairs(r)
+    acks = get_acks(r)
+    pairs = get_pairs(r)
     owners = r.array(len(pairs), np.dtype("<u8"), np.uint64).tolist()
     heartbeats = tuple(Heartbeat(f, t, o) for (f, t), o in zip(pairs, owners, strict=True))
     return Batch(req, session, key, acks, heartbeats, nt)
@@ -236,34 +157,24 @@ def _dec_front(r: Reader) -> FrontOp:
     return FrontOp(req, session, kind, front, r.text(), time, owner, after)
 
 
-def _put_names(w: Writer, names: tuple[str, ...]) -> None:
-    w.pack("I", len(names))
-    for name in names:
-        w.text(name)
-
-
-def _get_names(r: Reader) -> tuple[str, ...]:
-    return tuple(r.text() for _ in range(r.count()))
-
-
 def _enc_change_graph(w: Writer, m: ChangeGraph) -> None:
     w.pack("QQqq", m.req, m.session, m.generation, m.start)
-    _put_graph(w, m.attach)
-    _put_names(w, m.detach)
-    _put_names(w, m.replace)
+    put_graph(w, m.attach)
+    put_names(w, m.detach)
+    put_names(w, m.replace)
     w.text(m.fingerprint)
 
 
 def _dec_change_graph(r: Reader) -> ChangeGraph:
     req, session, generation, start = r.unpack("QQqq")
-    return ChangeGraph(req, session, generation, _get_graph(r), _get_names(r), _get_names(r),
+    return ChangeGraph(req, session, generation, get_graph(r), get_names(r), get_names(r),
                        start, r.text())
 
 
 def _enc_query_batch(w: Writer, m: QueryBatch) -> None:
     w.pack("QqB", m.req, m.batch, m.state)
     w.text(m.query)
-    _put_names(w, m.segments)
+    put_names(w, m.segments)
 
 
 def _dec_query_batch(r: Reader) -> QueryBatch:
@@ -273,7 +184,7 @@ def _dec_query_batch(r: Reader) -> QueryBatch:
     except ValueError as exc:
         raise WireError(f"unknown batch state {state}") from exc
     query = r.text()
-    return QueryBatch(req, query, batch, kind, _get_names(r))
+    return QueryBatch(req, query, batch, kind, get_names(r))
 
 
 def _enc_notify(w: Writer, m: Notify) -> None:
@@ -327,14 +238,14 @@ def _dec_refused(r: Reader) -> Refused:
 def _enc_report(w: Writer, m: ShardReportFrame) -> None:
     rep = m.report
     w.pack("I", rep.shard)
-    _put_ints(w, rep.min_times)
-    _put_pairs(w, rep.node_times)
-    _put_ints(w, tuple(x for f in rep.flushes for x in f))
+    put_ints(w, rep.min_times)
+    put_pairs(w, rep.node_times)
+    put_ints(w, tuple(x for f in rep.flushes for x in f))
 
 
 def _dec_report(r: Reader) -> ShardReportFrame:
     shard = r.one("I")
-    mins, node_times, flat = _get_ints(r), tuple(_get_pairs(r)), _get_ints(r)
+    mins, node_times, flat = get_ints(r), tuple(get_pairs(r)), get_ints(r)
     if len(flat) % 3:
         raise WireError("flush triples are not a multiple of 3")
     flushes = tuple(zip(flat[0::3], flat[1::3], flat[2::3], strict=True))
@@ -342,12 +253,12 @@ def _dec_report(r: Reader) -> ShardReportFrame:
 
 
 def _enc_release(w: Writer, m: ShardReleaseFrame) -> None:
-    _put_ints(w, m.release.min_times)
-    _put_pairs(w, m.complete)
+    put_ints(w, m.release.min_times)
+    put_pairs(w, m.complete)
 
 
 def _dec_release(r: Reader) -> ShardReleaseFrame:
-    return ShardReleaseFrame(ShardRelease(_get_ints(r)), tuple(_get_pairs(r)))
+    return ShardReleaseFrame(ShardRelease(get_ints(r)), tuple(get_pairs(r)))
 
 
 def _enc_subscribe(w: Writer, m: Subscribe) -> None:
