@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -43,6 +42,7 @@ from lowtide.service.server.metrics import ServerMetrics
 from lowtide.service.server.peers import PeerConnections
 from lowtide.service.server.shard_watch import ShardWatch
 from lowtide.service.server.standing import StandingRequests
+from lowtide.service.server.status_doc import status_document
 from lowtide.service.server.step_log import log_step
 from lowtide.service.server.welcome import check_version, welcome
 from lowtide.service.web.app import WebApp
@@ -432,26 +432,7 @@ class TrackerServer:
                 )
 
     def status(self) -> dict[str, object]:
-        engine = self.engine
-        body: dict[str, object] = {
-            "server": self.config.name,
-            "url": self.url,
-            "pid": os.getpid(),
-            "connections": len(self._conns.peers),
-        }
-        if self.role is not None:
-            body["ha"] = self.role.document()
-        if engine is not None:
-            body["acks_applied"] = engine.acks_applied
-            body["dedup_keys"] = len(engine.dedup)
-            body["dedup_hits"] = engine.dedup.hits
-            body.update(engine.status_document())
-            if self.shard_watch is not None:
-                self.shard_watch.annotate(body)
-            body["delta_ms"] = self.config.grid.delta_ms
-            body["window_slots"] = self.config.grid.window_slots
-            body["now_ms"] = self.clock.now_ms()
-            if self.freshness is not None:
-                body["freshness"] = self.freshness.document(body, engine.graph)
-        return body
-
+        return status_document(
+            self.config, self.url, len(self._conns.peers), self.clock, self.engine,
+            role=self.role, shard_watch=self.shard_watch, freshness=self.freshness,
+        )
