@@ -11,6 +11,7 @@ past ``stuck_after_ms`` is reported as waiting, not as a loss; a real loss still
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -39,7 +40,7 @@ def agent(svc: TrackerService) -> Iterator[Agent]:
         a.close()
 
 
-def until(cond: Callable[[], Any], timeout_s: float = 10.0, beat: Callable[[], None] = (
+def until(cond: Callable[[], Any], timeout_s: float = 30.0, beat: Callable[[], None] = (
         lambda: None)) -> Any:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -175,7 +176,8 @@ def test_a_window_later_than_its_sla_is_logged_counted_and_names_what_holds_it()
             assert first["sink"] == "sink" and first["late_ms"] > 0
             assert first["end_ms"] - first["start_ms"] == 100 and late["sla_ms"] == 300
             assert first["held_by"].startswith("front 1 on 'src' (heartbeat ")
-            assert first["held_by"].endswith(", query q batch 4 running 0 s")
+            # seconds the batch ran when the window was judged late: 0 unless the machine is slow
+            assert re.search(r", query q batch 4 running \d+ s$", first["held_by"])
             assert first["text"].startswith("sink 'sink' window [20")
             assert " later than its SLA (0.3 s): held by front 1 on 'src'" in first["text"]
             (oldest, *_rest) = late["open"]  # every open window has an ETA
