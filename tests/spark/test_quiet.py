@@ -1,9 +1,16 @@
 """The filter that mutes Spark's Python-runner noise in lowtide's commands passes
-everything else on, in order (no Spark, no processes)."""
+everything else on, in order (no Spark, no processes); the driver's accumulator server
+ends a connection the JVM closed quietly (a real socket)."""
 
 from __future__ import annotations
 
-from lowtide.spark.quiet import MAX_HELD_LINES, NoiseFilter
+import socket
+import struct
+import time
+
+import pytest
+
+from lowtide.spark.quiet import MAX_HELD_LINES, NoiseFilter, mute_accumulator_hangups
 
 
 def run(lines: list[str]) -> list[str]:
@@ -73,3 +80,21 @@ def test_a_broken_pipe_outside_pyspark_and_a_new_traceback_are_kept() -> None:
             "BrokenPipeError: [Errno 32] Broken pipe\n"]
     assert run(mine) == mine  # the user's own socket: a real error
     assert run([*BROKEN_PIPE, *REAL]) == REAL  # no "During handling": not one chain
+
+
+@pytest.mark.socket
+def test_a_jvm_closing_its_accumulator_socket_ends_without_a_traceback(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from pyspark import accumulators
+
+    mute_accumulator_hangups()
+    server = accumulators._start_update_server("token", is_unix_domain_sock=False)
+    try:
+        with socket.create_connection(server.server_address, timeout=10) as jvm:
+            jvm.sendall(b"token" + struct.pack("!i", 0))  # authenticated, no updates
+            assert jvm.recv(1) == b"\x01"
+        time.sleep(1.5)  # the server polls each second, then reads the end of the socket
+    finally:
+        server.shutdown()
+    assert "Traceback" not in capsys.readouterr().err

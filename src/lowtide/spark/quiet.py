@@ -9,6 +9,11 @@ also starts with three lines of its own (an incubator module warning, and Spark 
 it set the log level to WARN, which lowtide's log configuration overrides). A
 lowtide command's user should see none of them.
 
+The driver's own Python prints one more: PySpark's accumulator server reads updates
+from a JVM socket until it ends, and a socket the JVM closes (a stopping query's) ends
+in an ``EOFError`` traceback from ``socketserver``. :func:`mute_accumulator_hangups`
+makes that end quiet; nothing was lost, every update before it was applied.
+
 :func:`filtered_jvm_stderr` launches the JVM with its stderr on a pipe; a thread
 copies each line to the real stderr, in order, except what :class:`NoiseFilter`
 drops. Everything else (Spark's own error lines, a real traceback) passes unchanged.
@@ -19,10 +24,11 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import socketserver
 import threading
 from collections.abc import Iterator
 
-__all__ = ["NoiseFilter", "filtered_jvm_stderr"]
+__all__ = ["NoiseFilter", "filtered_jvm_stderr", "mute_accumulator_hangups"]
 
 _WORKER_NOISE = "TransformWithStateInPandas Python worker"
 _START_NOISE = ("WARNING: Using incubator modules:", "Setting default log level to",
@@ -138,3 +144,21 @@ def filtered_jvm_stderr() -> Iterator[None]:
     finally:
         os.dup2(real, 2)
         os.close(real)
+
+
+def mute_accumulator_hangups() -> None:
+    """The driver's accumulator server ends a connection the JVM closed without a
+    traceback (see the module docstring); any other error is printed as before."""
+    from pyspark import accumulators
+
+    handler = accumulators.UpdateRequestHandler
+    if getattr(handler, "_lowtide_quiet", False):
+        return
+    handle = handler.handle
+
+    def handle_until_hangup(self: socketserver.StreamRequestHandler) -> None:
+        with contextlib.suppress(EOFError):
+            handle(self)  # type: ignore[arg-type]
+
+    handler.handle = handle_until_hangup  # type: ignore[method-assign]
+    handler._lowtide_quiet = True  # type: ignore[attr-defined]

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from lowtide.core.errors import LowtideError
-from lowtide.spark.quiet import filtered_jvm_stderr
+from lowtide.spark.quiet import filtered_jvm_stderr, mute_accumulator_hangups
 
 __all__ = ["QUIET_LOG4J2", "JarsMissing", "SessionConfig", "jars_dir", "prewarm",
            "quiet_log4j2_file", "session_jars"]
@@ -185,6 +185,7 @@ class SessionConfig:
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
         if self.quiet:
             logging.getLogger("py4j").setLevel(logging.ERROR)
+            mute_accumulator_hangups()
         from pyspark.sql import SparkSession
 
         builder = SparkSession.builder.appName(self.app_name)
