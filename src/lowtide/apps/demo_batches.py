@@ -112,3 +112,30 @@ def startup(times: dict[int, dict[str, int | None]], ckpt: str, started_ms: int
                                  if os.path.exists(meta) else None),
             "first_batch_planned_s": s(first.get("plan_ms")),
             "first_batch_done_s": s(first.get("commit_ms"))}
+
+
+#: the phases of a micro-batch Spark reports (``durationMs``), in the order they run
+PHASES = ("latestOffset", "getBatch", "queryPlanning", "addBatch", "walCommit",
+          "commitOffsets", "triggerExecution")
+
+
+def phases_p50_ms(progress: list[dict[str, Any]], since_ms: int) -> dict[str, float]:
+    """Median of each phase (``durationMs``, ms) over the micro-batches planned at or
+    after ``since_ms`` (``progress``: a query's ``recentProgress`` as dicts; a batch
+    that ran no phase of a kind counts 0 for it).
+
+    >>> p = [{"timestamp": "2026-01-01T00:00:01.000Z", "durationMs": {"addBatch": 900}},
+    ...      {"timestamp": "2026-01-01T00:00:02.000Z", "durationMs": {"addBatch": 500,
+    ...       "walCommit": 20}}, {"timestamp": "2026-01-01T00:00:03.000Z",
+    ...       "durationMs": {"addBatch": 700, "walCommit": 40}}]
+    >>> phases_p50_ms(p, 1767225601500)
+    {'addBatch': 600.0, 'walCommit': 30.0}
+    """
+    from datetime import datetime
+
+    def plan_ms(p: dict[str, Any]) -> int:
+        return int(datetime.fromisoformat(p["timestamp"]).timestamp() * 1000)
+
+    warm = [p["durationMs"] for p in progress if plan_ms(p) >= since_ms]
+    return {k: round(float(np.median([d.get(k, 0) for d in warm])), 1)
+            for k in PHASES if any(k in d for d in warm)}
