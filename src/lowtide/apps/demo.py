@@ -312,8 +312,8 @@ def watch(args: argparse.Namespace, pipe: Any, lt: Any, wm: Any, lt_out: str) ->
 
 
 def progress_of(query: Any) -> list[dict[str, Any]]:
-    """A query's recent micro-batches: when each was planned and its phases (ms)."""
-    return [{"timestamp": p.timestamp, "durationMs": dict(p.durationMs)}
+    """A query's recent micro-batches: each one's id and phases (ms)."""
+    return [{"batchId": p.batchId, "durationMs": dict(p.durationMs)}
             for p in query.recentProgress]
 
 
@@ -339,10 +339,11 @@ def run(spark: Any, args: argparse.Namespace, started_ms: int | None = None) -> 
         watch(args, pipe, lt, wm, d["lt_out"])
         lt_horizon_ms = pipe.grid.slot_start_ms(lt.min_time())
         dropped_wm = dropped_by_watermark(wm)
-        phases = {k: phases_p50_ms(progress_of(q), warm_ms)
-                  for k, q in (("lt_ckpt", lt.query), ("wm_ckpt", wm))}
         lt.stop()
         stop_between_batches(wm)
+        # after the stops: a batch under way when the run ended counts too
+        phases = {k: phases_p50_ms(progress_of(q))
+                  for k, q in (("lt_ckpt", lt.query), ("wm_ckpt", wm))}
         lt_got, wm_got = read_windows(d["lt_out"]), read_windows(d["wm_out"])
         same = all((served(d[k]) or (None,))[0] == spec.t0_ms for k in ("lt_ckpt", "wm_ckpt"))
         horizon_ms = max(judged_to_ms(lt_got, lt_horizon_ms), judged_to_ms(wm_got, warm_ms))

@@ -119,23 +119,18 @@ PHASES = ("latestOffset", "getBatch", "queryPlanning", "addBatch", "walCommit",
           "commitOffsets", "triggerExecution")
 
 
-def phases_p50_ms(progress: list[dict[str, Any]], since_ms: int) -> dict[str, float]:
-    """Median of each phase (``durationMs``, ms) over the micro-batches planned at or
-    after ``since_ms`` (``progress``: a query's ``recentProgress`` as dicts; a batch
-    that ran no phase of a kind counts 0 for it).
+def phases_p50_ms(progress: list[dict[str, Any]], warm_batches: int = 2) -> dict[str, float]:
+    """Median of each phase (``durationMs``, ms) over the micro-batches after the first
+    ``warm_batches`` (the ones that start Python workers and state stores; the demo is
+    warm once two are done); ``progress``: a query's ``recentProgress`` as dicts. A
+    batch that ran no phase of a kind counts 0 for it.
 
-    >>> p = [{"timestamp": "2026-01-01T00:00:01.000Z", "durationMs": {"addBatch": 900}},
-    ...      {"timestamp": "2026-01-01T00:00:02.000Z", "durationMs": {"addBatch": 500,
-    ...       "walCommit": 20}}, {"timestamp": "2026-01-01T00:00:03.000Z",
-    ...       "durationMs": {"addBatch": 700, "walCommit": 40}}]
-    >>> phases_p50_ms(p, 1767225601500)
+    >>> p = [{"batchId": 1, "durationMs": {"addBatch": 9000}},
+    ...      {"batchId": 2, "durationMs": {"addBatch": 500, "walCommit": 20}},
+    ...      {"batchId": 3, "durationMs": {"addBatch": 700, "walCommit": 40}}]
+    >>> phases_p50_ms(p)
     {'addBatch': 600.0, 'walCommit': 30.0}
     """
-    from datetime import datetime
-
-    def plan_ms(p: dict[str, Any]) -> int:
-        return int(datetime.fromisoformat(p["timestamp"]).timestamp() * 1000)
-
-    warm = [p["durationMs"] for p in progress if plan_ms(p) >= since_ms]
+    warm = [p["durationMs"] for p in progress if p["batchId"] >= warm_batches]
     return {k: round(float(np.median([d.get(k, 0) for d in warm])), 1)
             for k in PHASES if any(k in d for d in warm)}
