@@ -14,7 +14,6 @@ import pytest
 from lowtide.core.graph import SegmentGraph
 from lowtide.service import Agent, TrackerService
 from lowtide.service.client.base_agent import close_shared
-from lowtide.spark.sources import clock
 from lowtide.spark.sources.clock import ClockReader
 from lowtide.spark.tracking.receive import read_stamp, stamp_ms
 from lowtide.spark.tracking.transport import TrackerRef
@@ -67,21 +66,17 @@ def test_the_clock_reads_pushed_min_times(tracked: Any, tmp_path: Path) -> None:
         while (got := r.stamp()) != stamp_ms(slot, grid):
             assert got <= read_stamp(ref, "w")
             time.sleep(0.01)
-    # no question per micro-batch: a fresh pushed min time is answered with the
-    # tracker gone (asking it would wait for it, up to 30 s, and fail)
+    # no question per micro-batch: the pushed min time is answered with the tracker
+    # gone (asking it would wait for it, up to 30 s, and fail)
     svc.stop()
     assert r.stamp() == stamp_ms(3_000, grid)
 
 
-def test_a_stale_push_is_not_trusted(tracked: Any, tmp_path: Path,
-                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """Past ``FRESH_S`` since the last push (a min time standing still, or a
-    subscription lost with its connection) the reader asks the tracker."""
+def test_before_the_first_push_it_asks(tracked: Any, tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
     _svc, agent, ref = tracked
     r = reader(ref, tmp_path)
-    beat(agent, 2_000)
-    until(r.stamp, stamp_ms(2_000, ref.grid))
-    monkeypatch.setattr(clock, "FRESH_S", -1.0)  # every push stale
-    monkeypatch.setattr(r, "_on_update", lambda update: None)  # and no more pushes
+    monkeypatch.setattr(r, "_on_update", lambda update: None)  # no push arrives
     beat(agent, 2_600)
-    until(r.stamp, stamp_ms(2_600, ref.grid))  # asked, not the pushed 2_000
+    until(r.stamp, stamp_ms(2_600, ref.grid))  # each call asks the tracker
+    assert r._pushed is None
