@@ -20,11 +20,12 @@ logged offsets again.
 
 The reader subscribes to the segment's min time and answers from the last update
 the tracker pushed: a min time the tracker announced before the batch was planned,
-so just as safe, without a tracker round trip on the query's thread each batch (one
-took 175 ms of each 9.4 s micro-batch at load 20, the watermark query's offsets 3
-ms). The client sends a subscription again on every new connection, and the tracker
-answers it with the current min time first, so the last update stays the latest the
-reader can know; until the first one arrived, it asks.
+so just as safe, without a tracker round trip on the query's thread each batch
+(lowtide's offsets phase, this round trip and the runners', took 175 ms of a 9.4 s
+micro-batch at load 20, the watermark query's 3 ms). The client sends a
+subscription again on every new connection, and the tracker answers it with the
+current min time first, so the last update stays the latest the reader can know;
+until the first one arrived, it asks.
 """
 
 from __future__ import annotations
