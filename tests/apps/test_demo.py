@@ -51,6 +51,10 @@ def test_demo_json_line(spark, capsys, tmp_path: Path) -> None:
         phases = [q["startup"][k] for k in ("query_started_s", "first_batch_planned_s",
                                             "first_batch_done_s")]
         assert phases == sorted(phases) and q["batch_p50_ms"] > 0
+        # a micro-batch phase by phase (Spark's durationMs), the median once warm
+        assert {"latestOffset", "queryPlanning", "addBatch", "walCommit",
+                "commitOffsets"} <= set(q["phases_p50_ms"])
+        assert q["phases_p50_ms"]["addBatch"] <= q["phases_p50_ms"]["triggerExecution"]
     assert 0 <= doc["session_s"] <= phases[0]  # the shared session: started before
     # from run()'s start to lowtide's first result file: after the first batch's work
     assert 0 < doc["first_window_s"] < 12 + 300

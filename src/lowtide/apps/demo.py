@@ -18,8 +18,9 @@ result can come earlier than the lag plus one micro-batch. Only windows ending a
 both queries are warm (their second micro-batch done) count for delays.
 ``first_window_s``: from the command's start to lowtide's first result file (session
 start, first micro-batches); each query's own beside its delays. Where the time goes
-(:mod:`lowtide.apps.demo_batches`): ``session_s``, each query's ``startup`` phases and
-``batch_p50_ms``, and lowtide's ``batches_after_input_p50`` and ``_max`` over every
+(:mod:`lowtide.apps.demo_batches`): ``session_s``, each query's ``startup`` phases,
+``batch_p50_ms`` and ``phases_p50_ms`` (Spark's ``durationMs`` of a micro-batch, phase
+by phase, the median once warm), and lowtide's ``batches_after_input_p50`` and ``_max`` over every
 window (1: a window comes out in the micro-batch right after the one that read its
 last rows).
 """
@@ -45,6 +46,7 @@ from lowtide.apps.demo_batches import (
     batches_after_input,
     emitted_in,
     offsets_doc,
+    phases_p50_ms,
     startup,
 )
 from lowtide.apps.demo_report import (
@@ -149,9 +151,10 @@ def plain_frame(df: Any) -> Any:
 
 def start_watermark(spark: Any, spec: Any, out: str, ckpt: str, delay_ms: int,
                     name: str = "watermark", frame: Callable[[Any], Any] = plain_frame,
-                    key: str = "user", summed: str = "amount") -> Any:
+                    key: str = "user", summed: str = "amount", trigger_ms: int = 500) -> Any:
     """The plain Spark query: ``frame`` (the generator's rows -> ``key``, ``summed``
-    and ``ts``), windows of ``key`` closed by ``withWatermark(delay_ms)``."""
+    and ``ts``), windows of ``key`` closed by ``withWatermark(delay_ms)``, a
+    micro-batch every ``trigger_ms``."""
     from pyspark.sql import functions as F
 
     from lowtide.spark.sources import UNTRACKED_SCHEMA
@@ -166,7 +169,7 @@ def start_watermark(spark: Any, spec: Any, out: str, ckpt: str, delay_ms: int,
                        F.col("window.end").alias("window_end"), "n", "total"))
     return (windows.writeStream.format("parquet").outputMode("append")
             .option("path", out).option("checkpointLocation", ckpt)
-            .trigger(processingTime="500 milliseconds").queryName(name).start())
+            .trigger(processingTime=f"{trigger_ms} milliseconds").queryName(name).start())
 
 
 # ------------------------------------------------------------------ results
@@ -308,6 +311,12 @@ def watch(args: argparse.Namespace, pipe: Any, lt: Any, wm: Any, lt_out: str) ->
     print()
 
 
+def progress_of(query: Any) -> list[dict[str, Any]]:
+    """A query's recent micro-batches: each one's id and phases (ms)."""
+    return [{"batchId": p.batchId, "durationMs": dict(p.durationMs)}
+            for p in query.recentProgress]
+
+
 def run(spark: Any, args: argparse.Namespace, started_ms: int | None = None) -> dict[str, Any]:
     """Run the demo on ``spark`` (left running); prints, and returns the JSON doc.
     ``started_ms``: when the command started (default: now)."""
@@ -332,6 +341,9 @@ def run(spark: Any, args: argparse.Namespace, started_ms: int | None = None) -> 
         dropped_wm = dropped_by_watermark(wm)
         lt.stop()
         stop_between_batches(wm)
+        # after the stops: a batch under way when the run ended counts too
+        phases = {k: phases_p50_ms(progress_of(q))
+                  for k, q in (("lt_ckpt", lt.query), ("wm_ckpt", wm))}
         lt_got, wm_got = read_windows(d["lt_out"]), read_windows(d["wm_out"])
         same = all((served(d[k]) or (None,))[0] == spec.t0_ms for k in ("lt_ckpt", "wm_ckpt"))
         horizon_ms = max(judged_to_ms(lt_got, lt_horizon_ms), judged_to_ms(wm_got, warm_ms))
@@ -355,6 +367,7 @@ def run(spark: Any, args: argparse.Namespace, started_ms: int | None = None) -> 
     lt_side["lag_ms"] = wm_side["lag_ms"] = args.lag_ms  # the physical limit: lag + a batch
     for q, k in ((lt_side, "lt_ckpt"), (wm_side, "wm_ckpt")):  # where the time goes
         q["batch_p50_ms"] = batch_p50_ms(batches[k], warm_ms)
+        q["phases_p50_ms"] = phases[k]
         q["startup"] = startups[k]
     lt_side["batches_after_input_p50"] = (float(np.median(after_input)) if after_input
                                           else None)

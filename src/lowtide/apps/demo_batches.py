@@ -112,3 +112,25 @@ def startup(times: dict[int, dict[str, int | None]], ckpt: str, started_ms: int
                                  if os.path.exists(meta) else None),
             "first_batch_planned_s": s(first.get("plan_ms")),
             "first_batch_done_s": s(first.get("commit_ms"))}
+
+
+#: the phases of a micro-batch Spark reports (``durationMs``), in the order they run
+PHASES = ("latestOffset", "getBatch", "queryPlanning", "addBatch", "walCommit",
+          "commitOffsets", "triggerExecution")
+
+
+def phases_p50_ms(progress: list[dict[str, Any]], warm_batches: int = 2) -> dict[str, float]:
+    """Median of each phase (``durationMs``, ms) over the micro-batches after the first
+    ``warm_batches`` (the ones that start Python workers and state stores; the demo is
+    warm once two are done); ``progress``: a query's ``recentProgress`` as dicts. A
+    batch that ran no phase of a kind counts 0 for it.
+
+    >>> p = [{"batchId": 1, "durationMs": {"addBatch": 9000}},
+    ...      {"batchId": 2, "durationMs": {"addBatch": 500, "walCommit": 20}},
+    ...      {"batchId": 3, "durationMs": {"addBatch": 700, "walCommit": 40}}]
+    >>> phases_p50_ms(p)
+    {'addBatch': 600.0, 'walCommit': 30.0}
+    """
+    warm = [p["durationMs"] for p in progress if p["batchId"] >= warm_batches]
+    return {k: round(float(np.median([d.get(k, 0) for d in warm])), 1)
+            for k in PHASES if any(k in d for d in warm)}
