@@ -324,9 +324,10 @@ class Pipeline:
         else:
             fmt = "lowtide_gen"
             opts["lowtide.segment"] = out
-        if to.windows.receives(out):  # a window planned in the JVM receives in its tasks
-            opts.update({"lowtide.inner": fmt, "lowtide.receive": out,
-                         "lowtide.sender": source_key(src)})
+        window = to.windows.window_of(out)
+        if window is not None:  # a window planned in the JVM receives in its tasks
+            opts.update({"lowtide.inner": fmt, "lowtide.receive": window,
+                         "lowtide.receive_from": out, "lowtide.sender": source_key(src)})
             fmt = FORMAT
         # the schema given: Spark would start a Python process to ask the source for it
         # (seconds of a query's start-up on a busy machine)
