@@ -46,7 +46,7 @@ from lowtide.spark.pipeline.dag import (
 )
 from lowtide.spark.pipeline.describe import described
 from lowtide.spark.pipeline.handle import TrackerHandle, TrackerOptions, operating_options
-from lowtide.spark.pipeline.monitoring import PROGRESS_SAMPLE_BITS, ProgressMetrics
+from lowtide.spark.pipeline.monitoring import ProgressMetrics
 from lowtide.spark.pipeline.query import TrackedQuery, startup_phase
 from lowtide.spark.pipeline.repair import Repaired, repair
 from lowtide.spark.pipeline.replay import Loss, Replayed, losses_of, replay
@@ -343,7 +343,7 @@ class Pipeline:
                            checkpoint)
         df, graph, ref = built.df, built.graph, built.ref
         if self._progress_metrics:
-            df = ProgressMetrics.of(ref, sink_name, PROGRESS_SAMPLE_BITS).observe(df)
+            df = ProgressMetrics.of(ref, sink_name).observe(df)
         batches = BatchReporter.starting(self.tracker.agent, sink_name, graph.names,
                                          checkpoint)  # a slow start is not a loss
         writer = df.writeStream.option("checkpointLocation", checkpoint)
