@@ -116,7 +116,7 @@ class Pipeline:
     ``web_port``: the embedded tracker also serves its web view (0: a free port; the
     link is ``pipe.tracker.web_url``; docs/service.md, "Web view").
     ``progress_metrics``: each query's ``lastProgress["observedMetrics"]["lowtide"]``
-    carries the tracker's figures (sampled on 1 row in 256; docs/spark.md, "Monitoring").
+    carries the tracker's figures (read on the driver; docs/spark.md, "Monitoring").
     ``front_timeout`` (``"30 seconds"``): a front silent this long is dead; ``dead_fronts``
     ``"wait"`` says so and waits, ``"retire"`` retires it; ``sla``: each sink window of
     ``sla_window`` is late that long after its end (FreshnessListener; docs/operating.md).
