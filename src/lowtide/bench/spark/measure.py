@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from lowtide.spark.pipeline.batches import last_batch_id
+from lowtide.spark.pipeline import last_batch_id
 from lowtide.spark.sources import GeneratorSpec
 
 
