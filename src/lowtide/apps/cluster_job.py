@@ -6,8 +6,8 @@ reporting to a standalone ``lowtide serve`` (``--tracker``; its secret in
 complete ``--seconds`` past the generator's start, stops the query, recomputes the
 same windows with a Spark batch job over the same (deterministic) events and prints
 one JSON line: windows, how many equal the batch, the executors that ran it, and the
-lowtide observed metrics of the query's last progress with rows at the sink (computed
-in the executors' tasks).
+lowtide observed metrics of the query's last progress with rows at the sink (read on
+the driver, where Spark computes them).
 
     spark-submit --master spark://HOST:7077 --py-files lowtide.zip \\
         src/lowtide/apps/cluster_job.py --tracker tcp://HOST:7433 --dir /shared/run

@@ -114,3 +114,27 @@ def test_a_where_shares_the_tracked_map_after_it(spark) -> None:
 
     got, want = tracked(spark, mine), untracked(spark, plain)
     assert got == want, f"lowtide {got} against Spark {want}"
+
+
+def test_a_where_in_front_of_a_window_adds_no_python_node(spark, tmp_path) -> None:
+    """where + with_column + where + a window planned in Spark's JVM: no Python node
+    but the source's scan, as in Spark's where + withColumn + window (the window
+    absorbs the wheres: its senders receive their rows)."""
+    from pyspark.sql import functions as F
+
+    pipe = lowtide.Pipeline(spark, "crossings-where-window")
+    try:
+        stream = (pipe.generate(SPEC).where("seq % 2 = 0", name="even")
+                  .with_column("k", F.col("seq") % 3).where("k != 1", name="not1")
+                  .window("1 second", key="k", name="w").agg(n="count"))
+        # into the null sink: no emit step (its results' send-acks, a few rows a window)
+        got = planned(pipe.build(stream, null_sink=True, checkpoint=str(tmp_path / "c")).df)
+    finally:
+        pipe.close()
+    register_sources(spark)
+    df = (spark.readStream.format("lowtide_gen").option("tracking", "false")
+          .option("spec", SPEC.to_json()).load())
+    plain = (df.where("seq % 2 = 0").withColumn("k", F.col("seq") % 3).where("k != 1")
+             .withColumn("ts", F.timestamp_millis(F.col("seq"))).withWatermark("ts", "1 second")
+             .groupBy("k", F.window("ts", "1 second")).count())
+    assert got == planned(plain) == [], f"lowtide {got} against Spark {planned(plain)}"

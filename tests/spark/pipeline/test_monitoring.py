@@ -8,11 +8,11 @@ import json
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pyarrow as pa
 import pytest
 
-from lowtide.core.graph import SegmentGraph
 from lowtide.core.time import TimeGrid
 from lowtide.service import TrackerService, wall_ms
 from lowtide.spark.pipeline import Pipeline, TrackedQuery
@@ -23,10 +23,10 @@ from lowtide.spark.pipeline.monitoring import (
     SegmentStuck,
     WindowComplete,
 )
+from lowtide.spark.pipeline.progress_delivery import figures_map
 from lowtide.spark.sources.generator import GeneratorSpec
 from lowtide.spark.tracking.transport import TrackerRef
 from tests.service import lost
-from tests.spark.helpers import free_port
 
 pytestmark = pytest.mark.spark
 
@@ -117,23 +117,10 @@ def wait_for_stuck_in_progress(query, timeout_s: float = 60.0) -> dict[str, int]
     raise AssertionError(f"no progress showed the stuck window: {query.lastProgress}")
 
 
-def test_a_task_without_a_tracker_reports_null_figures(spark) -> None:
-    """A task that cannot reach the tracker (here: nothing listens) leaves the figures
-    null within its timeout: the batch goes on."""
-    from pyspark.sql import Observation
-
-    ref = TrackerRef(f"tcp://127.0.0.1:{free_port()}", lost.graph(), GRID)
-    metrics = ProgressMetrics(ref, "sink", timeout_s=0.5, tasks_ask=True)
-    seen = Observation("lowtide")
-    assert metrics.observe(spark.range(3), seen).count() == 3
-    assert seen.get == dict.fromkeys(metrics.figures())
-
-
-def test_tasks_ask_the_tracker_for_the_figures(spark) -> None:
-    """The figures come from the tracker, asked by the tasks themselves (not from the
-    driver's JVM: on a cluster the executors have their own): min times, the stuck
-    window and each front's late records (issue 33 point 8), on a batch DataFrame
-    with a tracking column."""
+def test_the_figures_come_from_the_tracker_through_the_driver(spark) -> None:
+    """The figures the driver's publisher got from the tracker, in a batch
+    DataFrame's observation: min times, the stuck window and each front's late
+    records (issue 33 point 8)."""
     from pyspark.sql import Observation
 
     svc = TrackerService.start(lost.graph(), grid=GRID, stuck_after_ms=100)
@@ -145,7 +132,9 @@ def test_tasks_ask_the_tracker_for_the_figures(spark) -> None:
         while not svc.status().get("stuck"):
             assert time.monotonic() < deadline, "no stuck window"
             time.sleep(0.05)
-        metrics = ProgressMetrics(TrackerRef(svc.url, lost.graph(), GRID), "sink", tasks_ask=True)
+        metrics = ProgressMetrics(TrackerRef(svc.url, lost.graph(), GRID), "sink")
+        tracker = SimpleNamespace(status=svc.status, grid=GRID, graph=lost.graph())
+        metrics.build(SimpleNamespace(tracker=tracker, spark=spark)).publish()
         seen = Observation("lowtide")
         df = spark.createDataFrame([(t,) for t in range(300)], "lt_track long").repartition(3)
         assert metrics.observe(df, seen).count() == 300
@@ -161,34 +150,37 @@ def test_tasks_ask_the_tracker_for_the_figures(spark) -> None:
 
 
 def test_figures_nobody_published_are_null(spark) -> None:
-    """Where tasks read the driver's properties: before the first publication, a
-    figure is null and the batch goes on."""
+    """Before the first publication, a figure is null and the batch goes on."""
     from pyspark.sql import Observation
 
     ref = TrackerRef("tcp://127.0.0.1:1", lost.graph(), GRID)
-    metrics = ProgressMetrics(ref, "nobody", tasks_ask=False)
+    metrics = ProgressMetrics(ref, "nobody")
     seen = Observation("lowtide")
     assert metrics.observe(spark.range(3), seen).count() == 3
     assert seen.get == dict.fromkeys(metrics.figures())
 
 
-def test_sampled_figures_are_read_on_sampled_rows_only(spark) -> None:
-    """With ``sample_bits``, only rows whose ack id has that many low zero bits read
-    the driver's properties (each read is a reflective call per figure)."""
+def test_the_rows_pay_nothing_for_the_figures(spark) -> None:
+    """The metrics hold no aggregate and read nothing per row: each is its figure's
+    lookup in the driver's map, evaluated where Spark computes the metrics; a figure
+    published after the query was planned shows in its next observation."""
     from pyspark.sql import Observation
 
-    ref = TrackerRef("tcp://127.0.0.1:1", SegmentGraph.of(("sink", ())), GRID)
-    metrics = ProgressMetrics(ref, "sampled", sample_bits=8, tasks_ask=False)
-    system = spark.sparkContext._jvm.java.lang.System
-    for figure in (*metrics.figures(), "fetched_ms"):
-        system.setProperty(metrics.property_of(figure), "{}" if figure == "late" else "7")
+    ref = TrackerRef("tcp://127.0.0.1:1", lost.graph(), GRID)
+    metrics = ProgressMetrics(ref, "lookups")
+    figures = figures_map(metrics, spark)
+    seen = [Observation("lowtide") for _ in range(2)]
+    observed = [metrics.observe(spark.range(0, 1000, 1, 4), s) for s in seen]
+    plan = observed[0]._jdf.queryExecution().analyzed().toString()
+    assert "CollectMetrics" in plan
+    assert not any(f in plan for f in ("max(", "max_by(", "reflect(", "java_method("))
     try:
-        for tracks, want in (([1, 2, 255], None), ([1, 512], 7)):
-            seen = Observation("lowtide")
-            df = spark.createDataFrame([(t,) for t in tracks], "lt_track long")
-            assert metrics.observe(df, seen).count() == len(tracks)
-            assert seen.get == {**dict.fromkeys(metrics.figures()[:-1], want),
-                                "late": None if want is None else "{}"}
+        for run, value in enumerate((7, 8)):
+            figures.put("sink_min_time", str(value))
+            figures.put("late", "{}")
+            assert observed[run].count() == 1000
+            got = seen[run].get
+            assert got["sink_min_time"] == value and got["late"] == "{}"
+            assert got["global_min_time"] is None  # not published
     finally:
-        for figure in (*metrics.figures(), "fetched_ms"):
-            system.clearProperty(metrics.property_of(figure))
+        figures.clear()

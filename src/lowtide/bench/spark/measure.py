@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from lowtide.spark.pipeline import last_batch_id
 from lowtide.spark.sources import GeneratorSpec
 
 
@@ -137,14 +138,6 @@ def cpu_seconds() -> float:
 CPU: dict[str, float] = {}
 #: the last measured run's CPU seconds by process (:func:`cpu_by_process`)
 BY_PROCESS: dict[str, float] = {}
-
-
-def last_batch_id(query: Any) -> int:
-    """The id of a query's last finished batch (-1: none), read from the JVM alone:
-    ``lastProgress`` converts the whole progress report, and a poll every 10 ms of
-    that cost the driver more than a bench measures (counted on both sides alike)."""
-    progress = query._jsq.lastProgress()
-    return -1 if progress is None else int(progress.batchId())
 
 
 def _next_batch(query: Any, after: int, deadline: float, why: str = "") -> int:

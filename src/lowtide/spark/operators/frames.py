@@ -15,6 +15,8 @@ How each is acked (rules 1, 2, 5, 6), without a Python pass where none is needed
   deterministic id, one keyed batch per task, submitted once the task's input is
   exhausted and confirmed before it ends. Its Python side is one vectorised pass
   (Arrow filter + the shared ack arithmetic), no user code.
+  A ``where`` in front of a window planned in Spark's JVM (only 1:1 steps between) is
+  Spark's filter alone: the window absorbs it (:func:`where_in_jvm`).
 * ``explode(column)`` makes rows. The JVM runs ``posexplode_outer``: each array
   element is a row with its position, a parent with no element one row with a null
   position. The tracked step after it receives each parent once (its row of position
@@ -126,6 +128,15 @@ def plan_frame(df: Any, spec: FrameSpec) -> Any:
     if kind == "enrich":
         return _plan_enrich(df, spec)
     raise ValueError(f"unknown DataFrame step {kind!r}")
+
+
+def where_in_jvm(df: Any, spec: FrameSpec) -> Any:
+    """A ``where`` that a window planned in the JVM absorbs: Spark's own filter (checked
+    as :func:`plan_frame` checks it), no Arrow half; the window's senders receive its
+    rows (:mod:`lowtide.spark.tracking.receive`)."""
+    from pyspark.sql import functions as F
+
+    return plan_frame(df, spec).where(F.col(KEEP_COL)).drop(KEEP_COL)
 
 
 def _project(df: Any, spec: FrameSpec) -> Any:

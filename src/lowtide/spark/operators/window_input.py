@@ -8,7 +8,10 @@ that send into its inbound segment (:func:`lowtide.spark.tracking.receive.stampe
   Arrow half of ``where``): its ``mapInArrow`` function wrapped by
   :func:`receiving_task`.
 
-Either way the rows cross into Python once, as they would without the window.
+Either way the rows cross into Python once, as they would without the window; a
+``where`` in front of the window does not add a crossing: the window absorbs it
+(:mod:`lowtide.spark.tracking.receive`), and the senders receive out of its inbound
+segment.
 """
 
 from __future__ import annotations
@@ -39,12 +42,14 @@ def receive_key(window: str, sender: str) -> str:
 
 
 def receiving_task(run: Callable[[Iterator[Any]], Iterator[Any]], ref: TrackerRef,
-                   window: str, sender: str) -> Callable[[Iterator[Any]], Iterator[Any]]:
+                   window: str, sender: str, out_of: str | None = None
+                   ) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """A tracked chain's ``mapInArrow`` function ``run`` whose output rows are received
-    by the window (and stamped) in the same task."""
+    by the window (and stamped) in the same task; ``out_of``: the segment they are
+    received out of, when the window absorbed the ``where`` steps in front of it."""
 
     def receiving(batches: Iterator[Any]) -> Iterator[Any]:
-        return stamped(ref, window, receive_key(window, sender), run(batches))
+        return stamped(ref, window, receive_key(window, sender), run(batches), out_of)
 
     return receiving
 
@@ -66,6 +71,7 @@ class ReceivingReader(DataSourceStreamReader):  # type: ignore[misc]
         self.ref = TrackerRef.from_option(options["lowtide.tracker"])
         self.window = options["lowtide.receive"]
         self.key = receive_key(self.window, options["lowtide.sender"])
+        self.out_of = options.get("lowtide.receive_from")
 
     def initialOffset(self) -> Any:
         return self.inner.initialOffset()
@@ -77,7 +83,8 @@ class ReceivingReader(DataSourceStreamReader):  # type: ignore[misc]
         return self.inner.partitions(start, end)
 
     def read(self, partition: Any) -> Iterator[Any]:
-        return stamped(self.ref, self.window, self.key, self.inner.read(partition))
+        return stamped(self.ref, self.window, self.key, self.inner.read(partition),
+                       self.out_of)
 
     def commit(self, end: Any) -> None:
         self.inner.commit(end)
@@ -86,7 +93,9 @@ class ReceivingReader(DataSourceStreamReader):  # type: ignore[misc]
 class ReceivingSource(DataSource):  # type: ignore[misc]
     """``format("lowtide_receiving")``: option ``lowtide.inner`` names the source it
     reads (``lowtide_gen`` or ``lowtide_log``, with that source's options),
-    ``lowtide.receive`` the window, ``lowtide.sender`` the source's name in the plan."""
+    ``lowtide.receive`` the window, ``lowtide.sender`` the source's name in the plan,
+    ``lowtide.receive_from`` (optional) the segment it receives out of, when the
+    window absorbed the ``where`` steps in front of it."""
 
     @classmethod
     def name(cls) -> str:

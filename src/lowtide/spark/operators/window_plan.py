@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from lowtide.spark.operators.frames import FrameSpec
 from lowtide.spark.operators.state_clock import StatefulStep, check_keys
 from lowtide.spark.operators.window_aggs import TypedAgg, bind_aggs
 from lowtide.spark.operators.windows import WindowSpec
@@ -72,6 +73,8 @@ WATERMARK_CONFS = (("spark.sql.streaming.multipleWatermarkPolicy", "max"),
 #: ``lt_ts``'s own watermark: far enough back never to be the maximum
 TS_DELAY = "3650 days"
 NAMES = (TS_COL, ORDER_COL, WINDOW_COL)
+#: DataFrame steps a window may absorb a ``where`` across
+ONE_TO_ONE_OR_WHERE = ("where", "select", "select_expr", "drop", "rename", "with_column")
 
 
 def stateful_steps(stream: Any) -> list[Any]:
@@ -107,6 +110,24 @@ def has_loop(stream: Any) -> bool:
 
     return any(isinstance(s, RetrySpec) for s in stream.steps) or any(
         has_loop(up) for up in stream.inputs)
+
+
+def wheres_in_front(stream: Any) -> dict[str, str]:
+    """The ``where`` steps of a stream's query that come right before a window, with
+    only 1:1 DataFrame steps (``select``, ``with_column``, ...) or other such
+    ``where``s between: their names, each with its window's."""
+    out: dict[str, str] = {}
+    for up in stream.inputs:
+        out.update(wheres_in_front(up))
+    window = None
+    for step in reversed(stream.steps):
+        if isinstance(step, WindowSpec):
+            window = step.name
+        elif not (isinstance(step, FrameSpec) and step.kind in ONE_TO_ONE_OR_WHERE):
+            window = None
+        elif window is not None and step.kind == "where":
+            out[step.name] = window
+    return out
 
 
 def fallback_reason(spec: WindowSpec, stateful_steps: int, loop: bool = False) -> str | None:
@@ -184,16 +205,26 @@ class QueryWindows:
     stateful: list[Any]  # the query's stateful steps
     loop: bool = False  # a retry loop in the query
     holds: list[Any] = field(default_factory=list)
+    #: each window's ``where`` steps in front of it (only 1:1 steps between), by name
+    wheres: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, stream: Any, checkpoint: str | None) -> QueryWindows:
-        return cls(checkpoint, stateful_steps(stream), has_loop(stream))
+        return cls(checkpoint, stateful_steps(stream), has_loop(stream),
+                   wheres=wheres_in_front(stream))
 
-    def receives(self, segment: str) -> bool:
-        """Is ``segment`` the inbound segment of a window planned in the JVM? (Its
-        senders receive and stamp their rows: :mod:`.window_input`.)"""
-        return any(isinstance(s, WindowSpec) and s.name == segment and self.in_jvm(s)
-                   for s in self.stateful)
+    def window_of(self, segment: str) -> str | None:
+        """The window planned in the JVM whose senders send into ``segment`` (its
+        inbound segment, or that of a ``where`` it absorbs): they receive and stamp
+        their rows for it (:mod:`.window_input`)."""
+        name = self.wheres.get(segment, segment)
+        return name if any(isinstance(s, WindowSpec) and s.name == name and self.in_jvm(s)
+                           for s in self.stateful) else None
+
+    def absorbs(self, step: str) -> bool:
+        """Is ``step`` a ``where`` that a window planned in the JVM absorbs (Spark's
+        filter, no Python pass: :mod:`lowtide.spark.tracking.receive`)?"""
+        return step in self.wheres and self.window_of(step) is not None
 
     def plan(self, df: Any, spec: WindowSpec, ref: TrackerRef, out_segment: str,
              op_id: int, null_sink: bool = False) -> Any:

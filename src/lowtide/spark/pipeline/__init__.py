@@ -4,6 +4,7 @@ segment graph (:class:`SegmentPlan`), its writer (``stream.writeStream``,
 replay by time (:mod:`.replay`: :class:`Loss`) and repairing a loss with it
 (:mod:`.repair`: :class:`Target`)."""
 
+from lowtide.spark.pipeline.batches import last_batch_id
 from lowtide.spark.pipeline.builder import Built, Pipeline, TrackerNotStarted, register_sources
 from lowtide.spark.pipeline.dag import PipelineShapeError, SegmentPlan, derive
 from lowtide.spark.pipeline.describe import Aggregated, Windowed
@@ -49,6 +50,7 @@ __all__ = [
     "Windowed",
     "await_jobs_gone",
     "derive",
+    "last_batch_id",
     "register_sources",
     "startup_phase",
     "status_of",

@@ -7,7 +7,8 @@ driver thread watches the query: ``status["isTriggerActive"]`` with
 last (the running one is the next). It reports a batch when it opens, says so again
 every ``keepalive_s`` while it runs (a driver that died is forgotten by the tracker),
 reports the last closed batch whenever it moves (also for batches too short to be
-seen running), and says when the query stopped. A report that fails (the tracker
+seen running), and says when the query stopped. The poll reads the batch id from the
+JVM, not ``lastProgress`` (see :func:`last_batch_id`). A report that fails (the tracker
 restarting) is dropped: the next poll says it again.
 
 The first batch is announced before the query starts: a query's start (sources
@@ -46,6 +47,19 @@ def announce_queries(agent: Any, graph: SegmentGraph) -> None:
         with contextlib.suppress(Exception):  # an agent without reports (tests): no harm
             agent.report_batch(sink, STARTING, BatchState.OPEN,
                                sorted(ancestors(graph, sink)), timeout_s=5.0)
+
+
+def last_batch_id(query: Any) -> int:
+    """The id of a query's last finished batch (-1: none yet), read from the JVM:
+    ``lastProgress`` turns the whole progress report (every operator's and source's
+    figures, the observed metrics) into Python objects, which a poll every 0.25 s
+    paid for in the driver's CPU."""
+    jsq = getattr(query, "_jsq", None)  # classic PySpark; Spark Connect has the dict only
+    if jsq is None:
+        last = query.lastProgress
+        return -1 if last is None else int(last["batchId"])
+    progress = jsq.lastProgress()
+    return -1 if progress is None else int(progress.batchId())
 
 
 def first_batch(checkpoint: str | None) -> int:
@@ -146,9 +160,9 @@ class BatchReporter:
             try:
                 if not self.query.isActive:
                     break
-                progress = self.query.lastProgress
-                last = None if progress is None else int(progress["batchId"])
-                self.watch.poll(self.query.status, last, time.monotonic())
+                last = last_batch_id(self.query)
+                self.watch.poll(self.query.status, None if last < 0 else last,
+                                time.monotonic())
             except Exception as exc:  # the JVM going away with the query: stop quietly
                 log.debug("batch watch stopped", extra={"query": self.name,
                                                         "reason": repr(exc)})

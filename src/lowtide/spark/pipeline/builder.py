@@ -46,7 +46,7 @@ from lowtide.spark.pipeline.dag import (
 )
 from lowtide.spark.pipeline.describe import described
 from lowtide.spark.pipeline.handle import TrackerHandle, TrackerOptions, operating_options
-from lowtide.spark.pipeline.monitoring import PROGRESS_SAMPLE_BITS, ProgressMetrics
+from lowtide.spark.pipeline.monitoring import ProgressMetrics
 from lowtide.spark.pipeline.query import TrackedQuery, startup_phase
 from lowtide.spark.pipeline.repair import Repaired, repair
 from lowtide.spark.pipeline.replay import Loss, Replayed, losses_of, replay
@@ -116,7 +116,7 @@ class Pipeline:
     ``web_port``: the embedded tracker also serves its web view (0: a free port; the
     link is ``pipe.tracker.web_url``; docs/service.md, "Web view").
     ``progress_metrics``: each query's ``lastProgress["observedMetrics"]["lowtide"]``
-    carries the tracker's figures (sampled on 1 row in 256; docs/spark.md, "Monitoring").
+    carries the tracker's figures (read on the driver; docs/spark.md, "Monitoring").
     ``front_timeout`` (``"30 seconds"``): a front silent this long is dead; ``dead_fronts``
     ``"wait"`` says so and waits, ``"retire"`` retires it; ``sla``: each sink window of
     ``sla_window`` is late that long after its end (FreshnessListener; docs/operating.md).
@@ -324,9 +324,10 @@ class Pipeline:
         else:
             fmt = "lowtide_gen"
             opts["lowtide.segment"] = out
-        if to.windows.receives(out):  # a window planned in the JVM receives in its tasks
-            opts.update({"lowtide.inner": fmt, "lowtide.receive": out,
-                         "lowtide.sender": source_key(src)})
+        window = to.windows.window_of(out)
+        if window is not None:  # a window planned in the JVM receives in its tasks
+            opts.update({"lowtide.inner": fmt, "lowtide.receive": window,
+                         "lowtide.receive_from": out, "lowtide.sender": source_key(src)})
             fmt = FORMAT
         # the schema given: Spark would start a Python process to ask the source for it
         # (seconds of a query's start-up on a busy machine)
@@ -342,7 +343,7 @@ class Pipeline:
                            checkpoint)
         df, graph, ref = built.df, built.graph, built.ref
         if self._progress_metrics:
-            df = ProgressMetrics.of(ref, sink_name, PROGRESS_SAMPLE_BITS).observe(df)
+            df = ProgressMetrics.of(ref, sink_name).observe(df)
         batches = BatchReporter.starting(self.tracker.agent, sink_name, graph.names,
                                          checkpoint)  # a slow start is not a loss
         writer = df.writeStream.option("checkpointLocation", checkpoint)

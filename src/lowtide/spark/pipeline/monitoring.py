@@ -4,24 +4,15 @@
 
 Observed metrics (``df.observe``) are the one place of a progress report that a
 query's plan fills in, but Spark fixes their expressions when the query starts (a
-literal or a session variable keeps its value of that moment in every later batch)
-and evaluates them in the tasks (an expression outside an aggregate, which the driver
-would evaluate, must be deterministic: measured, PySpark 4.2). What moves is read at
-run time, where the tasks run (:mod:`lowtide.spark.pipeline.progress_delivery`):
+literal or a session variable keeps its value of that moment in every later batch).
+lowtide's metrics hold no aggregate: each reads its figure from a map in the driver's
+JVM where Spark computes the metrics, on the driver
+(:mod:`lowtide.spark.pipeline.progress_delivery`). The rows pay nothing for them,
+in local mode and on a cluster alike.
 
-* tasks in the driver's JVM (local mode): a driver thread copies the tracker's
-  figures into JVM system properties every ``interval_s``; the tasks read them with
-  ``java_method('java.lang.System', 'getProperty', ...)`` on 1 row in
-  ``2**sample_bits`` (a reflective call per figure);
-* tasks on executors (a cluster: other JVMs, without those properties): an Arrow UDF
-  whose closure carries the :class:`~lowtide.spark.tracking.transport.TrackerRef`
-  asks the tracker, at most once a second per Python worker, and puts the figures on
-  the first row of each Arrow batch (every row crosses into Python once more; at load
-  30 on 2 cores no slower than the sampled reads: BENCHMARKS.md).
-
-The metrics take the largest figure seen in the batch (min times only move forward,
-so that is the latest; for the lag and the stuck windows it is the batch's worst) and
-the latest ``late`` (each front's late records, a JSON text).
+The figures are the tracker's at most ``interval_s`` (0.25 s) before Spark collected
+the batch's metrics, at its end: the latest min times, the lag and the stuck windows
+then, each front's late records (``late``, a JSON text).
 """
 
 from __future__ import annotations
@@ -34,14 +25,8 @@ from typing import Any
 
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
-from lowtide.spark.pipeline.progress_delivery import (
-    PROGRESS_COL,
-    ProgressPublisher,
-    figures_udf,
-    tasks_share_driver_jvm,
-)
+from lowtide.spark.pipeline.progress_delivery import ProgressPublisher, figure_column
 from lowtide.spark.pipeline.status import PipelineStatus
-from lowtide.spark.tracking.column import TRACK_COL
 from lowtide.spark.tracking.transport import TrackerRef
 
 __all__ = [
@@ -54,9 +39,6 @@ __all__ = [
 ]
 
 METRICS_NAME = "lowtide"
-#: what a Pipeline's queries sample (1 row in 256): about 0.1 us a row instead of
-#: 20 us for reading every row (BENCHMARKS.md, "Cost of the observed metrics")
-PROGRESS_SAMPLE_BITS = 8
 #: what each front did with late records (the FrontLate wire message's counts)
 LATE_COUNTS = ("late_clamped", "late_rejected", "late_raised", "out_of_range")
 _STUCK = re.compile(r"segment (['\"])(?P<segment>.*)\1, slots \[(?P<start>\d+), (?P<end>\d+)\): "
@@ -71,20 +53,12 @@ class ProgressMetrics:
 
     tracker: TrackerRef
     sink: str
-    #: read the figures on 1 row in 2**sample_bits (by the low bits of its ack id in
-    #: ``lt_track``), where tasks read the driver's properties; 0: every row
-    sample_bits: int = 0
-    #: how old the figures may be in local mode (the publisher's period)
+    #: how old the figures may be (the publisher's period)
     interval_s: float = 0.25
-    #: how long a task on an executor waits for the tracker before leaving them null
-    timeout_s: float = 2.0
-    #: True: the tasks ask the tracker; False: they read the driver's properties;
-    #: None: by the session's master (local: properties)
-    tasks_ask: bool | None = None
 
     @classmethod
-    def of(cls, tracker: TrackerRef, sink: str, sample_bits: int = 0) -> ProgressMetrics:
-        return cls(tracker, sink, sample_bits)
+    def of(cls, tracker: TrackerRef, sink: str) -> ProgressMetrics:
+        return cls(tracker, sink)
 
     @property
     def segments(self) -> tuple[str, ...]:
@@ -97,57 +71,14 @@ class ProgressMetrics:
                 "fronts_refused", "fronts_waiting", "late_clamped", "late_rejected",
                 *per_segment, "late")
 
-    def property_of(self, figure: str) -> str:
-        return f"lowtide.{self.tracker.url}.{self.sink}.{figure}"
-
     def observe(self, df: Any, name: Any = METRICS_NAME) -> Any:
         """``df`` with lowtide's figures as its observed metrics ``name`` (a string,
-        or a ``pyspark.sql.Observation`` for a batch DataFrame)."""
-        from pyspark.sql import functions as F
-
-        asks = self.tasks_ask
-        if asks is None:
-            asks = not tasks_share_driver_jvm(df.sparkSession)
-        if asks:
-            df = df.withColumn(PROGRESS_COL, figures_udf(self, df))
-            got = F.col(PROGRESS_COL)
-
-            def read(figure: str) -> Any:
-                return got.getField(figure)
-        else:
-            read = self._property_reader(df)
-        aggregates = [F.max(read(f)).alias(f) for f in self.figures()[:-1]]
-        aggregates.append(F.max_by(read("late"), read("fetched_ms")).alias("late"))
-        observed = df.observe(name, *aggregates)
-        return observed.drop(PROGRESS_COL) if asks else observed
-
-    def _property_reader(self, df: Any) -> Any:
-        from pyspark.sql import functions as F
-
-        sampled = None
-        if self.sample_bits and TRACK_COL in df.columns:
-            # CASE WHEN evaluates its value only where the condition holds
-            mask = (1 << self.sample_bits) - 1
-            sampled = F.col(TRACK_COL).bitwiseAND(mask) == 0
-
-        def read(figure: str) -> Any:
-            prop = F.java_method(F.lit("java.lang.System"), F.lit("getProperty"),
-                                 F.lit(self.property_of(figure)))
-            # a property not (yet) published reads as the string "null": ANSI's cast
-            # would fail the query; try_cast makes it a null figure
-            value = prop if figure == "late" else prop.try_cast("long")
-            value = F.when(value != "null", value) if figure == "late" else value
-            return value if sampled is None else F.when(sampled, value)
-
-        return read
-
-    def schema(self) -> Any:
-        """The type of the figures' JSON text, as tasks that ask the tracker get it."""
-        from pyspark.sql import types as T
-
-        return T.StructType(
-            [T.StructField(f, T.LongType()) for f in self.figures()[:-1]]
-            + [T.StructField("late", T.StringType()), T.StructField("fetched_ms", T.LongType())])
+        or a ``pyspark.sql.Observation`` for a batch DataFrame); ``build(pipeline)
+        .start()`` the publisher that feeds them (a :class:`TrackedQuery` does)."""
+        spark = df.sparkSession
+        late = figure_column(self, spark, "late")
+        return df.observe(name, *[figure_column(self, spark, f).try_cast("long").alias(f)
+                                  for f in self.figures()[:-1]], late.alias("late"))
 
     def values(self, status: PipelineStatus) -> dict[str, Any]:
         """The figures of a tracker status (a figure it lacks is left out); ``late``:

@@ -14,7 +14,7 @@ from lowtide.core.errors import LowtideError
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.time import TimeGrid
 from lowtide.spark.operators.frames import first_line
-from lowtide.spark.pipeline.batches import BatchReporter
+from lowtide.spark.pipeline.batches import BatchReporter, last_batch_id
 from lowtide.spark.pipeline.monitoring import ProgressMetrics
 from lowtide.spark.pipeline.status import PipelineStatus
 
@@ -34,24 +34,13 @@ def stop_between_batches(query: Any, graceful_s: float = 10.0) -> None:
     one reports its progress, the next is still asking its sources for offsets and
     planning, before any task runs, so the query stops then."""
     deadline = time.monotonic() + graceful_s
-    done = _last_batch(query)
+    done = last_batch_id(query)
     while query.isActive and query.status.get("isTriggerActive", False):
-        if time.monotonic() > deadline or _last_batch(query) != done:
+        if time.monotonic() > deadline or last_batch_id(query) != done:
             break
         time.sleep(0.002)
     query.stop()
     await_jobs_gone(str(query.runId))
-
-
-def _last_batch(query: Any) -> int:
-    """The id of the query's last finished batch (-1: none yet), without turning the
-    whole progress report into Python objects."""
-    jsq = getattr(query, "_jsq", None)  # classic PySpark; Spark Connect has the dict only
-    if jsq is None:
-        last = query.lastProgress
-        return -1 if last is None else int(last["batchId"])
-    progress = jsq.lastProgress()
-    return -1 if progress is None else int(progress.batchId())
 
 
 def await_jobs_gone(job_group: str, timeout_s: float = 30.0) -> bool:
@@ -94,7 +83,7 @@ def startup_phase(query: Any) -> str | None:
     from pyspark import SparkContext
 
     sc = SparkContext._active_spark_context
-    if sc is None or not query.isActive or _last_batch(query) >= 0:
+    if sc is None or not query.isActive or last_batch_id(query) >= 0:
         return None
     stages = _stages(sc.statusTracker(), str(query.runId))
     if not stages:
@@ -274,7 +263,7 @@ class TrackedQuery:
 
     def _stop_at_input_bound(self) -> None:
         try:
-            while self.query.isActive and _last_batch(self.query) < 0:
+            while self.query.isActive and last_batch_id(self.query) < 0:
                 time.sleep(0.05)
             target = input_bound(self.pipeline.tracker.status(), self.graph)
             while self.query.isActive:

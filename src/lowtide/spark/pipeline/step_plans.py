@@ -16,6 +16,7 @@ from lowtide.spark.operators.frames import (
     check_added,
     plan_frame,
     spark_step,
+    where_in_jvm,
 )
 from lowtide.spark.operators.joins import joined
 from lowtide.spark.operators.keyed_state import KeyedStep, StatefulSpec
@@ -90,6 +91,9 @@ def plan_steps(df: Any, group: list[Step | EntrySpec], to: Targets, null_sink: b
         both = described(lambda: loop_input(df, step, ref))
         task = retry_task(step.runtime(ref, out_segment))
         return spark_step(step.name, lambda: both.mapInArrow(task, with_tracking(step.schema)))
+    if isinstance(step, FrameSpec) and to.windows.absorbs(step.name):
+        check_range_col(ref, step.name, df)
+        return where_in_jvm(df, step)  # its window receives its rows (window_input)
     if isinstance(step, FrameSpec):
         planned = plan_frame(df, step)
         if WM_COL in df.columns and WM_COL not in planned.columns:  # a select keeps it too
@@ -118,8 +122,10 @@ def plan_steps(df: Any, group: list[Step | EntrySpec], to: Targets, null_sink: b
                                operator_id(s.name), last, trace_file if last else None))
     run = task_function(*chain)
     target = chain[-1].out_segment
-    if to.windows.receives(target):  # a window planned in the JVM receives here
-        run, schema = receiving_task(run, ref, target, chain[-1].in_segment), with_stamp(schema)
+    window = to.windows.window_of(target)
+    if window is not None:  # a window planned in the JVM receives here
+        run = receiving_task(run, ref, window, chain[-1].in_segment, out_of=target)
+        schema = with_stamp(schema)
     return spark_step(step.name, lambda: df.mapInArrow(run, schema))
 
 

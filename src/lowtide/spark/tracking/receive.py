@@ -30,6 +30,15 @@ Why a stamp is safe (rule S below). Let ``w`` be a stamp read in micro-batch ``N
 A receive pass of its own (an Arrow UDF over ``lt_track`` before the aggregation)
 costs about a quarter of the query's CPU (BENCHMARKS.md): hence the fusion.
 
+A ``where`` between the senders and the window (with only 1:1 steps around it) is
+absorbed by the window: the senders receive out of the ``where``'s inbound segment,
+Spark's own filter drops rows in the JVM, and the window's segment sees no item at all
+(its min time is its bound, the ``where``'s: rule 4). The argument above holds as it
+is: a row the filter drops was received, like every other, in the batch that drops
+it; the stamp is still the window's segment's min time. A task whose stamped rows
+are all dropped moves no watermark; the clock source's stamp does
+(:mod:`lowtide.spark.sources.clock`).
+
 Attempts may read different stamps: each is a min time of ``S_in``, at most the true
 one, and Spark records each batch's watermark in its offset log before the batch runs.
 """
@@ -74,19 +83,20 @@ def read_stamp(ref: TrackerRef, segment: str) -> int:
     return stamp_ms(int(agent.min_time_at(segment, wall_ms())), ref.grid)
 
 
-def stamped(ref: TrackerRef, segment: str, key: str, batches: Iterable[Any]
-            ) -> Iterator[Any]:
+def stamped(ref: TrackerRef, segment: str, key: str, batches: Iterable[Any],
+            out_of: str | None = None) -> Iterator[Any]:
     """``batches`` (Arrow record batches with ``lt_track``) received out of
-    ``segment`` and stamped: each with a column ``lt_wm`` (ms), 0 on all but the last,
-    which is held back until the receipts are confirmed and carries the stamp. The
-    receipts are ONE keyed batch ``(query, batch, key, partition)``, sent once
-    ``batches`` is exhausted: after the batch of the step that produced them, which
-    ``batches`` confirms before it ends."""
+    ``segment`` (or ``out_of``, a segment upstream of it whose step the window
+    absorbed: see below) and stamped with ``segment``'s min time: each with a column
+    ``lt_wm`` (ms), 0 on all but the last, which is held back until the receipts are
+    confirmed and carries the stamp. The receipts are ONE keyed batch ``(query, batch,
+    key, partition)``, sent once ``batches`` is exhausted: after the batch of the step
+    that produced them, which ``batches`` confirms before it ends."""
     import pyarrow as pa
 
     from lowtide.spark.sources.log_source import submit_task_batch
 
-    idx = ref.graph.index(segment)
+    idx = ref.graph.index(out_of or segment)
     acc = AckAccumulator()
     ref_slot = reference_slot(ref.grid)
     last = None
