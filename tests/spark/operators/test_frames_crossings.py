@@ -138,3 +138,24 @@ def test_a_where_in_front_of_a_window_adds_no_python_node(spark, tmp_path) -> No
              .withColumn("ts", F.timestamp_millis(F.col("seq"))).withWatermark("ts", "1 second")
              .groupBy("k", F.window("ts", "1 second")).count())
     assert got == planned(plain) == [], f"lowtide {got} against Spark {planned(plain)}"
+
+
+def test_a_where_after_a_transform_keeps_its_own_tracked_pass(spark, tmp_path) -> None:
+    """A transform must keep rows 1:1; a tracked where after it is what reports the
+    rows it lost, so the window does not absorb that where (its senders come before
+    the transform)."""
+    from lowtide.spark.operators.window_plan import wheres_in_front
+
+    pipe = lowtide.Pipeline(spark, "crossings-transform-where")
+    try:
+        def build(s: Any) -> Any:
+            return (s.where("seq % 2 = 0", name="even")
+                    .window("1 second", key="front", name="w").agg(n="count"))
+
+        assert wheres_in_front(build(pipe.generate(SPEC))) == {"even": "w"}
+        after = build(pipe.generate(SPEC).transform(lambda df: df, name="t"))
+        assert wheres_in_front(after) == {}
+        got = planned(pipe.build(after, null_sink=True, checkpoint=str(tmp_path / "c")).df)
+    finally:
+        pipe.close()
+    assert got, "the where after the transform has no Python pass of its own"

@@ -115,18 +115,24 @@ def has_loop(stream: Any) -> bool:
 def wheres_in_front(stream: Any) -> dict[str, str]:
     """The ``where`` steps of a stream's query that come right before a window, with
     only 1:1 DataFrame steps (``select``, ``with_column``, ...) or other such
-    ``where``s between: their names, each with its window's."""
+    ``where``s between: their names, each with its window's. Not those right after an
+    untracked step (``transform``): the window's senders, before it, receive for the
+    ``where``, and a tracked ``where`` is what reports rows a transform lost."""
     out: dict[str, str] = {}
     for up in stream.inputs:
         out.update(wheres_in_front(up))
-    window = None
+    window, chain = None, []
     for step in reversed(stream.steps):
         if isinstance(step, WindowSpec):
-            window = step.name
-        elif not (isinstance(step, FrameSpec) and step.kind in ONE_TO_ONE_OR_WHERE):
-            window = None
-        elif window is not None and step.kind == "where":
-            out[step.name] = window
+            window, chain = step.name, []
+        elif window is not None and isinstance(step, FrameSpec) and (
+                step.kind in ONE_TO_ONE_OR_WHERE):
+            chain += [step.name] if step.kind == "where" else []
+        else:
+            if window is not None and step.segments():  # a tracked sender
+                out.update(dict.fromkeys(chain, window))
+            window, chain = None, []
+    out.update(dict.fromkeys(chain, window) if window is not None else {})
     return out
 
 
