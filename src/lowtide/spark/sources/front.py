@@ -161,7 +161,7 @@ class Front:
         self._last_beat = -1
         self._late_sent, self._late_due = (0, 0, 0, 0), 0.0  # the last late report
         self._closed = False
-        self._follow_due = 0.0
+        self._follow_due, self._follow_error = 0.0, ""
         if time_from is None:
             last = self._writer.last_time if self._writer is not None else -1
             start = max(last, self._now_slot())
@@ -349,7 +349,13 @@ class Front:
         report the late counts to the tracker when they changed)."""
         if self._writer is not None and _time.monotonic() >= self._follow_due:
             self._follow_due = _time.monotonic() + FOLLOW_EVERY_S
-            self.follow_consumers()
+            try:
+                self.follow_consumers()
+            except (LowtideError, OSError, TimeoutError) as exc:  # tried again: said once
+                if str(exc) != self._follow_error:
+                    log.warning("consumers not followed", extra={"front": self.front,
+                                                                 "error": str(exc)})
+                self._follow_error = str(exc)
         with self._lock:
             if self._closed or not self.registered:
                 return self._last_beat
