@@ -176,3 +176,26 @@ def test_a_front_killed_while_a_consumer_attaches_is_never_premature(
                 successor.close()
             agent.close()
             connect(ref).close()
+
+
+def test_a_consumer_reads_each_front_from_its_answer_and_waits_for_the_others(
+        tmp_path: Path) -> None:
+    """The reader's offsets (no tracker): front 0 answered at offset 2, front 1 feeds
+    another consumer only (wait: its offset stays), front 2 never answered anything (a
+    log written before joins existed: from its start)."""
+    from lowtide.spark.sources.ingest import IngestWriter
+    from lowtide.spark.sources.joins import Join, record_join
+    from lowtide.spark.sources.log_source import log_offsets, log_partitions
+
+    for f in (0, 1, 2):
+        with IngestWriter(tmp_path, f, fsync="never") as w:
+            w.append([b"x"] * 4, time=10)
+    record_join(tmp_path, "ingest_x", front=0, join=Join(2, 11, 1 << 32))
+    record_join(tmp_path, "ingest", front=1, join=Join(0, -1, 1))
+    first = start_offsets(tmp_path, "ingest_x", [0, 1, 2])
+    assert first == {0: 2, 1: None, 2: 0}
+    start = {"f0": 0, "f1": 0, "f2": 0}
+    end = log_offsets(str(tmp_path), [0, 1, 2], start, None, first)
+    assert end == {"f0": 4, "f1": 0, "f2": 4}
+    parts = [(p.front, p.start, p.end) for p in log_partitions(start, end, first)]
+    assert parts == [(0, 2, 4), (2, 0, 4)]
