@@ -199,3 +199,48 @@ def test_a_consumer_reads_each_front_from_its_answer_and_waits_for_the_others(
     assert end == {"f0": 4, "f1": 0, "f2": 4}
     parts = [(p.front, p.start, p.end) for p in log_partitions(start, end, first)]
     assert parts == [(0, 2, 4), (2, 0, 4)]
+
+
+def test_a_consumer_that_attaches_during_a_tracker_restart_is_joined_after_it(
+        tmp_path: Path) -> None:
+    """The tracker (``lowtide serve``) is killed (SIGKILL) and the consumer asks while
+    it is down: the front cannot learn the new generation and tries again; once the
+    tracker is back (generation 1 recovered from its state dir) it joins, and the new
+    segment completes exactly what the consumer reads."""
+    from tests.service.procs import serve
+
+    log, state = tmp_path / "log", tmp_path / "state"
+    graph_file = tmp_path / "graph.json"
+    graph_file.write_text(json.dumps([["ingest", []], ["sink", ["ingest"]]]))
+    args = ("--state-dir", str(state), "--graph", str(graph_file))
+    with serve(tmp_path, *args) as first:         # stops its agents when it ends
+        ref = TrackerRef(first.url, GRAPH, GRID)
+        with Agent.connect(first.url, GRAPH) as attaching:
+            attaching.change_graph(attach=LATE)   # generation 1, logged
+        front = Front(log, 0, ref, fsync="never", heartbeat_ms=5)
+        try:
+            front.send([b"a", b"b"])
+            first.kill9()                         # the tracker is down ...
+            register_consumer(log, "ingest_x", {0: 0})
+            request_join(log, "ingest_x", consumer="ingest_x")  # ... when it asks
+            time.sleep(0.5)
+            assert front.segments == ("ingest",)
+            assert start_offsets(log, "ingest_x", [0]) == {0: None}
+            with serve(tmp_path, *args, "--port", str(first.port)) as second:
+                wait_for(lambda: front.segments == ("ingest", "ingest_x"), timeout_s=60)
+                (start,) = start_offsets(log, "ingest_x", [0]).values()
+                assert start == 2
+                end = front.send([b"c", b"d", b"e"]) + 3
+                with Agent.connect(second.url, GRAPH) as agent:
+                    agent.follow_graph()
+                    time.sleep(0.1)
+                    x = next(s for s in agent.status()["segments"]
+                             if s["segment"] == "ingest_x")
+                    assert x["in_flight"] == 3
+                    assert x["min_time"] <= front.status()["max_label"]
+                    last = consume(agent, log, 0, start, end)
+                    wait_for(lambda: next(s for s in agent.status()["segments"]
+                                          if s["segment"] == "ingest_x")["min_time"] > last)
+                front.close()
+        finally:
+            front.close()
