@@ -351,7 +351,7 @@ class Front:
             self._follow_due = _time.monotonic() + FOLLOW_EVERY_S
             try:
                 self.follow_consumers()
-            except (LowtideError, OSError, TimeoutError) as exc:  # tried again: said once
+            except Exception as exc:  # never stops the heartbeats; tried again, said once
                 if str(exc) != self._follow_error:
                     log.warning("consumers not followed", extra={"front": self.front,
                                                                  "error": str(exc)})
