@@ -1,18 +1,24 @@
 """End to end, DAG shapes: two sources with a lagging front and injected task
 failures, unioned into an exact window, equal a batch recomputation of the same
 events; two sinks on one tracker are both complete when announced; a second query
-attached to a running pipeline's tracker, then detached (rule 16)."""
+attached to a running pipeline's tracker, then detached (rule 16); a second query of
+one ingest log attached while its fronts run on."""
 
 from __future__ import annotations
 
+import itertools
+import json
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
 
 import lowtide
 from lowtide.spark.sources.generator import GeneratorSpec
+from lowtide.spark.sources.ingest import IngestReader
 from tests.spark.helpers import fail_once, gen_expected
 from tests.spark.operators.helpers import (
     AGG_COLS,
@@ -162,3 +168,76 @@ def test_a_second_query_attaches_while_the_first_runs(spark, tmp_path: Path) -> 
     done = expected[expected["start"] + 100 <= final]
     got = set(zip(results["user"], start_slots(results), strict=True))
     assert len(done) >= 4 and set(zip(done["user"], done["start"], strict=True)) <= got
+
+
+def test_a_second_query_of_a_log_joins_its_running_fronts(spark, tmp_path: Path) -> None:
+    """Issue 34, point 5: a second query reading the same log attached while its fronts
+    keep running (no restart): each front joins it between two batches and answers the
+    offset it starts from; its exact windows equal a batch recomputation of the rows
+    from there (each front's rows at or after the time it joined), and the first query
+    runs on."""
+    ingest = tmp_path / "ingest"
+    window_ms = 200
+    pipe = lowtide.Pipeline(spark, "join", grid=GRID, stuck_after_ms=STUCK_MS)
+
+    def counts(name: str) -> Any:
+        return (pipe.read_log(str(ingest), name=f"ingest_{name}", fronts=[0, 1])
+                .selectExpr("CAST(payload AS STRING) AS user")
+                .window(f"{window_ms} milliseconds", key="user", name=f"w_{name}")
+                .agg(n="count"))
+
+    stop = threading.Event()
+    try:
+        q1 = counts("a").write_parquet(str(tmp_path / "out_a"), checkpoint=str(tmp_path / "ca"),
+                                       name="sink_a", trigger="200 milliseconds")
+        fronts = [pipe.front(f, fsync="never", heartbeat_ms=10) for f in (0, 1)]
+        producer = threading.Thread(target=produce, args=(fronts, stop), daemon=True)
+        producer.start()
+        q1.wait_for_min_time(GRID.slot_of(int(time.time() * 1000)), timeout_s=120)
+        q2 = counts("b").write_parquet(str(tmp_path / "out_b"), checkpoint=str(tmp_path / "cb"),
+                                       name="sink_b", trigger="200 milliseconds")
+        deadline = time.monotonic() + 120  # each front joins it between two batches
+        while not all(f.segments == ("ingest_a", "ingest_b") for f in fronts):
+            assert time.monotonic() < deadline, [f.segments for f in fronts]
+            time.sleep(0.05)
+        joined = max(f.status()["max_label"] for f in fronts)
+        q2.wait_for_min_time(joined + 200, timeout_s=180)
+        assert q1.isActive and not q1.stuck() and not q2.stuck()
+        stop.set()
+        producer.join()
+        q2.stop()
+        final = q2.min_time()
+    finally:
+        stop.set()
+        pipe.close()
+    rows = []
+    for f in (0, 1):
+        join = json.loads((ingest / "joins" / "ingest_b" / f"f{f}.json").read_text())
+        reader = IngestReader(ingest, f)
+        times, payload = reader.read(join["offset"], reader.end_offset())
+        assert join["offset"] > 0 and int(times.min()) >= join["time"]  # it joined late
+        before, _p = reader.read(join["offset"] - 1, join["offset"])
+        assert int(before[0]) < join["time"]  # the records before are not its
+        rows.append(pd.DataFrame({"user": [p.decode() for p in payload.to_pylist()],
+                                  "slot": times}))
+    size = window_ms // GRID.delta_ms
+    batch = pd.concat(rows)
+    expected = (batch.assign(start=batch["slot"] // size * size)
+                .groupby(["user", "start"]).size().rename("n").reset_index())
+    results = read_results(tmp_path / "out_b")
+    got = set(zip(results["user"], start_slots(results), results["n"], strict=True))
+    done = expected[expected["start"] + size <= final]
+    want = set(zip(expected["user"], expected["start"], expected["n"], strict=True))
+    assert got <= want  # every window it wrote holds exactly the rows of the batch
+    assert len(done) >= 6
+    assert set(zip(done["user"], done["start"], done["n"], strict=True)) <= got
+
+
+def produce(fronts: list[lowtide.Front], stop: threading.Event) -> None:
+    """Two records per front every ~10 ms, until ``stop``."""
+    for i in itertools.count():
+        if stop.is_set():
+            return
+        for f in fronts:
+            f.send([f"u{(i + f.front) % 3}".encode()] * 2)
+        time.sleep(0.01)

@@ -22,7 +22,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Iterable
 from typing import Any, ClassVar, Self, TypeVar
 
-from lowtide.core.generations import GraphChange, next_graph
+from lowtide.core.generations import GraphChange, follows, next_graph
 from lowtide.core.graph import SegmentGraph, SegmentSpec
 from lowtide.core.messages import AckBatch, Heartbeat
 from lowtide.core.time import TimeGrid
@@ -286,6 +286,16 @@ class BaseAgent(ABC):
         self._call(self._state.main_request(msg), timeout_s)
         self.graph = self._state.graph = made
         return made
+
+    def follow_graph(self, timeout_s: float = 10.0) -> SegmentGraph:
+        """Use the tracker's current graph generation (rule 16) when it follows from
+        this agent's: a segment attached since gets its index (a front joins a
+        consumer attached to its log); every earlier index means the same."""
+        self._ensure()
+        current = graph_of(self.status(timeout_s)["graph"])
+        if follows(self.graph, current):
+            self.graph = self._state.graph = current
+        return self.graph
 
     def flush(self, timeout_s: float = 30.0) -> None:
         """Send what the local tracker holds and wait until every earlier request is

@@ -223,11 +223,12 @@ class Pipeline:
         self._queries = [q for q in self._queries if q is not query]
         keep = {n for q in self._queries for n in q.graph.names}
         gone = [n for n in query.graph.names if n not in keep]
-        reports = self.tracker.detach(gone)
+        released = [src for src in self._sources
+                    if src.kind == "log" and source_key(src) in gone]
+        for src in released:  # first: its fronts leave its segment before it is detached
+            release_consumer(src.options["path"], source_key(src))
+        reports = self.tracker.detach(gone, [source_key(src) for src in released])
         self._graph = self.tracker.graph
-        for src in self._sources:
-            if src.kind == "log" and source_key(src) in gone:
-                release_consumer(src.options["path"], source_key(src))
         return reports
 
     @property

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -14,6 +15,10 @@ from lowtide.spark.operators.window_hold import HOLD_WAIT_S
 from lowtide.spark.pipeline.dag import PipelineShapeError
 from lowtide.spark.pipeline.describe import duration_of
 from lowtide.spark.tracking.transport import TrackerRef
+
+#: how long a detach waits for the fronts of a released log consumer to leave it (a
+#: front that stopped never does: its segment is detached all the same)
+FRONTS_LEAVE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -112,13 +117,24 @@ class TrackerHandle:
                                      "(name its steps apart from the running queries')") from None
         self.ref = replace(self.ref, graph=self.graph)
 
-    def detach(self, names: list[str]) -> list[str]:
+    def detach(self, names: list[str], released: Sequence[str] = ()) -> list[str]:
         """Detach segments from the running tracker (rule 16); returns its report of
-        each one's items still in flight."""
+        each one's items still in flight. ``released``: ingest segments whose log
+        consumer was released; their fronts leave them first (up to ``FRONTS_LEAVE_S``),
+        so no front sends into a detached segment (it would be refused)."""
+        self._wait_fronts_left(list(released))
         self.graph = self.agent.change_graph(detach=names)
         self.ref = replace(self.ref, graph=self.graph)
         reports: list[str] = self.status()["generations"][-1]["detached"]
         return reports
+
+    def _wait_fronts_left(self, segments: list[str]) -> None:
+        deadline = time.monotonic() + FRONTS_LEAVE_S
+        while segments and time.monotonic() < deadline:
+            fronts = self.status()["fronts"].values()
+            if not any(segment in segments for segment, *_rest in fronts):
+                return
+            time.sleep(0.05)
 
     @property
     def web_url(self) -> str | None:

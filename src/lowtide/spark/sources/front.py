@@ -45,6 +45,8 @@ Event time (``time_from="ts"``): records are labelled from their own column inst
 the clock (:mod:`~lowtide.spark.sources.lateness` for the late policies). Several
 consumers (``segment=("ingest_a", "ingest_b")``): each record is one copy per consumer
 segment, sent into each; the front registers there as ``front + k * CONSUMER_STRIDE``.
+A front with an ingest log also joins a consumer attached to its log while it runs,
+and leaves a detached one (:mod:`~lowtide.spark.sources.front_feeds`).
 """
 
 from __future__ import annotations
@@ -61,18 +63,18 @@ import numpy as np
 import numpy.typing as npt
 
 from lowtide.core.acks import root_acks
-from lowtide.core.errors import FrontHeld, FrontOwned, LowtideError, NonMonotonicHeartbeat
+from lowtide.core.errors import LowtideError
 from lowtide.core.time import Clock, TimeGrid
 from lowtide.service.clock import SystemClock
 from lowtide.spark.sources import records as rec
 from lowtide.spark.sources.event_time import event_time_of
+from lowtide.spark.sources.front_feeds import CONSUMER_STRIDE, Feeds, FrontEnded
 from lowtide.spark.sources.front_owner import default_owner, register_when_free
 from lowtide.spark.sources.ingest import IngestWriter
 from lowtide.spark.sources.labels import Labelled, as_label
 from lowtide.spark.sources.lateness import LatePolicy, LateStats
 from lowtide.spark.sources.retention import retain
 from lowtide.spark.tracking.column import AckAccumulator
-from lowtide.spark.tracking.key_ranges import front_cell
 from lowtide.spark.tracking.transport import AgentLike, TrackerRef, connect
 
 log = logging.getLogger("lowtide.spark.front")
@@ -80,8 +82,6 @@ log = logging.getLogger("lowtide.spark.front")
 __all__ = ["CONSUMER_STRIDE", "Front", "FrontEnded", "Labelled", "default_owner",
            "register_when_free"]
 
-#: Front ids of one front's registrations on its 2nd, 3rd, ... consumer segment.
-CONSUMER_STRIDE = 1 << 32
 # A front with no log numbers its records from its start time, so a restarted
 # producer does not reuse the ack values of its previous run.
 SEQ_PER_MS = 1 << 20
@@ -92,10 +92,8 @@ MAX_AHEAD_MS = 3_600_000
 
 #: how often a front repeats its late counts to the tracker while they do not change
 LATE_REPORT_EVERY_S = 5.0
-
-class FrontEnded(LowtideError, RuntimeError):
-    """A producer resumes a front whose input ended (closed with ``close()``)."""
-
+#: how often a log front looks for consumers that joined or left its log
+FOLLOW_EVERY_S = 0.2
 
 class Front:
     """One front: labels and acks records, heartbeats; see the module docstring.
@@ -136,10 +134,10 @@ class Front:
         max_ahead_ms: int | None = MAX_AHEAD_MS,
         confirm_timeout_s: float = 30.0,
     ) -> None:
-        self.segments = (segment,) if isinstance(segment, str) else tuple(segment)
-        if not self.segments:
+        segments = (segment,) if isinstance(segment, str) else tuple(segment)
+        if not segments:
             raise ValueError("a front feeds at least one segment")
-        self.segment = self.segments[0]
+        self.segment = segments[0]
         self.front = front
         self.confirm = confirm
         self.confirm_timeout_s = confirm_timeout_s
@@ -147,7 +145,7 @@ class Front:
         self.owner = owner or default_owner(log_dir)
         if max_ahead_ms is not None and max_ahead_ms < 0:
             raise ValueError("max_ahead_ms must be >= 0 (None: no clock check)")
-        self._connect(tracker, grid)
+        self._connect(tracker, grid, segments, log_dir)
         self._ahead_slots = None if max_ahead_ms is None else self.grid.slot_of(max_ahead_ms)
         self._clock = clock or SystemClock()
         self._late = LatePolicy(late, self.grid.slot_of(lag_ms) if lag_ms else 0)
@@ -163,9 +161,12 @@ class Front:
         self._last_beat = -1
         self._late_sent, self._late_due = (0, 0, 0, 0), 0.0  # the last late report
         self._closed = False
+        self._follow_due, self._follow_error = 0.0, ""
         if time_from is None:
             last = self._writer.last_time if self._writer is not None else -1
-            self._register(max(last, self._now_slot()))
+            start = max(last, self._now_slot())
+            self._feeds.answer_given(self._next_seq, start)
+            self._register(start)
         elif start_ms is not None:
             self._register(self.grid.slot_of(start_ms))
         self._stop = threading.Event()
@@ -177,7 +178,8 @@ class Front:
             )
             self._thread.start()
 
-    def _connect(self, tracker: TrackerRef | AgentLike, grid: TimeGrid | None) -> None:
+    def _connect(self, tracker: TrackerRef | AgentLike, grid: TimeGrid | None,
+                 segments: tuple[str, ...], log_dir: str | os.PathLike[str] | None) -> None:
         if isinstance(tracker, TrackerRef):  # its agent's handshake checks the grid
             self._agent, self.grid = connect(tracker), grid or tracker.grid
         else:  # the tracker's grid, as the agent's handshake learnt it
@@ -190,9 +192,7 @@ class Front:
             tracker, "graph", None)
         if graph is None:
             raise TypeError("pass a TrackerRef, or an agent with a .graph")
-        # what its send-acks carry into each segment: the segment, or its key range
-        self._segment_cell = [front_cell(graph, s, fid)
-                              for s, fid in zip(self.segments, self.front_ids(), strict=True)]
+        self._feeds = Feeds(self.front, self._agent, graph, segments, log_dir)
 
     def _open_log(self, log_dir: str | os.PathLike[str], fsync: str,
                   rotate_bytes: int | None) -> IngestWriter:
@@ -204,43 +204,19 @@ class Front:
 
     # -- registration and time ------------------------------------------------------
 
+    @property
+    def segments(self) -> tuple[str, ...]:
+        """The consumer segments the front sends into (joined ones included)."""
+        return self._feeds.segments
+
     def front_ids(self) -> list[int]:
         """This front's id on each of its segments."""
-        return [self.front + k * CONSUMER_STRIDE for k in range(len(self.segments))]
+        return self._feeds.front_ids
 
     def _register(self, slot: int) -> None:
         """Register (or, as the successor of a previous run, resume) the front at
-        ``slot``; a successor whose front already promised more resumes there."""
-        try:
-            for fid, segment in zip(self.front_ids(), self.segments, strict=True):
-                register_when_free(self._agent, fid, segment, slot, self.owner)
-        except NonMonotonicHeartbeat:
-            promised = self._promised()
-            if self.grid.at_end(promised):
-                raise FrontEnded(
-                    f"front {self.front} ended: its producer closed it with close(), the "
-                    "end of its input. A producer that will resume its front closes it "
-                    "with close(end=False); a new input needs a new front id") from None
-            slot = max(slot, promised)
-            for fid, segment in zip(self.front_ids(), self.segments, strict=True):
-                register_when_free(self._agent, fid, segment, slot, self.owner)
-        except FrontHeld as exc:
-            raise FrontHeld(f"front {self.front}: a live producer with the same owner "
-                            f"{self.owner!r} holds it ({exc})") from None
-        except FrontOwned:
-            raise FrontOwned(
-                f"front {self.front} belongs to another producer (this one is owner "
-                f"{self.owner!r}): two producers configured with one front id? Give each "
-                "its own front id; a restarted producer must name its predecessor's "
-                "owner=") from None
-        self._last_beat = slot
-
-    def _promised(self) -> int:
-        """What the tracker holds as this front's heartbeat (a successor resumes there)."""
-        status = getattr(self._agent, "status", None)
-        fronts = status().get("fronts", {}) if status is not None else {}
-        times = [int(fronts[str(f)][1]) for f in self.front_ids() if str(f) in fronts]
-        return max(times, default=-1)
+        ``slot`` on each of its segments."""
+        self._last_beat = self._feeds.register(slot, self.owner, self.grid)
 
     @property
     def registered(self) -> bool:
@@ -292,8 +268,8 @@ class Front:
         self._next_seq += k
         if k:
             acc = AckAccumulator()
-            for cell in self._segment_cell:
-                acc.add(cell, times, acks, +1)
+            for feed in self._feeds.items:
+                acc.add(feed.cell, times, acks, +1)
             self._agent.add_acks(acc.build(self.grid.window_slots))
             self._max_label = max(self._max_label, int(times.max()))
             if self.confirm:
@@ -351,14 +327,35 @@ class Front:
             flush(self.confirm_timeout_s)
 
     def _send_beat(self, slot: int) -> int:
-        for fid in self.front_ids():
-            self._agent.heartbeat(fid, slot, owner=self.owner)
+        for feed in self._feeds.items:  # never below where a joined consumer starts
+            self._agent.heartbeat(feed.front_id, max(slot, feed.floor), owner=self.owner)
         self._last_beat = slot
         return slot
+
+    def follow_consumers(self) -> None:
+        """Join the consumers that asked to read this front's log since it started,
+        and leave the ones released (see :mod:`~lowtide.spark.sources.front_feeds`);
+        :meth:`heartbeat` does it every ``FOLLOW_EVERY_S``."""
+        with self._lock:
+            if self._closed or not self.registered:
+                return
+            above = max(self._now_slot(), self._max_label, self._last_beat) + 1
+            joined = self._feeds.follow(self._next_seq, above, self.owner)
+            if joined is not None:  # labels go on at or above where it joined
+                self._max_label = max(self._max_label, joined)
 
     def heartbeat(self) -> int:
         """Promise: no record with a slot below the returned one will follow (and
         report the late counts to the tracker when they changed)."""
+        if self._writer is not None and _time.monotonic() >= self._follow_due:
+            self._follow_due = _time.monotonic() + FOLLOW_EVERY_S
+            try:
+                self.follow_consumers()
+            except Exception as exc:  # never stops the heartbeats; tried again, said once
+                if str(exc) != self._follow_error:
+                    log.warning("consumers not followed", extra={"front": self.front,
+                                                                 "error": str(exc)})
+                self._follow_error = str(exc)
         with self._lock:
             if self._closed or not self.registered:
                 return self._last_beat

@@ -11,6 +11,12 @@ ids. It sends one idempotent batch, keyed ``(query id, batch id, ingest segment,
 front)``, when its output is complete (rule 6).
 The producer heartbeats on its own channel after its own acks (rule 3).
 
+A query asks the log's fronts to feed its ingest segment before its first read
+(:mod:`~lowtide.spark.sources.joins`) and reads each front from the offset the front
+answered: a query attached to a running pipeline reads exactly the records whose acks
+the running fronts sent into its segment, and waits for a front that has not joined
+it yet.
+
 Notes on the API (PySpark 4.3): the stream reader lives in a separate Python process
 next to the driver (not the user's driver process); ``read`` runs in executor tasks;
 neither may keep state between calls except through offsets.
@@ -29,6 +35,7 @@ from lowtide.core.errors import NonMonotonicHeartbeat
 from lowtide.core.messages import AckBatch, Heartbeat
 from lowtide.spark.sources.front_owner import register_when_free
 from lowtide.spark.sources.ingest import IngestReader, list_fronts
+from lowtide.spark.sources.joins import request_join, start_offsets
 from lowtide.spark.sources.retention import commit_consumer, register_consumer, retain
 from lowtide.spark.tracking.column import (
     TRACK_COL,
@@ -152,14 +159,20 @@ class FrontPartition(InputPartition):  # type: ignore[misc]
 
 
 def log_offsets(
-    directory: str, fronts: list[int] | None, start: dict[str, int], max_records: int | None
+    directory: str, fronts: list[int] | None, start: dict[str, int], max_records: int | None,
+    first: dict[int, int | None] | None = None,
 ) -> dict[str, int]:
-    """The next end offsets: everything visible, or at most ``max_records`` per front."""
+    """The next end offsets: everything visible, or at most ``max_records`` per front;
+    ``first``: where each front starts for this consumer (None: not yet, it stays)."""
     ids = fronts if fronts is not None else list_fronts(directory)
     end = dict(start)
     for f in ids:
         k = front_key(f)
-        lo = int(start.get(k, 0))
+        begin = 0 if first is None else first.get(f, 0)
+        if begin is None:  # the front has not joined this consumer yet
+            end[k] = int(start.get(k, 0))
+            continue
+        lo = max(int(start.get(k, 0)), begin)
         hi = IngestReader(directory, f).end_offset()
         if max_records is not None:
             hi = min(hi, lo + max_records)
@@ -167,10 +180,15 @@ def log_offsets(
     return end
 
 
-def log_partitions(start: dict[str, int], end: dict[str, int]) -> list[FrontPartition]:
+def log_partitions(start: dict[str, int], end: dict[str, int],
+                   first: dict[int, int | None] | None = None) -> list[FrontPartition]:
+    """One partition per front with records in ``[start, end)``, from where the front
+    starts for this consumer (``first``: see :func:`log_offsets`)."""
     out = []
     for k in sorted(end, key=lambda s: int(s[1:])):
-        lo, hi = int(start.get(k, 0)), int(end[k])
+        begin = 0 if first is None else first.get(int(k[1:]), 0)
+        hi = int(end[k])
+        lo = max(int(start.get(k, 0)), hi if begin is None else begin)
         if hi > lo:
             out.append(FrontPartition(int(k[1:]), lo, hi))
     return out
@@ -213,13 +231,18 @@ class LogStreamReader(DataSourceStreamReader):  # type: ignore[misc]
     def initialOffset(self) -> dict[str, int]:
         ids = self.fronts if self.fronts is not None else list_fronts(self.path)
         register_consumer(self.path, self.consumer, dict.fromkeys(ids, 0))
+        request_join(self.path, self.ingest, consumer=self.consumer)
         return {front_key(f): 0 for f in ids}
 
+    def _first(self, fronts: list[int]) -> dict[int, int | None]:
+        return start_offsets(self.path, self.ingest, fronts)
+
     def latestOffset(self, start: dict[str, int], limit: Any = None) -> dict[str, int]:
-        return log_offsets(self.path, self.fronts, start, self.max_records)
+        ids = self.fronts if self.fronts is not None else list_fronts(self.path)
+        return log_offsets(self.path, ids, start, self.max_records, self._first(ids))
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[FrontPartition]:
-        return log_partitions(start, end)
+        return log_partitions(start, end, self._first([int(k[1:]) for k in end]))
 
     def read(self, partition: FrontPartition) -> Iterator[Any]:
         batch, times, acks = read_log_partition(self.path, partition)

@@ -40,6 +40,7 @@ from lowtide.spark.sources.ingest import (
     log_files,
     log_path,
 )
+from lowtide.spark.sources.joins import join_requests, release_join
 
 __all__ = ["commit_consumer", "consumers", "log_status", "register_consumer",
            "release_consumer", "retain"]
@@ -95,8 +96,12 @@ def commit_consumer(
 
 def release_consumer(directory: str | os.PathLike[str], consumer: str) -> None:
     """``consumer`` reads no more (its query was detached from the pipeline, rule 16):
-    its commits no longer hold what :func:`retain` may delete."""
+    its commits no longer hold what :func:`retain` may delete, and the fronts that joined
+    it stop sending into its segment (:mod:`~lowtide.spark.sources.joins`)."""
     _path(directory, consumer).unlink(missing_ok=True)
+    for segment, name in join_requests(directory).items():
+        if name == consumer:
+            release_join(directory, segment)
 
 
 def _committed_by_all(directory: str | os.PathLike[str], front: int) -> int | None:

@@ -1,0 +1,134 @@
+"""Consumers that join a running front, through the log directory.
+
+A query that reads an ingest log asks to be fed (:func:`request_join`, before its first
+read): ``<log dir>/joins/<segment>.json`` names its ingest segment and its consumer. A
+running :class:`lowtide.Front` finds the request between batches, registers on that
+segment and answers once, in ``<log dir>/joins/<segment>/f<front>.json``: the first
+offset whose send-acks it sends into the segment, the first time (every record from that
+offset on is labelled at or after it; for a joined consumer, every earlier one before
+it) and the front id it registered there. The answer is written once and never moves, so
+every attempt of a batch reads the same records (rule 5): the consumer reads a front
+from its answer's offset (:func:`start_offsets`): exactly the records the front acked
+into its segment. A front answers for every segment it sends into, so a front that
+answered for some segment and not for a consumer's has not joined it yet: the consumer
+waits for it. A log whose front never answered anything (written by an older producer or
+by hand) is read from its start, as before.
+
+:func:`release_join` (a detached consumer, rule 16) removes the request and the answers:
+the fronts stop sending into its segment.
+
+>>> import tempfile
+>>> d = tempfile.mkdtemp()
+>>> record_join(d, "ingest", front=0, join=Join(offset=0, time=-1, front_id=0))
+>>> request_join(d, "late", consumer="late")
+>>> start_offsets(d, "late", [0, 1])     # front 0 answers elsewhere, not yet here
+{0: None, 1: 0}
+>>> record_join(d, "late", front=0, join=Join(offset=42, time=900, front_id=1 << 32))
+>>> start_offsets(d, "late", [0, 1]), join_requests(d)
+({0: 42, 1: 0}, {'late': 'late'})
+>>> release_join(d, "late"); start_offsets(d, "late", [0])
+{0: None}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+__all__ = ["Join", "answers_of", "join_requests", "record_join", "release_join",
+           "request_join", "start_offsets"]
+
+JOINS = "joins"
+
+
+@dataclass(frozen=True)
+class Join:
+    """A front's answer to a consumer: it sends the send-acks of its records from
+    ``offset`` on (labelled at ``time`` or later) into the consumer's segment, as
+    front ``front_id``."""
+
+    offset: int
+    time: int
+    front_id: int
+
+
+def _folder(directory: str | os.PathLike[str]) -> Path:
+    return Path(directory) / JOINS
+
+
+def _checked(name: str) -> str:
+    if not name or "/" in name or name.startswith("."):
+        raise ValueError(f"segment or consumer name {name!r}: use letters, digits, - and _")
+    return name
+
+
+def _write_once(path: Path, doc: dict[str, object]) -> bool:
+    """Write ``doc`` whole (temporary file, then a link that fails if ``path`` exists):
+    the first writer wins and the file never changes after."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(doc))
+    try:
+        os.link(temporary, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def request_join(directory: str | os.PathLike[str], segment: str, *, consumer: str) -> None:
+    """``consumer`` reads the log into ``segment``: every front is asked to feed it."""
+    _write_once(_folder(directory) / f"{_checked(segment)}.json", {"consumer": consumer})
+
+
+def join_requests(directory: str | os.PathLike[str]) -> dict[str, str]:
+    """``{segment: consumer}`` of every consumer that asked to be fed."""
+    out = {}
+    for path in sorted(_folder(directory).glob("*.json")):
+        try:
+            out[path.stem] = str(json.loads(path.read_text())["consumer"])
+        except FileNotFoundError:  # released meanwhile
+            continue
+    return out
+
+
+def record_join(directory: str | os.PathLike[str], segment: str, *, front: int,
+                join: Join) -> None:
+    """``front``'s answer to ``segment``'s consumer (an earlier answer stays)."""
+    _write_once(_folder(directory) / _checked(segment) / f"f{front}.json", asdict(join))
+
+
+def answers_of(directory: str | os.PathLike[str], front: int) -> dict[str, Join]:
+    """``{segment: answer}`` of every segment ``front`` answered for."""
+    out = {}
+    for path in sorted(_folder(directory).glob(f"*/f{front}.json")):
+        try:
+            out[path.parent.name] = Join(**json.loads(path.read_text()))
+        except FileNotFoundError:
+            continue
+    return out
+
+
+def start_offsets(directory: str | os.PathLike[str], segment: str,
+                  fronts: list[int]) -> dict[int, int | None]:
+    """Per front, the first offset ``segment``'s consumer reads (None: the front feeds
+    other consumers and has not joined this one yet: wait)."""
+    folder = _folder(directory)
+    out: dict[int, int | None] = {}
+    for front in fronts:
+        path = folder / segment / f"f{front}.json"
+        if path.exists():
+            out[front] = int(json.loads(path.read_text())["offset"])
+        else:
+            out[front] = None if any(folder.glob(f"*/f{front}.json")) else 0
+    return out
+
+
+def release_join(directory: str | os.PathLike[str], segment: str) -> None:
+    """``segment``'s consumer reads no more: no front feeds it from now on."""
+    (_folder(directory) / f"{_checked(segment)}.json").unlink(missing_ok=True)
+    shutil.rmtree(_folder(directory) / segment, ignore_errors=True)
