@@ -215,16 +215,24 @@ class SpeculativeSpec(KeyedStep):
     name: str
     window: WindowSpec
     every_ms: int = 0
+    #: planned in Spark's JVM where its window would be (:mod:`.speculative_plan`);
+    #: False for a sink that takes no update mode (the Python data source sink)
+    jvm: bool = True
 
     def keyed_input(self, df: Any, delta_ms: int) -> tuple[Any, StatefulSpec]:
         w = self.window
         prepared, typed = aggregated_input(df, "window", w.name, w.keys, w.aggs)
         logic = SpeculativeLogic(WindowLogic(w.size_ms // delta_ms, w.slide_ms // delta_ms,
                                              delta_ms, typed), self.every_ms)
-        schema = f"{output_schema(w, typed)}, {OP_COL} string, {VERSION_COL} bigint, " \
-                 f"{FINAL_COL} boolean"
-        return prepared, StatefulSpec(w.name, w.keys, logic, schema, w.poll_ms,
+        return prepared, StatefulSpec(w.name, w.keys, logic, changelog_schema(w, typed),
+                                      w.poll_ms,
                                       what="window", eager=self.every_ms > 0)
+
+
+def changelog_schema(window: WindowSpec, aggs: tuple[TypedAgg, ...]) -> str:
+    """The DDL of a changelog's columns after its keys."""
+    return f"{output_schema(window, aggs)}, {OP_COL} string, {VERSION_COL} bigint, " \
+           f"{FINAL_COL} boolean"
 
 
 def make_speculative(step: Any, every: str | int | None) -> SpeculativeSpec:

@@ -191,9 +191,14 @@ class QueryWindows:
 
     def receives(self, segment: str) -> bool:
         """Is ``segment`` the inbound segment of a window planned in the JVM? (Its
-        senders receive and stamp their rows: :mod:`.window_input`.)"""
-        return any(isinstance(s, WindowSpec) and s.name == segment and self.in_jvm(s)
-                   for s in self.stateful)
+        senders receive and stamp their rows: :mod:`.window_input`; a speculative
+        window's too: :mod:`.speculative_plan`.)"""
+        from lowtide.spark.operators.speculative import SpeculativeSpec
+
+        windows = [s.window if isinstance(s, SpeculativeSpec) and s.jvm else s
+                   for s in self.stateful]
+        return any(isinstance(w, WindowSpec) and w.name == segment and self.in_jvm(w)
+                   for w in windows)
 
     def plan(self, df: Any, spec: WindowSpec, ref: TrackerRef, out_segment: str,
              op_id: int, null_sink: bool = False) -> Any:
