@@ -238,14 +238,16 @@ def spark_figures(rows: Any, t0: int) -> dict[str, Any]:
 VARIANTS = ("exact", "speculative", "keyed")
 
 
-def throughput(spark: Any, cfg: BenchConfig, workdir: str) -> dict[str, tuple[float, float]]:
-    """Input rows/s of each of :data:`VARIANTS` (backlogged input, the tracked null
-    sink) after a warm-up run: two rounds, alternating; per variant (its mean rows/s,
-    the median of its rounds' ratios to the exact-only window's)."""
-    from lowtide.bench.spark.measure import measure_pipeline
+def throughput(spark: Any, cfg: BenchConfig, workdir: str
+               ) -> tuple[list[dict[str, tuple[float, float]]], dict[str, tuple[float, float]]]:
+    """Input rows per second and per CPU second of the query's processes of each of
+    :data:`VARIANTS` (backlogged input, the tracked null sink) after a warm-up run, two
+    rounds alternating: (each round's figures by variant; per variant the median of
+    its rounds' ratios to the exact-only window's, for rows/s and rows per CPU s)."""
+    from lowtide.bench.spark.measure import CPU, measure_pipeline
     from lowtide.spark.operators.speculative_plan import on_keyed_runtime
 
-    def window(variant: str) -> float:
+    def window(variant: str) -> tuple[float, float]:
         pipe = Pipeline(spark, "bench-speculative-rate", freeze_gc=cfg.freeze_gc,
                         stuck_after_ms=STUCK_MS)
         stream = _columns(pipe.generate(_spec(cfg))).window(
@@ -255,13 +257,17 @@ def throughput(spark: Any, cfg: BenchConfig, workdir: str) -> dict[str, tuple[fl
             stream = stream.speculative()
         if variant == "keyed":
             stream = on_keyed_runtime(stream)
-        return _rate(measure_pipeline(pipe, stream, cfg, workdir))
+        rate = _rate(measure_pipeline(pipe, stream, cfg, workdir))
+        return rate, CPU["rows"] / CPU["last"] if CPU["last"] else 0.0
 
     window("exact")  # warm-up
     rounds = [{v: window(v) for v in VARIANTS} for _ in range(2)]
-    return {v: (float(np.mean([r[v] for r in rounds])),
-                float(np.median([r[v] / r["exact"] for r in rounds if r["exact"]] or [0.0])))
-            for v in VARIANTS}
+
+    def ratio(v: str, i: int) -> float:
+        return float(np.median([r[v][i] / r["exact"][i] for r in rounds if r["exact"][i]]
+                               or [0.0]))
+
+    return rounds, {v: (ratio(v, 0), ratio(v, 1)) for v in VARIANTS}
 
 
 def _rate(m: Measured) -> float:
@@ -275,13 +281,15 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     register_sources(spark)
     lowtide_run = run_lowtide(spark, cfg.seconds, workdir)
     spark_rows, spark_t0 = run_spark(spark, cfg.seconds, workdir)
-    rates = throughput(spark, cfg, workdir)
+    rounds, ratios = throughput(spark, cfg, workdir)
     return {"bench": "spark", "shape": "speculative",
             **speculative_figures(lowtide_run),
             **spark_figures(spark_rows, spark_t0),
-            **{f"rows_per_s_{v}": round(rates[v][0]) for v in VARIANTS},
-            "throughput_ratio": round(rates["speculative"][1], 3),
-            "throughput_ratio_keyed": round(rates["keyed"][1], 3)}
+            "rounds": [{v: [round(x) for x in r[v]] for v in VARIANTS} for r in rounds],
+            "throughput_ratio": round(ratios["speculative"][0], 3),
+            "throughput_ratio_keyed": round(ratios["keyed"][0], 3),
+            "cpu_ratio": round(ratios["speculative"][1], 3),
+            "cpu_ratio_keyed": round(ratios["keyed"][1], 3)}
 
 
 def main(cfg: BenchConfig) -> int:
@@ -295,12 +303,15 @@ def main(cfg: BenchConfig) -> int:
           f"{'never':>10}  ({r['spark_rows_missing']} rows missing from its last updates)")
     print(f"tombstones {r['tombstones']}; changelog folds to the finals: "
           f"{r['changelog_equals_final']}; finals equal the batch: {r['matches_batch']}")
-    print(f"throughput (backlogged): exact-only {r['rows_per_s_exact']:,} rows/s, speculative "
-          f"{r['rows_per_s_speculative']:,} rows/s, ratio {r['throughput_ratio']}; on the "
-          f"keyed runtime (write_parquet, write_table) {r['rows_per_s_keyed']:,} rows/s, "
-          f"ratio {r['throughput_ratio_keyed']}")
+    print("throughput (backlogged), rows/s and rows per CPU second by round:")
+    for i, rnd in enumerate(r["rounds"], start=1):
+        print(f"  round {i}: " + ", ".join(f"{v} {a:,} ({c:,})" for v, (a, c) in rnd.items()))
+    print(f"speculative / exact-only: {r['throughput_ratio']} ({r['cpu_ratio']} per CPU s); "
+          f"on the keyed runtime (write_parquet, write_table): {r['throughput_ratio_keyed']} "
+          f"({r['cpu_ratio_keyed']})")
     keys = ("bench", "shape", "first_result_p50_ms", "final_p50_ms", "tombstones",
             "changelog_equals_final", "matches_batch", "throughput_ratio",
-            "spark_first_result_p50_ms", "spark_rows_missing", "throughput_ratio_keyed")
+            "spark_first_result_p50_ms", "spark_rows_missing", "throughput_ratio_keyed",
+            "cpu_ratio", "cpu_ratio_keyed")
     print(json.dumps({k: r[k] for k in keys}))
     return 0
