@@ -245,7 +245,7 @@ def throughput(spark: Any, cfg: BenchConfig, workdir: str
     rounds alternating: (each round's figures by variant; per variant the median of
     its rounds' ratios to the exact-only window's, for rows/s and rows per CPU s)."""
     from lowtide.bench.spark.measure import CPU, measure_pipeline
-    from lowtide.spark.operators.speculative_plan import on_keyed_runtime
+    from lowtide.spark.operators import on_keyed_runtime
 
     def window(variant: str) -> tuple[float, float]:
         pipe = Pipeline(spark, "bench-speculative-rate", freeze_gc=cfg.freeze_gc,
