@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 import lowtide
+from lowtide.spark.operators import on_keyed_runtime
 from lowtide.spark.sinks.changelog import apply_changelog, finals
 from lowtide.spark.sources.generator import GeneratorSpec
 from tests.spark.helpers import fail_once, t0_of_checkpoint
@@ -211,3 +212,26 @@ def test_the_jvm_plan_under_task_failures_and_a_restart(spark, tmp_path: Path) -
     ident = rows.assign(start=start_slots(rows))[["user", "start", "version", "op"]]
     assert not ident.duplicated().any(), "a version written twice"
     check_changelog(frames, spec, t0, final)
+
+
+def test_which_plan_a_speculative_window_gets(spark, tmp_path: Path) -> None:
+    """Spark's aggregation under the changelog's keyed step where its exact window
+    would be planned in the JVM; the keyed runtime alone for a sink that takes no
+    update mode (write_parquet, write_table) and without a checkpoint."""
+    pipe = lowtide.Pipeline(spark, "which-spec", grid=GRID)
+    changes = (pipe.generate(GeneratorSpec(fronts=1, rate=10.0, payload_bytes=4))
+               .map(parse, SCHEMA, name="parse").window("1 second", key="user", name="w")
+               .agg(n="count").speculative())
+
+    def plan(stream: Any, checkpoint: str | None) -> str:
+        df = pipe.build(stream, checkpoint=checkpoint).df
+        return str(df._jdf.queryExecution().analyzed().toString())
+
+    try:
+        jvm = plan(changes, str(tmp_path / "a"))
+        assert "Aggregate" in jvm and "TransformWithState" in jvm
+        for keyed in (plan(on_keyed_runtime(changes), str(tmp_path / "b")),
+                      plan(changes, None)):
+            assert "TransformWithState" in keyed and "Aggregate" not in keyed
+    finally:
+        pipe.close()
