@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 import lowtide
+from lowtide.spark.operators import on_keyed_runtime
 from lowtide.spark.sinks.changelog import apply_changelog, finals
 from lowtide.spark.sources.generator import GeneratorSpec
 from tests.spark.helpers import fail_once, t0_of_checkpoint
@@ -75,41 +76,80 @@ def fold_batches(frames: list[pd.DataFrame]) -> dict[tuple[str, int], tuple[int,
     return {k: (v, f) for k, (v, f, _) in latest.items()}
 
 
-def test_early_rows_then_finals_under_a_lagging_front_and_task_failures(
-        spark, tmp_path: Path) -> None:
-    spec = GeneratorSpec(fronts=3, rate=240.0, payload_bytes=4, lag_ms={2: 1500})
-    pipe = lowtide.Pipeline(spark, "spec-lag", grid=GRID, stuck_after_ms=STUCK_MS)
+def failing_window(pipe: Any, spec: GeneratorSpec) -> Any:
+    """A speculative window whose sender tasks and changelog tasks fail once now and
+    then (the changelog's after its rows were sent)."""
     before = fail_once(lambda b, p: b % 5 == 3 and p == 0)
     after = fail_once(lambda b, p: b % 4 == 2)
-    stream = (pipe.generate(spec).map(parse, SCHEMA, name="parse")
-              .transform(lambda df: df.mapInArrow(before, df.schema))
-              .window("1 second", key="user", name="win")
-              .agg(n="count", total=("amount", "sum"), lo=("amount", "min"),
-                   hi=("amount", "max"), avg=("amount", "mean"))
-              .speculative()
-              .transform(lambda df: df.mapInArrow(after, df.schema)))
-    assert stream.segment_names() == ["parse", "win", "win.state", "sink"]
-    sink, ckpt = Batches(), tmp_path / "ckpt"
-    try:  # until three windows past the lag are complete at the sink
-        query = stream.foreach_batch(sink, checkpoint=str(ckpt), keep_tracking_columns=True,
-                                     trigger="200 milliseconds")
-        t0 = t0_of_checkpoint(ckpt, query)
-        query.wait_for_min_time(GRID.slot_of(t0 + 1500) + 3 * SIZE, timeout_s=300)
-        assert not query.stuck()
-        query.stop()
-        final = query.min_time()
-    finally:
-        pipe.close()
-    latest = fold_batches(sink.frames)
-    rows = pd.concat(sink.frames, ignore_index=True)
+    return (pipe.generate(spec).map(parse, SCHEMA, name="parse")
+            .transform(lambda df: df.mapInArrow(before, df.schema))
+            .window("1 second", key="user", name="win")
+            .agg(n="count", total=("amount", "sum"), lo=("amount", "min"),
+                 hi=("amount", "max"), avg=("amount", "mean"))
+            .speculative()
+            .transform(lambda df: df.mapInArrow(after, df.schema)))
+
+
+def check_changelog(frames: list[pd.DataFrame], spec: GeneratorSpec, t0: int, final: int
+                    ) -> dict[tuple[str, int], tuple[int, bool]]:
+    """The changelog's batches fold (:func:`fold_batches`) with a final for every
+    window complete at ``final``, some version replaced, and finals equal to a batch
+    recomputation; the fold."""
+    latest = fold_batches(frames)
+    rows = pd.concat(frames, ignore_index=True)
     assert (rows["op"] == "tombstone").sum() > 0, "no early version was ever replaced"
     done = {k for k in latest if k[1] + SIZE <= final}
     assert done and all(latest[k][1] for k in done), "a complete window without its final"
     exact = finals(rows)
     horizon = max(final, int(start_slots(exact).max()) + SIZE)
-    expected = batch_windows(all_input(spec, t0, horizon), SIZE, SIZE)
-    check(exact, expected, horizon, SIZE, AGG_COLS)
+    check(exact, batch_windows(all_input(spec, t0, horizon), SIZE, SIZE), horizon, SIZE,
+          AGG_COLS)
     assert len(exact) == sum(f for _, f in latest.values())
+    return latest
+
+
+def state_operators(query: Any) -> list[str]:
+    """The stateful operators of a query's last micro-batch."""
+    progress = query.query.lastProgress
+    return [op["operatorName"] for op in progress["stateOperators"]]
+
+
+def run_changelog(stream: Any, sink: Any, ckpt: Path, lag_ms: int, restart_at: int = 0
+                  ) -> tuple[int, int]:
+    """Write ``stream``'s changelog to ``sink`` (``foreach_batch``) until three windows
+    past the lag are complete at the sink; ``restart_at``: stopped once the sink is that
+    many slots past t0 (Spark's aggregation and the changelog's step as its state
+    operators) and started again from the checkpoint. (t0, the sink's last min time)."""
+
+    def start() -> Any:
+        return stream.foreach_batch(sink, checkpoint=str(ckpt), keep_tracking_columns=True,
+                                    trigger="200 milliseconds")
+
+    query = start()
+    t0 = t0_of_checkpoint(ckpt, query)
+    if restart_at:
+        query.wait_for_min_time(GRID.slot_of(t0) + restart_at, timeout_s=300)
+        assert len(state_operators(query)) == 2, state_operators(query)
+        query.stop()  # windows with versions shown stay in both state stores
+        query = start()
+    query.wait_for_min_time(GRID.slot_of(t0 + lag_ms) + 3 * SIZE, timeout_s=300)
+    assert not query.stuck()
+    query.stop()
+    return t0, query.min_time()
+
+
+def test_early_rows_then_finals_under_a_lagging_front_and_task_failures(
+        spark, tmp_path: Path) -> None:
+    spec = GeneratorSpec(fronts=3, rate=240.0, payload_bytes=4, lag_ms={2: 1500})
+    pipe = lowtide.Pipeline(spark, "spec-lag", grid=GRID, stuck_after_ms=STUCK_MS)
+    stream = failing_window(pipe, spec)
+    assert stream.segment_names() == ["parse", "win", "win.state", "sink"]
+    sink = Batches()
+    try:
+        t0, final = run_changelog(stream, sink, tmp_path / "ckpt", 1500)
+    finally:
+        pipe.close()
+    check_changelog(sink.frames, spec, t0, final)
 
 
 def test_a_restart_neither_repeats_nor_skips_a_version(spark, tmp_path: Path) -> None:
@@ -131,3 +171,67 @@ def test_a_restart_neither_repeats_nor_skips_a_version(spark, tmp_path: Path) ->
     horizon = max(final, int(start_slots(exact).max()) + SIZE)
     check(exact, batch_windows(all_input(spec, t0, horizon), SIZE, SIZE), horizon, SIZE,
           AGG_COLS)
+
+
+class ByBatch:
+    """A ``foreach_batch`` function that keeps each batch's rows by batch id, as an
+    idempotent sink does, and records any batch run again with other rows."""
+
+    def __init__(self) -> None:
+        self.batches: dict[int, pd.DataFrame] = {}
+        self.rerun_differs: list[int] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        cols = ["user", "window_start", "version", "op"]
+        rows = df.toPandas().sort_values(cols).reset_index(drop=True)
+        with self._lock:
+            before = self.batches.get(batch_id)
+            if before is not None and not before.equals(rows):
+                self.rerun_differs.append(batch_id)
+            self.batches[batch_id] = rows
+
+
+def test_the_jvm_plan_under_task_failures_and_a_restart(spark, tmp_path: Path) -> None:
+    """The plan over Spark's aggregation (its state operators: Spark's aggregation and
+    the changelog's keyed step), with a sender task and a changelog task failing once
+    each, stopped and restarted from its checkpoint: no version is written twice or
+    skipped, a batch run again emits the same rows, the changelog folds to the finals
+    and the finals equal a batch recomputation."""
+    spec = GeneratorSpec(fronts=2, rate=200.0, payload_bytes=4, lag_ms={1: 600})
+    pipe = lowtide.Pipeline(spark, "spec-jvm", grid=GRID, stuck_after_ms=STUCK_MS)
+    stream = failing_window(pipe, spec)
+    sink = ByBatch()
+    try:
+        t0, final = run_changelog(stream, sink, tmp_path / "ckpt", 600, restart_at=150)
+    finally:
+        pipe.close()
+    assert not sink.rerun_differs, f"batches run again with other rows: {sink.rerun_differs}"
+    frames = [sink.batches[b] for b in sorted(sink.batches)]
+    rows = pd.concat(frames, ignore_index=True)
+    ident = rows.assign(start=start_slots(rows))[["user", "start", "version", "op"]]
+    assert not ident.duplicated().any(), "a version written twice"
+    check_changelog(frames, spec, t0, final)
+
+
+def test_which_plan_a_speculative_window_gets(spark, tmp_path: Path) -> None:
+    """Spark's aggregation under the changelog's keyed step where its exact window
+    would be planned in the JVM; the keyed runtime alone for a sink that takes no
+    update mode (write_parquet, write_table) and without a checkpoint."""
+    pipe = lowtide.Pipeline(spark, "which-spec", grid=GRID)
+    changes = (pipe.generate(GeneratorSpec(fronts=1, rate=10.0, payload_bytes=4))
+               .map(parse, SCHEMA, name="parse").window("1 second", key="user", name="w")
+               .agg(n="count").speculative())
+
+    def plan(stream: Any, checkpoint: str | None) -> str:
+        df = pipe.build(stream, checkpoint=checkpoint).df
+        return str(df._jdf.queryExecution().analyzed().toString())
+
+    try:
+        jvm = plan(changes, str(tmp_path / "a"))
+        assert "Aggregate" in jvm and "TransformWithState" in jvm
+        for keyed in (plan(on_keyed_runtime(changes), str(tmp_path / "b")),
+                      plan(changes, None)):
+            assert "TransformWithState" in keyed and "Aggregate" not in keyed
+    finally:
+        pipe.close()

@@ -18,9 +18,12 @@ window's end (its label time, the fronts' clock):
   missing (the lagging front's rows, dropped as late).
 
 Throughput (backlogged input, :mod:`.measure`): the speculative window against the
-same window exact-only, both to the tracked null sink, after a warm-up run, two pairs
+same window exact-only, both to the tracked null sink, after a warm-up run, two rounds
 alternating; ``throughput_ratio`` = speculative / exact-only input rows per second,
-the median of the pairs'. Windows ending within ``WARMUP_MS`` of the first rows at a
+the median of the rounds'. Each round also runs the speculative window on the keyed
+runtime (``throughput_ratio_keyed``): the plan of a changelog written with
+``write_parquet`` / ``write_table``, and of every speculative window before it moved
+onto Spark's aggregation. Windows ending within ``WARMUP_MS`` of the first rows at a
 sink are not counted (the first batches start Python workers and state stores).
 """
 
@@ -94,8 +97,16 @@ def _columns(df: Any) -> Any:
 
 
 def _t0(checkpoint: str) -> int:
-    first = Path(checkpoint) / "offsets" / "0"
-    return int(json.loads(first.read_text().strip().splitlines()[-1])["t0"])
+    """The generator's t0 in the first offsets logged (one line per source: a window
+    planned in the JVM adds its clock's)."""
+    for line in (Path(checkpoint) / "offsets" / "0").read_text().strip().splitlines():
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and "t0" in doc:
+            return int(doc["t0"])
+    raise RuntimeError(f"no generator offsets in {checkpoint}/offsets/0")
 
 
 def _wait_for_t0(checkpoint: str, query: Any, timeout_s: float = 600) -> int:
@@ -221,26 +232,42 @@ def spark_figures(rows: Any, t0: int) -> dict[str, Any]:
             "spark_rows_missing": int((both["n_batch"] - both["n"]).sum())}
 
 
-def throughput(spark: Any, cfg: BenchConfig, workdir: str) -> tuple[float, float, float]:
-    """Input rows/s of the exact-only and the speculative window (backlogged input,
-    the tracked null sink) after a warm-up run: two pairs, alternating; (exact rows/s,
-    speculative rows/s, the median of the pairs' ratios)."""
-    from lowtide.bench.spark.measure import measure_pipeline
+#: the throughput's variants: the window exact-only, speculative on Spark's
+#: aggregation (the plan a foreach_batch or null sink gets), speculative on the keyed
+#: runtime (what write_parquet / write_table get)
+VARIANTS = ("exact", "speculative", "keyed")
 
-    def window(early: bool) -> float:
+
+def throughput(spark: Any, cfg: BenchConfig, workdir: str
+               ) -> tuple[list[dict[str, tuple[float, float]]], dict[str, tuple[float, float]]]:
+    """Input rows per second and per CPU second of the query's processes of each of
+    :data:`VARIANTS` (backlogged input, the tracked null sink) after a warm-up run, two
+    rounds alternating: (each round's figures by variant; per variant the median of
+    its rounds' ratios to the exact-only window's, for rows/s and rows per CPU s)."""
+    from lowtide.bench.spark.measure import CPU, measure_pipeline
+    from lowtide.spark.operators import on_keyed_runtime
+
+    def window(variant: str) -> tuple[float, float]:
         pipe = Pipeline(spark, "bench-speculative-rate", freeze_gc=cfg.freeze_gc,
                         stuck_after_ms=STUCK_MS)
         stream = _columns(pipe.generate(_spec(cfg))).window(
             f"{WINDOW_MS} milliseconds", key="user", name="window").agg(
             n="count", total=("amount", "sum"))
-        return _rate(measure_pipeline(pipe, stream.speculative() if early else stream, cfg,
-                                      workdir))
+        if variant != "exact":
+            stream = stream.speculative()
+        if variant == "keyed":
+            stream = on_keyed_runtime(stream)
+        rate = _rate(measure_pipeline(pipe, stream, cfg, workdir))
+        return rate, CPU["rows"] / CPU["last"] if CPU["last"] else 0.0
 
-    window(False)  # warm-up
-    pairs = [(window(False), window(True)) for _ in range(2)]
-    ratios = [e / x for x, e in pairs if x]
-    return (float(np.mean([x for x, _ in pairs])), float(np.mean([e for _, e in pairs])),
-            float(np.median(ratios)) if ratios else 0.0)
+    window("exact")  # warm-up
+    rounds = [{v: window(v) for v in VARIANTS} for _ in range(2)]
+
+    def ratio(v: str, i: int) -> float:
+        return float(np.median([r[v][i] / r["exact"][i] for r in rounds if r["exact"][i]]
+                               or [0.0]))
+
+    return rounds, {v: (ratio(v, 0), ratio(v, 1)) for v in VARIANTS}
 
 
 def _rate(m: Measured) -> float:
@@ -254,12 +281,15 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     register_sources(spark)
     lowtide_run = run_lowtide(spark, cfg.seconds, workdir)
     spark_rows, spark_t0 = run_spark(spark, cfg.seconds, workdir)
-    exact_rate, early_rate, ratio = throughput(spark, cfg, workdir)
+    rounds, ratios = throughput(spark, cfg, workdir)
     return {"bench": "spark", "shape": "speculative",
             **speculative_figures(lowtide_run),
             **spark_figures(spark_rows, spark_t0),
-            "rows_per_s_exact": round(exact_rate), "rows_per_s_speculative": round(early_rate),
-            "throughput_ratio": round(ratio, 3)}
+            "rounds": [{v: [round(x) for x in r[v]] for v in VARIANTS} for r in rounds],
+            "throughput_ratio": round(ratios["speculative"][0], 3),
+            "throughput_ratio_keyed": round(ratios["keyed"][0], 3),
+            "cpu_ratio": round(ratios["speculative"][1], 3),
+            "cpu_ratio_keyed": round(ratios["keyed"][1], 3)}
 
 
 def main(cfg: BenchConfig) -> int:
@@ -273,10 +303,15 @@ def main(cfg: BenchConfig) -> int:
           f"{'never':>10}  ({r['spark_rows_missing']} rows missing from its last updates)")
     print(f"tombstones {r['tombstones']}; changelog folds to the finals: "
           f"{r['changelog_equals_final']}; finals equal the batch: {r['matches_batch']}")
-    print(f"throughput (backlogged): exact-only {r['rows_per_s_exact']:,} rows/s, speculative "
-          f"{r['rows_per_s_speculative']:,} rows/s, ratio {r['throughput_ratio']}")
+    print("throughput (backlogged), rows/s and rows per CPU second by round:")
+    for i, rnd in enumerate(r["rounds"], start=1):
+        print(f"  round {i}: " + ", ".join(f"{v} {a:,} ({c:,})" for v, (a, c) in rnd.items()))
+    print(f"speculative / exact-only: {r['throughput_ratio']} ({r['cpu_ratio']} per CPU s); "
+          f"on the keyed runtime (write_parquet, write_table): {r['throughput_ratio_keyed']} "
+          f"({r['cpu_ratio_keyed']})")
     keys = ("bench", "shape", "first_result_p50_ms", "final_p50_ms", "tombstones",
             "changelog_equals_final", "matches_batch", "throughput_ratio",
-            "spark_first_result_p50_ms", "spark_rows_missing")
+            "spark_first_result_p50_ms", "spark_rows_missing", "throughput_ratio_keyed",
+            "cpu_ratio", "cpu_ratio_keyed")
     print(json.dumps({k: r[k] for k in keys}))
     return 0

@@ -6,6 +6,7 @@ describes them, :mod:`.window_state` is their logic, :mod:`.window_aggs` compute
 typed aggregates), a user's ``stateful`` fold, and the joins (:mod:`.joins`)."""
 
 from lowtide.spark.operators.frames import FrameSpec, StepError
+from lowtide.spark.operators.speculative_plan import on_keyed_runtime
 from lowtide.spark.operators.state_clock import ROCKSDB, StateClock
 from lowtide.spark.operators.tracked import OpRuntime, OpSpec, apply_op, operator_id, task_function
 from lowtide.spark.operators.window_state import build_window
@@ -23,6 +24,7 @@ __all__ = [
     "apply_op",
     "build_window",
     "duration_ms",
+    "on_keyed_runtime",
     "operator_id",
     "task_function",
 ]

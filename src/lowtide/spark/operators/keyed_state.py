@@ -76,6 +76,9 @@ class StatefulSpec(StatefulStep):
     #: wait for that range only
     key_ranges: int = 0
     eager: bool = False  # step at every poll, not only once a wake is complete (rule 13)
+    #: the rows are not items but Spark's running values (a speculative window planned
+    #: in the JVM, whose senders received its rows): nothing to receive, SLOT_COL given
+    received: bool = False
 
 
 class KeyedStep(StatefulStep):

@@ -39,6 +39,7 @@ keeps the exact output (final rows only).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,18 +80,108 @@ class Shown:
 
 
 @dataclass(frozen=True)
-class Versions:
-    """A key's state: its open windows (:class:`.window_state.Pane`) and the version
-    each last showed, by window start."""
+class Change:
+    """One changelog row of a (key, window) ``[start, end)`` (slots)."""
 
-    panes: dict[int, Pane]
+    start: int
+    end: int
+    values: list[Any]
+    version: int
+    tombstone: bool
+    final: bool
+
+
+@dataclass(frozen=True)
+class Versions:
+    """A key's state: its open windows (what a logic folds their rows into, by window
+    start) and the version each last showed."""
+
+    panes: dict[int, Any]
     shown: dict[int, Shown]
+
+
+def show(start: int, end: int, values: list[Any], prev: Shown | None, now_ms: int,
+         final: bool) -> tuple[list[Change], Shown | None]:
+    """The changes that show ``values`` of ``[start, end)`` after ``prev``: its
+    tombstone and the next version, none if an early one would show what ``prev``
+    shows; and what the new version shows (None: nothing new).
+
+    >>> show(0, 10, [2], None, 5, False)[0]
+    [Change(start=0, end=10, values=[2], version=1, tombstone=False, final=False)]
+    >>> [(c.version, c.tombstone, c.values) for c in show(0, 10, [3], Shown(1, 5, [2]), 9,
+    ...                                                    False)[0]]
+    [(1, True, [2]), (2, False, [3])]
+    >>> show(0, 10, [2], Shown(1, 5, [2]), 9, False)
+    ([], None)
+    """
+    if not final and prev is not None and repr(values) == repr(prev.values):
+        return [], None  # repr: NaN and Decimals compare as they print
+    rows = [] if prev is None else [Change(start, end, prev.values, prev.version, True, False)]
+    version = 1 if prev is None else prev.version + 1
+    return [*rows, Change(start, end, values, version, False, final)], \
+        Shown(version, now_ms, values)
+
+
+def changelog_step(ends: dict[int, int], values: Callable[[int], list[Any]],
+                   shown: dict[int, Shown], done: int, now_ms: int, every_ms: int
+                   ) -> tuple[dict[int, Shown], list[Change], list[Change]]:
+    """One call's changelog of a key's open windows (``ends``: start -> end): the
+    windows ending at or below ``done`` show their final version (``values(start)``),
+    the others a new one if it changed and the last is at least ``every_ms`` old.
+    Versions come from ``shown`` (the state), never from a counter of the process, so
+    a retried call emits the same (rules 5 and 6). Returns (``shown`` of the windows
+    left open, final changes, early changes).
+
+    >>> ends, vals = {0: 10, 10: 20}, {0: [3], 10: [1]}.get
+    >>> left, out, early = changelog_step(ends, vals, {0: Shown(1, 0, [2])}, 12, 50, 0)
+    >>> [(c.start, c.version, c.tombstone, c.final) for c in out + early]
+    [(0, 1, True, False), (0, 2, False, True), (10, 1, False, False)]
+    >>> left
+    {10: Shown(version=1, at_ms=50, values=[1])}
+    """
+    left = {s: v for s, v in shown.items() if ends.get(s, done) > done}
+    out: list[Change] = []
+    for start in sorted(s for s, e in ends.items() if e <= done):
+        out += show(start, ends[start], values(start), shown.get(start), now_ms, True)[0]
+    early: list[Change] = []
+    for start in sorted(s for s, e in ends.items() if e > done):
+        prev = left.get(start)
+        if prev is not None and now_ms - prev.at_ms < every_ms:
+            continue  # shown too recently: a later call (a poll) shows the change
+        rows, now = show(start, ends[start], values(start), prev, now_ms, False)
+        early += rows
+        if now is not None:
+            left[start] = now
+    return left, out, early
+
+
+def changelog_frame(aggs: tuple[TypedAgg, ...], delta_ms: int, rows: list[Change]) -> Any:
+    """The changelog rows of ``rows``, at their windows' last slots, each with its
+    child index under that slot's hold (early rows: above the final rows' positions);
+    None for none. One DataFrame built at once: it is made per group and call."""
+    import pandas as pd
+
+    if not rows:
+        return None
+    starts = np.array([r.start for r in rows], np.int64)
+    ends = np.array([r.end for r in rows], np.int64)
+    versions = np.array([r.version for r in rows], np.int64)
+    gone = np.array([r.tombstone for r in rows], bool)
+    cols = {"window_start": time_column(starts, delta_ms),
+            "window_end": time_column(ends, delta_ms),
+            **result_columns(aggs, [r.values for r in rows])}
+    return pd.DataFrame({  # plain arrays: no index to align, a third of the cost
+        **{k: v.array if isinstance(v, pd.Series) else v for k, v in cols.items()},
+        OP_COL: np.where(gone, TOMBSTONE, INSERT).astype(object),
+        VERSION_COL: versions, FINAL_COL: np.array([r.final for r in rows], bool),
+        AT_COL: ends - 1, CHILD_COL: EARLY_BASE + 2 * versions + gone})
 
 
 @dataclass(frozen=True)
 class SpeculativeLogic:
     """The window logic ``window`` (``agg`` only) with early rows, re-emitted at most
-    every ``every_ms`` (0: every batch that changes the window)."""
+    every ``every_ms`` (0: every batch that changes the window); the runtime of a
+    speculative window not planned in Spark's JVM (:mod:`.speculative_plan`)."""
 
     window: WindowLogic
     every_ms: int = 0
@@ -101,59 +192,19 @@ class SpeculativeLogic:
 
     def step(self, key: tuple[Any, ...], state: Versions | None, new: Any, done: int,
              parts: RowParts, now_ms: int = 0) -> LogicStep:
-        panes = dict(state.panes) if state else {}
-        shown = dict(state.shown) if state else {}
+        panes: dict[int, Pane] = dict(state.panes) if state else {}
         if new is not None and len(new):
             self.window._absorb(panes, new, [])  # agg only: no row parts
-        out: list[tuple[Pane, list[Any], int, bool, bool]] = []
-        for start in sorted(s for s, p in panes.items() if p.end <= done):
-            self._change(out, panes.pop(start), shown.pop(start, None), now_ms, True)
-        early: list[tuple[Pane, list[Any], int, bool, bool]] = []
-        for start in sorted(panes):
-            prev = shown.get(start)
-            if prev is not None and now_ms - prev.at_ms < self.every_ms:
-                continue  # shown too recently: a later call (a poll) shows the change
-            now = self._change(early, panes[start], prev, now_ms, False)
-            if now is not None:
-                shown[start] = now
+        shown, out, early = changelog_step(
+            {s: p.end for s, p in panes.items()},
+            lambda s: results(self.aggs, panes[s].aggs or []),
+            state.shown if state else {}, done, now_ms, self.every_ms)
+        panes = {s: p for s, p in panes.items() if p.end > done}
         wakes = np.array(sorted(p.end - 1 for p in panes.values()), np.int64)
-        return LogicStep(Versions(panes, shown) if panes else None, self._rows(out),
-                         wakes, early=self._rows(early))
-
-    def _change(self, rows: list[tuple[Pane, list[Any], int, bool, bool]], pane: Pane,
-                prev: Shown | None, now_ms: int, final: bool) -> Shown | None:
-        """Append the tombstone of ``prev`` and ``pane``'s next version to ``rows``
-        (pane, values, version, is tombstone, is final) unless an early one would
-        show what ``prev`` shows; what the new version shows, or None."""
-        values = results(self.aggs, pane.aggs or [])
-        if not final and prev is not None and repr(values) == repr(prev.values):
-            return None  # repr: NaN and Decimals compare as they print
-        if prev is not None:
-            rows.append((pane, prev.values, prev.version, True, False))
-        version = 1 if prev is None else prev.version + 1
-        rows.append((pane, values, version, False, final))
-        return Shown(version, now_ms, values)
-
-    def _rows(self, rows: list[tuple[Pane, list[Any], int, bool, bool]]) -> Any:
-        """The changelog rows of ``rows``, at their windows' last slots, each with its
-        child index (early rows: above the final rows' positions). One DataFrame built
-        at once: it is made per group and call."""
-        import pandas as pd
-
-        if not rows:
-            return None
-        starts = np.array([r[0].start for r in rows], np.int64)
-        ends = np.array([r[0].end for r in rows], np.int64)
-        versions = np.array([r[2] for r in rows], np.int64)
-        gone = np.array([r[3] for r in rows], bool)
-        cols = {"window_start": time_column(starts, self.window.delta_ms),
-                "window_end": time_column(ends, self.window.delta_ms),
-                **result_columns(self.aggs, [r[1] for r in rows])}
-        return pd.DataFrame({  # plain arrays: no index to align, a third of the cost
-            **{k: v.array if isinstance(v, pd.Series) else v for k, v in cols.items()},
-            OP_COL: np.where(gone, TOMBSTONE, INSERT).astype(object),
-            VERSION_COL: versions, FINAL_COL: np.array([r[4] for r in rows], bool),
-            AT_COL: ends - 1, CHILD_COL: EARLY_BASE + 2 * versions + gone})
+        delta = self.window.delta_ms
+        return LogicStep(Versions(panes, shown) if panes else None,
+                         changelog_frame(self.aggs, delta, out), wakes,
+                         early=changelog_frame(self.aggs, delta, early))
 
 
 @dataclass(frozen=True)
@@ -164,16 +215,24 @@ class SpeculativeSpec(KeyedStep):
     name: str
     window: WindowSpec
     every_ms: int = 0
+    #: planned in Spark's JVM where its window would be (:mod:`.speculative_plan`);
+    #: False for a sink that takes no update mode (the Python data source sink)
+    jvm: bool = True
 
     def keyed_input(self, df: Any, delta_ms: int) -> tuple[Any, StatefulSpec]:
         w = self.window
         prepared, typed = aggregated_input(df, "window", w.name, w.keys, w.aggs)
         logic = SpeculativeLogic(WindowLogic(w.size_ms // delta_ms, w.slide_ms // delta_ms,
                                              delta_ms, typed), self.every_ms)
-        schema = f"{output_schema(w, typed)}, {OP_COL} string, {VERSION_COL} bigint, " \
-                 f"{FINAL_COL} boolean"
-        return prepared, StatefulSpec(w.name, w.keys, logic, schema, w.poll_ms,
+        return prepared, StatefulSpec(w.name, w.keys, logic, changelog_schema(w, typed),
+                                      w.poll_ms,
                                       what="window", eager=self.every_ms > 0)
+
+
+def changelog_schema(window: WindowSpec, aggs: tuple[TypedAgg, ...]) -> str:
+    """The DDL of a changelog's columns after its keys."""
+    return f"{output_schema(window, aggs)}, {OP_COL} string, {VERSION_COL} bigint, " \
+           f"{FINAL_COL} boolean"
 
 
 def make_speculative(step: Any, every: str | int | None) -> SpeculativeSpec:

@@ -121,7 +121,10 @@ class SlotProcessor(StatefulProcessor):  # type: ignore[misc]
         now = int(timerValues.getCurrentProcessingTimeInMs())
         frames = [df for df in rows if len(df)]
         new, key_range = None, self._stored_range()
-        if frames:
+        if frames and self.rt.spec.received:
+            new = (pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+                   ).drop(columns=[GROUP_COL])
+        elif frames:
             df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
             key_range = self._range_of(key, df, key_range)
             times, ids = self.clock.receive(df[TRACK_COL].to_numpy(np.int64), now, key_range)
@@ -238,7 +241,8 @@ def build_keyed(df: Any, spec: StatefulSpec, ref: TrackerRef, out_segment: str,
     fields = {f.name: f.dataType.simpleString() for f in df.schema.fields
               if f.name not in TRACKING_COLS}
     check_keys(f"{spec.what} {spec.name!r}", spec.keys, fields)
-    taken = sorted(set(fields) & {*RUNTIME_COLS, AT_COL, GROUP_COL})
+    taken = sorted(set(fields) & {*RUNTIME_COLS, AT_COL, GROUP_COL}
+                   - ({SLOT_COL} if spec.received else set()))
     if taken:
         raise ValueError(f"{spec.what} {spec.name!r}: column {taken[0]!r} is a name lowtide "
                          "uses: rename it (with_column / select)")

@@ -222,10 +222,15 @@ class QueryWindows:
     def window_of(self, segment: str) -> str | None:
         """The window planned in the JVM whose senders send into ``segment`` (its
         inbound segment, or that of a ``where`` it absorbs): they receive and stamp
-        their rows for it (:mod:`.window_input`)."""
+        their rows for it (:mod:`.window_input`; a speculative window's too:
+        :mod:`.speculative_plan`)."""
+        from lowtide.spark.operators.speculative import SpeculativeSpec
+
         name = self.wheres.get(segment, segment)
-        return name if any(isinstance(s, WindowSpec) and s.name == name and self.in_jvm(s)
-                           for s in self.stateful) else None
+        windows = [s.window if isinstance(s, SpeculativeSpec) and s.jvm else s
+                   for s in self.stateful]
+        return name if any(isinstance(w, WindowSpec) and w.name == name and self.in_jvm(w)
+                           for w in windows) else None
 
     def absorbs(self, step: str) -> bool:
         """Is ``step`` a ``where`` that a window planned in the JVM absorbs (Spark's

@@ -31,6 +31,11 @@ from lowtide.core.graph import SegmentGraph
 from lowtide.core.time import TimeGrid
 from lowtide.service.progress import RowRates
 from lowtide.spark.operators.joins import JoinSpec, join_input
+from lowtide.spark.operators.speculative_plan import (
+    SPECULATIVE_CONFS,
+    on_keyed_runtime,
+    update_mode,
+)
 from lowtide.spark.operators.tracked import OpSpec
 from lowtide.spark.operators.window_hold import HOLD_WAIT_S
 from lowtide.spark.operators.window_input import FORMAT, ReceivingSource
@@ -337,6 +342,8 @@ class Pipeline:
 
     def _start(self, stream: Stream, sink: tuple[Any, ...], sink_name: str, checkpoint: str,
                trigger: str | None, query_name: str | None) -> TrackedQuery:
+        if sink[0] != "foreach":  # the lowtide_sink writer takes no update mode
+            stream = on_keyed_runtime(stream)
         acks_last = stream.ends_in_operator() or QueryWindows.of(
             stream, checkpoint).ends_in_window(stream)
         null_sink = sink[0] == "foreach" and sink[1] is None and acks_last
@@ -364,7 +371,10 @@ class Pipeline:
             opts["lowtide.segment"] = sink_name
             writer = writer.format("lowtide_sink").options(**opts)
         # a query takes its session's confs when it starts: JVM windows need theirs then
-        with session_confs(self.spark, WATERMARK_CONFS if built.holds else ()):
+        confs = WATERMARK_CONFS if built.holds else ()
+        if update_mode(QueryWindows.of(stream, checkpoint)):  # a speculative window's
+            writer, confs = writer.outputMode("update"), SPECULATIVE_CONFS
+        with session_confs(self.spark, confs):
             query = writer.start()
         tracked: list[TrackedQuery] = []  # a hold's listener stops the query it moves
         listeners = [h.listener(str(query.id), self._tracker_options.hold_wait_s,

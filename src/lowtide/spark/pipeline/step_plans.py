@@ -21,6 +21,8 @@ from lowtide.spark.operators.frames import (
 from lowtide.spark.operators.joins import joined
 from lowtide.spark.operators.keyed_state import KeyedStep, StatefulSpec
 from lowtide.spark.operators.retry import RetrySpec, loop_input, retry_task
+from lowtide.spark.operators.speculative import SpeculativeSpec
+from lowtide.spark.operators.speculative_plan import build_speculative_plan
 from lowtide.spark.operators.state_processor import build_keyed
 from lowtide.spark.operators.tracked import OpRuntime, OpSpec, operator_id, task_function
 from lowtide.spark.operators.window_input import receiving_task, with_stamp
@@ -79,6 +81,9 @@ def plan_steps(df: Any, group: list[Step | EntrySpec], to: Targets, null_sink: b
     if isinstance(step, WindowSpec):
         return described(lambda: to.windows.plan(df, step, ref, out_segment,
                                                  operator_id(step.name), null_sink))
+    if isinstance(step, SpeculativeSpec) and step.jvm and to.windows.in_jvm(step.window):
+        return described(lambda: build_speculative_plan(df, step, to.windows, ref, out_segment,
+                                                        operator_id(step.name)))
     if isinstance(step, DedupSpec):
         df, keyed = described(lambda: dedup_input(df, step))
         return keyed_plan(df, keyed, ref, out_segment, step.name)

@@ -1,0 +1,170 @@
+"""Speculative windows planned in Spark's JVM (rule 13): Spark aggregates, lowtide
+versions. The changelog is that of :mod:`.speculative`; what differs is where the
+window's rows go.
+
+::
+
+    rows, received and stamped by their senders            (window_input)
+         .groupBy(keys, window).agg(...)   in update mode   (window_plan, in the JVM)
+         --> each batch: the (key, window)s whose values changed, one row each
+         .groupBy(keys).transformWithStateInPandas          (ChangelogLogic)
+         --> tombstone of the last version, the new version; the final once complete
+
+Spark's own aggregation keeps each (key, window)'s partial aggregates (partial
+aggregation before the shuffle, state in the state store, as the exact window's plan:
+:mod:`.window_plan`), and in update mode hands on, per micro-batch, only the
+(key, window)s that batch changed, with their new values. Only those cross into
+Python, where :class:`ChangelogLogic` keeps per (key, window) the latest values and
+the version last shown (:class:`.speculative.Shown`), and emits the changelog
+(:func:`.speculative.changelog_step`): versions come from that state, so a retried
+task or a batch re-run after a restart emits the same versions (rules 5 and 6).
+
+Tracking: the senders receive the rows out of the window's inbound segment ``S_in``
+(and stamp them: Spark's watermark, under the ``max`` policy, evicts a window's
+aggregation state once it is complete). Within the batch that received a window's
+rows, the query's watermark hold (:mod:`.window_hold`) keeps the outbound segment at
+or below every window not complete at the last watermark; from that batch on, the
+keyed runtime's hold at the window's last slot does, until its final version is sent
+(rule 7). Every version and tombstone is a child of that hold (rule 13). The final is
+emitted once ``S_in``'s min time at the batch's timestamp passes the window's end:
+every row of the window was received by an earlier batch, whose update this logic has.
+
+Two stateful operators in one query: Spark's check for rows a first operator emits
+"late" for a second one is off for the query (:data:`SPECULATIVE_CONFS`): the second
+one here keeps no event-time state and drops nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from lowtide.spark.operators.keyed_state import StatefulSpec
+from lowtide.spark.operators.slot_logic import SLOT_COL, LogicStep, RowParts
+from lowtide.spark.operators.speculative import (
+    SpeculativeSpec,
+    Versions,
+    changelog_frame,
+    changelog_schema,
+    changelog_step,
+)
+from lowtide.spark.operators.window_aggs import (
+    VALID_PREFIX,
+    VALUE_PREFIX,
+    TypedAgg,
+    bind_aggs,
+    helper_columns,
+    input_columns,
+)
+from lowtide.spark.operators.window_plan import WATERMARK_CONFS, QueryWindows, build_window_plan
+from lowtide.spark.tracking.column import TRACK_COL, TRACKING_COLS
+from lowtide.spark.tracking.receive import WM_COL
+from lowtide.spark.tracking.transport import TrackerRef
+
+#: session confs a query with a speculative window in the JVM starts with
+SPECULATIVE_CONFS = (*WATERMARK_CONFS,
+                     ("spark.sql.streaming.statefulOperator.checkCorrectness.enabled", "false"))
+
+
+def window_values(aggs: tuple[TypedAgg, ...], frame: Any) -> list[list[Any]]:
+    """Each row's aggregate values (as :func:`.window_aggs.results` gives them: ints,
+    floats, Decimals, ns for timestamps, None for null) from the columns
+    :func:`.window_aggs.input_columns` made of the aggregates' outputs."""
+    cols = []
+    for j, a in enumerate(aggs):
+        kind = TypedAgg(a.agg, j, a.out_type()).kind
+        col = frame[f"{VALUE_PREFIX}{j}"]
+        if kind == "int":
+            values = col.to_numpy(np.int64).tolist()
+        elif kind == "float":
+            values = col.to_numpy(np.float64).tolist()
+        elif kind == "timestamp":
+            values = col.to_numpy("datetime64[ns]").view(np.int64).tolist()
+        else:
+            values = col.to_numpy(object).tolist()
+        valid = frame[f"{VALID_PREFIX}{j}"].to_numpy(bool).tolist()
+        cols.append([v if ok else None for v, ok in zip(values, valid, strict=True)])
+    return [list(r) for r in zip(*cols, strict=True)] if cols else []
+
+
+@dataclass(frozen=True)
+class ChangelogLogic:
+    """A speculative window's changelog over Spark's running values: ``new`` rows are
+    (key, window)s whose values changed this batch (:data:`SLOT_COL`: the window's
+    last slot; the values as :func:`window_values` reads them). State:
+    :class:`.speculative.Versions` with ``panes`` start -> (end, latest values).
+
+    Worked example (size 10 slots, ``count``, every batch): ``(last 9, n 2)`` with
+    ``done = 2``: early ``insert v1 n=2`` at slot 9 (its hold opens). ``(last 9, n 3)``
+    with ``done = 5``: early ``tombstone v1 n=2``, ``insert v2 n=3``. No row with
+    ``done = 12``: out ``tombstone v2 n=3``, ``insert v3 n=3 final`` (the hold is
+    released)."""
+
+    aggs: tuple[TypedAgg, ...]
+    size: int  # slots
+    delta_ms: int
+    every_ms: int = 0
+
+    def step(self, key: tuple[Any, ...], state: Versions | None, new: Any, done: int,
+             parts: RowParts, now_ms: int = 0) -> LogicStep:
+        latest: dict[int, tuple[int, list[Any]]] = dict(state.panes) if state else {}
+        if new is not None and len(new):
+            lasts = new[SLOT_COL].to_numpy(np.int64).tolist()
+            for last, values in zip(lasts, window_values(self.aggs, new), strict=True):
+                latest[last + 1 - self.size] = (last + 1, values)
+        shown, out, early = changelog_step(
+            {s: end for s, (end, _) in latest.items()}, lambda s: latest[s][1],
+            state.shown if state else {}, done, now_ms, self.every_ms)
+        latest = {s: v for s, v in latest.items() if v[0] > done}
+        wakes = np.array(sorted(end - 1 for end, _ in latest.values()), np.int64)
+        return LogicStep(Versions(latest, shown) if latest else None,
+                         changelog_frame(self.aggs, self.delta_ms, out), wakes,
+                         early=changelog_frame(self.aggs, self.delta_ms, early))
+
+
+def build_speculative_plan(df: Any, spec: SpeculativeSpec, windows: QueryWindows,
+                           ref: TrackerRef, out_segment: str, op_id: int) -> Any:
+    """The DataFrame of a speculative window planned in the JVM (see the module
+    docstring); its hold joins ``windows.holds``, which the query moves."""
+    from pyspark.sql import functions as F
+
+    from lowtide.spark.operators.state_processor import build_keyed
+    from lowtide.spark.operators.window_hold import WatermarkHold
+
+    assert windows.checkpoint is not None
+    w, delta = spec.window, ref.grid.delta_ms
+    hold = WatermarkHold(ref, spec.name, op_id, windows.checkpoint)
+    values = build_window_plan(df, w, ref, op_id, hold, None).drop(TRACK_COL)
+    fields = {f.name: f.dataType.simpleString() for f in df.schema.fields
+              if f.name not in (*TRACKING_COLS, WM_COL)}
+    aggs, _ = bind_aggs(w.name, w.aggs, fields)
+    outs = [a.agg.out for a in aggs]
+    last = F.floor(F.unix_millis(F.col("window_end")) / F.lit(delta)).cast("long") - 1
+    prepared = input_columns(values, outs, {a.agg.out: a.out_type() for a in aggs}).select(
+        *[F.col(f"`{k}`") for k in w.keys], last.alias(SLOT_COL),
+        *helper_columns(outs))
+    keyed = StatefulSpec(w.name, w.keys, ChangelogLogic(aggs, w.size_ms // delta, delta,
+                                                        spec.every_ms),
+                         changelog_schema(w, aggs), w.poll_ms, what="window",
+                         eager=spec.every_ms > 0, received=True)
+    out = build_keyed(prepared, keyed, ref, out_segment, op_id)
+    windows.holds.append(hold)
+    return out
+
+
+def update_mode(windows: QueryWindows) -> bool:
+    """Does a query whose windows are ``windows`` hold a speculative window planned in
+    the JVM (its aggregation runs in update mode, with :data:`SPECULATIVE_CONFS`)?"""
+    return any(isinstance(s, SpeculativeSpec) and s.jvm and windows.in_jvm(s.window)
+               for s in windows.stateful)
+
+
+def on_keyed_runtime(stream: Any) -> Any:
+    """``stream`` with its speculative windows on the keyed runtime: for a sink that
+    takes no update mode (Spark refuses it for a Python data source's writer)."""
+    steps = tuple(replace(s, jvm=False) if isinstance(s, SpeculativeSpec) else s
+                  for s in stream.steps)
+    return replace(stream, steps=steps,
+                   inputs=tuple(on_keyed_runtime(s) for s in stream.inputs))
