@@ -125,7 +125,7 @@ def _collect(spark, spec: GeneratorSpec, name: str) -> Any:
 def test_two_streams_of_one_spec_serve_the_same_rows(spark) -> None:
     """Two queries started apart, each with its own reader: with t0 fixed in the spec
     they read identical rows (time and payload included), the lagging front too."""
-    from lowtide.spark.pipeline.builder import register_sources
+    from lowtide.spark.pipeline import register_sources
 
     register_sources(spark)
     n = 150

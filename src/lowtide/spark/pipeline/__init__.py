@@ -5,8 +5,9 @@ replay by time (:mod:`.replay`: :class:`Loss`) and repairing a loss with it
 (:mod:`.repair`: :class:`Target`)."""
 
 from lowtide.spark.pipeline.batches import last_batch_id
-from lowtide.spark.pipeline.builder import Built, Pipeline, TrackerNotStarted, register_sources
+from lowtide.spark.pipeline.builder import Built, Pipeline, TrackerNotStarted
 from lowtide.spark.pipeline.dag import PipelineShapeError, SegmentPlan, derive
+from lowtide.spark.pipeline.data_sources import register_sources
 from lowtide.spark.pipeline.describe import Aggregated, Windowed
 from lowtide.spark.pipeline.freshness import FreshnessListener, WindowLate
 from lowtide.spark.pipeline.handle import TrackerHandle

@@ -21,7 +21,6 @@ the graph.
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,7 +37,7 @@ from lowtide.spark.operators.speculative_plan import (
 )
 from lowtide.spark.operators.tracked import OpSpec
 from lowtide.spark.operators.window_hold import HOLD_WAIT_S
-from lowtide.spark.operators.window_input import FORMAT, ReceivingSource
+from lowtide.spark.operators.window_input import FORMAT
 from lowtide.spark.operators.window_plan import WATERMARK_CONFS, QueryWindows, session_confs
 from lowtide.spark.pipeline.batches import BatchReporter, announce_queries
 from lowtide.spark.pipeline.dag import (
@@ -49,6 +48,7 @@ from lowtide.spark.pipeline.dag import (
     refuse_fan_out,
     source_key,
 )
+from lowtide.spark.pipeline.data_sources import register_sources, source_schema
 from lowtide.spark.pipeline.describe import described
 from lowtide.spark.pipeline.handle import TrackerHandle, TrackerOptions, operating_options
 from lowtide.spark.pipeline.monitoring import ProgressMetrics
@@ -64,29 +64,13 @@ from lowtide.spark.pipeline.step_plans import (
     union_by_name,
 )
 from lowtide.spark.pipeline.stream import Stream
-from lowtide.spark.sinks import TrackedForeachBatch, TrackedSink
-from lowtide.spark.sources.clock import ClockSource
-from lowtide.spark.sources.generator import GeneratorSpec, GenSource
-from lowtide.spark.sources.log_replay import RANGE_OPTION, LogReplaySource
-from lowtide.spark.sources.log_source import LogSource, parse_fronts
+from lowtide.spark.sinks import TrackedForeachBatch
+from lowtide.spark.sources.generator import GeneratorSpec
+from lowtide.spark.sources.log_replay import RANGE_OPTION
+from lowtide.spark.sources.log_source import parse_fronts
 from lowtide.spark.sources.read_stream import EntrySpec, check_labelled
 from lowtide.spark.sources.retention import release_consumer
 from lowtide.spark.tracking.transport import TrackerRef
-
-_SOURCES = {ds.name(): ds for ds in (LogSource, LogReplaySource, GenSource, ReceivingSource)}
-_REGISTERED: set[int] = set()
-_REG_LOCK = threading.Lock()
-
-
-def register_sources(spark: Any) -> None:
-    """Register lowtide's Python data sources with ``spark`` (once per session)."""
-    with _REG_LOCK:
-        if id(spark) in _REGISTERED:
-            return
-        for ds in (LogSource, LogReplaySource, GenSource, TrackedSink, ClockSource,
-                   ReceivingSource):
-            spark.dataSource.register(ds)
-        _REGISTERED.add(id(spark))
 
 
 @dataclass(frozen=True)
@@ -337,7 +321,7 @@ class Pipeline:
             fmt = FORMAT
         # the schema given: Spark would start a Python process to ask the source for it
         # (seconds of a query's start-up on a busy machine)
-        schema = _SOURCES[fmt](opts).schema()
+        schema = source_schema(fmt, opts)
         return self.spark.readStream.format(fmt).options(**opts).schema(schema).load()
 
     def _start(self, stream: Stream, sink: tuple[Any, ...], sink_name: str, checkpoint: str,
