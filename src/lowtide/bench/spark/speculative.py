@@ -33,6 +33,7 @@ import json
 import tempfile
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ import numpy as np
 from lowtide.bench.spark.measure import BenchConfig, Measured, _spec, session
 from lowtide.core.time import TimeGrid
 from lowtide.spark.operators import ROCKSDB
-from lowtide.spark.pipeline import Pipeline, register_sources
+from lowtide.spark.pipeline import Pipeline, register_sources, stop_between_batches
 from lowtide.spark.sinks import apply_changelog, finals
 from lowtide.spark.sources import GeneratorSpec, label_ms, rows_before
 
@@ -74,7 +75,11 @@ class Arrivals:
         return float(self.frames[0]["arrived_ms"].iloc[0])
 
     def __call__(self, df: Any, batch_id: int) -> None:
-        rows = df.toPandas()
+        with warnings.catch_warnings():
+            # a batch the query's stop cancels fails here; PySpark would first print
+            # the JVM's stack trace as a UserWarning
+            warnings.simplefilter("ignore", UserWarning)
+            rows = df.toPandas()
         if len(rows):
             rows["arrived_ms"] = time.time() * 1000
             with self._lock:
@@ -166,7 +171,7 @@ def run_spark(spark: Any, seconds: float, workdir: str) -> tuple[Any, int]:
         first = sink.first_ms(query)
         time.sleep((WARMUP_MS + LAG_MS) / 1000 + seconds + 3)
     finally:
-        query.stop()
+        stop_between_batches(query)
     rows = sink.rows()
     return rows[rows["end_ms"] >= first + WARMUP_MS], t0
 
