@@ -15,7 +15,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -31,22 +30,12 @@ from lowtide.spark.sources.joins import release_join, request_join, start_times
 from lowtide.spark.sources.read_stream import Labels
 from lowtide.spark.tracking import AckAccumulator
 from lowtide.spark.tracking.transport import TrackerRef, connect
+from tests.spark.sources.helpers import segment, stop_producer, wait_for
 
 pytestmark = pytest.mark.socket
 GRID = TimeGrid(delta_ms=10)
 GRAPH = SegmentGraph.of(("in_a", ()), ("sink_a", ("in_a",)))
 LATE = [("in_b", ()), ("sink_b", ("in_b",))]
-
-
-def segment(svc: Any, name: str) -> dict[str, Any]:
-    return next(s for s in svc.status()["segments"] if s["segment"] == name)
-
-
-def wait_for(check: Any, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 def now_slot() -> int:
@@ -195,10 +184,4 @@ def test_a_kafka_producer_killed_while_a_query_attaches_is_never_premature(
                          and segment(svc, "in_b")["min_time"] > start)
                 assert not svc.status()["stuck"]
         finally:
-            if producer.poll() is None:
-                producer.kill()
-                producer.wait()
-            if successor is not None:
-                successor.close()
-            agent.close()
-            connect(ref).close()
+            stop_producer(producer, successor, agent, ref)
