@@ -158,16 +158,18 @@ NEEDS_DELTA = ("the shared Spark session has no Delta Lake: give tests/conftest.
                "SessionConfig(delta=True, kafka=True)'s spark.jars and extensions")
 
 
-def kafka_labelled(spark: Any, bootstrap: str, topic: str, extra: tuple[str, ...] = ()) -> Any:
+def kafka_labelled(spark: Any, bootstrap: str, topic: str, extra: tuple[str, ...] = (),
+                   front: bool = False) -> Any:
     """The topic's records: the JSON fields, ``extra`` Kafka columns (e.g. ``offset``),
-    and the labels from the headers."""
+    and the labels from the headers (``front``: and ``lt_front``)."""
     raw = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
            .option("subscribe", topic).option("startingOffsets", "earliest")
            .option("includeHeaders", "true").load())
     labels = [f"{expr} AS {name}" for name, expr in KAFKA_HEADER_EXPRS.items()]
     return (raw.selectExpr("from_json(CAST(value AS STRING), 'k string, v long') AS r",
                            *extra, *labels)
-            .selectExpr("r.k AS k", "r.v AS v", *extra, "lt_time", "lt_ack"))
+            .selectExpr("r.k AS k", "r.v AS v", *extra, "lt_time", "lt_ack",
+                        *(["lt_front"] if front else [])))
 
 
 def kafka_fronts(pipe: Any, bootstrap: str, topic: str, partitions: int,
@@ -226,6 +228,32 @@ def consume(agent: Agent, times: np.ndarray, acks: np.ndarray) -> None:
     agent.send_batch(BatchKey("consumer", batch, "src", 0), first)
     agent.send_batch(BatchKey("consumer", batch, "sink", 0),
                      AckBatch.from_columns(1, times, child, -1))
+
+
+def segment(svc: Any, name: str) -> dict[str, Any]:
+    """A tracker service's status of one segment."""
+    return next(s for s in svc.status()["segments"] if s["segment"] == name)
+
+
+def wait_for(check: Any, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def stop_producer(producer: Any, successor: Any, agent: Any, ref: Any) -> None:
+    """Kill a producer process (by its pid) if it still runs, close its successor
+    front, the agent and the ref's cached agent."""
+    from lowtide.spark.tracking.transport import connect
+
+    if producer.poll() is None:
+        producer.kill()
+        producer.wait()
+    if successor is not None:
+        successor.close()
+    agent.close()
+    connect(ref).close()
 
 
 def wait_for_min(agent: Agent, segment: int, above: int, timeout_s: float = 20) -> int:

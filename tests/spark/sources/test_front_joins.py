@@ -13,7 +13,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -26,15 +25,12 @@ from lowtide.spark.sources.log_source import FrontPartition, read_log_partition
 from lowtide.spark.sources.retention import register_consumer, release_consumer
 from lowtide.spark.tracking import AckAccumulator
 from lowtide.spark.tracking.transport import TrackerRef, connect
+from tests.spark.sources.helpers import segment, stop_producer, wait_for
 
 pytestmark = pytest.mark.socket
 GRID = TimeGrid(delta_ms=10)
 GRAPH = SegmentGraph.of(("ingest", ()), ("sink", ("ingest",)))
 LATE = [("ingest_x", ()), ("sink_x", ("ingest_x",))]
-
-
-def segment(svc: Any, name: str) -> dict[str, Any]:
-    return next(s for s in svc.status()["segments"] if s["segment"] == name)
 
 
 def consume(agent: Agent, log: Path, front: int, start: int, end: int) -> int:
@@ -46,13 +42,6 @@ def consume(agent: Agent, log: Path, front: int, start: int, end: int) -> int:
     agent.add_acks(acc.build(GRID.window_slots))
     agent.flush()
     return int(times.max())
-
-
-def wait_for(check: Any, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 def test_a_running_front_joins_a_consumer_attached_to_its_log(tmp_path: Path) -> None:
@@ -169,13 +158,7 @@ def test_a_front_killed_while_a_consumer_attaches_is_never_premature(
             joins = json.loads((log / "joins" / "ingest_x" / "f0.json").read_text())
             assert joins["offset"] == start and joins["front_id"] == 1 << 32
         finally:
-            if producer.poll() is None:
-                producer.kill()
-                producer.wait()
-            if successor is not None:
-                successor.close()
-            agent.close()
-            connect(ref).close()
+            stop_producer(producer, successor, agent, ref)
 
 
 def test_a_consumer_reads_each_front_from_its_answer_and_waits_for_the_others(

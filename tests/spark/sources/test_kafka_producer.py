@@ -159,6 +159,7 @@ def test_records_that_failed_are_produced_again_with_the_same_labels() -> None:
     assert [v for v, _h in flaky.written] == [b"a", b"b"]
     labels = [dict(h)["lt_ack"] for _v, h in flaky.written]
     assert [parse_header(x) for x in labels] == batch.acks.tolist()
+    assert [parse_header(dict(h)["lt_front"]) for _v, h in flaky.written] == [6, 6]
     assert front.status()["written"] == 2 and front.status()["in_flight"] == 0
 
 

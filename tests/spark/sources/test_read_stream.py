@@ -101,6 +101,8 @@ def test_entry_errors_are_one_line_where_described(spark, tmp_path: Path) -> Non
         pipe.read_stream(text)
     renamed = spark.readStream.schema("t long, a long, k string").parquet(str(tmp_path))
     assert pipe.read_stream(renamed, time="t", ack="a").segment_names() == ["ingest", "sink"]
+    with pytest.raises(NotLabelled, match=r"joins_dir= needs .* 'lt_front'"):
+        pipe.read_stream(renamed, time="t", ack="a", joins_dir=str(tmp_path / "joins"))
 
 
 def keep_all(b: Any) -> Any:

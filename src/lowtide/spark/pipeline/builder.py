@@ -66,9 +66,10 @@ from lowtide.spark.pipeline.step_plans import (
 from lowtide.spark.pipeline.stream import Stream
 from lowtide.spark.sinks import TrackedForeachBatch
 from lowtide.spark.sources.generator import GeneratorSpec
+from lowtide.spark.sources.joins import release_join
 from lowtide.spark.sources.log_replay import RANGE_OPTION
 from lowtide.spark.sources.log_source import parse_fronts
-from lowtide.spark.sources.read_stream import EntrySpec, check_labelled
+from lowtide.spark.sources.read_stream import check_labelled, entry_of
 from lowtide.spark.sources.retention import release_consumer
 from lowtide.spark.tracking.transport import TrackerRef
 
@@ -212,10 +213,13 @@ class Pipeline:
         self._queries = [q for q in self._queries if q is not query]
         keep = {n for q in self._queries for n in q.graph.names}
         gone = [n for n in query.graph.names if n not in keep]
-        released = [src for src in self._sources
-                    if src.kind == "log" and source_key(src) in gone]
+        released = [src for src in self._sources if source_key(src) in gone
+                    and (src.kind == "log" or src.options.get("joins_dir"))]
         for src in released:  # first: its fronts leave its segment before it is detached
-            release_consumer(src.options["path"], source_key(src))
+            if src.kind == "log":
+                release_consumer(src.options["path"], source_key(src))
+            else:
+                release_join(src.options["joins_dir"], source_key(src))
         reports = self.tracker.detach(gone, [source_key(src) for src in released])
         self._graph = self.tracker.graph
         return reports
@@ -279,8 +283,7 @@ class Pipeline:
             # the entry is a tracked Arrow step: the tracked steps after it share its task
             src = stream.source
             df = src.frame
-            steps.insert(0, EntrySpec(source_key(src), src.options["time_col"],
-                                      src.options["ack_col"]))
+            steps.insert(0, entry_of(source_key(src), src.options))
         elif stream.source is not None:
             df = self._read(stream.source, to)
         elif steps and isinstance(steps[0], JoinSpec):
@@ -424,7 +427,7 @@ class Pipeline:
 
     def read_stream(self, df: Any, *, time: str = "lt_time", ack: str = "lt_ack",
                     name: str = "ingest", fronts: list[int] | None = None,
-                    retire_after_ms: int | None = None) -> Stream:
+                    retire_after_ms: int | None = None, joins_dir: str | None = None) -> Stream:
         """A streaming DataFrame from any Spark source (Kafka, files, a Delta table)
         whose rows carry a front's labels (``time``: slot, ``ack``: root ack) as a
         tracked stream; ``name`` is its ingest segment, the one its fronts feed. See
@@ -435,8 +438,13 @@ class Pipeline:
         times wait for each until it registers, so a producer that starts late is
         not refused as behind (its records would be lost); ``retire_after_ms``: stop
         waiting for one that has not registered by then (None: wait until
-        ``pipe.tracker.agent.retire_front(id, owner="lowtide-pipeline:<name>")``)."""
-        check_labelled(df, time, ack)
+        ``pipe.tracker.agent.retire_front(id, owner="lowtide-pipeline:<name>")``);
+        ``joins_dir``: a directory shared with the producers' fronts (their
+        ``joins_dir``): a query attached while they run is joined by each (no restart)
+        and reads its records from there on (a column ``lt_front`` names each record's
+        front)."""
+        check_labelled(df, time, ack, joins=joins_dir is not None)
         declared = None if fronts is None else DeclaredFronts(tuple(fronts), retire_after_ms)
-        return self._set_source(SourceSpec("frame", name, {"time_col": time, "ack_col": ack},
-                                           frame=df, fronts=declared))
+        opts = {"time_col": time, "ack_col": ack,
+                **({"joins_dir": joins_dir} if joins_dir else {})}
+        return self._set_source(SourceSpec("frame", name, opts, frame=df, fronts=declared))

@@ -46,7 +46,9 @@ the clock (:mod:`~lowtide.spark.sources.lateness` for the late policies). Severa
 consumers (``segment=("ingest_a", "ingest_b")``): each record is one copy per consumer
 segment, sent into each; the front registers there as ``front + k * CONSUMER_STRIDE``.
 A front with an ingest log also joins a consumer attached to its log while it runs,
-and leaves a detached one (:mod:`~lowtide.spark.sources.front_feeds`).
+and leaves a detached one (:mod:`~lowtide.spark.sources.front_feeds`); so does a front
+without one given ``joins_dir``, a directory it shares with the queries of its Kafka
+topic (``Pipeline.read_stream(..., joins_dir=)``).
 """
 
 from __future__ import annotations
@@ -109,7 +111,9 @@ class Front:
     ``start_ms`` (event time): register at this time now, instead of at the first
     batch's earliest time (records below it are late); ``confirm_timeout_s``: how long
     :meth:`label` waits for the tracker's confirmation (then TimeoutError: do not write
-    the batch, its records show as missing).
+    the batch, its records show as missing); ``joins_dir`` (no ingest log): a directory
+    shared with the queries of the front's topic, through which it joins a query
+    attached while it runs (see the module docstring).
     """
 
     def __init__(
@@ -133,6 +137,7 @@ class Front:
         owner: str | None = None,
         max_ahead_ms: int | None = MAX_AHEAD_MS,
         confirm_timeout_s: float = 30.0,
+        joins_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         segments = (segment,) if isinstance(segment, str) else tuple(segment)
         if not segments:
@@ -145,7 +150,10 @@ class Front:
         self.owner = owner or default_owner(log_dir)
         if max_ahead_ms is not None and max_ahead_ms < 0:
             raise ValueError("max_ahead_ms must be >= 0 (None: no clock check)")
-        self._connect(tracker, grid, segments, log_dir)
+        if log_dir is not None and joins_dir is not None:
+            raise ValueError("a front with an ingest log follows joins in its log "
+                             "directory: pass joins_dir only with log_dir=None")
+        self._connect(tracker, grid, segments, log_dir if log_dir is not None else joins_dir)
         self._ahead_slots = None if max_ahead_ms is None else self.grid.slot_of(max_ahead_ms)
         self._clock = clock or SystemClock()
         self._late = LatePolicy(late, self.grid.slot_of(lag_ms) if lag_ms else 0)
@@ -162,10 +170,10 @@ class Front:
         self._late_sent, self._late_due = (0, 0, 0, 0), 0.0  # the last late report
         self._closed = False
         self._follow_due, self._follow_error = 0.0, ""
+        last = self._writer.last_time if self._writer is not None else -1
+        start = max(last, self._now_slot())
+        self._feeds.answer_given(self._next_seq, start)
         if time_from is None:
-            last = self._writer.last_time if self._writer is not None else -1
-            start = max(last, self._now_slot())
-            self._feeds.answer_given(self._next_seq, start)
             self._register(start)
         elif start_ms is not None:
             self._register(self.grid.slot_of(start_ms))
@@ -179,7 +187,7 @@ class Front:
             self._thread.start()
 
     def _connect(self, tracker: TrackerRef | AgentLike, grid: TimeGrid | None,
-                 segments: tuple[str, ...], log_dir: str | os.PathLike[str] | None) -> None:
+                 segments: tuple[str, ...], joins_dir: str | os.PathLike[str] | None) -> None:
         if isinstance(tracker, TrackerRef):  # its agent's handshake checks the grid
             self._agent, self.grid = connect(tracker), grid or tracker.grid
         else:  # the tracker's grid, as the agent's handshake learnt it
@@ -192,7 +200,7 @@ class Front:
             tracker, "graph", None)
         if graph is None:
             raise TypeError("pass a TrackerRef, or an agent with a .graph")
-        self._feeds = Feeds(self.front, self._agent, graph, segments, log_dir)
+        self._feeds = Feeds(self.front, self._agent, graph, segments, joins_dir)
 
     def _open_log(self, log_dir: str | os.PathLike[str], fsync: str,
                   rotate_bytes: int | None) -> IngestWriter:
@@ -268,8 +276,9 @@ class Front:
         self._next_seq += k
         if k:
             acc = AckAccumulator()
-            for feed in self._feeds.items:
-                acc.add(feed.cell, times, acks, +1)
+            for feed in self._feeds.items:  # a joined consumer: from where it joined
+                at = times >= feed.floor
+                acc.add(feed.cell, times[at], acks[at], +1)
             self._agent.add_acks(acc.build(self.grid.window_slots))
             self._max_label = max(self._max_label, int(times.max()))
             if self.confirm:
@@ -347,7 +356,7 @@ class Front:
     def heartbeat(self) -> int:
         """Promise: no record with a slot below the returned one will follow (and
         report the late counts to the tracker when they changed)."""
-        if self._writer is not None and _time.monotonic() >= self._follow_due:
+        if self._feeds.follows and _time.monotonic() >= self._follow_due:
             self._follow_due = _time.monotonic() + FOLLOW_EVERY_S
             try:
                 self.follow_consumers()

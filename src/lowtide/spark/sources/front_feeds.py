@@ -8,10 +8,11 @@ an ingest log follows the log directory's join requests
 takes the tracker's current graph generation (the consumer's segment was attached
 there, rule 16), registers on the segment at a time ``t`` above every label it gave so
 far (and at or above the segment's min time), answers ``(next offset, t, front id)``
-once and only then labels on, each later record acked into the new segment too. The
-consumer reads the front from that offset: the front's acks and the consumer's reads
-are the same records (rule 5). A consumer whose answer was removed (released) is left:
-the front unregisters there and sends it nothing more.
+once and only then labels on, each later record labelled at or above ``t`` acked into
+the new segment too. The consumer reads the front from that offset (a log) or its
+records labelled at or above ``t`` (a topic, ``joins_dir``): the front's acks and the
+consumer's reads are the same records (rule 5). A consumer whose answer was removed
+(released) is left: the front unregisters there and sends it nothing more.
 """
 
 from __future__ import annotations
@@ -56,11 +57,13 @@ class Feed:
 
 
 class Feeds:
-    """The consumer segments of front ``front`` (a log front also follows joins)."""
+    """The consumer segments of front ``front``; with a joins directory (its ingest
+    log's, or a ``joins_dir`` it shares with the queries of a topic) it also follows
+    joins."""
 
     def __init__(self, front: int, agent: AgentLike, graph: Any, segments: tuple[str, ...],
-                 log_dir: str | os.PathLike[str] | None) -> None:
-        self.front, self._agent, self._log_dir = front, agent, log_dir
+                 joins_dir: str | os.PathLike[str] | None) -> None:
+        self.front, self._agent, self._log_dir = front, agent, joins_dir
         self.items = [Feed(s, fid, front_cell(graph, s, fid))
                       for k, s in enumerate(segments)
                       for fid in [front + k * CONSUMER_STRIDE]]
@@ -68,6 +71,11 @@ class Feeds:
     @property
     def segments(self) -> tuple[str, ...]:
         return tuple(f.segment for f in self.items)
+
+    @property
+    def follows(self) -> bool:
+        """Whether the front follows joins (it has a joins directory)."""
+        return self._log_dir is not None
 
     @property
     def front_ids(self) -> list[int]:
@@ -122,6 +130,9 @@ class Feeds:
             if feed.segment not in answered:
                 record_join(self._log_dir, feed.segment, front=self.front,
                             join=Join(first.offset, first.time, feed.front_id))
+            # only records at or above its answer's time go into it (a topic's reader
+            # keeps those of this front)
+            feed.floor = answered[feed.segment].time if feed.segment in answered else first.time
         requested = join_requests(self._log_dir)
         graph = self._graph_with(*[s for s in answered if s in requested])
         for segment, join in answered.items():

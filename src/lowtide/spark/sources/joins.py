@@ -14,6 +14,12 @@ answered for some segment and not for a consumer's has not joined it yet: the co
 waits for it. A log whose front never answered anything (written by an older producer or
 by hand) is read from its start, as before.
 
+A Kafka topic has no per-front offsets a reader could cut at: its producers' fronts and
+its queries share a directory (``joins_dir=``) and the same files, and the reader keeps
+each front's records (header ``lt_front``) labelled at or after its answer's time
+(:func:`start_times`): the front labels every record it sends into the segment at or
+above that time, and every earlier one below it.
+
 :func:`release_join` (a detached consumer, rule 16) removes the request and the answers:
 the fronts stop sending into its segment.
 
@@ -26,6 +32,8 @@ the fronts stop sending into its segment.
 >>> record_join(d, "late", front=0, join=Join(offset=42, time=900, front_id=1 << 32))
 >>> start_offsets(d, "late", [0, 1]), join_requests(d)
 ({0: 42, 1: 0}, {'late': 'late'})
+>>> start_times(d, "late", [0, 1])      # a shared topic's reader keeps lt_time >= these
+{0: 900, 1: -1}
 >>> release_join(d, "late"); start_offsets(d, "late", [0])
 {0: None}
 """
@@ -39,7 +47,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 __all__ = ["Join", "answers_of", "join_requests", "record_join", "release_join",
-           "request_join", "start_offsets"]
+           "request_join", "start_offsets", "start_times"]
 
 JOINS = "joins"
 
@@ -113,19 +121,33 @@ def answers_of(directory: str | os.PathLike[str], front: int) -> dict[str, Join]
     return out
 
 
-def start_offsets(directory: str | os.PathLike[str], segment: str,
-                  fronts: list[int]) -> dict[int, int | None]:
-    """Per front, the first offset ``segment``'s consumer reads (None: the front feeds
-    other consumers and has not joined this one yet: wait)."""
+def _starts(directory: str | os.PathLike[str], segment: str, fronts: list[int],
+            field: str, never_answered: int) -> dict[int, int | None]:
     folder = _folder(directory)
     out: dict[int, int | None] = {}
     for front in fronts:
         path = folder / segment / f"f{front}.json"
         if path.exists():
-            out[front] = int(json.loads(path.read_text())["offset"])
+            out[front] = int(json.loads(path.read_text())[field])
         else:
-            out[front] = None if any(folder.glob(f"*/f{front}.json")) else 0
+            out[front] = None if any(folder.glob(f"*/f{front}.json")) else never_answered
     return out
+
+
+def start_offsets(directory: str | os.PathLike[str], segment: str,
+                  fronts: list[int]) -> dict[int, int | None]:
+    """Per front, the first offset ``segment``'s consumer reads (None: the front feeds
+    other consumers and has not joined this one yet: wait)."""
+    return _starts(directory, segment, fronts, "offset", 0)
+
+
+def start_times(directory: str | os.PathLike[str], segment: str,
+                fronts: list[int]) -> dict[int, int | None]:
+    """Per front, the first label time ``segment``'s consumer reads (a reader of a
+    shared topic keeps the front's records at or after it; None: the front has not
+    joined this consumer yet, none of its records so far are for it; -1: a front that
+    never answered anything, all of its records are)."""
+    return _starts(directory, segment, fronts, "time", -1)
 
 
 def release_join(directory: str | os.PathLike[str], segment: str) -> None:

@@ -3,7 +3,7 @@
 ``KafkaProducerConfig(topic, bootstrap).build(front).send(records)``:
 
 1. ``front.label(records)``: labels, and the send-acks go to the tracker first;
-2. each record is produced with headers ``lt_time``/``lt_ack`` (the contract:
+2. each record is produced with headers ``lt_time``/``lt_ack``/``lt_front`` (the contract:
    :mod:`lowtide.spark.sources.labels`); bytes are the value as given, table rows
    become one JSON object each (label fields included);
 3. the producer waits for the broker's delivery reports; records that failed are
@@ -33,7 +33,7 @@ from typing import Any
 from lowtide.core.errors import LowtideError
 from lowtide.spark.sources import records as rec
 from lowtide.spark.sources.front import Front, Labelled
-from lowtide.spark.sources.labels import ACK_COLUMN, TIME_COLUMN, header_value
+from lowtide.spark.sources.labels import ACK_COLUMN, FRONT_COLUMN, TIME_COLUMN, header_value
 
 __all__ = ["KAFKA_CLIENT_LOGGER", "DeliveryFailed", "KafkaFrontProducer",
            "KafkaProducerConfig", "row_values"]
@@ -114,8 +114,9 @@ class KafkaFrontProducer:
         # t" maps to offsets (offsets_for_times); event times stay out of the broker's
         # time-based retention (old events would be deleted on arrival)
         delta_ms = self.front.grid.delta_ms if self.front.time_from is None else 0
+        front = (FRONT_COLUMN, header_value(self.front.front))
         for key, value, t, a in zip(keys, values, batch.times, batch.acks, strict=True):
-            headers = [(TIME_COLUMN, header_value(t)), (ACK_COLUMN, header_value(a))]
+            headers = [(TIME_COLUMN, header_value(t)), (ACK_COLUMN, header_value(a)), front]
             yield key, value, headers, int(t) * delta_ms
 
     def _deliver(self, messages: list[Any]) -> list[Any]:

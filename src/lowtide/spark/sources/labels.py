@@ -23,12 +23,16 @@ exactly once per record (across task retries and restarts).
 Where the labels travel:
 
 * Kafka: as record **headers** ``lt_time`` and ``lt_ack``, each the ASCII decimal of
-  the signed int64 (e.g. ``b"-6917529027641081856"``). Headers leave any payload
-  alone (bytes, JSON, Avro). Spark's Kafka source reads them with
+  the signed int64 (e.g. ``b"-6917529027641081856"``), and ``lt_front``, the id of
+  the front that labelled it (so a query attached to a topic while its producers run
+  can keep each front's records from where that front joined it; records of older
+  producers lack it: they belong to the fronts a query was started with). Headers
+  leave any payload alone (bytes, JSON, Avro). Spark's Kafka source reads them with
   ``.option("includeHeaders", "true")`` and the expressions :data:`KAFKA_HEADER_EXPRS`
-  (``CAST(CAST(value AS STRING) AS BIGINT)``). When the records are table rows, the
-  producer writes each row as a JSON object that carries ``lt_time`` and ``lt_ack`` as
-  fields too, so ``from_json`` on the value is an equivalent way in.
+  (``CAST(CAST(value AS STRING) AS BIGINT)``; a missing header is null). When the
+  records are table rows, the producer writes each row as a JSON object that carries
+  ``lt_time`` and ``lt_ack`` as fields too, so ``from_json`` on the value is an
+  equivalent way in.
 * Files (JSON lines, Parquet): as int64 **columns** ``lt_time`` and ``lt_ack``.
 
 >>> import numpy as np
@@ -51,6 +55,7 @@ import numpy.typing as npt
 
 __all__ = [
     "ACK_COLUMN",
+    "FRONT_COLUMN",
     "KAFKA_HEADER_EXPRS",
     "LABEL_COLUMNS",
     "TIME_COLUMN",
@@ -63,6 +68,7 @@ __all__ = [
 TIME_COLUMN = "lt_time"
 ACK_COLUMN = "lt_ack"
 LABEL_COLUMNS = (TIME_COLUMN, ACK_COLUMN)
+FRONT_COLUMN = "lt_front"
 
 
 def _header_expr(name: str) -> str:
@@ -71,9 +77,9 @@ def _header_expr(name: str) -> str:
 
 
 #: Spark SQL expressions that turn the Kafka source's ``headers`` column (with
-#: ``includeHeaders``) into the label columns: ``df.selectExpr("*", *(f"{e} AS {c}" for
-#: c, e in KAFKA_HEADER_EXPRS.items()))``.
-KAFKA_HEADER_EXPRS = {name: _header_expr(name) for name in LABEL_COLUMNS}
+#: ``includeHeaders``) into the label columns and ``lt_front``: ``df.selectExpr("*",
+#: *(f"{e} AS {c}" for c, e in KAFKA_HEADER_EXPRS.items()))``.
+KAFKA_HEADER_EXPRS = {name: _header_expr(name) for name in (*LABEL_COLUMNS, FRONT_COLUMN)}
 
 
 def as_label(acks: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
