@@ -31,6 +31,7 @@ def flights_slice(folder: Path) -> int:
     return len(df)
 
 
+@pytest.mark.slow  # ~22 s; the demo by default: tests/apps/test_demo.py
 def test_demo_input_on_flights(spark, capsys, tmp_path: Path) -> None:
     rows = flights_slice(tmp_path)
     parser = argparse.ArgumentParser()

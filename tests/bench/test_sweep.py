@@ -14,6 +14,7 @@ from lowtide.bench import sweep
 pytestmark = pytest.mark.spark
 
 
+@pytest.mark.slow  # ~23 s; the demo's windows against the batch by default: test_demo.py
 def test_sweep_counts_add_up(spark, tmp_path: Path) -> None:
     cfg = sweep.SweepConfig(delays_ms=(300, 15_000), seconds=15.0, lag_ms=12_000)
     result = sweep.sweep(spark, cfg, keep_dir=str(tmp_path))

@@ -148,6 +148,7 @@ def batch_windows(rows: pd.DataFrame) -> pd.DataFrame:
             .agg(n=("seq", "size"), total=("seq", "sum")).reset_index())
 
 
+@pytest.mark.slow  # ~30 s; key ranges e2e by default: test_a_range_is_emitted_before_...
 def test_ranges_through_where_and_map_emit_early_and_equal_batch(spark, tmp_path: Path) -> None:
     spec = GeneratorSpec(fronts=4, rate=160.0, payload_bytes=4, lag_ms={3: 20_000})
     pipe = lowtide.Pipeline(spark, "win-ranges-steps", grid=GRID, stuck_after_ms=STUCK_MS)

@@ -136,6 +136,7 @@ def test_a_retry_loop_with_a_lagging_front_and_task_failures_equals_batch(
     check_against_batch(results, spec, t0, final, policy)
 
 
+@pytest.mark.slow  # ~16 s; a retry loop restarted by default: tests/bench/test_chaos_retry.py
 def test_a_restart_from_the_checkpoint_mid_loop_loses_and_repeats_no_retry(
         spark, tmp_path: Path) -> None:
     spec = GeneratorSpec(fronts=2, rate=200.0, payload_bytes=4, lag_ms={1: 500})

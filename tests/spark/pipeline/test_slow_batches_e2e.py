@@ -55,6 +55,7 @@ class Sampler:
         self._thread.join()
 
 
+@pytest.mark.slow  # ~27 s; slow batches by default: chaos "slow batch" (tests/bench/test_chaos.py)
 def test_slow_batches_are_waiting_never_missing(spark: Any, tmp_path: Path) -> None:
     ingest, out, ckpt = tmp_path / "ingest", tmp_path / "out", str(tmp_path / "ckpt")
     pipe = lowtide.Pipeline(spark, "slow", grid=GRID, stuck_after_ms=STUCK_AFTER_MS)
