@@ -124,6 +124,7 @@ def describe(pipe: Any, spec: GeneratorSpec, policy: lowtide.RetryPolicy,
                  hi=("amount", "max"), avg=("amount", "mean")))
 
 
+@pytest.mark.slow  # ~17 s; a retry loop under a task failure by default: test_chaos_retry.py
 def test_a_retry_loop_with_a_lagging_front_and_task_failures_equals_batch(
         spark, tmp_path: Path) -> None:
     spec = GeneratorSpec(fronts=2, rate=200.0, payload_bytes=4, lag_ms={1: 800})

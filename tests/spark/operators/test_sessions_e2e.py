@@ -90,7 +90,9 @@ def failing(stream: Any, step: Any) -> Any:
         lambda df: df.mapInArrow(after, df.schema))
 
 
-@pytest.mark.parametrize("per_row", [False, True], ids=["fixed", "per_row"])
+# ~12-14 s each: per-row gaps in the slow tier
+@pytest.mark.parametrize("per_row", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["fixed", "per_row"])
 def test_session_windows_equal_sparks_batch_sessions(spark, tmp_path: Path,
                                                      per_row: bool) -> None:
     """Per row: front 0's rows have a 50 ms gap, the others' 100 ms (given as strings,
