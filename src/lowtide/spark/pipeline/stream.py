@@ -321,9 +321,7 @@ class Stream:
 
     def ends_in_operator(self) -> bool:
         """Is the last step a tracked Arrow step (whose rows reach the sink unchanged)?"""
-        if not self.steps:
-            return False
-        last = self.steps[-1]
+        last = self.steps[-1] if self.steps else None
         return isinstance(last, OpSpec) or (isinstance(last, FrameSpec) and last.tracked)
 
     def repartition(self, n: int) -> Stream:

@@ -17,6 +17,7 @@ consumer's reads are the same records (rule 5). A consumer whose answer was remo
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from dataclasses import dataclass
@@ -186,11 +187,10 @@ class Feeds:
     def _leave(self, feed: Feed, owner: str) -> None:
         self.items.remove(feed)
         unregister = getattr(self._agent, "unregister_front", None)
-        try:
+        # its segment may be detached first: then its fronts are gone already
+        with contextlib.suppress(LowtideError):
             if unregister is not None:
                 unregister(feed.front_id, owner=owner)
-        except LowtideError:  # its segment was detached first: its fronts are gone
-            pass
         log.info("front left a released consumer",
                  extra={"front": self.front, "segment": feed.segment})
 
