@@ -1,9 +1,9 @@
-"""``lowtide demo`` on the shared SparkSession: lowtide drops nothing and matches the
-batch recomputation; both queries and the batch recomputation see the same events."""
+"""``lowtide demo``, run as a user runs it (its own process): its output is clean (no
+stack trace, no Spark ERROR line), lowtide drops nothing and matches the batch
+recomputation, and both queries and the batch recomputation see the same events."""
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from lowtide.apps import demo
+from tests.cli.test_clean_spark_output import run_clean
 
 pytestmark = pytest.mark.spark
 
@@ -27,14 +28,10 @@ def as_set(events) -> set[tuple[int, int, int]]:
                    events["event_ms"].tolist(), strict=True))
 
 
-def test_demo_json_line(spark, capsys, tmp_path: Path) -> None:
-    parser = argparse.ArgumentParser()
-    demo.add_arguments(parser)
-    args = parser.parse_args(["--seconds", "12", "--fronts", "4", "--lag-ms", "7000",
-                              "--watermark-ms", "200", "--json", "--dir", str(tmp_path)])
-    doc = demo.run(spark, args)
-    line = capsys.readouterr().out.strip().splitlines()[-1]
-    assert json.loads(line) == doc
+def test_demo_is_clean_and_its_json_line_says_where_the_time_goes(tmp_path: Path) -> None:
+    out = run_clean("demo", "--seconds", "12", "--fronts", "4", "--lag-ms", "7000",
+                    "--rate", "400", "--watermark-ms", "200", "--json", "--dir", str(tmp_path))
+    doc = json.loads(out.strip().splitlines()[-1])
     assert doc["bench"] == "demo"
     assert doc["matches_batch"] is True and doc["same_events"] is True
     lt, wm = doc["lowtide"], doc["watermark"]
@@ -63,7 +60,7 @@ def test_demo_json_line(spark, capsys, tmp_path: Path) -> None:
 
     # what each query read (its checkpoint's offsets, its own t0) against the events
     # the batch recomputation uses (the spec's t0)
-    spec = demo.demo_spec(args.fronts, args.rate, args.lag_ms, doc["t0_ms"])
+    spec = demo.demo_spec(4, 400.0, 7000, doc["t0_ms"])
     lt_read, wm_read = (as_set(read_events(spec, str(tmp_path / ckpt)))
                         for ckpt in ("lt_ckpt", "wm_ckpt"))
     union = lt_read | wm_read
