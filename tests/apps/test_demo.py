@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from lowtide.apps import demo
-from tests.cli.test_clean_spark_output import run_clean
+from tests.cli.helpers import run_clean
 
 pytestmark = pytest.mark.spark
 

@@ -197,7 +197,7 @@ def _count_messages(sample: Sample, cfg: BenchConfig, done: dict[int, int], doc:
 
 def sharded_tracker(shards: int, timeout_s: float = 60.0) -> Any:
     """``lowtide serve --shards N`` on loopback (it adopts the first client's graph)."""
-    from lowtide.bench.service import serve_subprocess
+    from lowtide.bench.servers import serve_subprocess
 
     return serve_subprocess(["--shards", str(shards)], timeout_s)
 
