@@ -8,7 +8,9 @@ recomputation of what the fronts wrote, none emitted twice.
   0, 1 -> range 0; 2, 3 -> range 1);
 * any Spark source (``read_stream``, here Parquet files as a Kafka topic would be
   read, one producer per partition): the rows carry their front in ``front``, fronts
-  declared with ``read_stream(fronts=...)``, the default map ``front % 2``."""
+  declared with ``read_stream(fronts=...)``, the default map ``front % 2``;
+* a real Kafka topic of four partitions on the suite's broker, one ``Front`` and Kafka
+  producer per partition, Spark's Kafka source with ``front`` = the partition."""
 
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from lowtide.spark.sources.files_producer import FilesProducerConfig
 from lowtide.spark.sources.front import Front
 from lowtide.spark.sources.ingest import IngestReader
 from tests.spark.helpers import fail_once, parse_log_record, published
+from tests.spark.sources.helpers import kafka_labelled, needs_kafka_connector
 
 # ~1-1.5 min each under load: `make test-all` runs them; key ranges through steps and
 # after a generator are in make test (tests/spark/operators/test_key_ranges_e2e.py)
@@ -221,6 +224,70 @@ def write_files(fronts: list[Front], config: FilesProducerConfig, stop: threadin
             seq += 20
 
     threads = [threading.Thread(target=run, args=(f,), daemon=True) for f in fronts]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def test_kafka_partitions_feed_key_ranges(spark, kafka_broker, kafka_topic,
+                                          tmp_path: Path) -> None:
+    from lowtide.spark.sources.kafka_producer import KafkaProducerConfig
+
+    needs_kafka_connector(spark)
+    topic, out, ckpt = kafka_topic(len(RANGES)), tmp_path / "out", tmp_path / "ckpt"
+    pipe = lowtide.Pipeline(spark, "kafka-ranges", grid=GRID, stuck_after_ms=60_000)
+    df = kafka_labelled(spark, kafka_broker.bootstrap, topic, extra=("partition",))
+    df = df.withColumnRenamed("partition", "front")
+    after = fail_once(lambda b, p: b == 3)  # after the entry's acks, in its task
+    stream = (pipe.read_stream(df, fronts=list(RANGES))
+              .transform(lambda d: d.mapInArrow(after, d.schema))
+              .window("500 milliseconds", key="k", key_ranges=2, name="win").count())
+    stop, threads, fronts, producers = threading.Event(), [], [], []
+    written: list[pd.DataFrame] = []
+    query = None
+    try:
+        pipe.start_tracker(stream.graph())
+        fronts = [Front(None, f, pipe.tracker_ref, heartbeat_ms=20,
+                        clock=LaggingClock(LAG_MS) if f == 3 else None) for f in RANGES]
+        producers = [KafkaProducerConfig(topic, kafka_broker.bootstrap, partition=f.front)
+                     .build(f) for f in fronts]
+        threads = send_keyed(producers, stop, written)
+        query = stream.write_parquet(str(out), checkpoint=str(ckpt),
+                                     trigger="300 milliseconds")
+        ahead, _ = watch(pipe, query, out, lambda d: d["k"].str[1].astype(int) % 2 == 0)
+        final = finish(stop, threads, fronts, query)
+        fronts = []
+    finally:
+        stop.set()
+        for closable in (*producers, *fronts):
+            closable.close()
+        if query is not None:
+            query.stop()
+        pipe.close()
+    assert ahead, "no window of range 0 came out before range 1 reached it"
+    rows = pd.concat(written, ignore_index=True)
+    starts = window_starts(rows["lt_time"].to_numpy(), SIZE, SIZE)[:, 0]
+    assert_equals_batch(out, "k", rows.assign(start=starts).groupby(["k", "start"]).size(),
+                        final)
+
+
+def send_keyed(producers: list[Any], stop: threading.Event, written: list[pd.DataFrame]
+               ) -> list[threading.Thread]:
+    """10 records per partition every 200 ms; keys ``f<front>-<seq % 2>``: each key
+    comes from one front, so from one key range."""
+    lock = threading.Lock()
+
+    def run(producer: Any) -> None:
+        f, seq = producer.front.front, 0
+        while not stop.wait(0.2):
+            rows = pd.DataFrame({"k": [f"f{f}-{s % 2}" for s in range(seq, seq + 10)],
+                                 "v": np.arange(seq, seq + 10, dtype=np.int64)})
+            labelled = producer.send(rows)
+            with lock:
+                written.append(rows.assign(lt_time=labelled.times))
+            seq += 10
+
+    threads = [threading.Thread(target=run, args=(p,), daemon=True) for p in producers]
     for t in threads:
         t.start()
     return threads
