@@ -189,3 +189,16 @@ def test_a_new_front_starts_at_or_above_each_range_it_feeds_as_reported() -> Non
         only.register_front(RegisterFront(4, "src", 10))  # range 1 only, at 20
     only.register_front(RegisterFront(4, "src", 30))  # below range 0's 50: fine
     only.register_front(RegisterFront(3, "src", 50))
+
+
+def test_a_restarted_shard_keeps_each_range_s_released_floor() -> None:
+    """A restarted shard has reported nothing yet: its floor for a new front is what
+    the aggregator released for each range the front feeds (its snapshot's bases),
+    not the segment's, the minimum over the ranges."""
+    before = shard(0, n_shards=1, window_slots=1)
+    before.release(ShardRelease((20, 20, 50, 20)))  # src#0 announced at 50, src#1 at 20
+    restarted = shard(0, n_shards=1, window_slots=1)
+    restarted.tracker.restore(before.tracker.snapshot())
+    with pytest.raises(ProtocolError, match="below its segment's min time 50"):
+        restarted.register_front(RegisterFront(3, "src", 30))  # feeds range 0 too
+    restarted.register_front(RegisterFront(4, "src", 30))  # range 1 only
