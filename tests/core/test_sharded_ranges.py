@@ -27,12 +27,12 @@ from lowtide.core.messages import (
 from lowtide.core.sharding import (
     ShardAggregator,
     ShardLayout,
-    ShardRouter,
     TrackerShard,
     cell_names,
 )
 from lowtide.core.time import TimeGrid
 from lowtide.core.tracker import TrackerConfig
+from tests.core.helpers import one_shard_beside_central
 
 # src split into 2 key ranges: fronts 1 and 4 feed range 1 only, any other front every
 # range; sink is not split
@@ -136,29 +136,15 @@ def test_the_in_transit_cap_holds_every_range() -> None:
 
 
 def test_one_shard_with_key_ranges_behaves_like_a_central_tracker() -> None:
-    config = TrackerConfig(RANGED, grid=TimeGrid(window_slots=2))
-    central = config.build()
-    layout = ShardLayout(1, window_slots=2)
-    only = TrackerShard(config, layout, 0)
-    router = ShardRouter(layout, node=0)
-    agg = ShardAggregator(RANGED, 1)
-    for front in (1, 2):
-        central.register_front(RegisterFront(front, "src", 0))
-        only.register_front(RegisterFront(front, "src", 0))
     flushes = [  # range 0 moves on while a row of range 1 (front 1's) is in flight
         Flush(0, 1, acks((SRC0, 3, 0xA, 1), (SRC1, 4, 0xB, 1)), (Heartbeat(2, 9),)),
         Flush(0, 2, acks((SINK, 3, 0xA1, 1), (SRC0, 3, 0xA, -1)), (Heartbeat(1, 9),)),
         Flush(0, 3, acks((SINK, 3, 0xA1, -1), (SRC1, 4, 0xB, -1)), (Heartbeat(2, 14),)),
         Flush(0, 4, AckBatch.empty(), (Heartbeat(1, 12),)),
     ]
-    for flush in flushes:
-        central.receive_flush(flush)
-        for sf in router.route(flush):
-            only.receive(sf)
-        expected = central.step(0).updates
-        rep = only.step(0)
-        assert list(expected) == (agg.receive(rep) if rep is not None else [])
-        only.release(agg.release())
+    config = TrackerConfig(RANGED, grid=TimeGrid(window_slots=2))
+    fronts = [RegisterFront(front, "src", 0) for front in (1, 2)]
+    central, agg = one_shard_beside_central(config, fronts, flushes)
     assert agg.min_times() == central.min_times() == (12, 12)
     assert agg.range_min_times("src") == central.range_min_times("src") == (14, 12)
 
