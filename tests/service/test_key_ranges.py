@@ -18,6 +18,7 @@ from lowtide.core.graph import SegmentGraph, SegmentSpec
 from lowtide.core.messages import AckBatch
 from lowtide.service import Agent, BatchKey, TrackerService
 from lowtide.service.client.status import render
+from lowtide.service.deploy.standalone import read_graph
 from lowtide.service.web.view import view_document
 from lowtide.wire.messages import graph_spec
 from tests.service.procs import serve
@@ -75,13 +76,12 @@ def test_status_metrics_and_view_show_a_min_time_per_key_range() -> None:
 
 
 def test_a_sharded_service_combines_shows_and_serves_each_key_range(tmp_path: Path) -> None:
-    """`lowtide serve --shards 2`: each range's min time is the minimum over both
-    shards (slot 50 is shard 0's, 51 shard 1's), announced to a range's subscribers,
-    asked by `min_time_at`, and shown by the status, `lowtide status`, the metrics and
-    the web view, as one tracker shows them."""
-    graph_file = tmp_path / "graph.json"
-    graph_file.write_text(json.dumps(graph_spec(RANGED)))
-    args = ("--graph", str(graph_file), "--shards", "2", "--metrics-port", "0", "--web-port", "0")
+    """`lowtide serve --shards 2`, adopting the agent's graph (as a Spark pipeline's
+    remote tracker does): each range's min time is the minimum over both shards (slot
+    50 is shard 0's, 51 shard 1's), announced to a range's subscribers, asked by
+    `min_time_at`, and shown by the status, `lowtide status`, the metrics and the web
+    view, as one tracker shows them."""
+    args = ("--shards", "2", "--metrics-port", "0", "--web-port", "0")
     with serve(tmp_path, *args) as coordinator:
         out = coordinator.proc.stdout
         assert out is not None  # printed with the serving line: read from its buffer
@@ -112,6 +112,15 @@ def test_a_sharded_service_combines_shows_and_serves_each_key_range(tmp_path: Pa
             view = wait_for(lambda: json_view(extra["web"]), lambda v: v["segments"] and
                             v["segments"][0]["key_ranges"][0]["min_time"] == 50, "the view")
             assert [k["min_time"] for k in view["segments"][0]["key_ranges"]] == [50, 20, 50, 10]
+
+
+def test_a_graph_file_may_split_a_segment_into_key_ranges(tmp_path: Path) -> None:
+    graph_file = tmp_path / "graph.json"
+    graph_file.write_text(json.dumps(graph_spec(RANGED)))  # [["src", [], 4, [[1, [3]], ...
+    assert read_graph(graph_file) == RANGED
+    graph_file.write_text('[["src", [], 4, [[1, [7]]]]]')
+    with pytest.raises(ValueError, match="front 1 feeds ranges \\[7\\]"):
+        read_graph(graph_file)
 
 
 def json_view(url: str | None) -> Any:
