@@ -9,7 +9,14 @@ from typing import Any
 
 from lowtide.core.graph import SegmentGraph, SegmentSpec
 from lowtide.core.local import LocalTrackerConfig
-from lowtide.core.messages import Ack, AckBatch, Heartbeat, MinTimeUpdate, ShardFlush
+from lowtide.core.messages import (
+    Ack,
+    AckBatch,
+    Heartbeat,
+    MinTimeUpdate,
+    ShardFlush,
+    ShardReport,
+)
 from lowtide.core.sharding import ShardLayout, ShardRouter
 from lowtide.service.engine.base import EngineConfig, StepResult
 from lowtide.service.engine.coordinator import CoordinatorEngine
@@ -122,6 +129,18 @@ def test_a_key_range_is_capped_like_a_segment_and_served_by_name() -> None:
     for part in cluster.flush(recv(AGG1, 11, 0xB)):
         cluster.deliver(part, 4)
     assert cluster.announced(4) == {"agg#1": 20, "agg": 20, None: 20}
+
+
+def test_a_key_range_moving_alone_is_released() -> None:
+    coordinator = CoordinatorEngine(RANGED, URLS)
+    for k in (0, 1):
+        coordinator.receive(ShardReport(k, (10, 10, 10, 10), ()))
+    assert coordinator.step(0).release is not None
+    for k in (0, 1):  # agg#1 moves; agg stays at agg#0's 10
+        coordinator.receive(ShardReport(k, (10, 10, 10, 20), ()))
+    step = coordinator.step(10)
+    assert step.updates == (MinTimeUpdate("agg#1", 20),)
+    assert step.release is not None and step.release.release.min_times == (10, 10, 10, 20)
 
 
 def test_releases_go_out_when_something_moved() -> None:

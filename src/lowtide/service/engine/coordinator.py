@@ -91,11 +91,11 @@ class CoordinatorEngine(Engine):
             low = min(v.get(node, 0) for v in self._vectors)
             if low > self._sent_reached.get(node, 0):
                 reached[node] = low
-        mins = self.aggregator.min_times()
-        if not reached and mins == self._sent_mins:
+        release = self.aggregator.release()  # every row's: a key range may move alone
+        if not reached and release.min_times == self._sent_mins:
             return None
-        frame = ShardReleaseFrame(self.aggregator.release(), tuple(sorted(reached.items())))
-        self._sent_mins = mins
+        frame = ShardReleaseFrame(release, tuple(sorted(reached.items())))
+        self._sent_mins = release.min_times
         self._sent_reached.update(reached)
         return frame
 
