@@ -951,6 +951,12 @@ TWO_NODE_RACE: tuple[Setup, Ops] = (
     ],
 )
 
+# the single-node race with s1 split into 2 key ranges: its keys (0) are range 0's
+RANGED_RACE: tuple[Setup, Ops] = (
+    dataclasses.replace(SINGLE_NODE_RACE[0], segments=(("s0", ()), ("s1", ("s0",), 2, ()))),
+    SINGLE_NODE_RACE[1],
+)
+
 # A shard reports "nothing below 1" (the report is still on its way) while the
 # aggregator has announced nothing yet; a new front then asks to start at 0.
 LATE_REPORT_REGISTRATION: tuple[Setup, Ops] = (
@@ -993,16 +999,22 @@ class PaperRuleAggregator(ShardAggregator):
         accepted = [r for r in self.accepted if r is not None]
         if len(accepted) < len(self.accepted):
             return []
-        updates = []
-        for s, name in enumerate(self.graph.names):
-            time = min(r.min_times[s] for r in accepted)
-            if time > self._mins[s]:
-                self._mins[s] = time
-                updates.append(MinTimeUpdate(name, time))
-        if min(self._mins) > self._global:
-            self._global = min(self._mins)
+        updates: list[MinTimeUpdate] = []
+        for s in range(len(self.graph)):
+            self._raise(s, min(r.min_times[s] for r in accepted), updates)
+        if min(self.min_times()) > self._global:
+            self._global = min(self.min_times())
             updates.append(MinTimeUpdate(None, self._global))
         return updates
+
+
+class RangesIgnoreTheCap(ShardAggregator):
+    """Key ranges combined as the plain minimum over the shards' latest reports, as if
+    the node-time cap (rule 8) guarded whole segments only."""
+
+    def _combine(self, s: int, cap: int, reports: list[ShardReport],
+                 updates: list[MinTimeUpdate]) -> None:
+        super()._combine(s, TIME_LIMIT if self.graph.ranges_of(s) else cap, reports, updates)
 
 
 @pytest.mark.parametrize(
@@ -1010,8 +1022,9 @@ class PaperRuleAggregator(ShardAggregator):
     [
         (PlainMinAggregator, SINGLE_NODE_RACE),
         (PaperRuleAggregator, TWO_NODE_RACE),
+        (RangesIgnoreTheCap, RANGED_RACE),
     ],
-    ids=["plain-min/one-node", "paper-rule/two-nodes"],
+    ids=["plain-min/one-node", "paper-rule/two-nodes", "ranges-ignore-the-cap/one-node"],
 )
 def test_the_model_catches_unguarded_aggregators(
     aggregator: Callable[..., Any], race: tuple[Setup, Ops]
@@ -1024,6 +1037,11 @@ def test_the_model_catches_unguarded_aggregators(
 def test_the_paper_rule_survives_the_single_node_race() -> None:
     setup, ops = SINGLE_NODE_RACE
     check(setup.build("sharded", PaperRuleAggregator), ops, extra=0)
+
+
+def test_the_guarded_aggregator_survives_the_race_in_a_key_range() -> None:
+    setup, ops = RANGED_RACE
+    check(setup.build("sharded"), ops, extra=0)
 
 
 # ----------------------------------------------------------------- properties
@@ -1155,13 +1173,14 @@ def test_the_model_catches_unsafe_range_and_cycle_trackers(
 
 
 @COMMON
-@pytest.mark.parametrize("mode", ["direct", "local"])
+@pytest.mark.parametrize("mode", ["direct", "local", "sharded"])
 @given(data=st.data(), ops=ops_strategy, extra=st.integers(0, 7))
 def test_key_ranges_are_safe_live_monotonic_and_min_over_ranges(
     mode: str, data: st.DataObject, ops: Ops, extra: int
 ) -> None:
     """Per-range SAFETY, MONOTONIC and MIN_OVER_RANGES at every announcement; LIVENESS
-    of every range but a lagging one while it lags, then of all."""
+    of every range but a lagging one while it lags, then of all. Sharded: each range
+    combined over the shards as a segment is (rule 8)."""
     world = data.draw(ranged_setups(mode)).build(mode)
     world.run(ops)
     n = max(world.graph.key_ranges, default=0)

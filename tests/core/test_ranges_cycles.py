@@ -1,12 +1,13 @@
-"""Key ranges (rule 15) and cycles (rule 11) in the central tracker: worked examples."""
+"""Key ranges (rule 15) and cycles (rule 11) in the central tracker: worked examples
+(key ranges on shards: test_sharded_ranges.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from lowtide.core.errors import GraphError, ProtocolError
+from lowtide.core.errors import ProtocolError
 from lowtide.core.graph import SegmentGraph, SegmentSpec
-from lowtide.core.messages import Ack, AckBatch, Heartbeat, RegisterFront
+from lowtide.core.messages import Ack, AckBatch, Heartbeat, NodeTime, RegisterFront, ShardFlush
 from lowtide.core.sharding import ShardLayout, TrackerShard
 from lowtide.core.tracker import Step, TrackerConfig
 
@@ -50,8 +51,16 @@ def test_acks_into_a_split_segment_must_name_their_range() -> None:
     tr = TrackerConfig(RANGED).build()
     with pytest.raises(ProtocolError, match="without a key range"):
         tr.apply(AckBatch.of([Ack(SRC, 1, 0xA, +1)]))
-    with pytest.raises(GraphError, match="one tracker"):
-        TrackerShard(TrackerConfig(RANGED), ShardLayout(2, window_slots=1), 0)
+    # a shard takes a graph with key ranges (rule 8 per range), and refuses alike
+    shard = TrackerShard(TrackerConfig(RANGED), ShardLayout(2, window_slots=1), 1)
+    with pytest.raises(ProtocolError, match="without a key range"):
+        shard.receive(ShardFlush(1, NodeTime(1, 1, 1), AckBatch.of([Ack(SRC, 1, 0xA, +1)])))
+    shard.register_front(RegisterFront(2, "src", 0))  # ranges 0..2
+    shard.receive(ShardFlush(1, NodeTime(1, 1, 1),
+                             AckBatch.of([Ack(RANGED.cell(SRC, 2), 1, 0xA, +1)]),
+                             (Heartbeat(2, 5),)))
+    shard.step(0)
+    assert shard.tracker.range_min_times("src") == (5, 5, 1, 5)  # the row holds range 2
 
 
 def test_a_new_front_starts_at_or_above_every_range_it_feeds() -> None:

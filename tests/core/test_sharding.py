@@ -25,6 +25,7 @@ from lowtide.core.messages import (
 from lowtide.core.sharding import ShardAggregator, ShardLayout, ShardRouter, TrackerShard
 from lowtide.core.time import TimeGrid
 from lowtide.core.tracker import TrackerConfig
+from tests.core.helpers import one_shard_beside_central
 
 GRAPH = SegmentGraph.of(("src", ()), ("out", ("src",)))
 
@@ -235,27 +236,13 @@ def test_aggregator_caps_by_flushes_not_yet_applied_everywhere() -> None:
 
 
 def test_one_shard_behaves_like_a_central_tracker() -> None:
-    config = TrackerConfig(GRAPH, grid=TimeGrid(window_slots=2))
-    central = config.build()
-    layout = ShardLayout(1, window_slots=2)
-    only = TrackerShard(config, layout, 0)
-    router = ShardRouter(layout, node=0)
-    agg = ShardAggregator(GRAPH, 1)
-    central.register_front(RegisterFront(1, "src", 0))
-    only.register_front(RegisterFront(1, "src", 0))
     flushes = [
         Flush(0, 1, acks((0, 3, 0xA, 1), (0, 6, 0xB, 1)), (Heartbeat(1, 9),)),
         Flush(0, 2, acks((1, 5, 0xA1, 1), (0, 3, 0xA, -1))),
         Flush(0, 3, acks((1, 5, 0xA1, -1), (0, 6, 0xB, -1)), (Heartbeat(1, 12),)),
     ]
-    for flush in flushes:
-        central.receive_flush(flush)
-        for sf in router.route(flush):
-            only.receive(sf)
-        expected = central.step(0).updates
-        rep = only.step(0)
-        got = agg.receive(rep) if rep is not None else []
-        assert list(expected) == got
+    config = TrackerConfig(GRAPH, grid=TimeGrid(window_slots=2))
+    central, agg = one_shard_beside_central(config, [RegisterFront(1, "src", 0)], flushes)
     assert agg.min_times() == central.min_times() == (12, 12)
 
 

@@ -54,5 +54,6 @@ SAMPLES = [
     WatchShard(10),
     ShardReportFrame(ShardReport(1, (3, 4), ((7, 2), (8, 1)), ((7, 2, 30),))),
     ShardReleaseFrame(ShardRelease((3, 4)), ((7, 2),)),
+    ShardReportFrame(ShardReport(0, (3, 4, 5, 3), ())),  # src, sink, then src#0 and src#1
     Commit(123),
 ]

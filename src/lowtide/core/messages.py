@@ -222,8 +222,9 @@ class ShardFlush:
 
 @dataclass(frozen=True)
 class ShardReport:
-    """A shard's view after a step: its per-segment min times (which may go down,
-    see :mod:`lowtide.core.sharding`), its node-time vector and the flushes
+    """A shard's view after a step: its min times per checksum row, each segment's then
+    each key range's (rule 15; :func:`~lowtide.core.sharding.cell_names`), which may go
+    down (see :mod:`lowtide.core.sharding`), its node-time vector and the flushes
     ``(node, counter, min_time)`` it applied since its previous report."""
 
     shard: int
@@ -234,7 +235,7 @@ class ShardReport:
 
 @dataclass(frozen=True)
 class ShardRelease:
-    """From the aggregator to the shards: announced per-segment min times. No legal
-    ack is older, so shards may drop windows below them."""
+    """From the aggregator to the shards: announced min times per checksum row (as in
+    :class:`ShardReport`). No legal ack is older, so shards may drop windows below them."""
 
     min_times: tuple[int, ...]

@@ -148,13 +148,15 @@ class MinTimes:
 
     def floor(self, s: int, front: int) -> int:
         """The earliest time a new front may start at: what was announced for ``s``
-        (for each key range the front feeds)."""
-        if not self._release:
-            return self._table.base(s) * self._w
-        if not self.graph.ranges_of(s):
-            return self.mins[s]
-        fed = self.graph.fronts_of(s).get(front)
-        return max(t for r, t in enumerate(self.range_mins[s]) if fed is None or r in fed)
+        (for each key range the front feeds); a shard's, what its aggregator released
+        (its table's bases: they survive a restart)."""
+        g = self.graph
+        if not g.ranges_of(s):
+            return self.mins[s] if self._release else self._table.base(s) * self._w
+        fed = g.fronts_of(s).get(front)
+        return max(self.range_mins[s][r] if self._release
+                   else self._table.base(g.cell(s, r)) * self._w
+                   for r in range(g.ranges_of(s)) if fed is None or r in fed)
 
     def restore(self, min_times: tuple[int, ...], global_min: int) -> None:
         """Announced min times from a snapshot (its table loaded already)."""

@@ -30,6 +30,18 @@ applied by all shards: a consistent cut of the protocol, hence a legal tracker s
 At quiescence no flush is in transit, the cap vanishes, and the aggregate is the plain
 minimum (liveness).
 
+Key ranges (rule 15). A key range is a checksum row of its own (``graph.cell``), routed
+by window like a segment's, so reports and releases carry one min time per row: each
+segment's, then each key range's (:func:`cell_names`). The aggregator takes, per range,
+the same capped minimum over shards as per segment, and the argument above holds row by
+row: a flush's ``min_time`` is its lowest ack in *any* row, ranges included, so below
+the cap every shard holds the same flushes in every range's row too; and a shard's
+range min time is built like a segment's (the first owned window not known complete,
+below a bound that is the same range of its inbound segments, or the fronts feeding
+it), a claim about its own windows that the minimum over shards makes a claim about
+all. A split segment's own row holds nothing, so its min time is the minimum over its
+ranges' combined ones: exactly what a consumer that ignores ranges sees on one tracker.
+
 >>> from lowtide.core.graph import SegmentGraph
 >>> layout = ShardLayout(n_shards=2, window_slots=10)
 >>> layout.shard_of_time(25), layout.shard_bound(0, 25), layout.shard_bound(1, 25)
@@ -40,7 +52,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lowtide.core.errors import FrontBehind, GraphError
+from lowtide.core.errors import FrontBehind
 from lowtide.core.fronts import AT_START
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import (
@@ -59,6 +71,13 @@ from lowtide.core.messages import (
 )
 from lowtide.core.time import TIME_LIMIT
 from lowtide.core.tracker import Tracker, TrackerConfig
+
+
+def cell_names(graph: SegmentGraph) -> tuple[str, ...]:
+    """The name of each checksum row, in ``graph.cell`` order: every segment's, then
+    each key range's ``"<segment>#<r>"``, the order of a report's min times."""
+    return (*graph.names, *(graph.range_name(s, r) for s in range(len(graph))
+                            for r in range(graph.ranges_of(s))))
 
 
 @dataclass(frozen=True)
@@ -127,9 +146,6 @@ class TrackerShard:
     def __init__(self, config: TrackerConfig, layout: ShardLayout, index: int) -> None:
         if config.grid.window_slots != layout.window_slots:
             raise ValueError("shard layout and tracker grid disagree on window_slots")
-        if config.graph.key_ranges:
-            raise GraphError("key ranges need one tracker, not shards: reports carry one "
-                             "min time per segment (serve it with --shards 1)")
         self.index = index
         self.layout = layout
         # Holds only the windows it owns, compressed (see Tracker): n times less to scan.
@@ -142,11 +158,12 @@ class TrackerShard:
         self._node_times: dict[int, int] = {}
         self._applied: list[tuple[int, int, int]] = []
         self._last_report: ShardReport | None = None
-        self._reported = [0] * len(config.graph)  # highest min time reported, per segment
+        # the highest min time reported, per checksum row (segment or key range)
+        self._reported = [0] * config.graph.n_cells
 
     def register_front(self, msg: RegisterFront, now_ms: int = 0) -> None:
         time = self.layout.shard_bound(self.index, msg.time)
-        floor = self._reported[self.tracker.graph.index(msg.segment)]
+        floor = self._floor(msg.segment, msg.front)
         if time < floor and msg.front not in self.tracker.fronts():
             # a report saying "nothing below floor" may be announced (or on its way)
             raise FrontBehind(
@@ -162,10 +179,21 @@ class TrackerShard:
         below what the shard reported."""
         time = msg.time
         if time != AT_START:
-            floor = self._reported[self.tracker.graph.index(msg.segment)]
+            floor = self._floor(msg.segment, msg.front)
             time = max(self.layout.shard_bound(self.index, time), floor)
         self.tracker.declare_front(
             DeclareFront(msg.front, msg.segment, time, msg.owner, msg.retire_after_ms), now_ms)
+
+    def _floor(self, segment: str, front: int) -> int:
+        """What this shard reported for what ``front`` feeds: its segment, or each key
+        range of it that the front feeds (rule 15: a new front starts at or above each)."""
+        g = self.tracker.graph
+        s = g.index(segment)
+        if not g.ranges_of(s):
+            return self._reported[s]
+        fed = g.fronts_of(s).get(front)
+        return max(self._reported[g.cell(s, r)] for r in range(g.ranges_of(s))
+                   if fed is None or r in fed)
 
     def retire_front(self, msg: RetireFront) -> None:
         self.tracker.retire_front(msg)
@@ -195,12 +223,17 @@ class TrackerShard:
         """The latest counter applied per node (for snapshots)."""
         return dict(self._node_times)
 
+    def min_times(self) -> tuple[int, ...]:
+        """The min time of each checksum row, in :func:`cell_names` order."""
+        t = self.tracker
+        return (*t.min_times(), *(m for name in t.graph.names for m in t.range_min_times(name)))
+
     def step(self, now_ms: int) -> ShardReport | None:
         """A report if the shard's min times or node times changed since the last one."""
         self.tracker.step(now_ms)
         report = ShardReport(
             self.index,
-            self.tracker.min_times(),
+            self.min_times(),
             tuple(sorted(self._node_times.items())),
             tuple(self._applied),
         )
@@ -214,14 +247,16 @@ class TrackerShard:
 
 
 class ShardAggregator:
-    """Listener side: the guarded minimum over shards, per segment and global."""
+    """Listener side: the guarded minimum over shards, per checksum row (a segment or a
+    key range, rule 15) and global."""
 
     def __init__(self, graph: SegmentGraph, n_shards: int) -> None:
         self.graph = graph
+        self._names = cell_names(graph)
         self._latest: list[ShardReport | None] = [None] * n_shards
         self._vectors: list[dict[int, int]] = [{} for _ in range(n_shards)]
         self._flush_min: dict[int, dict[int, int]] = {}
-        self._mins = [0] * len(graph)
+        self._cells = [0] * graph.n_cells  # announced, per checksum row
         self._global = 0
 
     def receive(self, report: ShardReport) -> list[MinTimeUpdate]:
@@ -229,30 +264,55 @@ class ShardAggregator:
         self._vectors[report.shard] = dict(report.node_times)
         for node, counter, min_time in report.flushes:
             self._flush_min.setdefault(node, {})[counter] = min_time
-        reports = self._latest
-        if any(r is None for r in reports):
+        reports = [r for r in self._latest if r is not None]
+        if len(reports) < len(self._latest):
             return []
         cap = self._in_transit_cap()
         updates: list[MinTimeUpdate] = []
-        for s, name in enumerate(self.graph.names):
-            time = min(cap, *(r.min_times[s] for r in reports if r is not None))
-            if time > self._mins[s]:
-                self._mins[s] = time
-                updates.append(MinTimeUpdate(name, time))
-        low = min(self._mins)
+        for s in range(len(self.graph)):
+            self._combine(s, cap, reports, updates)
+        low = min(self.min_times())
         if low > self._global:
             self._global = low
             updates.append(MinTimeUpdate(None, low))
         return updates
 
-    def min_times(self) -> tuple[int, ...]:
-        return tuple(self._mins)
+    def _combine(self, s: int, cap: int, reports: list[ShardReport],
+                 updates: list[MinTimeUpdate]) -> None:
+        """Segment ``s``'s key ranges, each the capped minimum over the shards, then the
+        segment: the minimum over its ranges, or the capped minimum if it has none."""
+        ranges = [self.graph.cell(s, r) for r in range(self.graph.ranges_of(s))]
+        for cell in ranges:
+            self._raise(cell, min(cap, *(r.min_times[cell] for r in reports)), updates)
+        if ranges:
+            self._raise(s, min(self._cells[cell] for cell in ranges), updates)
+        else:
+            self._raise(s, min(cap, *(r.min_times[s] for r in reports)), updates)
 
-    def min_time(self) -> int:
-        return self._global
+    def _raise(self, cell: int, time: int, updates: list[MinTimeUpdate]) -> None:
+        if time > self._cells[cell]:
+            self._cells[cell] = time
+            updates.append(MinTimeUpdate(self._names[cell], time))
+
+    def min_times(self) -> tuple[int, ...]:
+        """Each segment's announced min time."""
+        return tuple(self._cells[: len(self.graph)])
+
+    def range_min_times(self, segment: str) -> tuple[int, ...]:
+        """The announced min time of each key range of ``segment`` (empty without)."""
+        s = self.graph.index(segment)
+        first = self.graph.cell(s, 0)
+        return tuple(self._cells[first : first + self.graph.ranges_of(s)])
+
+    def min_time(self, segment: str | None = None) -> int:
+        """The global min time, a segment's, or a key range's (``"<segment>#<r>"``)."""
+        if segment is None:
+            return self._global
+        s, r = self.graph.resolve(segment)
+        return self._cells[s if r is None else self.graph.cell(s, r)]
 
     def release(self) -> ShardRelease:
-        return ShardRelease(tuple(self._mins))
+        return ShardRelease(tuple(self._cells))
 
     def _in_transit_cap(self) -> int:
         cap = TIME_LIMIT

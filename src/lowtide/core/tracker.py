@@ -288,7 +288,8 @@ class Tracker:
         return Step(tuple(updates), tuple(self._check_stuck(now_ms)), retired, dead)
 
     def release(self, min_times: Iterable[int]) -> None:
-        """Forget windows below ``min_times`` (per segment), never past an open one."""
+        """Forget windows below ``min_times`` (per checksum row: each segment's, then each
+        key range's), never past an open one."""
         for s, time in enumerate(min_times):
             self._table.release(s, time // self._w)
 

@@ -236,6 +236,8 @@ def _dec_refused(r: Reader) -> Refused:
 
 
 def _enc_report(w: Writer, m: ShardReportFrame) -> None:
+    # min times per checksum row: a graph with key ranges (rule 15) lists them after
+    # its segments', one without has one per segment: the layout is the same
     rep = m.report
     w.pack("I", rep.shard)
     put_ints(w, rep.min_times)

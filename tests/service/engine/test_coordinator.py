@@ -7,10 +7,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from lowtide.core.graph import SegmentGraph, SegmentSpec
 from lowtide.core.local import LocalTrackerConfig
-from lowtide.core.messages import Ack, AckBatch, Heartbeat, ShardFlush
+from lowtide.core.messages import (
+    Ack,
+    AckBatch,
+    Heartbeat,
+    MinTimeUpdate,
+    ShardFlush,
+    ShardReport,
+)
 from lowtide.core.sharding import ShardLayout, ShardRouter
-from lowtide.service.engine.base import StepResult
+from lowtide.service.engine.base import EngineConfig, StepResult
 from lowtide.service.engine.coordinator import CoordinatorEngine
 from lowtide.service.engine.shard import ShardEngine
 from lowtide.wire.messages import Error, ErrorCode
@@ -24,11 +32,11 @@ class Cluster:
     """Two shard engines and their coordinator; one agent (node 7) whose local tracker
     and router split each flush as a real agent does."""
 
-    def __init__(self) -> None:
-        self.shards = [ShardEngine(CONFIG, LAYOUT, k) for k in range(2)]
-        self.coordinator = CoordinatorEngine(CONFIG, URLS)
+    def __init__(self, config: EngineConfig = CONFIG) -> None:
+        self.shards = [ShardEngine(config, LAYOUT, k) for k in range(2)]
+        self.coordinator = CoordinatorEngine(config, URLS)
         self.agent = Session(7)
-        self._local = LocalTrackerConfig(CONFIG.grid, max_age_ms=5).build(7)
+        self._local = LocalTrackerConfig(config.grid, max_age_ms=5).build(7)
         self._router = ShardRouter(LAYOUT, 7)
 
     def register_front(self, front: int, at: int) -> None:
@@ -88,6 +96,51 @@ def test_a_flush_half_applied_across_shards_announces_nothing() -> None:
     for part in cluster.flush(recv(SINK, 11, 0xB)):
         cluster.deliver(part, 4)
     assert cluster.announced(4) == {"sink": 12, None: 12}
+
+
+# src -> agg, agg split into 2 key ranges (rule 15): codes 2 and 3 are agg#0 and agg#1
+RANGED = EngineConfig(SegmentGraph.of(("src", ()), SegmentSpec("agg", ("src",), key_ranges=2)),
+                      CONFIG.grid)
+AGG1 = RANGED.graph.cell(1, 1)
+
+
+def test_a_key_range_is_capped_like_a_segment_and_served_by_name() -> None:
+    """The race above, into a key range: the item at 10 becomes a row of agg#1 at 11
+    (shard 1's window). Shard 0's half of that flush alone would let both shards'
+    reports say agg#1 is empty below 20; the flush's node time caps each range as it
+    caps a segment. The coordinator serves and shows each range's combined min time."""
+    cluster = Cluster(RANGED)
+    cluster.register_front(1, at=10)
+    assert cluster.announced(0) == {"src": 10, "agg#0": 10, "agg#1": 10, "agg": 10, None: 10}
+    for part in cluster.flush(send(SRC, 10, 0xA), heartbeats=(cluster.agent.beat(1, 20),)):
+        cluster.deliver(part, 1)
+    assert cluster.announced(1) == {}  # the item at 10 holds src, and agg behind it
+    to_zero, to_one = cluster.flush(recv(SRC, 10, 0xA), send(AGG1, 11, 0xB))
+    cluster.deliver(to_zero, 2)
+    assert min(s.watch().min_times[AGG1] for s in cluster.shards) == 20  # premature
+    assert cluster.announced(2) == {}
+    cluster.deliver(to_one, 3)
+    assert cluster.announced(3) == {"src": 20, "agg#0": 20, "agg#1": 11, "agg": 11, None: 11}
+    coordinator = cluster.coordinator
+    assert coordinator.current("agg#1") == MinTimeUpdate("agg#1", 11)
+    assert coordinator.aggregator.release().min_times == (20, 11, 20, 11)  # per row
+    agg = coordinator.status()["segments"][1]
+    assert (agg["min_time"], agg["key_ranges"]) == (11, [20, 11])
+    for part in cluster.flush(recv(AGG1, 11, 0xB)):
+        cluster.deliver(part, 4)
+    assert cluster.announced(4) == {"agg#1": 20, "agg": 20, None: 20}
+
+
+def test_a_key_range_moving_alone_is_released() -> None:
+    coordinator = CoordinatorEngine(RANGED, URLS)
+    for k in (0, 1):
+        coordinator.receive(ShardReport(k, (10, 10, 10, 10), ()))
+    assert coordinator.step(0).release is not None
+    for k in (0, 1):  # agg#1 moves; agg stays at agg#0's 10
+        coordinator.receive(ShardReport(k, (10, 10, 10, 20), ()))
+    step = coordinator.step(10)
+    assert step.updates == (MinTimeUpdate("agg#1", 20),)
+    assert step.release is not None and step.release.release.min_times == (10, 10, 10, 20)
 
 
 def test_releases_go_out_when_something_moved() -> None:

@@ -26,6 +26,7 @@ from lowtide.service.net import Limits
 from lowtide.service.persistence.state_dir import StateDirError
 from lowtide.service.server.config import ServerConfig
 from lowtide.service.server.tracker_server import TrackerServer
+from lowtide.wire.messages import segment_of
 
 
 def add_arguments(serve: argparse.ArgumentParser) -> None:
@@ -100,14 +101,15 @@ def port_number(text: str) -> int:
     return int(text)
 
 
-GRAPH_FORMAT = 'JSON [["segment", ["inbound", ...]], ...]'
+GRAPH_FORMAT = ('JSON [["segment", ["inbound", ...]], ...], a segment split into key ranges '
+                '["segment", ["inbound", ...], N, [[front, [range, ...]], ...]]')
 
 
 def read_graph(path: Path) -> SegmentGraph:
     """The ``--graph`` file; any fault is a ValueError whose message says the fix."""
     try:
         spec = json.loads(path.read_text())
-        return SegmentGraph.of(*((name, tuple(ups)) for name, ups in spec))
+        return SegmentGraph.of(*(segment_of(entry) for entry in spec))
     except OSError as exc:
         raise ValueError(f"cannot read --graph {path}: {exc.strerror}") from exc
     except (ValueError, TypeError) as exc:  # not JSON, not pairs, or not a valid graph

@@ -77,9 +77,8 @@ class CoordinatorEngine(Engine):
         return StepResult(updates, release=release)
 
     def current(self, segment: str | None) -> MinTimeUpdate:
-        if segment is None:
-            return MinTimeUpdate(None, self.aggregator.min_time())
-        return MinTimeUpdate(segment, self.aggregator.min_times()[self.graph.index(segment)])
+        """The global min time, a segment's or a key range's (``"<segment>#<r>"``)."""
+        return MinTimeUpdate(segment, self.aggregator.min_time(segment))
 
     def tick(self, now_ms: int) -> StepResult:
         return StepResult(release=self._release())
@@ -92,11 +91,11 @@ class CoordinatorEngine(Engine):
             low = min(v.get(node, 0) for v in self._vectors)
             if low > self._sent_reached.get(node, 0):
                 reached[node] = low
-        mins = self.aggregator.min_times()
-        if not reached and mins == self._sent_mins:
+        release = self.aggregator.release()  # every row's: a key range may move alone
+        if not reached and release.min_times == self._sent_mins:
             return None
-        frame = ShardReleaseFrame(self.aggregator.release(), tuple(sorted(reached.items())))
-        self._sent_mins = mins
+        frame = ShardReleaseFrame(release, tuple(sorted(reached.items())))
+        self._sent_mins = release.min_times
         self._sent_reached.update(reached)
         return frame
 
@@ -116,6 +115,9 @@ class CoordinatorEngine(Engine):
                     "stuck_windows": sum(p.get("stuck_windows", 0) for p in parts),
                     "received": sum(p.get("received", 0) for p in parts),
                     "sent": sum(p.get("sent", 0) for p in parts),
+                    # each key range's combined min time (rule 15): the segment's is
+                    # their minimum; a shard's own are claims about its windows only
+                    "key_ranges": list(self.aggregator.range_min_times(name)),
                 }
             )
         return {

@@ -114,7 +114,7 @@ class ShardEngine(Engine):
         return self._held(
             ShardReport(
                 self.index,
-                self.shard.tracker.min_times(),
+                self.shard.min_times(),
                 tuple(sorted(self.shard.node_times().items())),
                 tuple((n, c, t) for (n, c), t in sorted(self._retained.items())),
             )
