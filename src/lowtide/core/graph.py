@@ -18,9 +18,10 @@ segments from outside it; fronts may feed a component that has none.
 >>> loop.names, loop.members(loop.index("retry")), loop.outside(loop.index("work"))
 (('in', 'work', 'retry'), (1, 2), (0,))
 
-Key ranges (rule 15). A segment declared with ``key_ranges=N`` has its acks split by
-the hash range of the row's key (:mod:`lowtide.core.ranges`): range ``r`` of segment
-``s`` is acked under the code ``graph.cell(s, r)``, past the segment indices.
+Key ranges (rule 15). A segment declared with ``key_ranges=N`` has its acks split into
+N key ranges, each row's that of the front it came from (``front_ranges``, stated where
+the pipeline is built): range ``r`` of segment ``s`` is acked under the code
+``graph.cell(s, r)``, past the segment indices.
 """
 
 from __future__ import annotations
