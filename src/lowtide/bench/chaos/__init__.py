@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from lowtide.bench.chaos import faults, hostile
+from lowtide.bench.chaos import faults, hostile, join_fault
 from lowtide.bench.chaos.run import Result, Scenario, run_scenario
 from lowtide.bench.chaos.workload import Workload
 from lowtide.bench.stats import percentile
@@ -58,6 +58,7 @@ SCENARIOS = (
     Scenario("producer crash", (faults.crash_producer,), producer="crash"),
     Scenario("tracker outage under a producer", (faults.outage_under_producer,),
              producer="pause"),
+    Scenario("front killed mid-join", (join_fault.kill_front_mid_join,), producer="pause"),
     Scenario("dead front", dead_front=True,
              serve_args=("--front-timeout-s", "3", "--dead-fronts", "retire")),
     Scenario("graph changed", (faults.change_graph, faults.kill_tracker)),

@@ -31,6 +31,7 @@ from lowtide.bench.chaos.workload import (
     ITEMS_PER_SLOT,
     Journal,
     Workload,
+    joins_path,
     topic_lines,
     topic_path,
 )
@@ -80,7 +81,7 @@ def producer_process(url: str, work: Workload, front: int, journal_dir: str, go:
     with notes.failures():
         clock = LineClock(len(topic_lines(jdir, front)))
         producer = Front(None, front, ref, segment="src", clock=clock, heartbeat_ms=5,
-                         owner=f"{OWNER}-{front}")
+                         owner=f"{OWNER}-{front}", joins_dir=joins_path(jdir))
         notes.note("registered", front)
         go.wait(60)
         for k in range(clock.lines, work.slots):

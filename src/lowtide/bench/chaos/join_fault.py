@@ -1,0 +1,148 @@
+"""The chaos fault "front killed mid-join": a query is attached to the producer's topic
+while the producer runs (rule 16), and the producer is SIGKILLed while its front joins
+that query: before it registered on the query's segment, between its registration and
+its answer, or after it answered. A successor (same front and owner) joins the query
+or resumes the join; the query reads each line of the topic, keeping the records
+labelled at or after the front's answered time, as ``read_stream(joins_dir=)`` does.
+
+Checked: no notification of the query's segments passes a record it had not yet
+received (the journal ``joined.log`` and :class:`~.workload.Truth`), the query's sink
+reaches the end (the tracker balanced the front's send-acks with exactly the records
+it kept), and what it kept equals the batch recomputation: every record of the whole
+topic labelled at or after the answer's time, recomputed after the run.
+
+The producer is killed while it waits between two lines (armed ``pause@K``), so no
+label of the main query is cut in half: the main query's own faults are elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from lowtide.bench.chaos.producer import command, tell
+from lowtide.bench.chaos.workload import (
+    FIRST_SLOT,
+    GRAPH,
+    Journal,
+    await_line,
+    joins_path,
+    receipts,
+    send,
+    topic_lines,
+)
+from lowtide.service import Agent, BatchKey
+from lowtide.spark.sources import from_label
+from lowtide.spark.sources.front_feeds import CONSUMER_STRIDE
+from lowtide.spark.sources.joins import request_join, start_times
+
+if TYPE_CHECKING:
+    from lowtide.bench.chaos.run import Run
+
+#: the query attached to the producer's topic: its ingest segment and its sink
+JOINED = [("joined", ()), ("joined_sink", ("joined",))]
+#: how long the fault waits after the query asked, at most, before the kill: the front
+#: looks for joins every 0.2 s (FOLLOW_EVERY_S), so the kill lands before, during or
+#: after its join
+KILL_WITHIN_S = 0.45
+
+
+def kill_front_mid_join(run: Run) -> None:
+    """See the module docstring."""
+    jdir, front = run.journal, run.producer_front
+    deadline = time.monotonic() + 30  # armed "pause@K": between two lines
+    while command(jdir, front) != "paused" and time.monotonic() < deadline:
+        time.sleep(0.005)
+    with Agent.connect(run.url, GRAPH, secret=run.work.secret) as agent:
+        agent.change_graph(attach=JOINED)
+        for segment in ("joined", "joined_sink"):
+            agent.on_update(run.note_update, segment)
+        request_join(joins_path(jdir), "joined", consumer="joined")
+        time.sleep(random.uniform(0.0, KILL_WITHIN_S))
+        phase = _join_phase(run, agent)
+        os.kill(run.producer.pid, signal.SIGKILL)
+        run.producer.join(30)
+        tell(jdir, front, "")
+        run.faults += 1
+        run.start_producer()  # its successor joins the query, or resumes the join
+        kept, start = _consume(run, agent)
+        run.say(f"front killed mid-join ({phase}); joined at {start}, "
+                f"{len(kept)} record(s) read")
+        _check(run, agent, kept, start)
+
+
+def _join_phase(run: Run, agent: Agent) -> str:
+    """Where the front's join stood when it was killed."""
+    fid = run.producer_front + CONSUMER_STRIDE
+    answered = start_times(joins_path(run.journal), "joined", [run.producer_front])
+    if answered[run.producer_front] is not None:
+        return "after its answer"
+    if str(fid) in agent.status()["fronts"]:
+        return "registered, not answered"
+    return "before its registration"
+
+
+def _consume(run: Run, agent: Agent) -> tuple[set[tuple[int, int]], int]:
+    """The attached query: each line of the topic, the records at or after the front's
+    answered time, received out of ``joined`` and then out of ``joined_sink`` (held a
+    while every few lines: a premature notification has time to show); returns the
+    (time, ack) of the records it kept, and the answer's time."""
+    jdir, front = run.journal, run.producer_front
+    start = _await_answer(run)
+    notes = Journal(jdir / "joined.log")
+    segments = (agent.graph.index("joined"), agent.graph.index("joined_sink"))
+    kept: set[tuple[int, int]] = set()
+    for k in range(run.work.slots):
+        line = await_line(jdir, front, k)
+        times = np.asarray(line["times"], np.int64)
+        acks = from_label(line["acks"])
+        at = times >= start
+        if not at.any():
+            continue
+        kept |= set(zip(times[at].tolist(), acks[at].tolist(), strict=True))
+        first, second = receipts(times[at], acks[at], segments)
+        slot = int(times[at].min())
+        notes.note("recv", "joined", front, slot)
+        send(notes, agent, BatchKey("joined", k, "joined_sink", front), first)
+        if k % run.work.hold_every == 0:
+            time.sleep(run.work.hold_ms / 1000)
+        notes.note("recv", "joined_sink", front, slot)
+        send(notes, agent, BatchKey("joined", k, "joined_out", front), second)
+    return kept, start
+
+
+def _await_answer(run: Run) -> int:
+    deadline = time.monotonic() + 60  # the successor waits for the dead one's lease
+    while True:
+        (start,) = start_times(joins_path(run.journal), "joined", [run.producer_front]).values()
+        if start is not None:
+            return start
+        if time.monotonic() > deadline:
+            raise TimeoutError("the producer's successor never joined the attached query")
+        time.sleep(0.01)
+
+
+def _check(run: Run, agent: Agent, kept: set[tuple[int, int]], start: int) -> None:
+    """The query's sink reaches the end, and its records are the batch recomputation."""
+    final = FIRST_SLOT + run.work.slots
+    deadline = time.monotonic() + 30
+    while not any(s == "joined_sink" and t >= final for s, t, _ in run.seen):
+        if time.monotonic() > deadline:
+            held = {s["segment"]: (s["min_time"], s["in_flight"])
+                    for s in agent.status()["segments"] if s["segment"].startswith("joined")}
+            run.say(f"the attached query's sink never reached {final}: {held}")
+            run.lost += 1
+            return
+        time.sleep(0.02)
+    batch = {(t, int(a)) for line in topic_lines(run.journal, run.producer_front)
+             for t, a in zip(line["times"], from_label(line["acks"]).tolist(), strict=True)
+             if t >= start}
+    if kept != batch:
+        run.say(f"the attached query read {len(kept)} record(s), the batch recomputation "
+                f"{len(batch)}")
+        run.lost += 1
