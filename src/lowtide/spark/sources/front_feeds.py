@@ -29,6 +29,7 @@ from lowtide.core.errors import (
     FrontOwned,
     LowtideError,
     NonMonotonicHeartbeat,
+    ProtocolError,
 )
 from lowtide.core.time import TimeGrid
 from lowtide.spark.sources.front_agent import FrontAgent
@@ -44,6 +45,11 @@ CONSUMER_STRIDE = 1 << 32
 
 class FrontEnded(LowtideError, RuntimeError):
     """A producer resumes a front whose input ended (closed with ``close()``)."""
+
+
+class JoinRefused(LowtideError, RuntimeError):
+    """The tracker refused a front's registration on a consumer's segment: the front
+    did not join it (no answer, nothing labelled or acked into it)."""
 
 
 @dataclass
@@ -161,7 +167,14 @@ class Feeds:
             return None
         k = max([(f - self.front) // CONSUMER_STRIDE for f in self.front_ids], default=-1)
         fid = self.front + (k + 1) * CONSUMER_STRIDE
-        time = self._register(fid, segment, time, owner)
+        try:
+            time = self._register(fid, segment, time, owner)
+        except ProtocolError as exc:  # e.g. detached since this agent's graph generation
+            self._agent.follow_graph()  # the next follow sees the tracker's current one
+            raise JoinRefused(
+                f"front {self.front} did not join consumer {segment!r}: the tracker "
+                f"refused its registration ({exc}); it sends nothing there and asks "
+                "again while the query's join request stands (pipe.detach removes it)") from None
         record_join(self._log_dir, segment, front=self.front,  # type: ignore[arg-type]
                     join=Join(next_seq, time, fid))
         self.items.append(Feed(segment, fid, front_cell(graph, segment, fid), time))
