@@ -2,7 +2,8 @@
 
 Each scenario runs a standalone tracker (``lowtide serve`` with a state dir and a
 secret) and good clients whose ground truth is known (see :mod:`.workload`), injects
-its faults (:mod:`.faults`, :mod:`.hostile`) and counts:
+its faults (:mod:`.faults`, :mod:`.hostile`; a producer killed while its front joins
+a query attached to its topic: :mod:`.join_fault`) and counts:
 
 * ``premature``: notifications that claimed a time while an item below it was still
   in flight (must be 0), and agents fooled by a server without the secret;
