@@ -197,11 +197,10 @@ class Feeds:
             return time
 
     def _leave(self, feed: Feed, owner: str) -> None:
-        # its segment may be detached first: then its fronts are gone already; a call
-        # that fails otherwise keeps the feed, left again at the next follow
+        self.items.remove(feed)  # first: no more acks into a segment about to go
+        # its segment may be detached first: then its fronts are gone already
         with contextlib.suppress(LowtideError):
             self._agent.unregister_front(feed.front_id, owner=owner)
-        self.items.remove(feed)
         log.info("front left a released consumer",
                  extra={"front": self.front, "segment": feed.segment})
 
