@@ -1,9 +1,10 @@
 """The chaos fault "front killed mid-join": a query is attached to the producer's topic
 while the producer runs (rule 16), and the producer is SIGKILLed while its front joins
-that query: before it registered on the query's segment, between its registration and
-its answer, or after it answered. A successor (same front and owner) joins the query
-or resumes the join; the query reads each line of the topic, keeping the records
-labelled at or after the front's answered time, as ``read_stream(joins_dir=)`` does.
+that query (:data:`PHASES`): before it could register on the query's segment, while its
+join waits on the tracker (paused for that moment), or after it answered. A successor
+(same front and owner) joins the query or resumes the join; the query reads each line
+of the topic, keeping the records labelled at or after the front's answered time, as
+``read_stream(joins_dir=)`` does.
 
 Checked: no notification of the query's segments passes a record it had not yet
 received (the journal ``joined.log`` and :class:`~.workload.Truth`), the query's sink
@@ -38,7 +39,7 @@ from lowtide.bench.chaos.workload import (
 )
 from lowtide.service import Agent, BatchKey
 from lowtide.spark.sources import from_label
-from lowtide.spark.sources.front_feeds import CONSUMER_STRIDE
+from lowtide.spark.sources.front import FOLLOW_EVERY_S
 from lowtide.spark.sources.joins import request_join, start_times
 
 if TYPE_CHECKING:
@@ -46,27 +47,24 @@ if TYPE_CHECKING:
 
 #: the query attached to the producer's topic: its ingest segment and its sink
 JOINED = [("joined", ()), ("joined_sink", ("joined",))]
-#: how long the fault waits after the query asked, at most, before the kill: the front
-#: looks for joins every 0.2 s (FOLLOW_EVERY_S), so the kill lands before, during or
-#: after its join
-KILL_WITHIN_S = 0.45
+#: where the kill lands in the front's join, one drawn per run (the table's note says
+#: which): stopped before it could see the query's request; while its join waits on the
+#: tracker (paused: SIGSTOP, then SIGCONT after the kill); once it answered
+PHASES = ("before its registration", "during its join", "after its answer")
 
 
-def kill_front_mid_join(run: Run) -> None:
-    """See the module docstring."""
+def kill_front_mid_join(run: Run, phase: str | None = None) -> None:
+    """See the module docstring; ``phase``: one of :data:`PHASES` (None: drawn)."""
     jdir, front = run.journal, run.producer_front
     deadline = time.monotonic() + 30  # armed "pause@K": between two lines
     while command(jdir, front) != "paused" and time.monotonic() < deadline:
         time.sleep(0.005)
+    phase = phase or random.choice(PHASES)
     with Agent.connect(run.url, GRAPH, secret=run.work.secret) as agent:
         agent.change_graph(attach=JOINED)
         for segment in ("joined", "joined_sink"):
             agent.on_update(run.note_update, segment)
-        request_join(joins_path(jdir), "joined", consumer="joined")
-        time.sleep(random.uniform(0.0, KILL_WITHIN_S))
-        phase = _join_phase(run, agent)
-        os.kill(run.producer.pid, signal.SIGKILL)
-        run.producer.join(30)
+        _kill_in(run, phase)
         tell(jdir, front, "")
         run.faults += 1
         run.start_producer()  # its successor joins the query, or resumes the join
@@ -76,15 +74,35 @@ def kill_front_mid_join(run: Run) -> None:
         _check(run, agent, kept, start)
 
 
-def _join_phase(run: Run, agent: Agent) -> str:
-    """Where the front's join stood when it was killed."""
-    fid = run.producer_front + CONSUMER_STRIDE
-    answered = start_times(joins_path(run.journal), "joined", [run.producer_front])
-    if answered[run.producer_front] is not None:
-        return "after its answer"
-    if str(fid) in agent.status()["fronts"]:
-        return "registered, not answered"
-    return "before its registration"
+def _kill_in(run: Run, phase: str) -> None:
+    """The query asks to be fed; the producer is SIGKILLed at ``phase`` of its join."""
+    joins, pid = joins_path(run.journal), run.producer.pid
+    if phase == PHASES[0]:
+        os.kill(pid, signal.SIGSTOP)  # a stopped process is killed all the same
+        request_join(joins, "joined", consumer="joined")
+        os.kill(pid, signal.SIGKILL)
+    elif phase == PHASES[1]:
+        assert run.tracker.proc is not None
+        tracker = run.tracker.proc.pid
+        os.kill(tracker, signal.SIGSTOP)
+        try:
+            request_join(joins, "joined", consumer="joined")
+            time.sleep(2 * FOLLOW_EVERY_S)  # its follow saw the request and waits
+            answered = start_times(joins, "joined", [run.producer_front])
+            if answered[run.producer_front] is not None:
+                run.say("the front answered while the tracker was paused")
+            os.kill(pid, signal.SIGKILL)
+        finally:
+            os.kill(tracker, signal.SIGCONT)
+    else:
+        request_join(joins, "joined", consumer="joined")
+        deadline = time.monotonic() + 30
+        while start_times(joins, "joined", [run.producer_front])[run.producer_front] is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the producer's front never joined the attached query")
+            time.sleep(0.005)
+        os.kill(pid, signal.SIGKILL)
+    run.producer.join(30)
 
 
 def _consume(run: Run, agent: Agent) -> tuple[set[tuple[int, int]], int]:
