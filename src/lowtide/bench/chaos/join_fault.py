@@ -96,11 +96,7 @@ def _kill_in(run: Run, phase: str) -> None:
             os.kill(tracker, signal.SIGCONT)
     else:
         request_join(joins, "joined", consumer="joined")
-        deadline = time.monotonic() + 30
-        while start_times(joins, "joined", [run.producer_front])[run.producer_front] is None:
-            if time.monotonic() > deadline:
-                raise TimeoutError("the producer's front never joined the attached query")
-            time.sleep(0.005)
+        _await_answer(run)
         os.kill(pid, signal.SIGKILL)
     run.producer.join(30)
 
@@ -135,14 +131,16 @@ def _consume(run: Run, agent: Agent) -> tuple[set[tuple[int, int]], int]:
 
 
 def _await_answer(run: Run) -> int:
-    deadline = time.monotonic() + 60  # the successor waits for the dead one's lease
+    """The time the producer's front answered the query (a successor first waits for
+    its predecessor's lease to lapse)."""
+    deadline = time.monotonic() + 60
     while True:
         (start,) = start_times(joins_path(run.journal), "joined", [run.producer_front]).values()
         if start is not None:
             return start
         if time.monotonic() > deadline:
-            raise TimeoutError("the producer's successor never joined the attached query")
-        time.sleep(0.01)
+            raise TimeoutError("the producer's front never joined the attached query")
+        time.sleep(0.005)
 
 
 def _check(run: Run, agent: Agent, kept: set[tuple[int, int]], start: int) -> None:
