@@ -38,9 +38,7 @@ from lowtide.bench.chaos.workload import (
     topic_lines,
 )
 from lowtide.service import Agent, BatchKey
-from lowtide.spark.sources import from_label
-from lowtide.spark.sources.front import FOLLOW_EVERY_S
-from lowtide.spark.sources.joins import request_join, start_times
+from lowtide.spark.sources import from_label, request_join, start_times
 
 if TYPE_CHECKING:
     from lowtide.bench.chaos.run import Run
@@ -51,6 +49,9 @@ JOINED = [("joined", ()), ("joined_sink", ("joined",))]
 #: which): stopped before it could see the query's request; while its join waits on the
 #: tracker (paused: SIGSTOP, then SIGCONT after the kill); once it answered
 PHASES = ("before its registration", "during its join", "after its answer")
+#: how long the tracker stays paused with the request out: twice the 0.2 s between a
+#: front's looks for joins (FOLLOW_EVERY_S), so its join is under way when it is killed
+PAUSED_S = 0.4
 
 
 def kill_front_mid_join(run: Run, phase: str | None = None) -> None:
@@ -87,7 +88,7 @@ def _kill_in(run: Run, phase: str) -> None:
         os.kill(tracker, signal.SIGSTOP)
         try:
             request_join(joins, "joined", consumer="joined")
-            time.sleep(2 * FOLLOW_EVERY_S)  # its follow saw the request and waits
+            time.sleep(PAUSED_S)  # its follow saw the request and waits
             answered = start_times(joins, "joined", [run.producer_front])
             if answered[run.producer_front] is not None:
                 run.say("the front answered while the tracker was paused")
