@@ -103,3 +103,25 @@ def test_a_spark_fault_kind_finds_nothing_premature_and_nothing_lost(spark, tmp_
     figures = chaos.summary([result])
     assert (figures["faults"], figures["premature"], figures["lost"]) == (1, 0, 0), \
         result.premature
+
+
+@pytest.mark.socket
+@pytest.mark.slow
+@pytest.mark.parametrize("phase", range(3))
+def test_a_front_killed_in_each_phase_of_its_join_is_never_premature(phase: int) -> None:
+    """"front killed mid-join" with each kill point (the short run draws one): before
+    the front could register on the attached query's segment, while its join waits on
+    the paused tracker, after it answered; 10-15 s each."""
+    import functools
+
+    from lowtide.bench.chaos import join_fault
+    from lowtide.bench.chaos.run import Scenario
+
+    kill = functools.partial(join_fault.kill_front_mid_join, phase=join_fault.PHASES[phase])
+    scenario = Scenario("front killed mid-join", (kill,), producer="pause")
+    work = Workload(slots=12, secret=b"chaos-secret-0123456789abcdef")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(chaos, "SCENARIOS", (scenario,))
+        (result,) = chaos.run(work)
+    assert (result.faults, result.premature, result.lost) == (1, [], 0), result.notes
+    assert f"({join_fault.PHASES[phase]})" in result.notes[0]

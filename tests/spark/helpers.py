@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lowtide.core.graph import SegmentGraph
-from lowtide.core.messages import AckBatch, Heartbeat, RegisterFront
+from lowtide.core.messages import AckBatch, Heartbeat, RegisterFront, UnregisterFront
 from lowtide.core.time import TimeGrid
 from lowtide.core.tracker import Tracker, TrackerConfig
 from lowtide.spark.sources.generator import GeneratorSpec, rows_before
@@ -48,7 +48,9 @@ class CoreAgent:
 
     def __init__(self, graph: SegmentGraph, grid: TimeGrid | None = None) -> None:
         self.graph = graph
-        self.tracker: Tracker = TrackerConfig(graph, grid or TimeGrid()).build()
+        self.grid = grid or TimeGrid()
+        self.tracker: Tracker = TrackerConfig(graph, self.grid).build()
+        self.late: dict[int, tuple[int, int, int, int]] = {}  # front -> its late counts
         self.keys: set[Any] = set()
         self.batches: list[tuple[Any, AckBatch, tuple[Heartbeat, ...]]] = []
         self.lock = threading.Lock()
@@ -81,7 +83,31 @@ class CoreAgent:
         with self.lock:
             self.tracker.heartbeat(Heartbeat(front, time))
 
-    def status(self) -> dict[str, Any]:
+    def unregister_front(self, front: int, timeout_s: float = 30.0, *,
+                         owner: str | None = None) -> None:
+        with self.lock:
+            self.tracker.unregister_front(UnregisterFront(front))
+
+    def report_late(self, front: int, counts: tuple[int, int, int, int],
+                    timeout_s: float = 10.0) -> None:
+        self.late[front] = counts
+
+    def flush(self, timeout_s: float = 30.0) -> None:
+        """Every call was applied at once: nothing to wait for."""
+
+    def close(self) -> None:
+        """Nothing to close: no connection."""
+
+    def on_update(self, callback: Callable[[Any], None],
+                  segment: str | None = None) -> Callable[[], None]:
+        """Pushes nothing: its readers ask (``min_time_at``, ``step``)."""
+        return lambda: None
+
+    def follow_graph(self, timeout_s: float = 10.0) -> SegmentGraph:
+        """One graph generation: the core tracker's."""
+        return self.graph
+
+    def status(self, timeout_s: float = 10.0) -> dict[str, Any]:
         """The fronts, as the service's status has them (a successor resumes there)."""
         with self.lock:
             return {"fronts": {str(f): list(v) for f, v in self.tracker.fronts().items()}}

@@ -3,16 +3,21 @@ service and no Spark: the running front joins it between batches (no restart) an
 answers where it starts; the consumer reads from there, so the front's acks and the
 consumer's reads are the same records (rule 5) and its segment completes; a released
 consumer is left; a front killed (SIGKILL) while a consumer attaches: its successor
-joins or resumes it, and the new segment never passes a record it did not receive."""
+joins or resumes it, and the new segment never passes a record it did not receive; a
+join the tracker refuses (the segment detached meanwhile) fails closed, said once."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import random
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,6 +38,24 @@ GRAPH = SegmentGraph.of(("ingest", ()), ("sink", ("ingest",)))
 LATE = [("ingest_x", ()), ("sink_x", ("ingest_x",))]
 
 
+@contextlib.contextmanager
+def log_front(tmp_path: Path) -> Iterator[tuple[Any, TrackerRef, Agent, Front]]:
+    """A tracker service, an agent that changes its graph, and front 0 of the log
+    ``tmp_path/log`` (heartbeats by hand); all stopped at the end."""
+    from lowtide.service import TrackerService
+
+    with TrackerService.start(GRAPH, grid=GRID) as svc:
+        ref = TrackerRef(svc.url, GRAPH, GRID)
+        agent = Agent.connect(svc.url, GRAPH)
+        front = Front(tmp_path / "log", 0, ref, fsync="never", heartbeat_ms=None)
+        try:
+            yield svc, ref, agent, front
+        finally:
+            front.close()
+            agent.close()
+            connect(ref).close()
+
+
 def consume(agent: Agent, log: Path, front: int, start: int, end: int) -> int:
     """The new consumer's receipt of ``[start, end)`` out of ``ingest_x``; returns the
     highest time it read."""
@@ -45,40 +68,30 @@ def consume(agent: Agent, log: Path, front: int, start: int, end: int) -> int:
 
 
 def test_a_running_front_joins_a_consumer_attached_to_its_log(tmp_path: Path) -> None:
-    from lowtide.service import TrackerService
-
-    log = tmp_path / "log"
-    with TrackerService.start(GRAPH, grid=GRID) as svc:
-        ref = TrackerRef(svc.url, GRAPH, GRID)
-        agent = Agent.connect(svc.url, GRAPH)
-        front = Front(log, 0, ref, fsync="never", heartbeat_ms=None)
-        try:
-            front.send([b"a", b"b", b"c"])        # before the consumer: never acked for it
-            agent.change_graph(attach=LATE)       # the tracker attaches its segments ...
-            register_consumer(log, "ingest_x", {0: 0})
-            request_join(log, "ingest_x", consumer="ingest_x")  # ... and it asks to be fed
-            assert start_offsets(log, "ingest_x", [0]) == {0: None}  # waits for front 0
-            time.sleep(0.03)
-            front.heartbeat()                     # between batches: it follows the log dir
-            assert front.segments == ("ingest", "ingest_x")
-            assert start_offsets(log, "ingest_x", [0]) == {0: 3}
-            first = front.send([b"d", b"e"])
-            assert first == 3
-            time.sleep(0.05)
-            beat = front.heartbeat()
-            wait_for(lambda: segment(svc, "ingest_x")["bound"] >= beat)
-            x = segment(svc, "ingest_x")
-            assert x["in_flight"] == 2            # d and e, sent into it, not yet read
-            last = consume(agent, log, 0, 3, 5)
-            assert x["min_time"] <= last           # never past what it had not received
-            time.sleep(0.05)
-            beat = front.heartbeat()
-            wait_for(lambda: segment(svc, "ingest_x")["min_time"] > last)
-            assert segment(svc, "ingest_x")["in_flight"] == 0
-        finally:
-            front.close()
-            agent.close()
-            connect(ref).close()
+    with log_front(tmp_path) as (svc, _ref, agent, front):
+        log = tmp_path / "log"
+        front.send([b"a", b"b", b"c"])        # before the consumer: never acked for it
+        agent.change_graph(attach=LATE)       # the tracker attaches its segments ...
+        register_consumer(log, "ingest_x", {0: 0})
+        request_join(log, "ingest_x", consumer="ingest_x")  # ... and it asks to be fed
+        assert start_offsets(log, "ingest_x", [0]) == {0: None}  # waits for front 0
+        time.sleep(0.03)
+        front.heartbeat()                     # between batches: it follows the log dir
+        assert front.segments == ("ingest", "ingest_x")
+        assert start_offsets(log, "ingest_x", [0]) == {0: 3}
+        first = front.send([b"d", b"e"])
+        assert first == 3
+        time.sleep(0.05)
+        beat = front.heartbeat()
+        wait_for(lambda: segment(svc, "ingest_x")["bound"] >= beat)
+        x = segment(svc, "ingest_x")
+        assert x["in_flight"] == 2            # d and e, sent into it, not yet read
+        last = consume(agent, log, 0, 3, 5)
+        assert x["min_time"] <= last           # never past what it had not received
+        time.sleep(0.05)
+        beat = front.heartbeat()
+        wait_for(lambda: segment(svc, "ingest_x")["min_time"] > last)
+        assert segment(svc, "ingest_x")["in_flight"] == 0
 
 
 def test_a_released_consumer_is_left_and_its_detach_refuses_nothing(tmp_path: Path) -> None:
@@ -97,7 +110,8 @@ def test_a_released_consumer_is_left_and_its_detach_refuses_nothing(tmp_path: Pa
             front.send([b"a"])
             release_consumer(log, "ingest_x")     # the query was detached (rule 16)
             wait_for(lambda: front.segments == ("ingest",))
-            assert str(1 << 32) not in svc.status()["fronts"]  # it unregistered there
+            # it unregistered there (just after it stopped sending there)
+            wait_for(lambda: str(1 << 32) not in svc.status()["fronts"])
             agent.change_graph(detach=["sink_x", "ingest_x"])
             front.send([b"b"])                    # nothing refused: no ack goes there
             time.sleep(0.05)
@@ -227,3 +241,41 @@ def test_a_consumer_that_attaches_during_a_tracker_restart_is_joined_after_it(
                 front.close()
         finally:
             front.close()
+
+
+def test_a_refused_join_fails_closed_in_one_line_and_is_not_asked_again(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The consumer's segment is detached on the tracker after the front's agent learnt
+    of it and before the front registers there (issue 34 review): the registration is
+    refused; the front does not join (no answer, nothing labelled or acked into it),
+    says so in one warning line, learns the tracker's generation and does not ask the
+    tracker again; its own segment completes what its consumer reads."""
+    with log_front(tmp_path) as (svc, ref, agent, front):
+        log = tmp_path / "log"
+        front.send([b"a", b"b"])
+        agent.change_graph(attach=LATE)
+        connect(ref).follow_graph()          # the front's agent has generation 1 ...
+        agent.change_graph(detach=["sink_x", "ingest_x"])  # ... the tracker 2 now
+        register_consumer(log, "ingest_x", {0: 0})
+        request_join(log, "ingest_x", consumer="ingest_x")
+        caplog.set_level(logging.INFO, logger="lowtide")
+        for _ in range(4):                   # the heartbeat follows the log dir
+            time.sleep(0.21)
+            front.heartbeat()
+        said = [r for r in caplog.records if r.name == "lowtide.spark.front"]
+        (line,) = [r.getMessage() for r in said]   # one line, said once
+        assert line.startswith("consumers not followed: front=0, error=front 0 did not "
+                               "join consumer 'ingest_x'")
+        assert "is detached" in line and "\n" not in line
+        refused = [r for r in caplog.records if "refused request" in r.getMessage()]
+        assert len(refused) == 1             # asked once: it learnt the generation
+        assert front.segments == ("ingest",)
+        assert start_offsets(log, "ingest_x", [0]) == {0: None}  # its reader waits
+        assert str(1 << 32) not in svc.status()["fronts"]
+        first = front.send([b"c"])           # labelled into its own segment only
+        time.sleep(0.05)
+        beat = front.heartbeat()
+        front.flush()                        # no ack or heartbeat was refused
+        wait_for(lambda: segment(svc, "ingest")["bound"] >= beat)
+        held = segment(svc, "ingest")
+        assert held["in_flight"] == first + 1 and held["min_time"] <= beat

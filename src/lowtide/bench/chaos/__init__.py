@@ -2,7 +2,8 @@
 
 Each scenario runs a standalone tracker (``lowtide serve`` with a state dir and a
 secret) and good clients whose ground truth is known (see :mod:`.workload`), injects
-its faults (:mod:`.faults`, :mod:`.hostile`) and counts:
+its faults (:mod:`.faults`, :mod:`.hostile`; a producer killed while its front joins
+a query attached to its topic: :mod:`.join_fault`) and counts:
 
 * ``premature``: notifications that claimed a time while an item below it was still
   in flight (must be 0), and agents fooled by a server without the secret;
@@ -33,7 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from lowtide.bench.chaos import faults, hostile
+from lowtide.bench.chaos import faults, hostile, join_fault
 from lowtide.bench.chaos.run import Result, Scenario, run_scenario
 from lowtide.bench.chaos.workload import Workload
 from lowtide.bench.stats import percentile
@@ -58,6 +59,7 @@ SCENARIOS = (
     Scenario("producer crash", (faults.crash_producer,), producer="crash"),
     Scenario("tracker outage under a producer", (faults.outage_under_producer,),
              producer="pause"),
+    Scenario("front killed mid-join", (join_fault.kill_front_mid_join,), producer="pause"),
     Scenario("dead front", dead_front=True,
              serve_args=("--front-timeout-s", "3", "--dead-fronts", "retire")),
     Scenario("graph changed", (faults.change_graph, faults.kill_tracker)),

@@ -1,9 +1,11 @@
 """A ``lowtide.Front`` producer under chaos: records labelled by a real front and
 written to a "topic" (a file of JSON lines, one per labelled batch), read by the
 consumer. Its faults are the ones a producer meets: killed right after a write, inside
-the agent's flush interval (``producer crash``), and stopped cleanly while the tracker
-is down (``tracker outage under a producer``); a successor with the same front and
-owner takes over from what the topic holds.
+the agent's flush interval (``producer crash``), stopped cleanly while the tracker
+is down (``tracker outage under a producer``), and killed while its front joins a query
+attached to its topic (``front killed mid-join``: its front shares a joins directory
+with the topic's queries); a successor with the same front and owner takes over from
+what the topic holds.
 
 The front's clock (:class:`LineClock`) counts the lines of its topic from
 ``FIRST_SLOT``, as the keyed fronts count their batches, so its labels share their
@@ -31,6 +33,7 @@ from lowtide.bench.chaos.workload import (
     ITEMS_PER_SLOT,
     Journal,
     Workload,
+    joins_path,
     topic_lines,
     topic_path,
 )
@@ -80,7 +83,7 @@ def producer_process(url: str, work: Workload, front: int, journal_dir: str, go:
     with notes.failures():
         clock = LineClock(len(topic_lines(jdir, front)))
         producer = Front(None, front, ref, segment="src", clock=clock, heartbeat_ms=5,
-                         owner=f"{OWNER}-{front}")
+                         owner=f"{OWNER}-{front}", joins_dir=joins_path(jdir))
         notes.note("registered", front)
         go.wait(60)
         for k in range(clock.lines, work.slots):

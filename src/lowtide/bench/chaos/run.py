@@ -96,6 +96,7 @@ class Run:
         self.refused_starts = 0
         self.notes: list[str] = []
         self.premature: list[str] = []  # what a fault saw announced too early itself
+        self.lost = 0  # outputs a fault saw never complete itself
         self.skew = dict(scenario.skew)
         self.producer: Any = None
         self.producer_front = PRODUCER_FRONT
@@ -242,8 +243,8 @@ def run_scenario(tmp: Path, work: Workload, scenario: Scenario, secret_file: Pat
         run.say(f"slow batches of {work.slow_ms / 1000:g} s: {losses} loss report(s)")
     return Result(scenario.name, run.faults, run.refused_starts,
                   truth.premature(run.seen) + run.premature,
-                  lost, truth.notify_delays_ms(run.seen), run.notes, time.monotonic() - started,
-                  losses, retired, run.failover_s)
+                  lost + run.lost, truth.notify_delays_ms(run.seen), run.notes,
+                  time.monotonic() - started, losses, retired, run.failover_s)
 
 
 def tracker_reports(log: Path) -> tuple[int, int]:

@@ -47,7 +47,12 @@ ITEMS_PER_SLOT = 20
 FIRST_SLOT = 1_000  # slots start here, so a skewed front's slots stay positive
 QUERY = "chaos"
 COVERS: dict[str | None, tuple[str, ...]] = {"src": ("src",), "sink": ("src", "sink"),
-                                              None: ("src", "sink")}
+                                              None: ("src", "sink"),
+                                              # the query a fault attaches to a topic
+                                              "joined": ("joined",),
+                                              "joined_sink": ("joined", "joined_sink")}
+#: the journals of consumers: the workload's, and the query the join fault attaches
+CONSUMER_JOURNALS = ("consumer.log", "joined.log")
 T = TypeVar("T")
 
 
@@ -92,12 +97,15 @@ def received(front: int, slot: int) -> tuple[AckBatch, AckBatch]:
     return receipts(np.full(len(parents), slot), parents)
 
 
-def receipts(times: np.ndarray, parents: np.ndarray) -> tuple[AckBatch, AckBatch]:
-    """:func:`received` of any items (times, root ack values)."""
+def receipts(times: np.ndarray, parents: np.ndarray,
+             segments: tuple[int, int] = (0, 1)) -> tuple[AckBatch, AckBatch]:
+    """:func:`received` of any items (times, root ack values), out of ``segments``
+    (a source and its sink: src and sink by default)."""
+    source, sink = segments
     children = child_acks(parents, operator=1, child_index=np.zeros(len(parents), np.uint64))
-    first = AckBatch.concat([AckBatch.from_columns(1, times, children, 1),
-                             AckBatch.from_columns(0, times, parents, -1)])
-    return first, AckBatch.from_columns(1, times, children, -1)
+    first = AckBatch.concat([AckBatch.from_columns(sink, times, children, 1),
+                             AckBatch.from_columns(source, times, parents, -1)])
+    return first, AckBatch.from_columns(sink, times, children, -1)
 
 
 def retry(call: Callable[..., T], *args: Any) -> T:
@@ -115,7 +123,7 @@ def retry(call: Callable[..., T], *args: Any) -> T:
             time.sleep(0.1)
 
 
-def _send(notes: Journal, agent: Agent, key: BatchKey, acks: AckBatch,
+def send(notes: Journal, agent: Agent, key: BatchKey, acks: AckBatch,
           heartbeats: list[Heartbeat] | None = None) -> None:
     """A keyed batch, retried until confirmed; a refusal is journaled (a tracker that
     refuses a receipt because its min time passed it already was premature)."""
@@ -163,7 +171,7 @@ def front_process(url: str, work: Workload, front: int, skew: int, journal: str,
             notes.note("sent", front, slot)
             key = BatchKey(QUERY, k, "src", front)
             heartbeat = [Heartbeat(front, slot + 1)]
-            _send(notes, agent, key, sent_into_src(front, slot), heartbeat)
+            send(notes, agent, key, sent_into_src(front, slot), heartbeat)
             time.sleep(work.pace_ms / 1000)
 
 
@@ -191,7 +199,7 @@ def consumer_process(url: str, work: Workload, skew: dict[int, int], journal_dir
                     continue
                 _receive(notes, agent, work, k, front, slot, received(front, slot))
             for front in work.producers:
-                line = _await_line(jdir, front, k)
+                line = await_line(jdir, front, k)
                 times = np.asarray(line["times"], np.int64)
                 _receive(notes, agent, work, k, front, int(times.min()),
                          receipts(times, from_label(line["acks"])))
@@ -236,16 +244,22 @@ def _receive(notes: Journal, agent: Agent, work: Workload, k: int, front: int, s
              batches: tuple[AckBatch, AckBatch]) -> None:
     first, second = batches
     notes.note("recv", "src", front, slot)
-    _send(notes, agent, BatchKey(QUERY, k, "sink", front), first)
+    send(notes, agent, BatchKey(QUERY, k, "sink", front), first)
     if k % work.hold_every == work.hold_every - 1:
         time.sleep(work.hold_ms / 1000)
     notes.note("recv", "sink", front, slot)
-    _send(notes, agent, BatchKey(QUERY, k, "out", front), second)
+    send(notes, agent, BatchKey(QUERY, k, "out", front), second)
 
 
 def topic_path(journal_dir: Path, front: int) -> Path:
     """Where producer ``front`` writes its labelled batches, one JSON line each."""
     return journal_dir / f"topic-{front}.jsonl"
+
+
+def joins_path(journal_dir: Path) -> Path:
+    """The directory a producer's front shares with the queries of its topic, through
+    which it joins a query attached while it runs (``Front(joins_dir=)``)."""
+    return journal_dir / "joins"
 
 
 def topic_lines(journal_dir: Path, front: int) -> list[dict[str, Any]]:
@@ -255,7 +269,7 @@ def topic_lines(journal_dir: Path, front: int) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line.endswith("}")]
 
 
-def _await_line(journal_dir: Path, front: int, k: int) -> dict[str, Any]:
+def await_line(journal_dir: Path, front: int, k: int) -> dict[str, Any]:
     """Line ``k`` of a producer's topic, once written (by it or its successor)."""
     end = time.monotonic() + 120.0
     while True:
@@ -319,7 +333,7 @@ class Truth:
         first: dict[tuple[str, int, int], int] = {}
         last: dict[tuple[int, int], int] = {}
         behind = []
-        for fields in _lines(journal_dir / "consumer.log"):
+        for fields in (f for name in CONSUMER_JOURNALS for f in _lines(journal_dir / name)):
             if fields[:1] == ["refused"] and "AckBehindHead" in fields:
                 behind.append(f"the receipt of front {fields[2]}'s batch {fields[3]} was "
                               "refused: a min time had passed it")

@@ -159,9 +159,7 @@ class TrackerHandle:
     def close(self) -> None:
         """Close this process's agent for the tracker, then stop an embedded tracker."""
         if self._agent is not None:
-            close = getattr(self._agent, "close", None)
-            if close is not None:
-                close()
+            self._agent.close()
             self._agent = None
         if self.service is not None:
             self.service.stop()

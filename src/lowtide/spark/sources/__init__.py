@@ -35,7 +35,9 @@ __all__ = [
     "label_ms",
     "log_status",
     "replay_offsets",
+    "request_join",
     "rows_before",
+    "start_times",
 ]
 
 __getattr__ = lazy_exports(__name__, {
@@ -68,4 +70,6 @@ __getattr__ = lazy_exports(__name__, {
     "LogReplaySource": "lowtide.spark.sources.log_replay",
     "replay_offsets": "lowtide.spark.sources.log_replay",
     "log_status": "lowtide.spark.sources.retention",
+    "request_join": "lowtide.spark.sources.joins",
+    "start_times": "lowtide.spark.sources.joins",
 })

@@ -30,8 +30,8 @@ until the first one arrived, it asks.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol, cast
 
 from lowtide.spark.tracking.receive import STAMP_MAX_MS, read_stamp, stamp_ms
 from lowtide.spark.tracking.transport import TrackerRef, connect
@@ -42,6 +42,13 @@ except ImportError:  # pragma: no cover
     DataSource = SimpleDataSourceStreamReader = object  # type: ignore[misc,assignment]
 
 CLOCK_SCHEMA = "lt_wm long"
+
+
+class Pushing(Protocol):
+    """The driver's agent (``lowtide.service.Agent``): it pushes min time updates."""
+
+    def on_update(self, callback: Callable[[Any], None],
+                  segment: str | None = None) -> Callable[[], None]: ...
 
 
 def clock_offset(stamp: int, step_ms: int) -> int:
@@ -72,9 +79,8 @@ class ClockReader(SimpleDataSourceStreamReader):  # type: ignore[misc]
         """The segment's min time as a stamp: the last one pushed, else asked."""
         if not self._subscribed:
             self._subscribed = True
-            agent: Any = connect(self.ref)
-            if hasattr(agent, "on_update"):  # a test's stand-in agent may not push
-                agent.on_update(self._on_update, self.segment)
+            # on the driver: a service Agent (or the stand-in registered for the scheme)
+            cast(Pushing, connect(self.ref)).on_update(self._on_update, self.segment)
         pushed = self._pushed
         return read_stamp(self.ref, self.segment) if pushed is None else pushed
 

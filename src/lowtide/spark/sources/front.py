@@ -59,7 +59,7 @@ import os
 import threading
 import time as _time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -70,6 +70,7 @@ from lowtide.core.time import Clock, TimeGrid
 from lowtide.service.clock import SystemClock
 from lowtide.spark.sources import records as rec
 from lowtide.spark.sources.event_time import event_time_of
+from lowtide.spark.sources.front_agent import FrontAgent
 from lowtide.spark.sources.front_feeds import CONSUMER_STRIDE, Feeds, FrontEnded
 from lowtide.spark.sources.front_owner import default_owner, register_when_free
 from lowtide.spark.sources.ingest import IngestWriter
@@ -77,7 +78,7 @@ from lowtide.spark.sources.labels import Labelled, as_label
 from lowtide.spark.sources.lateness import LatePolicy, LateStats
 from lowtide.spark.sources.retention import retain
 from lowtide.spark.tracking.column import AckAccumulator
-from lowtide.spark.tracking.transport import AgentLike, TrackerRef, connect
+from lowtide.spark.tracking.transport import TrackerRef, connect
 
 log = logging.getLogger("lowtide.spark.front")
 
@@ -120,7 +121,7 @@ class Front:
         self,
         log_dir: str | os.PathLike[str] | None,
         front: int,
-        tracker: TrackerRef | AgentLike,
+        tracker: TrackerRef | FrontAgent,
         *,
         segment: str | Sequence[str] = "ingest",
         grid: TimeGrid | None = None,
@@ -186,20 +187,18 @@ class Front:
             )
             self._thread.start()
 
-    def _connect(self, tracker: TrackerRef | AgentLike, grid: TimeGrid | None,
+    def _connect(self, tracker: TrackerRef | FrontAgent, grid: TimeGrid | None,
                  segments: tuple[str, ...], joins_dir: str | os.PathLike[str] | None) -> None:
         if isinstance(tracker, TrackerRef):  # its agent's handshake checks the grid
-            self._agent, self.grid = connect(tracker), grid or tracker.grid
+            # a service Agent, or the stand-in registered for the ref's scheme
+            self._agent = cast(FrontAgent, connect(tracker))
+            self.grid, graph = grid or tracker.grid, tracker.graph
         else:  # the tracker's grid, as the agent's handshake learnt it
-            self._agent, told = tracker, getattr(tracker, "grid", None) or TimeGrid()
+            self._agent, told, graph = tracker, tracker.grid, tracker.graph
             if grid is not None and grid != told:
                 raise ValueError(f"grid {grid} is not the tracker's {told}: label with "
                                  "the tracker's grid (pass none to use it)")
             self.grid = told
-        graph = tracker.graph if isinstance(tracker, TrackerRef) else getattr(
-            tracker, "graph", None)
-        if graph is None:
-            raise TypeError("pass a TrackerRef, or an agent with a .graph")
         self._feeds = Feeds(self.front, self._agent, graph, segments, joins_dir)
 
     def _open_log(self, log_dir: str | os.PathLike[str], fsync: str,
@@ -331,9 +330,7 @@ class Front:
     def flush(self) -> None:
         """Wait until the tracker confirmed every ack and heartbeat sent so far; raises
         what it refused."""
-        flush = getattr(self._agent, "flush", None)
-        if flush is not None:
-            flush(self.confirm_timeout_s)
+        self._agent.flush(self.confirm_timeout_s)
 
     def _send_beat(self, slot: int) -> int:
         for feed in self._feeds.items:  # never below where a joined consumer starts
@@ -383,15 +380,14 @@ class Front:
         """Tell the tracker what this front did with late records (status views show
         it), when the counts changed or every LATE_REPORT_EVERY_S (a restarted tracker
         learns them again); nothing while there are none."""
-        report = getattr(self._agent, "report_late", None)
         stats = self.late_stats
         counts = (stats.late_clamped, stats.late_rejected, stats.late_raised,
                   stats.out_of_range)
         now = _time.monotonic()
-        if report is None or not any(counts) or (
+        if not any(counts) or (
                 counts == self._late_sent and now < self._late_due):
             return
-        report(self.front, counts)
+        self._agent.report_late(self.front, counts)
         self._late_sent, self._late_due = counts, now + LATE_REPORT_EVERY_S
 
     def status(self) -> dict[str, Any]:
@@ -434,10 +430,8 @@ class Front:
             log.warning("late counts not reported", extra={"front": self.front,
                                                            "error": str(exc)})
         if unregister and self.registered:
-            unreg = getattr(self._agent, "unregister_front", None)
-            if unreg is not None:
-                for fid in self.front_ids():
-                    unreg(fid, owner=self.owner)
+            for fid in self.front_ids():
+                self._agent.unregister_front(fid, owner=self.owner)
         return self._last_beat
 
     def __enter__(self) -> Front:

@@ -29,12 +29,13 @@ from lowtide.core.errors import (
     FrontOwned,
     LowtideError,
     NonMonotonicHeartbeat,
+    ProtocolError,
 )
 from lowtide.core.time import TimeGrid
+from lowtide.spark.sources.front_agent import FrontAgent
 from lowtide.spark.sources.front_owner import register_when_free
 from lowtide.spark.sources.joins import Join, answers_of, join_requests, record_join
 from lowtide.spark.tracking.key_ranges import front_cell
-from lowtide.spark.tracking.transport import AgentLike
 
 log = logging.getLogger("lowtide.spark.front")
 
@@ -44,6 +45,11 @@ CONSUMER_STRIDE = 1 << 32
 
 class FrontEnded(LowtideError, RuntimeError):
     """A producer resumes a front whose input ended (closed with ``close()``)."""
+
+
+class JoinRefused(LowtideError, RuntimeError):
+    """The tracker refused a front's registration on a consumer's segment: the front
+    did not join it (no answer, nothing labelled or acked into it)."""
 
 
 @dataclass
@@ -62,7 +68,7 @@ class Feeds:
     log's, or a ``joins_dir`` it shares with the queries of a topic) it also follows
     joins."""
 
-    def __init__(self, front: int, agent: AgentLike, graph: Any, segments: tuple[str, ...],
+    def __init__(self, front: int, agent: FrontAgent, graph: Any, segments: tuple[str, ...],
                  joins_dir: str | os.PathLike[str] | None) -> None:
         self.front, self._agent, self._log_dir = front, agent, joins_dir
         self.items = [Feed(s, fid, front_cell(graph, s, fid))
@@ -112,8 +118,7 @@ class Feeds:
 
     def _promised(self) -> int:
         """What the tracker holds as this front's heartbeat (a successor resumes there)."""
-        status = getattr(self._agent, "status", None)
-        fronts = status().get("fronts", {}) if status is not None else {}
+        fronts = self._agent.status().get("fronts", {})
         times = [int(fronts[str(f)][1]) for f in self.front_ids if str(f) in fronts]
         return max(times, default=-1)
 
@@ -162,7 +167,14 @@ class Feeds:
             return None
         k = max([(f - self.front) // CONSUMER_STRIDE for f in self.front_ids], default=-1)
         fid = self.front + (k + 1) * CONSUMER_STRIDE
-        time = self._register(fid, segment, time, owner)
+        try:
+            time = self._register(fid, segment, time, owner)
+        except ProtocolError as exc:  # e.g. detached since this agent's graph generation
+            self._agent.follow_graph()  # the next follow sees the tracker's current one
+            raise JoinRefused(
+                f"front {self.front} did not join consumer {segment!r}: the tracker "
+                f"refused its registration ({exc}); it sends nothing there and asks "
+                "again while the query's join request stands (pipe.detach removes it)") from None
         record_join(self._log_dir, segment, front=self.front,  # type: ignore[arg-type]
                     join=Join(next_seq, time, fid))
         self.items.append(Feed(segment, fid, front_cell(graph, segment, fid), time))
@@ -177,7 +189,7 @@ class Feeds:
             register_when_free(self._agent, fid, segment, time, owner)
             return time
         except (FrontBehind, NonMonotonicHeartbeat):
-            status = self._agent.status()  # type: ignore[attr-defined]
+            status = self._agent.status()
             floors = [s["min_time"] for s in status["segments"] if s["segment"] == segment]
             promised = status["fronts"].get(str(fid), [segment, -1])[1]
             time = max(time, *floors, int(promised))
@@ -185,21 +197,18 @@ class Feeds:
             return time
 
     def _leave(self, feed: Feed, owner: str) -> None:
-        self.items.remove(feed)
-        unregister = getattr(self._agent, "unregister_front", None)
+        self.items.remove(feed)  # first: no more acks into a segment about to go
         # its segment may be detached first: then its fronts are gone already
         with contextlib.suppress(LowtideError):
-            if unregister is not None:
-                unregister(feed.front_id, owner=owner)
+            self._agent.unregister_front(feed.front_id, owner=owner)
         log.info("front left a released consumer",
                  extra={"front": self.front, "segment": feed.segment})
 
     def _graph_with(self, *segments: str) -> Any:
         """The agent's graph once it has ``segments`` attached (the tracker's current
         generation), else None."""
-        graph = self._agent.graph  # type: ignore[attr-defined]
-        follow = getattr(self._agent, "follow_graph", None)
-        if follow is not None and not all(s in graph for s in segments):
-            graph = follow()
+        graph = self._agent.graph
+        if not all(s in graph for s in segments):
+            graph = self._agent.follow_graph()
         live = all(s in graph and not graph.is_detached(graph.index(s)) for s in segments)
         return graph if live else None

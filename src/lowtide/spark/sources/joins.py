@@ -46,8 +46,18 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-__all__ = ["Join", "answers_of", "join_requests", "record_join", "release_join",
-           "request_join", "start_offsets", "start_times"]
+__all__ = [
+    "Answers",
+    "Join",
+    "answers_of",
+    "join_requests",
+    "read_answers",
+    "record_join",
+    "release_join",
+    "request_join",
+    "start_offsets",
+    "start_times",
+]
 
 JOINS = "joins"
 
@@ -121,17 +131,45 @@ def answers_of(directory: str | os.PathLike[str], front: int) -> dict[str, Join]
     return out
 
 
+@dataclass(frozen=True)
+class Answers:
+    """Every answer of a joins directory, read at one moment (one scan: an answer never
+    changes once written, so a reader may keep them for as long as it reads records
+    written before the scan)."""
+
+    by_segment: dict[str, dict[int, Join]]
+
+    def start(self, segment: str, front: int, field: str, never_answered: int) -> int | None:
+        """``front``'s answer's ``field`` for ``segment`` (None: it answered another
+        segment only, it has not joined this one yet; ``never_answered``: it answered
+        none)."""
+        mine = self.by_segment.get(segment, {})
+        if front in mine:
+            return int(getattr(mine[front], field))
+        answered = any(front in others for others in self.by_segment.values())
+        return None if answered else never_answered
+
+    def start_time(self, segment: str, front: int) -> int | None:
+        """:func:`start_times` of one front."""
+        return self.start(segment, front, "time", -1)
+
+
+def read_answers(directory: str | os.PathLike[str]) -> Answers:
+    """The answers in ``directory`` now (see :class:`Answers`)."""
+    out: dict[str, dict[int, Join]] = {}
+    for path in _folder(directory).glob("*/f*.json"):
+        try:
+            join = Join(**json.loads(path.read_text()))
+        except FileNotFoundError:  # released meanwhile
+            continue
+        out.setdefault(path.parent.name, {})[int(path.stem[1:])] = join
+    return Answers(out)
+
+
 def _starts(directory: str | os.PathLike[str], segment: str, fronts: list[int],
             field: str, never_answered: int) -> dict[int, int | None]:
-    folder = _folder(directory)
-    out: dict[int, int | None] = {}
-    for front in fronts:
-        path = folder / segment / f"f{front}.json"
-        if path.exists():
-            out[front] = int(json.loads(path.read_text())[field])
-        else:
-            out[front] = None if any(folder.glob(f"*/f{front}.json")) else never_answered
-    return out
+    answers = read_answers(directory)
+    return {front: answers.start(segment, front, field, never_answered) for front in fronts}
 
 
 def start_offsets(directory: str | os.PathLike[str], segment: str,

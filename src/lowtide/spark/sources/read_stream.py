@@ -34,17 +34,25 @@ answer is written before the front labels anything at or above it). Rows without
 ``lt_front`` (older producers) and of fronts that never answered anything are kept.
 The answers are written once, so a retried task keeps the same rows: exactly those
 whose acks the front sent into the query's segment (rule 5).
+
+A task reads the joins directory once, at its first batch of rows, and keeps the
+answers for the rest (one scan per task, not per Arrow batch and front). That is
+enough: the batch's rows were in the topic before Spark planned it, and an answer is
+written before its front labels any row at or above it, so every answer that changes
+what the batch keeps was there when the task looked. An answer written later (after
+the batch was planned) only concerns rows of later batches, which read again: it is
+never applied to part of a batch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from lowtide.core.errors import LowtideError
-from lowtide.spark.sources.joins import request_join, start_times
+from lowtide.spark.sources.joins import Answers, read_answers, request_join
 from lowtide.spark.sources.labels import FRONT_COLUMN
 from lowtide.spark.tracking.column import (
     TRACK_COL,
@@ -121,6 +129,8 @@ class Labels:
     ack_col: str
     segment: str = ""
     joins_dir: str | None = None
+    #: the join answers, read at the task's first batch (each task has its own copy)
+    _answers: list[Answers] = field(default_factory=list, compare=False, repr=False)
 
     def __call__(self, batch: Any, acc: AckAccumulator, in_idx: int, out_idx: int,
                  ref_slot: int) -> Any:
@@ -144,8 +154,10 @@ class Labels:
         keep = np.asarray(fronts.is_null().to_numpy(zero_copy_only=False)).copy()
         ids = np.asarray(fronts.fill_null(-1).to_numpy(zero_copy_only=False), np.int64)
         t = np.asarray(times.fill_null(-1).to_numpy(zero_copy_only=False), np.int64)
-        present = [int(f) for f in np.unique(ids[~keep])]
-        for front, start in start_times(joins_dir, self.segment, present).items():
+        if not self._answers:
+            self._answers.append(read_answers(joins_dir))
+        for front in np.unique(ids[~keep]).tolist():
+            start = self._answers[0].start_time(self.segment, front)
             if start is not None:
                 keep |= (ids == front) & (t >= start)
         return batch if keep.all() else batch.filter(pa.array(keep))
