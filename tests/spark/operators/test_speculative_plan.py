@@ -16,10 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lowtide.core.acks import child_acks
+from lowtide.spark.operators.joins import KEY_COL
 from lowtide.spark.operators.slot_logic import AT_COL, CHILD_COL, SLOT_COL
 from lowtide.spark.operators.speculative import Shown, SpeculativeLogic, changelog_step
 from lowtide.spark.operators.speculative_plan import (
-    KEY_COL,
     ChangelogLogic,
     changelog_buckets,
     window_values,

@@ -7,7 +7,7 @@ window's rows go.
     rows, received and stamped by their senders            (window_input)
          .groupBy(keys, window).agg(...)   in update mode   (window_plan, in the JVM)
          --> each batch: the (key, window)s whose values changed, one row each
-         .groupBy(keys).transformWithStateInPandas          (ChangelogLogic)
+         .groupBy(bucket of keys).transformWithStateInPandas (ChangelogLogic)
          --> tombstone of the last version, the new version; the final once complete
 
 Spark's own aggregation keeps each (key, window)'s partial aggregates (partial
@@ -18,6 +18,14 @@ Python, where :class:`ChangelogLogic` keeps per (key, window) the latest values 
 the version last shown (:class:`.speculative.Shown`), and emits the changelog
 (:func:`.speculative.changelog_step`): versions come from that state, so a retried
 task or a batch re-run after a restart emits the same versions (rules 5 and 6).
+
+Buckets: the keyed step's cost is per group and batch (the processor's state reads
+and writes, its timer, each a round trip to the JVM), not per row, so it groups the
+keys into one bucket per shuffle partition (:func:`changelog_buckets`: the
+checkpoint's number, fixed for the query's life as Spark's is), each bucket named so
+that Spark's hash partitioning gives it a partition of its own
+(:func:`bucket_labels`): one call per task and batch, whatever the number of keys.
+A key's identity in its bucket is its JSON (``lt_key``), as Spark compares keys.
 
 Tracking: the senders receive the rows out of the window's inbound segment ``S_in``
 (and stamp them: Spark's watermark, under the ``max`` policy, evicts a window's
@@ -45,6 +53,7 @@ from typing import Any
 import numpy as np
 
 from lowtide.core.acks import child_acks
+from lowtide.spark.operators.joins import KEY_COL
 from lowtide.spark.operators.keyed_state import StatefulSpec, key_json, key_values
 from lowtide.spark.operators.slot_logic import CHILD_COL, SLOT_COL, LogicStep, RowParts
 from lowtide.spark.operators.speculative import (
@@ -94,10 +103,6 @@ def window_values(aggs: tuple[TypedAgg, ...], frame: Any) -> list[list[Any]]:
         cols.append([v if ok else None for v, ok in zip(values, valid, strict=True)])
     return [list(r) for r in zip(*cols, strict=True)] if cols else []
 
-
-#: a row's key as one exact string (:func:`.keyed_state.key_json`): its identity in
-#: its bucket's state
-KEY_COL = "lt_key"
 
 #: a bucket's state: key -> (the key's values, its windows' :class:`.speculative.Versions`)
 KeyVersions = dict[str, tuple[tuple[Any, ...], Versions]]
