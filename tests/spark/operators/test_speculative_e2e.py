@@ -221,6 +221,8 @@ def test_each_bucket_of_the_changelog_step_has_a_task_of_its_own(spark) -> None:
     partition 1 of 2): one group per task and micro-batch."""
     from pyspark.sql import functions as F
 
+    bare = spark.createDataFrame([(0,), (1,)], "g long").repartition(2, "g")
+    assert bare.select(F.spark_partition_id()).distinct().count() == 1
     for n in (2, 3, 8):
         labels = bucket_labels(spark, n)
         df = spark.createDataFrame([(b,) for b in labels], "g long").repartition(n, "g")
