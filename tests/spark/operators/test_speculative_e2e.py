@@ -15,6 +15,7 @@ import pytest
 
 import lowtide
 from lowtide.spark.operators import on_keyed_runtime
+from lowtide.spark.operators.speculative_plan import bucket_labels
 from lowtide.spark.sinks.changelog import apply_changelog, finals
 from lowtide.spark.sources.generator import GeneratorSpec
 from tests.spark.helpers import fail_once, t0_of_checkpoint
@@ -212,6 +213,22 @@ def test_the_jvm_plan_under_task_failures_and_a_restart(spark, tmp_path: Path) -
     ident = rows.assign(start=start_slots(rows))[["user", "start", "version", "op"]]
     assert not ident.duplicated().any(), "a version written twice"
     check_changelog(frames, spec, t0, final)
+
+
+def test_each_bucket_of_the_changelog_step_has_a_task_of_its_own(spark) -> None:
+    """The changelog step's buckets, named by :func:`bucket_labels`, land in distinct
+    partitions of Spark's hash partitioning (bare bucket numbers 0 and 1 both land in
+    partition 1 of 2): one group per task and micro-batch."""
+    from pyspark.sql import functions as F
+
+    bare = spark.createDataFrame([(0,), (1,)], "g long").repartition(2, "g")
+    assert bare.select(F.spark_partition_id()).distinct().count() == 1
+    for n in (2, 3, 8):
+        labels = bucket_labels(spark, n)
+        df = spark.createDataFrame([(b,) for b in labels], "g long").repartition(n, "g")
+        got = {r["g"]: r["p"] for r in df.select("g", F.spark_partition_id().alias("p"))
+               .collect()}
+        assert [got[b] for b in labels] == list(range(n))
 
 
 def test_which_plan_a_speculative_window_gets(spark, tmp_path: Path) -> None:

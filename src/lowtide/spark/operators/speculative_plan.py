@@ -7,7 +7,7 @@ window's rows go.
     rows, received and stamped by their senders            (window_input)
          .groupBy(keys, window).agg(...)   in update mode   (window_plan, in the JVM)
          --> each batch: the (key, window)s whose values changed, one row each
-         .groupBy(keys).transformWithStateInPandas          (ChangelogLogic)
+         .groupBy(bucket of keys).transformWithStateInPandas (ChangelogLogic)
          --> tombstone of the last version, the new version; the final once complete
 
 Spark's own aggregation keeps each (key, window)'s partial aggregates (partial
@@ -18,6 +18,14 @@ Python, where :class:`ChangelogLogic` keeps per (key, window) the latest values 
 the version last shown (:class:`.speculative.Shown`), and emits the changelog
 (:func:`.speculative.changelog_step`): versions come from that state, so a retried
 task or a batch re-run after a restart emits the same versions (rules 5 and 6).
+
+Buckets: the keyed step's cost is per group and batch (the processor's state reads
+and writes, its timer, each a round trip to the JVM), not per row, so it groups the
+keys into one bucket per shuffle partition (:func:`changelog_buckets`: the
+checkpoint's number, fixed for the query's life as Spark's is), each bucket named so
+that Spark's hash partitioning gives it a partition of its own
+(:func:`bucket_labels`): one call per task and batch, whatever the number of keys.
+A key's identity in its bucket is its JSON (``lt_key``), as Spark compares keys.
 
 Tracking: the senders receive the rows out of the window's inbound segment ``S_in``
 (and stamp them: Spark's watermark, under the ``max`` policy, evicts a window's
@@ -36,20 +44,27 @@ one here keeps no event-time state and drops nothing.
 
 from __future__ import annotations
 
+import contextlib
+import json
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from lowtide.spark.operators.keyed_state import StatefulSpec
-from lowtide.spark.operators.slot_logic import SLOT_COL, LogicStep, RowParts
+from lowtide.core.acks import child_acks
+from lowtide.spark.operators.joins import KEY_COL
+from lowtide.spark.operators.keyed_state import StatefulSpec, key_json, key_values
+from lowtide.spark.operators.slot_logic import CHILD_COL, SLOT_COL, LogicStep, RowParts
 from lowtide.spark.operators.speculative import (
+    Change,
     SpeculativeSpec,
     Versions,
     changelog_frame,
     changelog_schema,
     changelog_step,
 )
+from lowtide.spark.operators.state_clock import insert_key_rows, key_hash
 from lowtide.spark.operators.window_aggs import (
     VALID_PREFIX,
     VALUE_PREFIX,
@@ -89,12 +104,19 @@ def window_values(aggs: tuple[TypedAgg, ...], frame: Any) -> list[list[Any]]:
     return [list(r) for r in zip(*cols, strict=True)] if cols else []
 
 
+#: a bucket's state: key -> (the key's values, its windows' :class:`.speculative.Versions`)
+KeyVersions = dict[str, tuple[tuple[Any, ...], Versions]]
+
+
 @dataclass(frozen=True)
 class ChangelogLogic:
-    """A speculative window's changelog over Spark's running values: ``new`` rows are
-    (key, window)s whose values changed this batch (:data:`SLOT_COL`: the window's
-    last slot; the values as :func:`window_values` reads them). State:
-    :class:`.speculative.Versions` with ``panes`` start -> (end, latest values).
+    """A speculative window's changelog over Spark's running values, for a bucket of
+    keys: ``new`` rows are (key, window)s whose values changed this batch (``keys``
+    and :data:`KEY_COL`; :data:`SLOT_COL`: the window's last slot; the values as
+    :func:`window_values` reads them). State: :data:`KeyVersions`, per key
+    :class:`.speculative.Versions` with ``panes`` start -> (end, latest values). The
+    bucket's holds are one per slot, shared by its keys' windows ending there; an early
+    row's child index mixes its key's hash in, so that the keys' indices differ.
 
     Worked example (size 10 slots, ``count``, every batch): ``(last 9, n 2)`` with
     ``done = 2``: early ``insert v1 n=2`` at slot 9 (its hold opens). ``(last 9, n 3)``
@@ -106,11 +128,36 @@ class ChangelogLogic:
     size: int  # slots
     delta_ms: int
     every_ms: int = 0
+    keys: tuple[str, ...] = ("k",)
 
-    def step(self, key: tuple[Any, ...], state: Versions | None, new: Any, done: int,
+    def step(self, key: tuple[Any, ...], state: KeyVersions | None, new: Any, done: int,
              parts: RowParts, now_ms: int = 0) -> LogicStep:
+        held, news = dict(state or {}), self._by_key(new)
+        left: KeyVersions = {}
+        out: list[tuple[str, tuple[Any, ...], Change]] = []
+        early: list[tuple[str, tuple[Any, ...], Change]] = []
+        for kid in sorted(held.keys() | news.keys()):
+            values = held[kid][0] if kid in held else key_values(news[kid], self.keys)
+            versions, o, e = self._key_step(held[kid][1] if kid in held else None,
+                                            news.get(kid), done, now_ms)
+            out += [(kid, values, c) for c in o]
+            early += [(kid, values, c) for c in e]
+            if versions is not None:
+                left[kid] = (values, versions)
+        wakes = np.array(sorted({end - 1 for _, v in left.values()
+                                 for end, _ in v.panes.values()}), np.int64)
+        return LogicStep(left or None, self._frame(out), wakes, early=self._frame(early))
+
+    def _by_key(self, new: Any) -> dict[str, Any]:
+        if new is None or not len(new):
+            return {}
+        return {str(kid): rows for kid, rows in new.groupby(KEY_COL, sort=False)}
+
+    def _key_step(self, state: Versions | None, new: Any, done: int, now_ms: int
+                  ) -> tuple[Versions | None, list[Change], list[Change]]:
+        """One key's windows: its state after the call, its final and early changes."""
         latest: dict[int, tuple[int, list[Any]]] = dict(state.panes) if state else {}
-        if new is not None and len(new):
+        if new is not None:
             lasts = new[SLOT_COL].to_numpy(np.int64).tolist()
             for last, values in zip(lasts, window_values(self.aggs, new), strict=True):
                 latest[last + 1 - self.size] = (last + 1, values)
@@ -118,10 +165,47 @@ class ChangelogLogic:
             {s: end for s, (end, _) in latest.items()}, lambda s: latest[s][1],
             state.shown if state else {}, done, now_ms, self.every_ms)
         latest = {s: v for s, v in latest.items() if v[0] > done}
-        wakes = np.array(sorted(end - 1 for end, _ in latest.values()), np.int64)
-        return LogicStep(Versions(latest, shown) if latest else None,
-                         changelog_frame(self.aggs, self.delta_ms, out), wakes,
-                         early=changelog_frame(self.aggs, self.delta_ms, early))
+        return (Versions(latest, shown) if latest else None), out, early
+
+    def _frame(self, rows: list[tuple[str, tuple[Any, ...], Change]]) -> Any:
+        """The changelog rows of ``rows`` with their keys' columns; None for none."""
+        frame = changelog_frame(self.aggs, self.delta_ms, [c for _, _, c in rows])
+        if frame is None:
+            return None
+        hashes = {kid: key_hash(kid) for kid, _, _ in rows}
+        mixed = np.array([hashes[kid] for kid, _, _ in rows], np.uint64)
+        frame[CHILD_COL] = child_acks(mixed, 0, frame[CHILD_COL].to_numpy(np.uint64))
+        insert_key_rows(frame, self.keys, [values for _, values, _ in rows])
+        return frame
+
+
+def changelog_buckets(spark: Any, checkpoint: str) -> int:
+    """How many buckets the changelog step groups its keys into: the query's shuffle
+    partitions, as its checkpoint's offset log keeps them (Spark restores them on a
+    restart, whatever the session says; a key's versions live in its bucket)."""
+    offsets = Path(checkpoint) / "offsets"
+    logged = [int(p.name) for p in offsets.iterdir() if p.name.isdigit()] \
+        if offsets.is_dir() else []
+    if logged:
+        for line in (offsets / str(max(logged))).read_text().splitlines():
+            with contextlib.suppress(ValueError, AttributeError):
+                conf = json.loads(line).get("conf", {})
+                if "spark.sql.shuffle.partitions" in conf:
+                    return int(conf["spark.sql.shuffle.partitions"])
+    return int(spark.conf.get("spark.sql.shuffle.partitions"))
+
+
+def bucket_labels(spark: Any, buckets: int) -> list[int]:
+    """A label per bucket that Spark's hash partitioning into ``buckets`` partitions
+    sends to partition ``b`` (the first such number for each): one bucket per task,
+    where the buckets themselves could share a partition and leave another idle."""
+    from pyspark.sql import functions as F
+
+    parts = spark.range(0, 64 * buckets).select(
+        "id", F.pmod(F.hash("id"), F.lit(buckets)).alias("p")).groupBy("p").agg(
+        F.min("id").alias("label")).collect()
+    labels = {int(r["p"]): int(r["label"]) for r in parts}
+    return [labels[b] for b in range(buckets)]
 
 
 def build_speculative_plan(df: Any, spec: SpeculativeSpec, windows: QueryWindows,
@@ -144,12 +228,14 @@ def build_speculative_plan(df: Any, spec: SpeculativeSpec, windows: QueryWindows
     last = F.floor(F.unix_millis(F.col("window_end")) / F.lit(delta)).cast("long") - 1
     prepared = input_columns(values, outs, {a.agg.out: a.out_type() for a in aggs}).select(
         *[F.col(f"`{k}`") for k in w.keys], last.alias(SLOT_COL),
-        *helper_columns(outs))
+        key_json(w.keys, fields, null_if_null=False).alias(KEY_COL), *helper_columns(outs))
+    buckets = changelog_buckets(df.sparkSession, windows.checkpoint)
     keyed = StatefulSpec(w.name, w.keys, ChangelogLogic(aggs, w.size_ms // delta, delta,
-                                                        spec.every_ms),
-                         changelog_schema(w, aggs), w.poll_ms, what="window",
+                                                        spec.every_ms, w.keys),
+                         changelog_schema(w, aggs), w.poll_ms, buckets, what="window",
                          eager=spec.every_ms > 0, received=True)
-    out = build_keyed(prepared, keyed, ref, out_segment, op_id)
+    out = build_keyed(prepared, keyed, ref, out_segment, op_id,
+                      labels=bucket_labels(df.sparkSession, buckets))
     windows.holds.append(hold)
     return out
 

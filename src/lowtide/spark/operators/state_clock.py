@@ -103,13 +103,18 @@ def insert_keys(res: Any, names: tuple[str, ...], values: tuple[Any, ...]) -> No
     """Put a group's key columns first in its output rows ``res`` (a pandas DataFrame;
     object columns, so that Spark types them from the output schema, timestamps as
     timestamps)."""
+    insert_key_rows(res, names, [values] * len(res))
+
+
+def insert_key_rows(res: Any, names: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
+    """:func:`insert_keys` with each output row's own key values (a bucket's rows)."""
     import datetime
 
     import pandas as pd
 
-    for i, (name, value) in enumerate(zip(names, values, strict=True)):
-        series = pd.Series([value] * len(res), dtype=object)
-        if isinstance(value, datetime.datetime | np.datetime64):
+    for i, name in enumerate(names):
+        series = pd.Series([r[i] for r in rows], dtype=object)
+        if any(isinstance(r[i], datetime.datetime | np.datetime64) for r in rows):
             series = pd.to_datetime(series)
         res.insert(i, name, series)
 

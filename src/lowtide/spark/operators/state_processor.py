@@ -231,10 +231,10 @@ class SlotProcessor(StatefulProcessor):  # type: ignore[misc]
 
 
 def build_keyed(df: Any, spec: StatefulSpec, ref: TrackerRef, out_segment: str,
-                op_id: int) -> Any:
+                op_id: int, labels: list[int] | None = None) -> Any:
     """The DataFrame plan of a keyed stateful step: ``groupBy(keys)`` (or the keys'
-    bucket) ``.transformWithStateInPandas``. Unknown key columns raise here, before
-    the query starts."""
+    bucket, named ``labels[bucket]`` if given) ``.transformWithStateInPandas``. Unknown
+    key columns raise here, before the query starts."""
     from pyspark.sql import functions as F
 
     use_rocksdb(df.sparkSession)
@@ -249,7 +249,11 @@ def build_keyed(df: Any, spec: StatefulSpec, ref: TrackerRef, out_segment: str,
     rt = KeyedRuntime(spec, ref, out_segment, op_id, tuple(fields[k] for k in spec.keys))
     if spec.buckets:
         keys = [F.col(f"`{k}`") for k in spec.keys]
-        df = df.withColumn(GROUP_COL, F.pmod(F.xxhash64(*keys), F.lit(spec.buckets)))
+        bucket = F.pmod(F.xxhash64(*keys), F.lit(spec.buckets))
+        if labels is not None:
+            named = F.array(*[F.lit(b).cast("long") for b in labels])  # as hashed
+            bucket = F.element_at(named, bucket.cast("int") + 1)
+        df = df.withColumn(GROUP_COL, bucket)
     else:
         df = df.withColumn(GROUP_COL, key_json(spec.keys, fields, null_if_null=False))
     return df.groupBy(GROUP_COL).transformWithStateInPandas(
