@@ -107,6 +107,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "an exact interval join vs Spark's watermark stream-stream join; "
                    "speculative: early results then finals vs exact-only and Spark's update "
                    "mode")
+    p.add_argument("--keys", type=int, default=d.keys,
+                   help="speculative: distinct keys of the window (each changed key is "
+                   "a changelog row per micro-batch)")
     p.add_argument("--source", choices=("generator", "kafka"), default="generator",
                    help="kafka: tracked vs untracked on one topic of a real broker")
     kafka.add_arguments(p)
@@ -123,7 +126,7 @@ def main(args: argparse.Namespace) -> int:
         payload_bytes=args.payload_bytes, stages=args.stages, partitions=args.partitions,
         seconds=args.seconds, warmup_batches=args.warmup_batches, rounds=args.rounds,
         master=args.master, freeze_gc=args.freeze_gc, min_batches=args.min_batches,
-        variants=tuple(v for v in args.variants.split(",") if v),
+        variants=tuple(v for v in args.variants.split(",") if v), keys=args.keys,
     )
     unknown = set(cfg.variants) - set(VARIANTS)
     if unknown:

@@ -35,6 +35,7 @@ class BenchConfig:
     #: measured against "untracked" in every round; see VARIANTS
     variants: tuple[str, ...] = ("tracked",)
     freeze_gc: bool = True  # Pipeline(freeze_gc=...)
+    keys: int = 8  # the speculative shape's distinct keys (users)
 
 
 def user_map(batch: Any) -> Any:

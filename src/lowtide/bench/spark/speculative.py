@@ -46,7 +46,7 @@ from lowtide.spark.pipeline import Pipeline, register_sources, stop_between_batc
 from lowtide.spark.sinks import apply_changelog, finals
 from lowtide.spark.sources import GeneratorSpec, label_ms, rows_before
 
-FRONTS, LATENCY_RATE, LAG_MS, KEYS = 4, 100.0, 5000, 8
+FRONTS, LATENCY_RATE, LAG_MS, KEYS = 4, 100.0, 5000, BenchConfig.keys
 WARMUP_MS = 5000  # windows ending this soon after the first rows reached the sink: not counted
 WINDOW_MS = 1000
 GRID = TimeGrid()
@@ -94,10 +94,10 @@ class Arrivals:
         return rows
 
 
-def _columns(df: Any) -> Any:
+def _columns(df: Any, keys: int) -> Any:
     from pyspark.sql import functions as F
 
-    return (df.withColumn("user", ((F.col("seq") + F.col("front")) % KEYS).cast("string"))
+    return (df.withColumn("user", ((F.col("seq") + F.col("front")) % keys).cast("string"))
             .withColumn("amount", F.col("seq") % 64))
 
 
@@ -126,12 +126,12 @@ def _wait_for_t0(checkpoint: str, query: Any, timeout_s: float = 600) -> int:
     return _t0(checkpoint)
 
 
-def run_lowtide(spark: Any, seconds: float, workdir: str) -> dict[str, Any]:
+def run_lowtide(spark: Any, seconds: float, workdir: str, keys: int = KEYS) -> dict[str, Any]:
     """The speculative window on real-time input until ``seconds`` of windows past
     the lag are final; its changelog with arrival times, t0 and the sink's min time."""
     pipe = Pipeline(spark, "bench-speculative", stuck_after_ms=STUCK_MS)
     sink, ckpt = Arrivals(), tempfile.mkdtemp(dir=workdir)
-    stream = (_columns(pipe.generate(latency_spec()))
+    stream = (_columns(pipe.generate(latency_spec()), keys)
               .window(f"{WINDOW_MS} milliseconds", key="user", name="window")
               .agg(n="count", total=("amount", "sum")).speculative())
     try:
@@ -145,17 +145,17 @@ def run_lowtide(spark: Any, seconds: float, workdir: str) -> dict[str, Any]:
     finally:
         pipe.close()
     return {"rows": sink.rows(), "t0": t0, "complete_ms": complete * GRID.delta_ms,
-            "from_ms": first + WARMUP_MS}
+            "from_ms": first + WARMUP_MS, "keys": keys}
 
 
-def run_spark(spark: Any, seconds: float, workdir: str) -> tuple[Any, int]:
+def run_spark(spark: Any, seconds: float, workdir: str, keys: int = KEYS) -> tuple[Any, int]:
     """Spark's update-mode watermark window on the same input, ``LAG_MS`` +
     ``seconds`` of it; its updates with arrival times, and its generator's t0."""
     from pyspark.sql import functions as F
 
     sink = Arrivals()
     df = _columns(spark.readStream.format("lowtide_gen").option("tracking", "false")
-                  .option("spec", latency_spec().to_json()).load())
+                  .option("spec", latency_spec().to_json()).load(), keys)
     result = (df.withColumn("ts", F.timestamp_millis(F.col("event_ms")))
               .withWatermark("ts", "1 second")
               .groupBy("user", F.window("ts", f"{WINDOW_MS} milliseconds"))
@@ -176,7 +176,7 @@ def run_spark(spark: Any, seconds: float, workdir: str) -> tuple[Any, int]:
     return rows[rows["end_ms"] >= first + WARMUP_MS], t0
 
 
-def batch_windows(t0: int, below_ms: int) -> Any:
+def batch_windows(t0: int, below_ms: int, keys: int = KEYS) -> Any:
     """The batch recomputation: (user, window end ms) -> (n, total) over every row the
     generator labelled before ``below_ms``."""
     import pandas as pd
@@ -185,7 +185,7 @@ def batch_windows(t0: int, below_ms: int) -> Any:
     for f in spec.front_ids():
         seq = np.arange(rows_before(t0, spec.rate_of(f), below_ms - 1), dtype=np.int64)
         ms = label_ms(t0, spec.rate_of(f), seq)
-        parts.append(pd.DataFrame({"user": ((seq + f) % KEYS).astype(str),
+        parts.append(pd.DataFrame({"user": ((seq + f) % keys).astype(str),
                                    "end_ms": (ms // WINDOW_MS + 1) * WINDOW_MS,
                                    "amount": seq % 64}))
     rows = pd.concat(parts, ignore_index=True)
@@ -210,7 +210,7 @@ def speculative_figures(run: dict[str, Any]) -> dict[str, Any]:
     first = first_after_end(inserts)
     folded = apply_changelog(rows.drop(columns=["arrived_ms"])).set_index(["user", "end_ms"])
     exact = finals(rows.drop(columns=["arrived_ms"])).set_index(["user", "end_ms"])
-    batch = batch_windows(run["t0"], complete_ms)
+    batch = batch_windows(run["t0"], complete_ms, run.get("keys", KEYS))
     ends = batch.index.get_level_values("end_ms")
     batch = batch[(ends <= complete_ms) & (ends >= run["from_ms"])]
     got = exact[["n", "total"]].sort_index()
@@ -227,11 +227,11 @@ def speculative_figures(run: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def spark_figures(rows: Any, t0: int) -> dict[str, Any]:
+def spark_figures(rows: Any, t0: int, keys: int = KEYS) -> dict[str, Any]:
     """Spark's first update after each window's end (p50) and the rows its last
     updates miss, over the windows it updated after its end."""
     last = rows.sort_values("arrived_ms").groupby(["user", "end_ms"])[["n"]].last()
-    batch = batch_windows(t0, int(last.index.get_level_values("end_ms").max()))
+    batch = batch_windows(t0, int(last.index.get_level_values("end_ms").max()), keys)
     both = last.join(batch[["n"]], rsuffix="_batch", how="inner")
     return {"spark_first_result_p50_ms": round(float(np.median(first_after_end(rows))), 1),
             "spark_rows_missing": int((both["n_batch"] - both["n"]).sum())}
@@ -255,7 +255,7 @@ def throughput(spark: Any, cfg: BenchConfig, workdir: str
     def window(variant: str) -> tuple[float, float]:
         pipe = Pipeline(spark, "bench-speculative-rate", freeze_gc=cfg.freeze_gc,
                         stuck_after_ms=STUCK_MS)
-        stream = _columns(pipe.generate(_spec(cfg))).window(
+        stream = _columns(pipe.generate(_spec(cfg)), cfg.keys).window(
             f"{WINDOW_MS} milliseconds", key="user", name="window").agg(
             n="count", total=("amount", "sum"))
         if variant != "exact":
@@ -284,12 +284,12 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     spark = session(cfg)
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
     register_sources(spark)
-    lowtide_run = run_lowtide(spark, cfg.seconds, workdir)
-    spark_rows, spark_t0 = run_spark(spark, cfg.seconds, workdir)
+    lowtide_run = run_lowtide(spark, cfg.seconds, workdir, cfg.keys)
+    spark_rows, spark_t0 = run_spark(spark, cfg.seconds, workdir, cfg.keys)
     rounds, ratios = throughput(spark, cfg, workdir)
     return {"bench": "spark", "shape": "speculative",
             **speculative_figures(lowtide_run),
-            **spark_figures(spark_rows, spark_t0),
+            **spark_figures(spark_rows, spark_t0, cfg.keys),
             "rounds": [{v: [round(x) for x in r[v]] for v in VARIANTS} for r in rounds],
             "throughput_ratio": round(ratios["speculative"][0], 3),
             "throughput_ratio_keyed": round(ratios["keyed"][0], 3),
@@ -300,7 +300,7 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
 def main(cfg: BenchConfig) -> int:
     r = run(cfg)
     print(f"{FRONTS} fronts at {LATENCY_RATE:.0f} rows/s, front {FRONTS - 1} lagging "
-          f"{LAG_MS} ms, {KEYS} keys, {WINDOW_MS} ms windows ({r['windows']} complete)")
+          f"{LAG_MS} ms, {cfg.keys} keys, {WINDOW_MS} ms windows ({r['windows']} complete)")
     print(f"{'query':<36} {'first result p50':>17} {'final p50':>10}")
     print(f"{'lowtide speculative':<36} {r['first_result_p50_ms']:>14} ms "
           f"{r['final_p50_ms']:>7} ms")
