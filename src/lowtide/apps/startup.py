@@ -11,7 +11,6 @@ from collections.abc import Callable
 from typing import Any
 
 from lowtide.service import wall_ms
-from lowtide.spark.pipeline import register_sources, startup_phase
 
 SAY_EVERY_S = 2.0
 
@@ -25,6 +24,10 @@ def make_session(master: str, app: str, prewarm_workers: int = 0) -> Any:
 
 def prepare(spark: Any) -> None:
     """Register the sources; keep every progress report (drops are summed over them)."""
+    # imported here: Python workers import this module (through the demos' functions
+    # they run) and need none of the pipeline's driver side
+    from lowtide.spark.pipeline import register_sources
+
     register_sources(spark)
     spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "100000")
 
@@ -65,6 +68,8 @@ def raise_if_failed(queries: list[Any]) -> None:
 
 def phases(queries: list[Any]) -> str:
     """One line: each query's start-up phase, or "batch 0 done"."""
+    from lowtide.spark.pipeline import startup_phase
+
     return "; ".join(f"{q.name}: {startup_phase(q) or 'batch 0 done'}" for q in queries)
 
 
