@@ -85,6 +85,8 @@ def spark() -> Iterator[Any]:
         .config("spark.python.authenticate.socketTimeout", "120s")
         # as lowtide's local sessions: renames without a `readlink` process each
         .config("spark.sql.streaming.checkpointFileManagerClass", FS_CHECKPOINTS)
+        # as lowtide's sessions: workers forked with the task modules imported
+        .config("spark.python.daemon.module", "lowtide.spark.worker_daemon")
     )
     for key, value in _table_and_kafka_settings().items():
         builder = builder.config(key, value)

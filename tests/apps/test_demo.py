@@ -55,6 +55,9 @@ def test_demo_is_clean_and_its_json_line_says_where_the_time_goes(tmp_path: Path
     assert 0 <= doc["session_s"] <= phases[0]  # the shared session: started before
     # from run()'s start to lowtide's first result file: after the first batch's work
     assert 0 < doc["first_window_s"] < 12 + 300
+    # the data's own floor: the first window's end plus the 7 s lag, before any result
+    assert 7 <= doc["first_window_floor_s"] - doc["session_s"] <= 7 + 2 + 1
+    assert doc["first_window_floor_s"] < doc["first_window_s"]
     # whether the 200 ms watermark drops rows of the front lagging 7 s depends on the
     # micro-batch interval on this machine; its count is checked in test_sweep
 

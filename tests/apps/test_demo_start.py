@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from lowtide.apps.startup import failure_line
+from lowtide.apps.startup import DRIVER_MODULES, failure_line
 from lowtide.spark.session import SessionConfig
 
 LOWTIDE = [sys.executable, "-m", "lowtide.cli"]
@@ -47,3 +47,15 @@ def test_sessions_wait_long_enough_for_a_loaded_machine() -> None:
     assert settings["spark.python.authenticate.socketTimeout"] == "120s"
     assert SessionConfig(worker_timeout_s=300).settings()[
         "spark.python.authenticate.socketTimeout"] == "300s"
+
+
+def test_the_driver_modules_imported_while_the_session_starts_exist() -> None:
+    """``make_session`` imports them in a thread while the JVM starts: a name that no
+    longer imports would print that thread's stack trace."""
+    code = ("import sys; from lowtide.apps.startup import DRIVER_MODULES, _import_all; "
+            "_import_all(DRIVER_MODULES); "
+            "print(all(m in sys.modules for m in DRIVER_MODULES))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120)
+    assert out.stdout.strip() == "True" and out.stderr == ""
+    assert "lowtide.service.deploy.embedded" in DRIVER_MODULES  # the tracker Pipeline starts

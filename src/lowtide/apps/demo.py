@@ -17,7 +17,9 @@ the wall clock at the front); ``lag_ms`` (the lagging front's lag) beside it: no
 result can come earlier than the lag plus one micro-batch. Only windows ending after
 both queries are warm (their second micro-batch done) count for delays.
 ``first_window_s``: from the command's start to lowtide's first result file (session
-start, first micro-batches); each query's own beside its delays. Where the time goes
+start, first micro-batches); each query's own beside its delays;
+``first_window_floor_s``: when the data alone lets it close (the end of the first
+window after ``t0``, plus the lag), two micro-batches before it can come out. Where the time goes
 (:mod:`lowtide.apps.demo_batches`): ``session_s``, each query's ``startup`` phases,
 ``batch_p50_ms`` and ``phases_p50_ms`` (Spark's ``durationMs`` of a micro-batch, phase
 by phase, the median once warm), and lowtide's ``batches_after_input_p50`` and ``_max`` over every
@@ -52,6 +54,7 @@ from lowtide.apps.demo_batches import (
 from lowtide.apps.demo_report import (
     compare,
     dropped_by_watermark,
+    first_window_floor_s,
     first_window_s,
     judged_to_ms,
     matches_batch,
@@ -380,7 +383,9 @@ def run(spark: Any, args: argparse.Namespace, started_ms: int | None = None) -> 
         print(f"lowtide matches the batch recomputation: {matches}")
     doc = {"bench": "demo", "lowtide": lt_side, "watermark": wm_side, "matches_batch": matches,
            "same_events": same, "t0_ms": spec.t0_ms, "first_window_s": first_s,
-           "lag_ms": args.lag_ms, "session_s": session_s}
+           "lag_ms": args.lag_ms, "session_s": session_s,
+           "first_window_floor_s": first_window_floor_s(spec.t0_ms, WINDOW_MS, args.lag_ms,
+                                                        started_ms)}
     print(json.dumps(doc), flush=True)
     return doc
 

@@ -132,6 +132,19 @@ def first_window_s(got: Any, started_ms: int) -> float | None:
     return round(float(got["done_ms"].min() - started_ms) / 1000, 1) if len(got) else None
 
 
+def first_window_floor_s(t0_ms: int, window_ms: int, lag_ms: int, started_ms: int) -> float:
+    """Seconds from the command's start to when the data alone lets lowtide's first
+    window close: the end of the window holding ``t0_ms`` (the fronts' first row), plus
+    the lagging front's lag. Two micro-batches more (the one that reads its last rows,
+    the one that emits it) and it is out, however fast the start-up.
+
+    >>> first_window_floor_s(t0_ms=11_500, window_ms=2_000, lag_ms=5_000, started_ms=7_000)
+    10.0
+    """
+    first_end_ms = (t0_ms // window_ms + 1) * window_ms
+    return round((first_end_ms + lag_ms - started_ms) / 1000, 1)
+
+
 def matches_batch(cmp: dict[str, int]) -> bool:
     """Every window the batch judges was emitted exactly, none twice, none unexpected."""
     return cmp["windows"] == cmp["exact"] and not (cmp["unexpected"] or cmp["duplicates"])

@@ -5,26 +5,47 @@ terminal."""
 
 from __future__ import annotations
 
+import importlib
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from lowtide.service import wall_ms
-from lowtide.spark.pipeline import register_sources, startup_phase
 
 SAY_EVERY_S = 2.0
+#: what a demo's driver imports once its session is up (about 0.35 s of CPU)
+DRIVER_MODULES = ("lowtide.spark.pipeline", "lowtide.spark.sources.generator",
+                  "lowtide.spark.operators.state_processor",
+                  "lowtide.service.deploy.embedded")
+
+
+def _import_all(names: tuple[str, ...]) -> None:
+    for name in names:
+        importlib.import_module(name)
 
 
 def make_session(master: str, app: str, prewarm_workers: int = 0) -> Any:
+    """The demos' session; the driver's modules are imported meanwhile (this process
+    mostly waits while the JVM starts)."""
     from lowtide.spark import SessionConfig
 
-    return SessionConfig(master=master, app_name=app, ui=False,
-                         prewarm_workers=prewarm_workers).build()
+    importing = threading.Thread(target=_import_all, args=(DRIVER_MODULES,),
+                                 name="lowtide-imports", daemon=True)
+    importing.start()
+    spark = SessionConfig(master=master, app_name=app, ui=False,
+                          prewarm_workers=prewarm_workers).build()
+    importing.join()
+    return spark
 
 
 def prepare(spark: Any) -> None:
     """Register the sources; keep every progress report (drops are summed over them)."""
+    # imported here: Python workers import this module (through the demos' functions
+    # they run) and need none of the pipeline's driver side
+    from lowtide.spark.pipeline import register_sources
+
     register_sources(spark)
     spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "100000")
 
@@ -65,6 +86,8 @@ def raise_if_failed(queries: list[Any]) -> None:
 
 def phases(queries: list[Any]) -> str:
     """One line: each query's start-up phase, or "batch 0 done"."""
+    from lowtide.spark.pipeline import startup_phase
+
     return "; ".join(f"{q.name}: {startup_phase(q) or 'batch 0 done'}" for q in queries)
 
 

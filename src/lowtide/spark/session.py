@@ -139,6 +139,9 @@ class SessionConfig:
     ui: bool = True
     #: Python workers to start in the background once the session is up (:func:`prewarm`)
     prewarm_workers: int = 0
+    #: Python workers forked from :mod:`lowtide.spark.worker_daemon`, which imported
+    #: pyarrow, pandas and lowtide's task modules once (each worker would import them)
+    warm_daemon: bool = True
     #: how long a Python worker may take to authenticate once it connected back
     #: (``spark.python.authenticate.socketTimeout``, Spark's default 15 s): long enough
     #: for a loaded machine; Spark 4.2's 10 s for a worker to connect back is fixed
@@ -160,6 +163,8 @@ class SessionConfig:
             "spark.python.worker.reuse": "true",
             "spark.python.authenticate.socketTimeout": f"{self.worker_timeout_s}s",
         }
+        if self.warm_daemon:
+            out["spark.python.daemon.module"] = "lowtide.spark.worker_daemon"
         if self.quiet:
             java += f" -Dlog4j2.configurationFile=file:{quiet_log4j2_file()}"
             out["spark.executor.extraJavaOptions"] = java
@@ -214,10 +219,14 @@ def prewarm(spark: Any, workers: int = 2) -> threading.Thread:
     """Start ``workers`` Python workers and import lowtide's task modules in them, in
     a background thread, while the caller plans its query: Spark keeps idle workers
     (``spark.python.worker.reuse``) and hands them to the query's first tasks, which
-    then skip the start-up. Join the thread to wait for it."""
+    then skip the start-up. The driver's Python planner processes start first
+    (:func:`lowtide.spark.warmup.warm_planners`). Join the thread to wait for it."""
 
     def run() -> None:
         try:
+            from lowtide.spark.warmup import warm_planners
+
+            warm_planners(spark)
             df = spark.range(0, workers, 1, workers)
             df.mapInArrow(_import_modules, df.schema).count()
         except Exception:  # pre-warming is an optimisation: the query starts anyway

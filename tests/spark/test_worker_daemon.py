@@ -1,0 +1,85 @@
+"""The warm worker daemon: it imports a task worker's modules once, hands over to
+PySpark's daemon (the port on stdout, the stop on stdin), and Spark's Python workers
+forked from it run tracked queries with those modules already imported."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from lowtide.spark.session import SessionConfig
+from lowtide.spark.worker_daemon import TASK_MODULES, TASK_WORKER, preload
+
+
+def _imported_by_preload(worker_module: str) -> dict[str, object]:
+    """``preload`` in a fresh interpreter: what it returned and what is imported then."""
+    code = ("import json, sys; from lowtide.spark.worker_daemon import preload; "
+            f"done = preload({worker_module!r}); "
+            "print(json.dumps({'done': done, 'modules': sorted(sys.modules)}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120)
+    return json.loads(out.stdout)
+
+
+def test_a_task_worker_daemon_imports_the_task_modules() -> None:
+    got = _imported_by_preload(TASK_WORKER)
+    assert got["done"] == [TASK_WORKER, *TASK_MODULES]
+    assert set(got["done"]) <= set(got["modules"])  # type: ignore[arg-type]
+
+
+def test_a_module_pyspark_would_not_import_is_not_imported() -> None:
+    assert preload("not_pyspark.worker") == list(TASK_MODULES)
+
+
+def test_the_daemon_hands_over_to_pysparks_daemon() -> None:
+    """Started as Spark starts it: it writes the port it listens on to stdout (PySpark's
+    daemon does that once ready) and exits when Spark closes its stdin (with 1, as
+    PySpark's own daemon: its ``finally`` shuts down again)."""
+    env = {**os.environ, "PYTHON_WORKER_FACTORY_SECRET": "x"}
+    proc = subprocess.Popen([sys.executable, "-m", "lowtide.spark.worker_daemon", TASK_WORKER],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        (port,) = struct.unpack("!i", proc.stdout.read(4))
+        assert 0 < port < 65536
+        proc.stdin.close()
+        assert proc.wait(timeout=60) == 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_sessions_name_the_daemon_unless_told_not_to() -> None:
+    assert (SessionConfig().settings()["spark.python.daemon.module"]
+            == "lowtide.spark.worker_daemon")
+    assert "spark.python.daemon.module" not in SessionConfig(warm_daemon=False).settings()
+
+
+def _worker_facts(batches):  # runs in a Spark Python worker
+    import sys
+
+    parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().replace(b"\0", b" ")
+    for b in batches:
+        yield pa.record_batch({
+            "parent": [parent.decode()] * b.num_rows,
+            "warm": [all(m in sys.modules for m in TASK_MODULES)] * b.num_rows})
+
+
+@pytest.mark.spark
+def test_the_suites_workers_are_forked_warm(spark) -> None:
+    """The suite's session names the daemon (as SessionConfig does): every worker is
+    forked from it with the task modules imported; every tracked query of the suite
+    (tests/apps/test_demo.py: the demo's exact windows) runs on such workers."""
+    assert spark.conf.get("spark.python.daemon.module") == "lowtide.spark.worker_daemon"
+    facts = (spark.range(0, 8, 1, 4).mapInArrow(_worker_facts, "parent string, warm boolean")
+             .distinct().collect())
+    assert {r.parent.split()[2] for r in facts} == {"lowtide.spark.worker_daemon"}
+    assert all(r.warm for r in facts)
