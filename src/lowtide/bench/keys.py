@@ -115,12 +115,13 @@ def measure(cfg: KeysConfig) -> dict[str, Any]:
 # ------------------------------------------------------------------ one way
 
 
-def spec_of(cfg: KeysConfig) -> Any:
+def spec_of(cfg: KeysConfig, tasks: int = 0) -> Any:
+    """The generator of one way; ``tasks``: source tasks a micro-batch (0: a front each)."""
     from lowtide.service import wall_ms
     from lowtide.spark.sources import GeneratorSpec
 
     return GeneratorSpec(fronts=cfg.fronts, rate=cfg.rate, payload_bytes=8,
-                         lag_ms={cfg.fronts - 1: cfg.lag_ms}, t0_ms=wall_ms())
+                         lag_ms={cfg.fronts - 1: cfg.lag_ms}, t0_ms=wall_ms(), tasks=tasks)
 
 
 def start(spark: Any, cfg: KeysConfig, way: str, spec: Any, out: str, ckpt: str
@@ -156,7 +157,8 @@ def run_way(spark: Any, cfg: KeysConfig, way: str, base: str) -> dict[str, Any]:
     from lowtide.spark.pipeline import stop_between_batches
 
     out, ckpt = os.path.join(base, "out"), os.path.join(base, "ckpt")
-    spec = spec_of(cfg)
+    # a source task per core, not per front: a micro-batch's fixed cost (BENCHMARKS.md)
+    spec = spec_of(cfg, spark.sparkContext.defaultParallelism)
     pipe, query = start(spark, cfg, way, spec, out, ckpt)
     raw = query if pipe is None else query.query
     try:
