@@ -7,7 +7,8 @@ functions of ``(front, seq)`` (rule 5), so a retried or re-run batch yields the 
 rows and acks.
 
 The source task *is* the front: each task sends its rows' send-acks into the first
-segment and then the front's heartbeat, in one idempotent batch (rules 3 and 6). An
+segment and then the front's heartbeat, in one idempotent batch (rules 3 and 6). With
+``tasks=n`` a task reads several fronts, each still sending its own batch. An
 offset carries, per front, the next seq and the heartbeat (a slot); it advances every
 trigger even when no row is due, so an idle front keeps heartbeating.
 
