@@ -15,7 +15,9 @@ relative to its start):
 * ``watermark``: plain Spark, ``withWatermark(--watermark-ms)`` + ``groupBy(front,
   window(ts, "2 seconds"))``, append mode.
 
-Every way runs a micro-batch every ``--trigger-ms`` (200 ms by default). On time: a
+Every way runs a micro-batch every ``--trigger-ms`` (200 ms by default) and reads the
+generator with a task per core (``GeneratorSpec(tasks=)``: one wave of source tasks,
+not one task per front). On time: a
 window emitted (its result file written) within a quarter of the lag after the
 window's end. The lagging quarter of the keys can never be on time (its rows come a
 whole lag after the window's end), so the fraction is at most 0.75, and 0.7 needs
