@@ -120,6 +120,8 @@ def test_tasks_group_the_fronts_as_the_offsets_say() -> None:
     # a group whose fronts have neither rows nor a new heartbeat is left out
     quiet = {**end, "f2": off["f2"], "f4": off["f4"]}
     assert [[p.front for p in g.parts] for g in gen_partitions(off, quiet)] == [[1, 3]]
+    with pytest.raises(ValueError, match="tasks must be 0"):
+        GeneratorSpec(tasks=-1)
 
 
 def test_spec_json_roundtrip() -> None:

@@ -92,6 +92,11 @@ class GeneratorSpec:
     #: task per front. Recorded in the initial offset: a re-run batch keeps its grouping
     tasks: int = 0
 
+    def __post_init__(self) -> None:
+        if self.tasks < 0:
+            raise ValueError(f"GeneratorSpec(tasks={self.tasks}): tasks must be 0 (a task "
+                             "per front) or a positive number of tasks")
+
     def front_ids(self) -> list[int]:
         return list(range(self.first_front, self.first_front + self.fronts))
 
