@@ -94,12 +94,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     demo_input.add_arguments(p)
 
 
-def demo_spec(fronts: int, rate: float, lag_ms: int, t0_ms: int) -> Any:
-    """``fronts`` generator fronts from ``t0_ms``, the last one lagging ``lag_ms``."""
+def demo_spec(fronts: int, rate: float, lag_ms: int, t0_ms: int, tasks: int = 0) -> Any:
+    """``fronts`` generator fronts from ``t0_ms``, the last one lagging ``lag_ms``, read
+    by ``tasks`` tasks a micro-batch (0: one per front)."""
     from lowtide.spark.sources import GeneratorSpec
 
     return GeneratorSpec(fronts=fronts, rate=rate, payload_bytes=8,
-                         lag_ms={fronts - 1: lag_ms} if lag_ms else {}, t0_ms=t0_ms)
+                         lag_ms={fronts - 1: lag_ms} if lag_ms else {}, t0_ms=t0_ms,
+                         tasks=tasks)
 
 
 # ------------------------------------------------------------------ the pipelines
@@ -327,7 +329,9 @@ def run(spark: Any, args: argparse.Namespace, started_ms: int | None = None) -> 
     session_s = round((wall_ms() - started_ms) / 1000, 1)  # the session is up
     from lowtide.spark.pipeline import stop_between_batches
 
-    spec = demo_spec(args.fronts, args.rate, args.lag_ms, wall_ms())
+    # a source task per core, not per front: a micro-batch's fixed cost (BENCHMARKS.md)
+    spec = demo_spec(args.fronts, args.rate, args.lag_ms, wall_ms(),
+                     spark.sparkContext.defaultParallelism)
     prepare(spark)
     tmp = args.dir or tempfile.mkdtemp(prefix="lowtide-demo-")
     d = {k: os.path.join(tmp, k) for k in OUTPUTS}

@@ -148,10 +148,13 @@ def published(out: Path) -> list[str]:
     return sorted(p.name for p in out.glob("part-*.parquet"))
 
 
-def test_task_failures_no_premature_no_stuck(spark, tmp_path: Path) -> None:
+@pytest.mark.parametrize("fronts,tasks", [(2, 0), (4, 2)], ids=["task per front", "grouped"])
+def test_task_failures_no_premature_no_stuck(spark, tmp_path: Path, fronts: int,
+                                             tasks: int) -> None:
     """Tasks fail after the tracked operator sent its acks (retried with the same
-    key) and inside the sink's write tasks (nothing acked before commit)."""
-    spec = GeneratorSpec(fronts=2, rate=200.0, payload_bytes=0)
+    key) and inside the sink's write tasks (nothing acked before commit). Grouped:
+    two fronts per source task (``tasks=2``), the first failure in such a task."""
+    spec = GeneratorSpec(fronts=fronts, rate=200.0, payload_bytes=0, tasks=tasks)
     out = tmp_path / "out"
     pipe = lowtide.Pipeline(spark, "failures", grid=GRID)
     stream = (

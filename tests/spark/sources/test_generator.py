@@ -97,8 +97,35 @@ def test_stalled_front_freezes_then_resumes() -> None:
     assert late["f1"]["hb"] == 70 and late["f1"]["seq"] == late["f0"]["seq"]
 
 
+def test_tasks_group_the_fronts_as_the_offsets_say() -> None:
+    """``tasks=2``: front i in task i % 2, each front still its own part (its acks one
+    keyed batch per front); the rows are those of one task per front. The grouping is
+    read from the offsets: an offset logged without it (a checkpoint from before) reads
+    one task per front whatever the spec says."""
+    from lowtide.spark.sources.generator import FrontsPartition
+
+    spec = GeneratorSpec(fronts=4, rate=1_000.0, first_front=1, tasks=2)
+    off = initial_offset(spec, 10_000, GRID)
+    end = next_offset(spec, off, 10_300, GRID)
+    assert off["tasks"] == end["tasks"] == 2
+    grouped = gen_partitions(off, end)
+    assert all(isinstance(g, FrontsPartition) for g in grouped)
+    assert [[p.front for p in g.parts] for g in grouped] == [[1, 3], [2, 4]]
+    single = gen_partitions({k: v for k, v in off.items() if k != "tasks"},
+                            {k: v for k, v in end.items() if k != "tasks"})
+    assert [(p.front, p.start, p.end, p.extra) for p in single] == sorted(
+        (p.front, p.start, p.end, p.extra) for g in grouped for p in g.parts)
+    old = {k: v for k, v in off.items() if k != "tasks"}
+    assert "tasks" not in next_offset(spec, old, 10_300, GRID)
+    # a group whose fronts have neither rows nor a new heartbeat is left out
+    quiet = {**end, "f2": off["f2"], "f4": off["f4"]}
+    assert [[p.front for p in g.parts] for g in gen_partitions(off, quiet)] == [[1, 3]]
+    with pytest.raises(ValueError, match="tasks must be 0"):
+        GeneratorSpec(tasks=-1)
+
+
 def test_spec_json_roundtrip() -> None:
-    spec = GeneratorSpec(fronts=3, lag_ms={1: 200}, stall={2: (1_000, None)})
+    spec = GeneratorSpec(fronts=3, lag_ms={1: 200}, stall={2: (1_000, None)}, tasks=2)
     assert GeneratorSpec.from_json(spec.to_json()) == spec
 
 

@@ -7,7 +7,8 @@ functions of ``(front, seq)`` (rule 5), so a retried or re-run batch yields the 
 rows and acks.
 
 The source task *is* the front: each task sends its rows' send-acks into the first
-segment and then the front's heartbeat, in one idempotent batch (rules 3 and 6). An
+segment and then the front's heartbeat, in one idempotent batch (rules 3 and 6). With
+``tasks=n`` a task reads several fronts, each still sending its own batch. An
 offset carries, per front, the next seq and the heartbeat (a slot); it advances every
 trigger even when no row is due, so an idle front keeps heartbeating.
 
@@ -44,6 +45,7 @@ from lowtide.core.time import TimeGrid
 from lowtide.service.clock import wall_ms
 from lowtide.spark.sources.log_source import (
     FrontPartition,
+    TaskBatch,
     ensure_front,
     front_key,
     source_owner,
@@ -61,9 +63,9 @@ from lowtide.spark.tracking.key_ranges import front_cell
 from lowtide.spark.tracking.transport import TrackerRef, connect
 
 try:
-    from pyspark.sql.datasource import DataSource, DataSourceStreamReader
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 except ImportError:  # pragma: no cover
-    DataSource = DataSourceStreamReader = object  # type: ignore[misc,assignment]
+    DataSource = DataSourceStreamReader = InputPartition = object  # type: ignore[misc,assignment]
 
 DEFAULT_GRID = TimeGrid()
 UNTRACKED_SCHEMA = "front int, seq long, event_ms long, payload binary"
@@ -86,6 +88,14 @@ class GeneratorSpec:
     rows_per_front: int | None = None
     #: epoch ms of row 0 of every front; None: the reader's clock at its initial offset
     t0_ms: int | None = None
+    #: tasks that read the fronts each micro-batch (front i in task i % tasks); 0: one
+    #: task per front. Recorded in the initial offset: a re-run batch keeps its grouping
+    tasks: int = 0
+
+    def __post_init__(self) -> None:
+        if self.tasks < 0:
+            raise ValueError(f"GeneratorSpec(tasks={self.tasks}): tasks must be 0 (a task "
+                             "per front) or a positive number of tasks")
 
     def front_ids(self) -> list[int]:
         return list(range(self.first_front, self.first_front + self.fronts))
@@ -186,6 +196,8 @@ def plan_front(
 def initial_offset(spec: GeneratorSpec, t0: int, grid: TimeGrid) -> dict[str, Any]:
     hb = grid.slot_of(t0)
     out: dict[str, Any] = {"t0": t0}
+    if spec.tasks:
+        out["tasks"] = spec.tasks
     for f in spec.front_ids():
         out[front_key(f)] = {"seq": 0, "hb": hb}
     return out
@@ -196,6 +208,8 @@ def next_offset(
 ) -> dict[str, Any]:
     t0 = int(start["t0"])
     out: dict[str, Any] = {"t0": t0}
+    if "tasks" in start:
+        out["tasks"] = int(start["tasks"])
     for f in spec.front_ids():
         cur = start.get(front_key(f), {"seq": 0, "hb": grid.slot_of(t0)})
         plan = plan_front(spec, f, t0, now_ms, int(cur["seq"]), int(cur["hb"]), grid)
@@ -203,14 +217,33 @@ def next_offset(
     return out
 
 
-def gen_partitions(start: dict[str, Any], end: dict[str, Any]) -> list[FrontPartition]:
+class FrontsPartition(InputPartition):  # type: ignore[misc]
+    """The fronts one task reads (``GeneratorSpec.tasks``), each as its own
+    :class:`FrontPartition`: its acks stay one keyed batch per front."""
+
+    def __init__(self, parts: tuple[FrontPartition, ...]) -> None:
+        self.parts = parts
+
+    def __repr__(self) -> str:
+        return f"FrontsPartition({list(self.parts)})"
+
+
+def gen_partitions(start: dict[str, Any], end: dict[str, Any]
+                   ) -> list[FrontPartition] | list[FrontsPartition]:
+    """The fronts with rows or a heartbeat between the offsets: one partition each,
+    or, with ``tasks`` in the offset, front ``i`` (by position) in partition
+    ``i % tasks`` (a partition with no front left out)."""
     out = []
     t0 = int(end["t0"])
-    for k in sorted((k for k in end if k.startswith("f")), key=lambda s: int(s[1:])):
+    keys = sorted((k for k in end if k.startswith("f")), key=lambda s: int(s[1:]))
+    tasks = int(end.get("tasks", 0))
+    groups: list[list[FrontPartition]] = [[] for _ in range(tasks)]
+    for i, k in enumerate(keys):
         a, b = start.get(k, {"seq": 0, "hb": 0}), end[k]
         if b["seq"] > a["seq"] or b["hb"] > a["hb"]:
-            out.append(FrontPartition(int(k[1:]), int(a["seq"]), int(b["seq"]), (t0, b["hb"])))
-    return out
+            part = FrontPartition(int(k[1:]), int(a["seq"]), int(b["seq"]), (t0, b["hb"]))
+            (groups[i % tasks] if tasks else out).append(part)
+    return [FrontsPartition(tuple(g)) for g in groups if g] if tasks else out
 
 
 def gen_rows(
@@ -277,28 +310,37 @@ class GenStreamReader(DataSourceStreamReader):  # type: ignore[misc]
         self._register(start)
         return next_offset(self.spec, start, wall_ms(), self.grid)
 
-    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[FrontPartition]:
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]
+                   ) -> list[FrontPartition] | list[FrontsPartition]:
         # a restarted query may re-run its last logged batch without latestOffset
         self._register(start)
         return gen_partitions(start, end)
 
-    def read(self, partition: FrontPartition) -> Iterator[Any]:
-        batch, times, acks = gen_rows(self.spec, partition, self.grid)
-        if not self.tracking:
-            if len(times):
+    def read(self, partition: FrontPartition | FrontsPartition) -> Iterator[Any]:
+        parts = partition.parts if isinstance(partition, FrontsPartition) else (partition,)
+        fronts = [self._front(p) for p in parts]  # every front's acks submitted first
+        for batch, _sent in fronts:
+            if batch.num_rows:
                 yield batch
-            return
+        for _batch, sent in fronts:
+            if sent is not None:
+                sent.wait()
+
+    def _front(self, part: FrontPartition) -> tuple[Any, TaskBatch | None]:
+        """A front's rows (tracked: with ``lt_track``) and its acks and heartbeat,
+        submitted as one keyed batch per front (rules 3 and 6)."""
+        batch, times, acks = gen_rows(self.spec, part, self.grid)
+        if not self.tracking:
+            return batch, None
         packed = pack(times, acks, reference_slot(self.grid))
         acc = AckAccumulator()
-        acc.add(front_cell(self.ref.graph, self.segment, partition.front), times,
+        acc.add(front_cell(self.ref.graph, self.segment, part.front), times,
                 ack_ids(packed), +1)
-        hb = (Heartbeat(partition.front, int(partition.extra[1])),)
+        hb = (Heartbeat(part.front, int(part.extra[1])),)
         # key namespace "<source>": the first operator's tasks key on the same segment
-        sent = submit_task_batch(self.ref, f"<source>{self.segment}", partition.front, acc, hb,
+        sent = submit_task_batch(self.ref, f"<source>{self.segment}", part.front, acc, hb,
                                  owner=source_owner(self.segment))
-        if len(times):
-            yield attach(batch, packed)
-        sent.wait()
+        return attach(batch, packed), sent
 
     def commit(self, end: dict[str, Any]) -> None:
         return None
