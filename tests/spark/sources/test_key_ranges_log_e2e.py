@@ -168,7 +168,7 @@ def assert_equals_batch(out: Path, key: str, expected: pd.Series, final: int) ->
 
 
 def test_read_stream_fronts_feed_key_ranges_by_front_mod_n(spark, tmp_path: Path) -> None:
-    files, out, ckpt = tmp_path / "in", tmp_path / "out", tmp_path / "ckpt"
+    files = tmp_path / "in"
     files.mkdir()
     pipe = lowtide.Pipeline(spark, "files-ranges", grid=GRID, stuck_after_ms=60_000)
     df = spark.readStream.schema("front int, seq long, k long, lt_time long, lt_ack long")\
@@ -179,31 +179,13 @@ def test_read_stream_fronts_feed_key_ranges_by_front_mod_n(spark, tmp_path: Path
               .window("500 milliseconds", key="k", key_ranges=2, name="win").count())
     graph = stream.graph()
     assert graph.fronts_of(graph.index("ingest")) == {f: {f % 2} for f in RANGES}
-    stop, threads, fronts = threading.Event(), [], []
-    written: list[pd.DataFrame] = []
-    query = None
-    try:
-        pipe.start_tracker(graph)
+
+    def produce(stop: threading.Event, written: list[pd.DataFrame]) -> Producing:
         fronts = [Front(None, f, pipe.tracker_ref, clock=LaggingClock(LAG_MS) if f == 3
                         else None) for f in RANGES]
-        threads = write_files(fronts, FilesProducerConfig(files), stop, written)
-        query = stream.write_parquet(str(out), checkpoint=str(ckpt),
-                                     trigger="300 milliseconds")
-        ahead, _ = watch(pipe, query, out, lambda d: d["k"] // 10 % 2 == 0)
-        final = finish(stop, threads, fronts, query)
-        fronts = []
-    finally:
-        stop.set()
-        for f in fronts:
-            f.close()
-        if query is not None:
-            query.stop()
-        pipe.close()
-    assert ahead, "no window of range 0 came out before range 1 reached it"
-    rows = pd.concat(written, ignore_index=True)
-    starts = window_starts(rows["lt_time"].to_numpy(), SIZE, SIZE)[:, 0]
-    assert_equals_batch(out, "k", rows.assign(start=starts).groupby(["k", "start"]).size(),
-                        final)
+        return fronts, write_files(fronts, FilesProducerConfig(files), stop, written), []
+
+    ranged_run(pipe, stream, tmp_path, lambda d: d["k"] // 10 % 2 == 0, produce)
 
 
 def write_files(fronts: list[Front], config: FilesProducerConfig, stop: threading.Event,
@@ -234,7 +216,7 @@ def test_kafka_partitions_feed_key_ranges(spark, kafka_broker, kafka_topic,
     from lowtide.spark.sources.kafka_producer import KafkaProducerConfig
 
     needs_kafka_connector(spark)
-    topic, out, ckpt = kafka_topic(len(RANGES)), tmp_path / "out", tmp_path / "ckpt"
+    topic = kafka_topic(len(RANGES))
     pipe = lowtide.Pipeline(spark, "kafka-ranges", grid=GRID, stuck_after_ms=60_000)
     df = kafka_labelled(spark, kafka_broker.bootstrap, topic, extra=("partition",))
     df = df.withColumnRenamed("partition", "front")
@@ -242,24 +224,41 @@ def test_kafka_partitions_feed_key_ranges(spark, kafka_broker, kafka_topic,
     stream = (pipe.read_stream(df, fronts=list(RANGES))
               .transform(lambda d: d.mapInArrow(after, d.schema))
               .window("500 milliseconds", key="k", key_ranges=2, name="win").count())
-    stop, threads, fronts, producers = threading.Event(), [], [], []
-    written: list[pd.DataFrame] = []
-    query = None
-    try:
-        pipe.start_tracker(stream.graph())
+
+    def produce(stop: threading.Event, written: list[pd.DataFrame]) -> Producing:
         fronts = [Front(None, f, pipe.tracker_ref, heartbeat_ms=20,
                         clock=LaggingClock(LAG_MS) if f == 3 else None) for f in RANGES]
         producers = [KafkaProducerConfig(topic, kafka_broker.bootstrap, partition=f.front)
                      .build(f) for f in fronts]
-        threads = send_keyed(producers, stop, written)
+        return fronts, send_keyed(producers, stop, written), producers
+
+    ranged_run(pipe, stream, tmp_path, lambda d: d["k"].str[1].astype(int) % 2 == 0, produce)
+
+
+Producing = tuple[list[Front], list[threading.Thread], list[Any]]
+
+
+def ranged_run(pipe: lowtide.Pipeline, stream: Any, tmp_path: Path,
+               fast: Callable[[Any], Any],
+               produce: Callable[[threading.Event, list[pd.DataFrame]], Producing]) -> None:
+    """Start the tracker, the producers (``produce``: their fronts, threads and what
+    else to close) and the query; check range 0 comes out first, then every window
+    equals the batch recomputation of what was written."""
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    stop, threads, fronts, others = threading.Event(), [], [], []
+    written: list[pd.DataFrame] = []
+    query = None
+    try:
+        pipe.start_tracker(stream.graph())
+        fronts, threads, others = produce(stop, written)
         query = stream.write_parquet(str(out), checkpoint=str(ckpt),
                                      trigger="300 milliseconds")
-        ahead, _ = watch(pipe, query, out, lambda d: d["k"].str[1].astype(int) % 2 == 0)
+        ahead, _ = watch(pipe, query, out, fast)
         final = finish(stop, threads, fronts, query)
         fronts = []
     finally:
         stop.set()
-        for closable in (*producers, *fronts):
+        for closable in (*others, *fronts):
             closable.close()
         if query is not None:
             query.stop()
