@@ -17,6 +17,8 @@ import pytest
 from lowtide.spark.session import SessionConfig
 from lowtide.spark.worker_daemon import TASK_MODULES, TASK_WORKER, preload
 
+PLANNER = "pyspark.sql.worker.create_data_source"
+
 
 def _imported_by_preload(worker_module: str) -> dict[str, object]:
     """``preload`` in a fresh interpreter: what it returned and what is imported then."""
@@ -34,8 +36,14 @@ def test_a_task_worker_daemon_imports_the_task_modules() -> None:
     assert set(got["done"]) <= set(got["modules"])  # type: ignore[arg-type]
 
 
+def test_a_planner_daemon_imports_only_its_module() -> None:
+    got = _imported_by_preload(PLANNER)
+    assert got["done"] == [PLANNER]
+    assert "lowtide.spark.operators.state_processor" not in got["modules"]  # type: ignore[operator]
+
+
 def test_a_module_pyspark_would_not_import_is_not_imported() -> None:
-    assert preload("not_pyspark.worker") == list(TASK_MODULES)
+    assert preload("not_pyspark.worker") == []
 
 
 def test_the_daemon_hands_over_to_pysparks_daemon() -> None:

@@ -219,14 +219,10 @@ def prewarm(spark: Any, workers: int = 2) -> threading.Thread:
     """Start ``workers`` Python workers and import lowtide's task modules in them, in
     a background thread, while the caller plans its query: Spark keeps idle workers
     (``spark.python.worker.reuse``) and hands them to the query's first tasks, which
-    then skip the start-up. The driver's Python planner processes start first
-    (:func:`lowtide.spark.warmup.warm_planners`). Join the thread to wait for it."""
+    then skip the start-up. Join the thread to wait for it."""
 
     def run() -> None:
         try:
-            from lowtide.spark.warmup import warm_planners
-
-            warm_planners(spark)
             df = spark.range(0, workers, 1, workers)
             df.mapInArrow(_import_modules, df.schema).count()
         except Exception:  # pre-warming is an optimisation: the query starts anyway

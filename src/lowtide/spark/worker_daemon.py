@@ -1,13 +1,12 @@
 """PySpark's Python worker daemon, started warm.
 
-Spark starts the Python workers of tasks through a daemon (``python -m pyspark.daemon
-pyspark.worker``), which forks a worker for each connection; each new worker imports
-what its task needs: pyarrow, pandas and lowtide's task modules, about 0.7 s of CPU
-per worker on the 2-core machine. ``SessionConfig`` names this module as
-``spark.python.daemon.module``: it imports the worker module and those modules once,
-then hands over to PySpark's own daemon, so every worker it forks starts with them
-imported. (Spark 4.2 starts its driver-side planner daemons, one per kind of call on a
-Python data source, with ``pyspark.daemon`` whatever the setting says.)
+Spark starts Python workers through a daemon per worker module (``python -m
+pyspark.daemon pyspark.worker``, and one for each driver-side planner module); the
+daemon forks a worker for each connection, and each new worker imports what its task
+needs: pyarrow, pandas and lowtide's task modules, about 0.7 s of CPU per worker on the
+2-core machine. ``SessionConfig`` names this module as ``spark.python.daemon.module``:
+it imports the worker module and, for task workers, those modules once, then hands
+over to PySpark's own daemon, so every worker it forks starts with them imported.
 
 PySpark imports the worker module only after the fork, in case an import starts a
 thread: numpy's OpenBLAS and pyarrow's jemalloc each start one. Both register fork
@@ -20,7 +19,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-#: what a task worker of a tracked query imports, besides PySpark
+#: what a task worker (``pyspark.worker``) of a tracked query imports, besides PySpark
 TASK_MODULES = (
     "pyarrow",
     "pyarrow.compute",
@@ -35,12 +34,14 @@ TASK_WORKER = "pyspark.worker"
 
 
 def preload(worker_module: str) -> list[str]:
-    """Import ``worker_module`` (if PySpark's daemon would: a ``pyspark`` module) and
-    :data:`TASK_MODULES`; returns the modules imported. One that fails to import is
-    skipped: the worker imports it again and reports."""
+    """Import ``worker_module`` (as PySpark's daemon names it: only a ``pyspark``
+    module) and, for task workers, :data:`TASK_MODULES`; returns the modules imported.
+    One that fails to import is skipped: the worker imports it again and reports."""
     wanted = [worker_module] if worker_module.startswith("pyspark") else []
+    if worker_module == TASK_WORKER:
+        wanted += TASK_MODULES
     done = []
-    for name in (*wanted, *TASK_MODULES):
+    for name in wanted:
         try:
             importlib.import_module(name)
         except Exception:  # the daemon must start: the worker imports it again and reports
