@@ -212,6 +212,20 @@ class SegmentGraph:
         rows = self.front_ranges[segment] if self.front_ranges else ()
         return {f: frozenset(r) for f, r in rows}
 
+    def cells_fed(self, segment: int, front: int) -> tuple[int, ...]:
+        """The checksum rows ``front`` sends into in ``segment``: the segment's own, or
+        the key ranges it feeds (every range if the segment does not list it).
+
+        >>> g = SegmentGraph.of(SegmentSpec("in", (), 2, ((7, (1,)),)))
+        >>> g.cells_fed(0, 7), g.cells_fed(0, 8)
+        ((2,), (1, 2))
+        """
+        n = self.ranges_of(segment)
+        if not n:
+            return (segment,)
+        fed = self.fronts_of(segment).get(front)
+        return tuple(self.cell(segment, r) for r in range(n) if fed is None or r in fed)
+
     @property
     def cell_segments(self) -> tuple[int, ...]:
         """The segment of each checksum row: its own, then its key ranges'."""

@@ -151,12 +151,11 @@ class MinTimes:
         (for each key range the front feeds); a shard's, what its aggregator released
         (its table's bases: they survive a restart)."""
         g = self.graph
+        if not self._release:
+            return max(self._table.base(c) * self._w for c in g.cells_fed(s, front))
         if not g.ranges_of(s):
-            return self.mins[s] if self._release else self._table.base(s) * self._w
-        fed = g.fronts_of(s).get(front)
-        return max(self.range_mins[s][r] if self._release
-                   else self._table.base(g.cell(s, r)) * self._w
-                   for r in range(g.ranges_of(s)) if fed is None or r in fed)
+            return self.mins[s]
+        return max(self.range_mins[s][c - g.cell(s, 0)] for c in g.cells_fed(s, front))
 
     def restore(self, min_times: tuple[int, ...], global_min: int) -> None:
         """Announced min times from a snapshot (its table loaded already)."""

@@ -188,12 +188,7 @@ class TrackerShard:
         """What this shard reported for what ``front`` feeds: its segment, or each key
         range of it that the front feeds (rule 15: a new front starts at or above each)."""
         g = self.tracker.graph
-        s = g.index(segment)
-        if not g.ranges_of(s):
-            return self._reported[s]
-        fed = g.fronts_of(s).get(front)
-        return max(self._reported[g.cell(s, r)] for r in range(g.ranges_of(s))
-                   if fed is None or r in fed)
+        return max(self._reported[c] for c in g.cells_fed(g.index(segment), front))
 
     def retire_front(self, msg: RetireFront) -> None:
         self.tracker.retire_front(msg)
