@@ -7,6 +7,8 @@ needs: pyarrow, pandas and lowtide's task modules, about 0.7 s of CPU per worker
 2-core machine. ``SessionConfig`` names this module as ``spark.python.daemon.module``:
 it imports the worker module and, for task workers, those modules once, then hands
 over to PySpark's own daemon, so every worker it forks starts with them imported.
+(Spark 4.2 starts only the task workers' daemon with this module; its driver-side
+planner daemons stay ``pyspark.daemon`` whatever the setting says.)
 
 PySpark imports the worker module only after the fork, in case an import starts a
 thread: numpy's OpenBLAS and pyarrow's jemalloc each start one. Both register fork
