@@ -70,7 +70,7 @@ class Feeds:
 
     def __init__(self, front: int, agent: FrontAgent, graph: Any, segments: tuple[str, ...],
                  joins_dir: str | os.PathLike[str] | None) -> None:
-        self.front, self._agent, self._log_dir = front, agent, joins_dir
+        self.front, self._agent, self._joins_dir = front, agent, joins_dir
         self.items = [Feed(s, fid, front_cell(graph, s, fid))
                       for k, s in enumerate(segments)
                       for fid in [front + k * CONSUMER_STRIDE]]
@@ -82,7 +82,7 @@ class Feeds:
     @property
     def follows(self) -> bool:
         """Whether the front follows joins (it has a joins directory)."""
-        return self._log_dir is not None
+        return self._joins_dir is not None
 
     @property
     def front_ids(self) -> list[int]:
@@ -128,18 +128,18 @@ class Feeds:
         A given segment it never answered for: from the log's start if the front
         answered for none (a new log, or one written before joins existed), else from
         ``next_seq`` (added at a restart: earlier records were never acked there)."""
-        if self._log_dir is None:
+        if self._joins_dir is None:
             return
-        answered = answers_of(self._log_dir, self.front)
+        answered = answers_of(self._joins_dir, self.front)
         first = Join(0, -1, 0) if not answered else Join(next_seq, time, 0)
         for feed in self.items:
             if feed.segment not in answered:
-                record_join(self._log_dir, feed.segment, front=self.front,
+                record_join(self._joins_dir, feed.segment, front=self.front,
                             join=Join(first.offset, first.time, feed.front_id))
             # only records at or above its answer's time go into it (a topic's reader
             # keeps those of this front)
             feed.floor = answered[feed.segment].time if feed.segment in answered else first.time
-        requested = join_requests(self._log_dir)
+        requested = join_requests(self._joins_dir)
         graph = self._graph_with(*[s for s in answered if s in requested])
         for segment, join in answered.items():
             if segment in requested and segment not in self.segments and graph is not None:
@@ -150,13 +150,13 @@ class Feeds:
         """Leave released consumers, join requested ones at ``time`` or later (at
         offset ``next_seq``); returns the time of the latest join (labels go on at or
         above it), None if none."""
-        if self._log_dir is None:
+        if self._joins_dir is None:
             return None
-        answered = answers_of(self._log_dir, self.front)
+        answered = answers_of(self._joins_dir, self.front)
         for feed in [f for f in self.items if f.segment not in answered]:
             self._leave(feed, owner)
         joined = None
-        for segment in join_requests(self._log_dir):
+        for segment in join_requests(self._joins_dir):
             if segment not in self.segments:
                 joined = self._join(segment, next_seq, max(time, joined or -1), owner) or joined
         return joined
@@ -175,7 +175,7 @@ class Feeds:
                 f"front {self.front} did not join consumer {segment!r}: the tracker "
                 f"refused its registration ({exc}); it sends nothing there and asks "
                 "again while the query's join request stands (pipe.detach removes it)") from None
-        record_join(self._log_dir, segment, front=self.front,  # type: ignore[arg-type]
+        record_join(self._joins_dir, segment, front=self.front,  # type: ignore[arg-type]
                     join=Join(next_seq, time, fid))
         self.items.append(Feed(segment, fid, front_cell(graph, segment, fid), time))
         log.info("front joined a consumer", extra={"front": self.front, "segment": segment,
