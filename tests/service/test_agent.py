@@ -221,6 +221,7 @@ def test_stopping_a_tracker_closes_this_process_s_shared_agents(graph: SegmentGr
     finally:
         service.stop()
     assert not agent._thread.is_alive()
+    assert agent._loop.is_closed()
     with pytest.raises(ConnectionLost, match="was closed"):  # one line, not a closed loop's
         agent.heartbeat(1, 5)
     assert Agent.shared(service.url, graph) is not agent  # a new one (that cannot connect)
@@ -235,6 +236,7 @@ def test_closing_shared_agents_flushes_what_they_buffered(
     agent.add_acks(AckBatch.of([send(0, 5, 7)]))
     close_shared(service.url)
     assert not agent._thread.is_alive()
+    assert agent._loop.is_closed()  # else it warns "unclosed event loop" when collected
     assert service.status()["acks_applied"] == 1
 
 

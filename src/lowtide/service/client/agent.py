@@ -50,6 +50,8 @@ class Agent(BaseAgent):
         asyncio.run_coroutine_threadsafe(self._state.close(), self._loop).result(timeout_s)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout_s)
+        if not self._thread.is_alive():  # an unclosed loop warns when it is collected
+            self._loop.close()
 
     def _spawn(self, coro: Awaitable[T], timeout_s: float) -> Outcome[T]:
         if threading.current_thread() is self._thread:
@@ -108,6 +110,7 @@ class Agent(BaseAgent):
 
     def _canceller(self, req: int) -> Callable[[], None]:
         def cancel() -> None:
-            self._loop.call_soon_threadsafe(self._state.unsubscribe, req)
+            if not self._loop.is_closed():  # a closed agent's subscriptions are gone
+                self._loop.call_soon_threadsafe(self._state.unsubscribe, req)
 
         return cancel

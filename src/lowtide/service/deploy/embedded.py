@@ -77,6 +77,7 @@ class TrackerService:
         except BaseException:
             loop.call_soon_threadsafe(loop.stop)
             thread.join()
+            loop.close()
             raise
         if freeze_gc:
             freeze_long_lived()
