@@ -47,6 +47,7 @@ rows at slot 9, no hold left.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -159,6 +160,20 @@ class FoldLogic:
         kept = None if rows is None else rows[slots >= done]
         return (pd.concat(out, ignore_index=True) if out else None), kept
 
+    def provisional(self, key: tuple[Any, ...], rows: Any, state: Any,
+                    timers: dict[int, int] | None, done: int, now_ms: int) -> dict[int, Any]:
+        """``fn``'s rows (or None) for each slot of the pending ``rows`` (every slot
+        ``>= done``), in slot order, as if each slot were complete now: a speculative
+        fold's early versions (:mod:`.speculative_fold`). On a copy of the key's state
+        and timers: nothing of it is kept, and timers do not fire (they stay
+        final-only)."""
+        scratch = _Scratch(copy.deepcopy(state), timers or {}, now_ms)
+        data = rows.drop(columns=list(RUNTIME_COLS))
+        slots = rows[SLOT_COL].to_numpy()
+        return {int(slot): self._call(key, data[slots == slot].reset_index(drop=True),
+                                      scratch, int(slot), done, False)
+                for slot in np.unique(slots)}
+
     def _due(self, user: UserState, done: int) -> tuple[int, int] | None:
         """(slot, expiry ms) of the next timer to fire in this call, if any."""
         event = self.time_mode == "EventTime"
@@ -187,3 +202,19 @@ class FoldLogic:
                              "None)")
         user.set_state(res[0])
         return res[1]
+
+
+class _Scratch:
+    """A :class:`.slot_logic.UserState` whose changes are thrown away (a deep copy:
+    ``fn`` may change its state in place)."""
+
+    def __init__(self, value: Any, timers: dict[int, int], now_ms: int) -> None:
+        self.value = value
+        self.timers = dict(timers)
+        self.now_ms = now_ms
+
+    def get_state(self) -> Any:
+        return self.value
+
+    def set_state(self, value: Any) -> None:
+        self.value = value

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from lowtide.spark.operators.speculative import SpeculativeSpec
+from lowtide.spark.operators.speculative_fold import writes_changelog
 from lowtide.spark.pipeline.dag import PipelineShapeError
 
 if TYPE_CHECKING:
@@ -84,8 +85,8 @@ class TrackedStreamWriter:
             raise refuse(f"outputMode({outputMode!r}): {MODES[mode]}; today use 'append': "
                          "each result once, when it is final (the table as of the min time "
                          "is its rows with lt_time below complete_below)")
-        speculative = bool(self.stream.steps) and isinstance(self.stream.steps[-1],
-                                                             SpeculativeSpec)
+        last = self.stream.steps[-1] if self.stream.steps else None
+        speculative = isinstance(last, SpeculativeSpec) or writes_changelog(last)
         if mode == "update" and not speculative:
             raise refuse("outputMode('update') writes early results: end the window with "
                          ".agg(...).speculative() (a changelog), or use 'append'")
