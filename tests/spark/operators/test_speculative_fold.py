@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -121,6 +122,27 @@ def test_timers_stay_final_only() -> None:
     step = g.call(None, done=10)  # the timer fires: its rows are the final version
     assert step.out[["start", "end", "n", "op", "version", "is_final", AT_COL]
                     ].values.tolist() == [[40, 90, 1, "insert", 1, True, 9]]
+
+
+def test_what_speculative_does_not_take_is_refused_where_it_is_described() -> None:
+    import lowtide
+
+    src = lowtide.Pipeline(None).generate(fronts=1).select("seq", "front", name="p")
+    bad = [(lambda: src.stateful(running, "n long, `version` long", key="front", name="f")
+            .speculative(), r"^stateful 'f': column 'version' is a changelog column "
+                            r"\(slot_start, op, version, is_final\): rename it$")]
+    fold = src.stateful(running, "n long, last long", key="front", name="f")
+    bad += [(lambda: fold.speculative().speculative(),
+             r"^stateful 'f': speculative\(\) is given once$"),
+            (lambda: fold.speculative(every=-1), r"speculative\(every=-1\) must be >= 0$"),
+            (lambda: src.speculative(), r"a window's agg\(\) or a stateful\(\), not step 'p'"),
+            (lambda: fold.speculative().writeStream.outputMode("append"),
+             r"speculative\(\) writes a changelog: outputMode\('update'\)")]
+    for call, pattern in bad:
+        with pytest.raises(lowtide.LowtideError, match=pattern) as err:
+            call()
+        assert "\n" not in str(err.value)
+    assert fold.speculative().writeStream.outputMode("update") is not None
 
 
 # ------------------------------------------------------------------ property

@@ -178,15 +178,33 @@ def writes_changelog(step: Any) -> bool:
     return isinstance(step, StatefulSpec) and isinstance(step.logic, SpeculativeFold)
 
 
-def make_speculative_fold(step: StatefulSpec, every: str | int | None) -> StatefulSpec:
-    """``stream.stateful(...).speculative(every=...)``: ``step`` the fold's step (its
-    schema is read with the driver's SparkSession)."""
-    from pyspark.sql.types import StructType
+def ddl_names(ddl: str) -> tuple[str, ...]:
+    """The column names of a DDL schema (``"n long, `a b` struct<x: int>"``), read
+    without Spark (a step is described before a session may exist).
 
+    >>> ddl_names("n long, `a, b` struct<x: int, y: map<string, int>>, d decimal(10,2)")
+    ('n', 'a, b', 'd')
+    """
+    names, depth, quoted, start = [], 0, False, 0
+    for i, ch in enumerate(f"{ddl},"):
+        quoted ^= ch == "`"
+        if not quoted:
+            depth += (ch in "<(") - (ch in ">)")
+        if ch == "," and not quoted and depth == 0:
+            field = ddl[start:i].strip()
+            end = field.index("`", 1) + 1 if field.startswith("`") else \
+                len(field.split(None, 1)[0].split(":", 1)[0])
+            names.append(field[:end].strip("`"))
+            start = i + 1
+    return tuple(names)
+
+
+def make_speculative_fold(step: StatefulSpec, every: str | int | None) -> StatefulSpec:
+    """``stream.stateful(...).speculative(every=...)``: ``step`` the fold's step."""
     if writes_changelog(step):
         raise ValueError(f"stateful {step.name!r}: speculative() is given once")
     assert isinstance(step.logic, KeptRows) and isinstance(step.logic.logic, FoldLogic)
-    columns = tuple(StructType.fromDDL(step.schema).fieldNames())
+    columns = ddl_names(step.schema)
     every_ms = 0 if every is None else duration_ms(every)
     if every_ms < 0:
         raise ValueError(f"stateful {step.name!r}: speculative(every={every!r}) must be >= 0")

@@ -91,7 +91,7 @@ class TrackedStreamWriter:
             raise refuse("outputMode('update') writes early results: end the window with "
                          ".agg(...).speculative() (a changelog), or use 'append'")
         if mode == "append" and speculative:
-            raise refuse("a speculative window writes a changelog: outputMode('update') "
+            raise refuse("speculative() writes a changelog: outputMode('update') "
                          "(its final rows alone: lowtide.spark.sinks.changelog.finals)")
         if mode not in ("append", "update"):
             raise refuse(f"outputMode({outputMode!r}): use 'append' or 'update'")
