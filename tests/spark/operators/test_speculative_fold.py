@@ -80,6 +80,18 @@ def test_versions_of_two_open_slots_then_tombstones_and_finals() -> None:
                                                for t in (30, 30, 50, 50)]
 
 
+def test_a_provisional_call_never_changes_the_committed_state() -> None:
+    g = Group(speculating())  # running() extends its state's list in place
+    step = g.call(rows([1, 5]), done=2)  # slot 1 final, slot 5 early on a copy of [1]
+    assert changes(step.out) == [(1, "insert", 1, True, 1)]
+    assert changes(step.early) == [(5, "insert", 1, False, 2)]
+    assert pickle.loads(g.data).kept.user == [1]
+    step = g.call(rows([5], ids=[3]), done=3)
+    assert changes(step.early) == [(5, "tombstone", 1, False, 2), (5, "insert", 2, False, 3)]
+    assert changes(g.call(None, done=6).out)[-1] == (5, "insert", 3, True, 3)
+    assert pickle.loads(g.data).kept.user == [1, 5, 5]
+
+
 def test_a_retried_call_emits_the_same_rows_and_child_ids() -> None:
     g = Group(speculating())
     g.call(rows([3, 5]), done=2)
