@@ -134,16 +134,15 @@ class FoldLogic:
             ) -> tuple[Any, Any]:
         import pandas as pd
 
-        data: Any = None if rows is None else rows.drop(columns=list(RUNTIME_COLS))
         slots = np.zeros(0, np.int64) if rows is None else rows[SLOT_COL].to_numpy()
-        todo = np.unique(slots[slots < done]).tolist()
+        frames = {} if rows is None else slot_frames(rows[slots < done])
+        todo = list(frames)
         out, fired = [], 0
         while True:
             due = self._due(user, done)
             if todo and (due is None or todo[0] <= due[0]):
                 slot = todo.pop(0)
-                res = self._call(key, data[slots == slot].reset_index(drop=True), user, slot,
-                                 done, False)
+                res = self._call(key, frames[slot], user, slot, done, False)
             elif due is not None:
                 slot, expiry = due
                 del user.timers[expiry]
@@ -168,11 +167,8 @@ class FoldLogic:
         and timers: nothing of it is kept, and timers do not fire (they stay
         final-only)."""
         scratch = _Scratch(copy.deepcopy(state), timers or {}, now_ms)
-        data = rows.drop(columns=list(RUNTIME_COLS))
-        slots = rows[SLOT_COL].to_numpy()
-        return {int(slot): self._call(key, data[slots == slot].reset_index(drop=True),
-                                      scratch, int(slot), done, False)
-                for slot in np.unique(slots)}
+        return {slot: self._call(key, frame, scratch, slot, done, False)
+                for slot, frame in slot_frames(rows).items()}
 
     def _due(self, user: UserState, done: int) -> tuple[int, int] | None:
         """(slot, expiry ms) of the next timer to fire in this call, if any."""
@@ -202,6 +198,18 @@ class FoldLogic:
                              "None)")
         user.set_state(res[0])
         return res[1]
+
+
+def slot_frames(rows: Any) -> dict[int, Any]:
+    """Each slot's rows of ``rows`` (sorted by slot), without the runtime's columns, by
+    ascending slot: slices (a mask per slot is quadratic in the slots)."""
+    if not len(rows):
+        return {}
+    data = rows.drop(columns=list(RUNTIME_COLS))
+    slots, first = np.unique(rows[SLOT_COL].to_numpy(), return_index=True)
+    ends = [*first[1:].tolist(), len(rows)]
+    return {slot: data.iloc[a:b].reset_index(drop=True)
+            for slot, a, b in zip(slots.tolist(), first.tolist(), ends, strict=True)}
 
 
 class _Scratch:

@@ -133,7 +133,7 @@ class SpeculativeFold:
         if missing:
             raise ValueError(f"stateful {self.fold.name!r}: fn returned rows without "
                              f"column {missing[0]!r} of its schema")
-        return list(out[list(self.columns)].itertuples(index=False, name=None))
+        return list(zip(*(out[c].tolist() for c in self.columns), strict=True))
 
     def _by_slot(self, out: Any) -> dict[int, list[tuple[Any, ...]]]:
         """The fold's final rows (fn's and timers') by slot."""
