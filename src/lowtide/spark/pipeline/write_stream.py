@@ -14,7 +14,7 @@
 It dispatches to the stream's sink methods (:meth:`Stream.write_parquet`,
 ``write_table``, ``foreach_batch``, ``to_console``, ``to_null``) and returns their
 :class:`TrackedQuery`. What does not fit an exact query is refused in one line, when
-it is called: ``update`` but for a speculative window's changelog, ``complete`` (coming:
+it is called: ``update`` but for a changelog (``speculative()``), ``complete`` (coming:
 the whole table as of the min time), continuous and
 real-time triggers (micro-batch only), ``partitionBy``, catalog table names.
 """
@@ -78,8 +78,8 @@ class TrackedStreamWriter:
 
     def outputMode(self, outputMode: str) -> TrackedStreamWriter:
         """``append`` (each exact result once, when it is final); ``update`` for a
-        speculative window's changelog (``.agg(...).speculative()``); ``complete`` is
-        refused, saying what is coming."""
+        changelog (``.agg(...).speculative()``, ``stateful(...).speculative()``);
+        ``complete`` is refused, saying what is coming."""
         mode = outputMode.lower()
         if mode in MODES:
             raise refuse(f"outputMode({outputMode!r}): {MODES[mode]}; today use 'append': "
@@ -89,7 +89,8 @@ class TrackedStreamWriter:
         speculative = isinstance(last, SpeculativeSpec) or writes_changelog(last)
         if mode == "update" and not speculative:
             raise refuse("outputMode('update') writes early results: end the window with "
-                         ".agg(...).speculative() (a changelog), or use 'append'")
+                         ".agg(...).speculative() (a changelog; or stateful(...)"
+                         ".speculative()), or use 'append'")
         if mode == "append" and speculative:
             raise refuse("speculative() writes a changelog: outputMode('update') "
                          "(its final rows alone: lowtide.spark.sinks.changelog.finals)")
