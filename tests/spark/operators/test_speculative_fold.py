@@ -118,11 +118,28 @@ def test_a_version_of_several_rows_is_cancelled_row_by_row() -> None:
 
 
 def test_every_bounds_how_often_a_slot_shows_a_version() -> None:
-    g = Group(speculating(every_ms=100))
+    calls: list[int] = []
+
+    def counted(key: Any, new: pd.DataFrame, state: Any) -> tuple[Any, Any]:
+        calls.append(len(new))
+        return running(key, new, state)
+
+    g = Group(speculating(counted, every_ms=100))
     assert changes(g.call(rows([5]), done=1, now_ms=0).early) == [(5, "insert", 1, False, 1)]
     assert g.call(rows([5], ids=[2]), done=2, now_ms=50).early is None  # too soon
+    assert len(calls) == 2
+    assert g.call(None, done=3, now_ms=90).early is None and len(calls) == 2  # not due
     step = g.call(None, done=3, now_ms=120)  # a poll (the step is eager) shows it
     assert changes(step.early) == [(5, "tombstone", 1, False, 1), (5, "insert", 2, False, 2)]
+    assert len(calls) == 3
+    # once more after `every` (a version shown may have held another back), then no more
+    assert g.call(None, done=4, now_ms=400).early is None and len(calls) == 4
+    assert g.call(None, done=4, now_ms=600).early is None and len(calls) == 4
+    # without every, a call that brings no rows never calls fn provisionally
+    g = Group(speculating(counted))
+    g.call(rows([5, 7]), done=1)
+    g.call(None, done=6)  # slot 5 completes: its real call only
+    assert calls[4:] == [1, 1, 1]
 
 
 def test_timers_stay_final_only() -> None:

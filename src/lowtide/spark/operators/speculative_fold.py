@@ -11,11 +11,14 @@ key=...).speculative(every=None)``, a changelog of the fold's rows per (key, slo
 
 ``fn`` is called as without ``speculative()``: per key once per COMPLETE slot, in slot
 order, on the state it keeps; those rows are the final version of (key, slot). Besides,
-each call of the key (a micro-batch that brings it rows, or finds a slot complete)
-calls ``fn`` *provisionally* on its pending slots, in slot order, from a copy of the
-key's committed state, each slot's call on the state the one before returned: what
-the fold would emit if those slots were complete now. The state these calls return
-is thrown away. Each pending slot whose rows differ from its last version shows a new
+each micro-batch that brings the key rows calls ``fn`` *provisionally* on its pending
+slots, in slot order, from a copy of the key's committed state, each slot's call on
+the state the one before returned: what the fold would emit if those slots were
+complete now. The state these calls return is thrown away. A call that brings no rows
+makes no provisional calls (without timers, the committed state moved along the very
+slots the last provisional calls ran, so they would return the same), but for a
+version held back by ``every`` that is due, and with ``on_timer`` (a timer that fired
+may have changed the state). Each pending slot whose rows differ from its last version shows a new
 version, preceded by the tombstones of the last one's rows; a slot whose call returns
 no rows shows a version of no rows (only the tombstones). When the slot completes,
 the real call's rows are its final version (``is_final``): tombstones of the last
@@ -39,7 +42,8 @@ Timers (``on_timer``) stay final-only: a provisional call gets a copy of the key
 timers (what it registers is dropped) and no timer fires provisionally; a timer's rows
 join the final version of the slot it fires at. ``every`` bounds re-emission as for
 windows: a (key, slot) shows a new early version at most every ``every`` (the step
-then looks at every poll, so a change not yet shown shows within ``poll_ms`` after).
+then looks at every poll, so a change held back shows within ``poll_ms`` of being
+due; the provisional calls run again once ``every`` after a version was shown).
 
 Rules: every early row sits at its pending slot, whose hold (the slot's rows keep one
 open, rule 7) stays open; it is a child of that hold with its own index
@@ -86,12 +90,14 @@ ROW_BITS = 23
 
 @dataclass(frozen=True)
 class FoldVersions:
-    """A key's state: its fold's (:class:`.slot_logic.Kept`) and the version each
+    """A key's state: its fold's (:class:`.slot_logic.Kept`), the version each
     pending slot last showed (slot -> :class:`.speculative.Shown`, its values the
-    rows as tuples)."""
+    rows as tuples) and, with ``every``, when a version held back may show (None:
+    none can be)."""
 
     kept: Kept | None
     shown: dict[int, Shown]
+    due_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -110,20 +116,37 @@ class SpeculativeFold:
                                          parts, now_ms)
         final = self._by_slot(inner.out)
         kept: Kept | None = inner.state
-        early: dict[int, list[Any]] = {}
-        if kept is not None and kept.rows is not None:
-            got = self.fold.provisional(key, kept.rows, kept.user, kept.timers, done, now_ms)
-            early = {s: self._rows(out) for s, out in got.items()}
         shown = state.shown if state else {}
-        slots = {*final, *shown, *(s for s, rows in early.items() if rows)}
+        early = self._early(key, kept, state, new, done, now_ms)
+        slots = {*final, *(s for s in shown if s < done or early is not None),
+                 *(s for s, rows in (early or {}).items() if rows)}
         left, out, early_changes = changelog_step(
             {s: s + 1 for s in slots},
-            lambda s: final.get(s, []) if s < done else early.get(s, []),
+            lambda s: final.get(s, []) if s < done else (early or {}).get(s, []),
             shown, done, now_ms, self.every_ms)
-        keep = FoldVersions(kept, left) if kept is not None or left else None
+        if early is None:  # not looked at: the versions shown stand
+            left.update({s: v for s, v in shown.items() if s >= done})
+        due = min((v.at_ms + self.every_ms for v in left.values()
+                   if now_ms - v.at_ms < self.every_ms), default=None)
+        keep = FoldVersions(kept, left, due) if kept is not None or left else None
         delta = self.fold.delta_ms
         return LogicStep(keep, changelog_rows(self.columns, delta, out), inner.wakes,
                          early=changelog_rows(self.columns, delta, early_changes))
+
+    def _early(self, key: tuple[Any, ...], kept: Kept | None, state: FoldVersions | None,
+               new: Any, done: int, now_ms: int) -> dict[int, list[Any]] | None:
+        """The provisional rows of each pending slot; None where none can differ from
+        what was shown or held back: no new rows, no timers (fn's state moved only
+        along the slots the last provisional calls ran) and no version held back by
+        ``every`` due."""
+        due = state.due_ms if state else None
+        if (new is None or not len(new)) and self.fold.on_timer is None \
+                and (due is None or now_ms < due):
+            return None
+        if kept is None or kept.rows is None:
+            return {}
+        got = self.fold.provisional(key, kept.rows, kept.user, kept.timers, done, now_ms)
+        return {s: self._rows(out) for s, out in got.items()}
 
     def _rows(self, out: Any) -> list[tuple[Any, ...]]:
         """``fn``'s rows as tuples in ``columns`` order (what a version compares)."""
