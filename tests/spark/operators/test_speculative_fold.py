@@ -24,7 +24,6 @@ from lowtide.spark.operators.speculative import EARLY_BASE
 from lowtide.spark.operators.speculative_fold import SpeculativeFold
 from lowtide.spark.sinks.changelog import apply_changelog, finals
 from tests.spark.operators.groups import Group
-from tests.spark.operators.test_fold_timers import closed, visits
 
 DELTA_MS = 10
 
@@ -142,15 +141,25 @@ def test_every_bounds_how_often_a_slot_shows_a_version() -> None:
     assert calls[4:] == [1, 1, 1]
 
 
+def counted_later(key: Any, new: pd.DataFrame, state: Any, timers: Any) -> tuple[Any, Any]:
+    """Counts rows, emits nothing; a timer 4 slots after the slot emits the count."""
+    timers.register_timer(timers.event_time_ms() + 4 * DELTA_MS)
+    return (state or 0) + len(new), None
+
+
+def emit_count(key: Any, expiry_ms: int, state: Any, timers: Any) -> tuple[Any, Any]:
+    return None, pd.DataFrame({"n": [state], "end": [expiry_ms]})
+
+
 def test_timers_stay_final_only() -> None:
-    g = Group(speculating(visits, on_timer=closed, columns=("start", "end", "n")))
-    step = g.call(rows([4]), done=3)  # visits emits nothing; its timer is not kept
+    g = Group(speculating(counted_later, on_timer=emit_count, columns=("n", "end")))
+    step = g.call(rows([4]), done=3)  # a provisional call's timer is not kept
     assert step.early is None and step.wakes.tolist() == [4]
-    step = g.call(None, done=5)
-    assert step.out is None and step.wakes.tolist() == [9]
-    step = g.call(None, done=10)  # the timer fires: its rows are the final version
-    assert step.out[["start", "end", "n", "op", "version", "is_final", AT_COL]
-                    ].values.tolist() == [[40, 90, 1, "insert", 1, True, 9]]
+    step = g.call(None, done=5)  # slot 4's real call sets it
+    assert step.out is None and step.wakes.tolist() == [8]
+    step = g.call(None, done=9)  # it fires: its rows are the final version
+    assert step.out[["n", "end", "op", "version", "is_final", AT_COL]
+                    ].values.tolist() == [[1, 80, "insert", 1, True, 8]]
 
 
 def test_what_speculative_does_not_take_is_refused_where_it_is_described() -> None:

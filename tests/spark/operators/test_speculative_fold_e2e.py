@@ -18,9 +18,9 @@ import lowtide
 from lowtide.spark.sinks.changelog import finals
 from lowtide.spark.sources.generator import GeneratorSpec
 from tests.spark.helpers import fail_once
+from tests.spark.operators.changelogs import ByBatch, fold_batches, run_changelog
+from tests.spark.operators.folds import batch_fold, running
 from tests.spark.operators.helpers import GRID, SCHEMA, STUCK_MS, all_input, parse
-from tests.spark.operators.test_keyed_state_e2e import batch_fold, running
-from tests.spark.operators.test_speculative_e2e import ByBatch, fold_batches, run_changelog
 
 pytestmark = pytest.mark.spark
 OUT = "n long, total double, rows long"
