@@ -174,8 +174,8 @@ def changelog_rows(columns: tuple[str, ...], delta_ms: int, changes: list[Change
     rows = [(row, c, i) for c in changes for i, row in enumerate(c.values)]
     if not rows:
         return None
-    if len(rows) >> ROW_BITS:
-        raise RuntimeError(f"a version of over {1 << ROW_BITS} rows at one slot")
+    if max(i for _, _, i in rows) >> ROW_BITS:
+        raise RuntimeError(f"a version of over {1 << ROW_BITS} rows of one key and slot")
     frame = pd.DataFrame.from_records([r for r, _, _ in rows], columns=list(columns))
     slots = np.array([c.start for _, c, _ in rows], np.int64)
     versions = np.array([c.version for _, c, _ in rows], np.int64)
