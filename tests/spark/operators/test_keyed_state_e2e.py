@@ -16,25 +16,11 @@ import pytest
 import lowtide
 from lowtide.spark.sources.generator import GeneratorSpec
 from tests.spark.helpers import fail_once
+from tests.spark.operators.folds import batch_fold, running
 from tests.spark.operators.helpers import GRID, SCHEMA, STUCK_MS, all_input, parse, run_timed
 
 pytestmark = pytest.mark.spark
 
-
-
-def running(key: tuple[Any, ...], rows: pd.DataFrame, state: Any) -> tuple[Any, pd.DataFrame]:
-    n, total = state or (0, 0.0)
-    n, total = n + len(rows), total + float(rows["amount"].sum())
-    return (n, total), pd.DataFrame({"n": [n], "total": [total], "rows": [len(rows)]})
-
-
-def batch_fold(rows: pd.DataFrame) -> pd.DataFrame:
-    """The batch recomputation: per (user, slot) with rows, the running count and sum."""
-    g = rows.groupby(["user", "slot"]).agg(rows=("amount", "size"), amount=("amount", "sum"))
-    g = g.reset_index().sort_values(["user", "slot"])
-    g["n"] = g.groupby("user")["rows"].cumsum()
-    g["total"] = g.groupby("user")["amount"].cumsum()
-    return g.set_index(["user", "slot"])
 
 
 @pytest.mark.parametrize("restart", [False, True], ids=["running", "restarted"])

@@ -18,7 +18,8 @@ from lowtide.spark.operators import on_keyed_runtime
 from lowtide.spark.operators.speculative_plan import bucket_labels
 from lowtide.spark.sinks.changelog import apply_changelog, finals
 from lowtide.spark.sources.generator import GeneratorSpec
-from tests.spark.helpers import fail_once, t0_of_checkpoint
+from tests.spark.helpers import fail_once
+from tests.spark.operators.changelogs import ByBatch, fold_batches, run_changelog
 from tests.spark.operators.helpers import (
     AGG_COLS,
     GRID,
@@ -49,34 +50,6 @@ class Batches:
             self.frames.append(rows)
 
 
-def fold_batches(frames: list[pd.DataFrame]) -> dict[tuple[str, int], tuple[int, bool]]:
-    """Fold the changelog batch by batch as a reader would, checking it; after each
-    batch, the pandas fold agrees with :func:`apply_changelog` on the rows so far.
-    Returns (user, start) -> (latest version, is final)."""
-    latest: dict[tuple[str, int], tuple[int, bool, tuple[Any, ...]]] = {}
-    seen: list[pd.DataFrame] = []
-    for rows in frames:
-        if not len(rows):
-            continue
-        seen.append(rows)
-        rows = rows.assign(start=start_slots(rows))
-        assert (rows["lt_time"] == rows["start"] + SIZE - 1).all(), "not at the hold's slot"
-        # a version's insert, its tombstone, the next version
-        for r in rows.sort_values(["version", "op"]).to_dict("records"):
-            key, values = (r["user"], r["start"]), tuple(r[c] for c in AGG_COLS)
-            have = latest.get(key)
-            assert have is None or not have[1], f"a version after the final: {key}"
-            if r["op"] == "tombstone":
-                assert have is not None and have[0] == r["version"] and have[2] == values
-                latest[key] = (have[0], False, ())  # cancelled: the next insert follows
-            else:
-                assert r["version"] == (have[0] + 1 if have else 1), f"a version skipped {key}"
-                latest[key] = (r["version"], bool(r["is_final"]), values)
-        folded = apply_changelog(pd.concat(seen, ignore_index=True))
-        assert len(folded) == len(latest), "apply_changelog keeps one row per window"
-    return {k: (v, f) for k, (v, f, _) in latest.items()}
-
-
 def failing_window(pipe: Any, spec: GeneratorSpec) -> Any:
     """A speculative window whose sender tasks and changelog tasks fail once now and
     then (the changelog's after its rows were sent)."""
@@ -96,7 +69,7 @@ def check_changelog(frames: list[pd.DataFrame], spec: GeneratorSpec, t0: int, fi
     """The changelog's batches fold (:func:`fold_batches`) with a final for every
     window complete at ``final``, some version replaced, and finals equal to a batch
     recomputation; the fold."""
-    latest = fold_batches(frames)
+    latest = fold_batches(frames, start_slots, SIZE - 1, AGG_COLS)
     rows = pd.concat(frames, ignore_index=True)
     assert (rows["op"] == "tombstone").sum() > 0, "no early version was ever replaced"
     done = {k for k in latest if k[1] + SIZE <= final}
@@ -107,36 +80,6 @@ def check_changelog(frames: list[pd.DataFrame], spec: GeneratorSpec, t0: int, fi
           AGG_COLS)
     assert len(exact) == sum(f for _, f in latest.values())
     return latest
-
-
-def state_operators(query: Any) -> list[str]:
-    """The stateful operators of a query's last micro-batch."""
-    progress = query.query.lastProgress
-    return [op["operatorName"] for op in progress["stateOperators"]]
-
-
-def run_changelog(stream: Any, sink: Any, ckpt: Path, lag_ms: int, restart_at: int = 0
-                  ) -> tuple[int, int]:
-    """Write ``stream``'s changelog to ``sink`` (``foreach_batch``) until three windows
-    past the lag are complete at the sink; ``restart_at``: stopped once the sink is that
-    many slots past t0 (Spark's aggregation and the changelog's step as its state
-    operators) and started again from the checkpoint. (t0, the sink's last min time)."""
-
-    def start() -> Any:
-        return stream.foreach_batch(sink, checkpoint=str(ckpt), keep_tracking_columns=True,
-                                    trigger="200 milliseconds")
-
-    query = start()
-    t0 = t0_of_checkpoint(ckpt, query)
-    if restart_at:
-        query.wait_for_min_time(GRID.slot_of(t0) + restart_at, timeout_s=300)
-        assert len(state_operators(query)) == 2, state_operators(query)
-        query.stop()  # windows with versions shown stay in both state stores
-        query = start()
-    query.wait_for_min_time(GRID.slot_of(t0 + lag_ms) + 3 * SIZE, timeout_s=300)
-    assert not query.stuck()
-    query.stop()
-    return t0, query.min_time()
 
 
 def test_early_rows_then_finals_under_a_lagging_front_and_task_failures(
@@ -164,7 +107,7 @@ def test_a_restart_neither_repeats_nor_skips_a_version(spark, tmp_path: Path) ->
     rows, t0, final = run_timed(pipe, stream, tmp_path, 250, restart_at=120)
     ident = rows.assign(start=start_slots(rows))[["user", "start", "version", "op"]]
     assert not ident.duplicated().any(), "a version written twice"
-    latest = fold_batches([rows])
+    latest = fold_batches([rows], start_slots, SIZE - 1, AGG_COLS)
     assert all(f for (_, start), (_, f) in latest.items() if start + SIZE <= final)
     changes = spark.read.parquet(str(tmp_path / "out"))
     exact = apply_changelog(changes).where("is_final").toPandas()
@@ -172,25 +115,6 @@ def test_a_restart_neither_repeats_nor_skips_a_version(spark, tmp_path: Path) ->
     horizon = max(final, int(start_slots(exact).max()) + SIZE)
     check(exact, batch_windows(all_input(spec, t0, horizon), SIZE, SIZE), horizon, SIZE,
           AGG_COLS)
-
-
-class ByBatch:
-    """A ``foreach_batch`` function that keeps each batch's rows by batch id, as an
-    idempotent sink does, and records any batch run again with other rows."""
-
-    def __init__(self) -> None:
-        self.batches: dict[int, pd.DataFrame] = {}
-        self.rerun_differs: list[int] = []
-        self._lock = threading.Lock()
-
-    def __call__(self, df: Any, batch_id: int) -> None:
-        cols = ["user", "window_start", "version", "op"]
-        rows = df.toPandas().sort_values(cols).reset_index(drop=True)
-        with self._lock:
-            before = self.batches.get(batch_id)
-            if before is not None and not before.equals(rows):
-                self.rerun_differs.append(batch_id)
-            self.batches[batch_id] = rows
 
 
 def test_the_jvm_plan_under_task_failures_and_a_restart(spark, tmp_path: Path) -> None:

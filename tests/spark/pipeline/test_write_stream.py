@@ -112,7 +112,7 @@ def test_what_an_exact_query_cannot_do_is_refused_before_spark() -> None:
              .agg(n="count").speculative(every="1 second"))
     assert early.writeStream.outputMode("update") is not None
     cases.append((lambda: early.writeStream.outputMode("append"),
-                  r"a speculative window writes a changelog: outputMode\('update'\)"))
+                  r"speculative\(\) writes a changelog: outputMode\('update'\)"))
     for call, pattern in cases:
         with pytest.raises(lowtide.LowtideError, match=pattern):
             call()

@@ -61,3 +61,21 @@ def test_spark_fold_and_the_delta_merge_agree(spark, tmp_path: Path) -> None:
         merged = spark.read.format("delta").load(table).toPandas()
         folded = lowtide.apply_changelog(spark.createDataFrame(frame(i), schema)).toPandas()
         assert latest(merged) == latest(folded) == latest(lowtide.apply_changelog(frame(i)))
+
+
+def test_a_folds_changelog_names_its_slot_and_its_finals_drop_it() -> None:
+    """A fold's version may hold several rows (each cancelled by its own tombstone);
+    ``finals`` drops ``slot_start`` as well (the plain ``stateful``'s output); the
+    MERGE takes the columns that name a row besides the keys."""
+    cols = ["user", "n", "slot_start", "op", "version", "is_final"]
+    log = pd.DataFrame([("a", 1, 0, "insert", 1, False), ("a", -1, 0, "insert", 1, False),
+                        ("a", 1, 0, "tombstone", 1, False), ("a", -1, 0, "tombstone", 1, False),
+                        ("a", 2, 0, "insert", 2, True), ("a", 5, 1, "insert", 1, False)],
+                       columns=cols)
+    assert sorted(lowtide.apply_changelog(log)[["n", "version"]].values.tolist()) == \
+        [[2, 2], [5, 1]]
+    assert list(finals(log).columns) == ["user", "n"] and finals(log)["n"].tolist() == [2]
+    sql = merge_sql("t", "s", ["user"], on=["slot_start", "n"])
+    assert "ON t.`user` <=> s.`user` AND t.`slot_start` <=> s.`slot_start` AND " \
+           "t.`n` <=> s.`n` AND t.`version` <=> s.`version` WHEN" in sql
+    assert "t.`window_start` <=> s.`window_start`" in merge_sql("t", "s", ["user"])

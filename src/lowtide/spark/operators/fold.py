@@ -47,6 +47,7 @@ rows at slot 9, no hold left.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -133,16 +134,15 @@ class FoldLogic:
             ) -> tuple[Any, Any]:
         import pandas as pd
 
-        data: Any = None if rows is None else rows.drop(columns=list(RUNTIME_COLS))
         slots = np.zeros(0, np.int64) if rows is None else rows[SLOT_COL].to_numpy()
-        todo = np.unique(slots[slots < done]).tolist()
+        frames = {} if rows is None else slot_frames(rows[slots < done])
+        todo = list(frames)
         out, fired = [], 0
         while True:
             due = self._due(user, done)
             if todo and (due is None or todo[0] <= due[0]):
                 slot = todo.pop(0)
-                res = self._call(key, data[slots == slot].reset_index(drop=True), user, slot,
-                                 done, False)
+                res = self._call(key, frames[slot], user, slot, done, False)
             elif due is not None:
                 slot, expiry = due
                 del user.timers[expiry]
@@ -158,6 +158,17 @@ class FoldLogic:
         self._wait(user, done)
         kept = None if rows is None else rows[slots >= done]
         return (pd.concat(out, ignore_index=True) if out else None), kept
+
+    def provisional(self, key: tuple[Any, ...], rows: Any, state: Any,
+                    timers: dict[int, int] | None, done: int, now_ms: int) -> dict[int, Any]:
+        """``fn``'s rows (or None) for each slot of the pending ``rows`` (every slot
+        ``>= done``), in slot order, as if each slot were complete now: a speculative
+        fold's early versions (:mod:`.speculative_fold`). On a copy of the key's state
+        and timers: nothing of it is kept, and timers do not fire (they stay
+        final-only)."""
+        scratch = _Scratch(copy.deepcopy(state), timers or {}, now_ms)
+        return {slot: self._call(key, frame, scratch, slot, done, False)
+                for slot, frame in slot_frames(rows).items()}
 
     def _due(self, user: UserState, done: int) -> tuple[int, int] | None:
         """(slot, expiry ms) of the next timer to fire in this call, if any."""
@@ -187,3 +198,31 @@ class FoldLogic:
                              "None)")
         user.set_state(res[0])
         return res[1]
+
+
+def slot_frames(rows: Any) -> dict[int, Any]:
+    """Each slot's rows of ``rows`` (sorted by slot), without the runtime's columns, by
+    ascending slot: slices (a mask per slot is quadratic in the slots)."""
+    if not len(rows):
+        return {}
+    data = rows.drop(columns=list(RUNTIME_COLS))
+    slots, first = np.unique(rows[SLOT_COL].to_numpy(), return_index=True)
+    ends = [*first[1:].tolist(), len(rows)]
+    return {slot: data.iloc[a:b].reset_index(drop=True)
+            for slot, a, b in zip(slots.tolist(), first.tolist(), ends, strict=True)}
+
+
+class _Scratch:
+    """A :class:`.slot_logic.UserState` whose changes are thrown away (a deep copy:
+    ``fn`` may change its state in place)."""
+
+    def __init__(self, value: Any, timers: dict[int, int], now_ms: int) -> None:
+        self.value = value
+        self.timers = dict(timers)
+        self.now_ms = now_ms
+
+    def get_state(self) -> Any:
+        return self.value
+
+    def set_state(self, value: Any) -> None:
+        self.value = value

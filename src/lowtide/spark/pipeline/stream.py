@@ -31,6 +31,11 @@ from lowtide.spark.operators.running import GroupedSpec, make_grouped
 from lowtide.spark.operators.sessions import SessionSpec, make_sessions
 from lowtide.spark.operators.slot_logic import KeptRows
 from lowtide.spark.operators.speculative import SpeculativeSpec, make_speculative
+from lowtide.spark.operators.speculative_fold import (
+    is_fold,
+    make_speculative_fold,
+    writes_changelog,
+)
 from lowtide.spark.operators.tracked import OpSpec
 from lowtide.spark.operators.windows import WindowSpec, make_windowed
 from lowtide.spark.pipeline.dag import PipelineShapeError, SegmentPlan, derive
@@ -193,13 +198,16 @@ class Stream:
             front_ranges)))
 
     def speculative(self, every: str | int | None = None) -> Stream:
-        """Early results of the window before it (``window(...).agg(...)``): a
-        changelog with ``op`` (insert / tombstone), ``version`` and ``is_final``; a
-        (key, window) that changed shows a new version at most every ``every`` (None:
-        each batch), its final one once it is complete. See
-        :mod:`lowtide.spark.operators.speculative`."""
+        """Early results of the window before it (``window(...).agg(...)``) or of the
+        fold (``stateful(...)``): a changelog with ``op`` (insert / tombstone),
+        ``version`` and ``is_final``; a (key, window) or (key, slot) that changed
+        shows a new version at most every ``every`` (None: each batch), its final one
+        once it is complete. See :mod:`lowtide.spark.operators.speculative` and
+        :mod:`lowtide.spark.operators.speculative_fold`."""
         last = self.steps[-1] if self.steps else None
-        spec = described(lambda: make_speculative(last, every))
+        spec = described(lambda: make_speculative_fold(last, every)
+                         if is_fold(last) or writes_changelog(last)
+                         else make_speculative(last, every))
         return replace(self, steps=(*self.steps[:-1], spec))
 
     def session_window(self, gap: str | int | Any, *, key: str | list[str] | tuple[str, ...],

@@ -14,7 +14,7 @@
 It dispatches to the stream's sink methods (:meth:`Stream.write_parquet`,
 ``write_table``, ``foreach_batch``, ``to_console``, ``to_null``) and returns their
 :class:`TrackedQuery`. What does not fit an exact query is refused in one line, when
-it is called: ``update`` but for a speculative window's changelog, ``complete`` (coming:
+it is called: ``update`` but for a changelog (``speculative()``), ``complete`` (coming:
 the whole table as of the min time), continuous and
 real-time triggers (micro-batch only), ``partitionBy``, catalog table names.
 """
@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from lowtide.spark.operators.speculative import SpeculativeSpec
+from lowtide.spark.operators.speculative_fold import writes_changelog
 from lowtide.spark.pipeline.dag import PipelineShapeError
 
 if TYPE_CHECKING:
@@ -77,20 +78,21 @@ class TrackedStreamWriter:
 
     def outputMode(self, outputMode: str) -> TrackedStreamWriter:
         """``append`` (each exact result once, when it is final); ``update`` for a
-        speculative window's changelog (``.agg(...).speculative()``); ``complete`` is
-        refused, saying what is coming."""
+        changelog (``.agg(...).speculative()``, ``stateful(...).speculative()``);
+        ``complete`` is refused, saying what is coming."""
         mode = outputMode.lower()
         if mode in MODES:
             raise refuse(f"outputMode({outputMode!r}): {MODES[mode]}; today use 'append': "
                          "each result once, when it is final (the table as of the min time "
                          "is its rows with lt_time below complete_below)")
-        speculative = bool(self.stream.steps) and isinstance(self.stream.steps[-1],
-                                                             SpeculativeSpec)
+        last = self.stream.steps[-1] if self.stream.steps else None
+        speculative = isinstance(last, SpeculativeSpec) or writes_changelog(last)
         if mode == "update" and not speculative:
             raise refuse("outputMode('update') writes early results: end the window with "
-                         ".agg(...).speculative() (a changelog), or use 'append'")
+                         ".agg(...).speculative() (a changelog; or stateful(...)"
+                         ".speculative()), or use 'append'")
         if mode == "append" and speculative:
-            raise refuse("a speculative window writes a changelog: outputMode('update') "
+            raise refuse("speculative() writes a changelog: outputMode('update') "
                          "(its final rows alone: lowtide.spark.sinks.changelog.finals)")
         if mode not in ("append", "update"):
             raise refuse(f"outputMode({outputMode!r}): use 'append' or 'update'")
