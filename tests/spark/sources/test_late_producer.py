@@ -20,7 +20,7 @@ import pytest
 
 from lowtide.core.errors import FrontBehind, FrontOwned
 from lowtide.core.graph import SegmentGraph
-from lowtide.core.time import TimeGrid
+from lowtide.core.time import ManualClock, TimeGrid
 from lowtide.service import Agent, TrackerService
 from lowtide.service.clock import wall_ms
 from lowtide.spark.sources.front import Front, Labelled
@@ -114,6 +114,27 @@ def test_an_undeclared_late_producer_is_refused_and_the_consumer_sees_it(
         assert b'lowtide_fronts_refused_total{pipeline="default"} 1.0' in (
             service.server.metrics.render())
         for f in fronts:
+            f.close()
+
+
+def test_a_clock_front_whose_clock_the_segment_passed_starts_at_its_min_time(
+    service: TrackerService,
+) -> None:
+    """Fronts started together race: another front's heartbeat may pass a front's
+    clock reading before it registers (a CI run under load: FrontBehind). A clock
+    front has labelled nothing, so it starts at the segment's min time, and labels
+    there: never behind what was announced."""
+    ref = TrackerRef(service.url, GRAPH, GRID)
+    with Agent.connect(service.url, GRAPH) as consumer:
+        ahead = Front(None, 1, ref, segment="src", heartbeat_ms=5)
+        floor = wait_for_min(consumer, 0, wall_ms() // GRID.delta_ms)
+        behind = Front(None, 2, ref, segment="src", heartbeat_ms=None,
+                       clock=ManualClock(wall_ms() - 60_000))  # read 60 s ago
+        batch = produce(behind, events(0, 0))
+        assert int(batch.times.min()) >= floor
+        consume(consumer, batch.times, batch.acks)  # never AckBehindHead
+        assert consumer.status()["front_events"]["behind"] == 1  # the first try, seen
+        for f in (ahead, behind):
             f.close()
 
 

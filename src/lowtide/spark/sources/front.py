@@ -223,7 +223,8 @@ class Front:
     def _register(self, slot: int) -> None:
         """Register (or, as the successor of a previous run, resume) the front at
         ``slot`` on each of its segments."""
-        self._last_beat = self._feeds.register(slot, self.owner, self.grid)
+        self._last_beat = self._feeds.register(slot, self.owner, self.grid,
+                                               clock=self.time_from is None)
 
     @property
     def registered(self) -> bool:

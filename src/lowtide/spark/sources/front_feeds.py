@@ -88,12 +88,21 @@ class Feeds:
     def front_ids(self) -> list[int]:
         return [f.front_id for f in self.items]
 
-    def register(self, slot: int, owner: str, grid: TimeGrid) -> int:
+    def register(self, slot: int, owner: str, grid: TimeGrid, *, clock: bool = False) -> int:
         """Register (or, as the successor of a previous run, resume) the front at
         ``slot`` on every segment; returns where it registered: a successor whose
-        front already promised more resumes there."""
+        front already promised more resumes there. A ``clock`` front (its labels are
+        its clock, never below its last heartbeat) refused as behind starts at the
+        segments' min time instead: it labelled nothing below it, and other fronts'
+        heartbeats may pass its clock reading while it starts (a busy machine)."""
         try:
             for feed in self.items:
+                register_when_free(self._agent, feed.front_id, feed.segment, slot, owner)
+        except FrontBehind:
+            if not clock:
+                raise
+            slot = max(slot, *(self._floor(f.segment) for f in self.items))
+            for feed in self.items:  # again where it did register: a heartbeat (rule 3)
                 register_when_free(self._agent, feed.front_id, feed.segment, slot, owner)
         except NonMonotonicHeartbeat:
             promised = self._promised()
@@ -189,12 +198,15 @@ class Feeds:
             register_when_free(self._agent, fid, segment, time, owner)
             return time
         except (FrontBehind, NonMonotonicHeartbeat):
-            status = self._agent.status()
-            floors = [s["min_time"] for s in status["segments"] if s["segment"] == segment]
-            promised = status["fronts"].get(str(fid), [segment, -1])[1]
-            time = max(time, *floors, int(promised))
+            promised = self._agent.status()["fronts"].get(str(fid), [segment, -1])[1]
+            time = max(time, self._floor(segment), int(promised))
             register_when_free(self._agent, fid, segment, time, owner)
             return time
+
+    def _floor(self, segment: str) -> int:
+        """What ``segment`` already announced (its min time): a new front starts there."""
+        return max((int(s["min_time"]) for s in self._agent.status()["segments"]
+                    if s["segment"] == segment), default=-1)
 
     def _leave(self, feed: Feed, owner: str) -> None:
         self.items.remove(feed)  # first: no more acks into a segment about to go
