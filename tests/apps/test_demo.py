@@ -53,6 +53,10 @@ def test_demo_is_clean_and_its_json_line_says_where_the_time_goes(tmp_path: Path
                 "commitOffsets"} <= set(q["phases_p50_ms"])
         assert q["phases_p50_ms"]["addBatch"] <= q["phases_p50_ms"]["triggerExecution"]
     assert 0 <= doc["session_s"] <= phases[0]  # the shared session: started before
+    # CPU of the demo's processes per micro-batch once warm, by kind: the JVM's is there
+    cpu = doc["cpu_ms_per_batch"]
+    assert cpu["jvm"] > 0 and cpu["total"] == pytest.approx(
+        sum(v for k, v in cpu.items() if k != "total"), abs=1)
     # from run()'s start to lowtide's first result file: after the first batch's work
     assert 0 < doc["first_window_s"] < 12 + 300
     # the data's own floor: the first window's end plus the 7 s lag, before any result

@@ -51,6 +51,7 @@ from lowtide.apps.demo_batches import (
     phases_p50_ms,
     startup,
 )
+from lowtide.apps.demo_cpu import TreeCpu, per_batch_ms
 from lowtide.apps.demo_report import (
     compare,
     dropped_by_watermark,
@@ -337,13 +338,16 @@ def run(spark: Any, args: argparse.Namespace, started_ms: int | None = None) -> 
     d = {k: os.path.join(tmp, k) for k in OUTPUTS}
     say = (lambda *a: None) if args.json else print
     pipe = wm = lt = None
+    cpu = TreeCpu().start()
     try:
         pipe, lt = start_lowtide(spark, spec, d["lt_out"], d["lt_ckpt"])
         wm = start_watermark(spark, spec, d["wm_out"], d["wm_ckpt"], args.watermark_ms)
         say(f"tracker {pipe.tracker.url}; segments {list(lt.graph.names)}; outputs in {tmp}")
         say("warming up (the first micro-batches start Python workers) ...")
         warm_ms = wait_warm([lt.query, wm], say=say)
+        cpu_warm = cpu.by_kind()
         watch(args, pipe, lt, wm, d["lt_out"])
+        cpu_end, end_ms = cpu.by_kind(), wall_ms()
         lt_horizon_ms = pipe.grid.slot_start_ms(lt.min_time())
         dropped_wm = dropped_by_watermark(wm)
         lt.stop()
@@ -362,6 +366,7 @@ def run(spark: Any, args: argparse.Namespace, started_ms: int | None = None) -> 
         after_input = batches_after_input(batches["lt_ckpt"], emitted_in(d["lt_out"]), 0)
         startups = {k: startup(batches[k], d[k], started_ms) for k in batches}
     finally:
+        cpu.stop()
         if lt is not None:
             lt.stop()
         if wm is not None and wm.isActive:
@@ -382,12 +387,15 @@ def run(spark: Any, args: argparse.Namespace, started_ms: int | None = None) -> 
     lt_side["first_window_s"] = first_s = first_window_s(lt_got, started_ms)
     wm_side["first_window_s"] = first_window_s(wm_got, started_ms)
     matches = matches_batch(lt_cmp)
+    warm_batches = sum(warm_ms <= (t["commit_ms"] or 0) <= end_ms
+                       for times in batches.values() for t in times.values())
     if not args.json:
         print_table(args, WINDOW, lt_side, wm_side, lt_cmp, wm_cmp, dropped_wm)
         print(f"lowtide matches the batch recomputation: {matches}")
     doc = {"bench": "demo", "lowtide": lt_side, "watermark": wm_side, "matches_batch": matches,
            "same_events": same, "t0_ms": spec.t0_ms, "first_window_s": first_s,
            "lag_ms": args.lag_ms, "session_s": session_s,
+           "cpu_ms_per_batch": per_batch_ms(cpu_warm, cpu_end, warm_batches),
            "first_window_floor_s": first_window_floor_s(spec.t0_ms, WINDOW_MS, args.lag_ms,
                                                         started_ms)}
     print(json.dumps(doc), flush=True)
