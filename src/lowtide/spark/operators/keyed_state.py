@@ -119,6 +119,15 @@ def key_values(rows: Any, keys: tuple[str, ...]) -> tuple[Any, ...]:
     return tuple(scalar(first[k]) for k in keys)
 
 
+def key_groups(rows: Any, keys: tuple[str, ...]) -> tuple[list[tuple[Any, ...]], list[Any]]:
+    """The distinct keys of ``rows`` (as :func:`key_values` has them) and each one's row
+    positions, by first appearance."""
+    codes = rows.groupby(list(keys), dropna=False, sort=False).ngroup().to_numpy()
+    order = np.argsort(codes, kind="stable")
+    at = np.split(order, np.flatnonzero(np.diff(codes[order])) + 1)
+    return [key_values(rows.iloc[i[:1]], keys) for i in at], at
+
+
 def key_json(keys: tuple[str, ...], types: dict[str, str], *, null_if_null: bool) -> Any:
     """The keys as one exact string, as Spark compares them (JSON of their struct; NaN
     equal to NaN, -0.0 made 0.0 by adding 0.0); ``null_if_null``: null when a key is
