@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -198,3 +199,49 @@ def test_a_step_that_drops_the_front_is_refused_where_described(spark, tmp_path:
     with pytest.raises(ValueError, match="step 'keep': its rows are split into key ranges"):
         dropped.write_parquet(str(tmp_path / "a"), checkpoint=str(tmp_path / "ca"))
     pipe.close()
+
+
+def by_k(rows: pd.DataFrame) -> pd.DataFrame:
+    rows = rows.assign(k=lambda d: d["front"] * 10 + d["seq"] % 2)
+    starts = window_starts(rows["slot"].to_numpy(), SIZE, SIZE)[:, 0]
+    return (rows.assign(start=starts).groupby(["k", "start"])
+            .agg(n=("seq", "size"), total=("seq", "sum")).reset_index())
+
+
+def test_buckets_of_mixed_ranges_survive_a_task_failure_and_a_restart(
+        spark, tmp_path: Path) -> None:
+    # two keys per front, 8 keys in 2 buckets (one per shuffle partition): each bucket
+    # holds keys of several ranges, the lagging front's among them
+    spec = GeneratorSpec(fronts=4, rate=160.0, payload_bytes=4, lag_ms={3: 3_000})
+    pipe = lowtide.Pipeline(spark, "win-ranges-restart", grid=GRID, stuck_after_ms=STUCK_MS)
+    after = fail_once(lambda b, p: b % 4 == 2)  # the window's task, after its acks
+    stream = (pipe.generate(spec)
+              .map(with_k, "front int, seq long, k long", name="addk")
+              .window("500 milliseconds", key="k", key_ranges=4, name="win")
+              .agg(n="count", total=("seq", "sum"))
+              .transform(lambda df: df.mapInArrow(after, df.schema)))
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+
+    def start() -> Any:
+        return stream.write_parquet(str(out), checkpoint=str(ckpt), trigger="200 milliseconds")
+
+    query = start()
+    try:
+        t0 = t0_of_checkpoint(ckpt, query, timeout_s=240)
+        query.wait_for_min_time(GRID.slot_of(t0) + 2 * SIZE, timeout_s=240)
+        query.stop()  # every range has windows pending in the buckets' state
+        query = start()
+        query.wait_for_min_time(query.min_time() + 6 * SIZE, timeout_s=240)
+        assert not query.stuck()
+        agent = pipe.tracker.agent
+        ahead = [int(e) for f in sorted(out.glob("*.parquet"))
+                 for e in start_slots(pq.read_table(f).to_pandas().query("k // 10 != 3")) + SIZE
+                 if e > agent.min_time_at("win#3", f.stat().st_mtime_ns // 1_000_000)]
+        final = query.min_time()
+    finally:
+        query.stop()
+        pipe.close()
+    assert ahead, "no window of a fast range came out before the lagging range reached it"
+    got = assert_equals_batch(read_results(out), "k", final,
+                              lambda horizon: by_k(all_input(spec, t0, horizon)))
+    assert {30, 31} < set(got.index.get_level_values("k"))

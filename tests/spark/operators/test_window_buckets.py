@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import pickle
 import random
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lowtide.spark.operators.slot_logic import AT_COL, GroupStep, Ranges, step_ranges
 from lowtide.spark.operators.state_clock import holds_under, key_hash, range_parent
-from lowtide.spark.operators.window_state import BucketWindows, WindowLogic
+from lowtide.spark.operators.window_state import BucketWindows, WindowLogic, check_layout
 from tests.spark.operators.groups import AGGS, Parts, rows
 
 OP = 7
@@ -171,3 +173,19 @@ def test_each_range_s_windows_come_out_once_complete_and_equal_batch(
 
 def windows_of(items: list[tuple[str, int]], size: int) -> set[tuple[str, int]]:
     return {(k, s - s % size + size) for k, s in items}
+
+
+def test_a_checkpoint_of_per_key_range_windows_is_refused_in_one_line(tmp_path: Path) -> None:
+    # what Spark's schema file of such a window names (its "key_range" value state)
+    old = tmp_path / "old" / "state" / "0" / "_stateSchema" / "default"
+    old.mkdir(parents=True)
+    (old / "0_1").write_bytes(b"\x00\x05group\x00\x09key_range\x00{\"type\":\"struct\"}")
+    with pytest.raises(ValueError, match=r"^window 'w': checkpoint .* keeps key-range "
+                                         r"windows per key .*start from a new checkpoint$"):
+        check_layout("w", str(tmp_path / "old"))
+    new = tmp_path / "new" / "state" / "0" / "_stateSchema" / "default"
+    new.mkdir(parents=True)
+    (new / "0_1").write_bytes(b"\x00\x05group\x00\x05parts")
+    check_layout("w", str(tmp_path / "new"))
+    check_layout("w", str(tmp_path / "none"))
+    check_layout("w", None)
