@@ -26,7 +26,8 @@ slot keeps the min time of everything downstream at or below it (rule 7).
 
 How it runs: ``groupBy(lt_group).transformWithStateInPandas`` with ``lt_group`` the
 keys' JSON (:func:`key_json`: never a null grouping key), or, for a step that is
-vectorised over keys (a join), ``pmod(xxhash64(keys), buckets)``: one call per group
+vectorised over keys (a join, a window with key ranges), ``pmod(xxhash64(keys),
+buckets)``: one call per group
 (a key or a bucket of keys) and batch, by ONE processor
 (:class:`.state_processor.SlotProcessor`). A group's state is one named record
 (:class:`.state_processor.GroupRecord`): the key hash its holds descend from, the
@@ -71,9 +72,11 @@ class StatefulSpec(StatefulStep):
     poll_ms: int = 100
     buckets: int = 0
     what: str = "stateful"
-    #: 0, or the key ranges of the inbound segment (rule 15): a group's rows are of one
-    #: range, their fronts' (:mod:`lowtide.spark.tracking.key_ranges`), and its outputs
-    #: wait for that range only
+    #: 0, or the key ranges of the inbound segment (rule 15): a row's range is its
+    #: front's (:mod:`lowtide.spark.tracking.key_ranges`); with ``buckets``, each range
+    #: of a bucket is stepped as a group of its own, with that range's min time
+    #: (:func:`.slot_logic.step_ranges`), and the logic's state is a dict by key (a
+    #: key's rows of two ranges are refused)
     key_ranges: int = 0
     eager: bool = False  # step at every poll, not only once a wake is complete (rule 13)
     #: the rows are not items but Spark's running values (a speculative window planned
