@@ -269,9 +269,7 @@ def check_layout(name: str, checkpoint: str | None) -> None:
     key (before its keys were grouped into buckets): its state would not be found."""
     from pathlib import Path
 
-    state = Path(checkpoint or "") / "state"
-    if checkpoint and state.is_dir() and any(
-            b"key_range" in f.read_bytes() for f in state.rglob("*") if f.is_file()
-            and "_stateSchema" in f.parts and f.stat().st_size < 1 << 20):
+    schemas = Path(checkpoint).glob("state/*/_stateSchema/*/*") if checkpoint else []
+    if any(b"key_range" in f.read_bytes() for f in schemas if f.is_file()):
         raise ValueError(f"window {name!r}: checkpoint {checkpoint} keeps key-range windows "
                          "per key (lowtide before 0.2's buckets); start from a new checkpoint")
