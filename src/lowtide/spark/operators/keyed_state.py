@@ -43,7 +43,10 @@ reads the record only.
 
 from __future__ import annotations
 
+import contextlib
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -120,6 +123,35 @@ def key_values(rows: Any, keys: tuple[str, ...]) -> tuple[Any, ...]:
 
     first = rows.iloc[0]
     return tuple(scalar(first[k]) for k in keys)
+
+
+def shuffle_buckets(spark: Any, checkpoint: str) -> int:
+    """How many buckets a step groups its keys into: the query's shuffle partitions, as
+    its checkpoint's offset log keeps them (Spark restores them on a restart, whatever
+    the session says; a key's state lives in its bucket)."""
+    offsets = Path(checkpoint) / "offsets"
+    logged = [int(p.name) for p in offsets.iterdir() if p.name.isdigit()] \
+        if offsets.is_dir() else []
+    if logged:
+        for line in (offsets / str(max(logged))).read_text().splitlines():
+            with contextlib.suppress(ValueError, AttributeError):
+                conf = json.loads(line).get("conf", {})
+                if "spark.sql.shuffle.partitions" in conf:
+                    return int(conf["spark.sql.shuffle.partitions"])
+    return int(spark.conf.get("spark.sql.shuffle.partitions"))
+
+
+def bucket_labels(spark: Any, buckets: int) -> list[int]:
+    """A label per bucket that Spark's hash partitioning into ``buckets`` partitions
+    sends to partition ``b`` (the first such number for each): one bucket per task,
+    where the buckets themselves could share a partition and leave another idle."""
+    from pyspark.sql import functions as F
+
+    parts = spark.range(0, 64 * buckets).select(
+        "id", F.pmod(F.hash("id"), F.lit(buckets)).alias("p")).groupBy("p").agg(
+        F.min("id").alias("label")).collect()
+    labels = {int(r["p"]): int(r["label"]) for r in parts}
+    return [labels[b] for b in range(buckets)]
 
 
 def key_groups(rows: Any, keys: tuple[str, ...]) -> tuple[list[tuple[Any, ...]], list[Any]]:

@@ -32,7 +32,12 @@ from typing import Any
 
 import numpy as np
 
-from lowtide.spark.operators.keyed_state import StatefulSpec, key_groups
+from lowtide.spark.operators.keyed_state import (
+    StatefulSpec,
+    bucket_labels,
+    key_groups,
+    shuffle_buckets,
+)
 from lowtide.spark.operators.slot_logic import AT_COL, ID_COL, SLOT_COL, LogicStep, RowParts
 from lowtide.spark.operators.state_clock import check_keys, hold_as_i64, insert_keys, key_hash
 from lowtide.spark.operators.window_aggs import (
@@ -252,11 +257,9 @@ def build_window(df: Any, spec: WindowSpec, ref: TrackerRef, out_segment: str,
         return build_keyed(prepared, StatefulSpec(
             spec.name, spec.keys, logic, output_schema(spec, aggs), spec.poll_ms,
             what="window"), ref, out_segment, op_id)
-    from lowtide.spark.operators.speculative_plan import bucket_labels, changelog_buckets
-
     spark = df.sparkSession
     check_layout(spec.name, checkpoint)
-    buckets = changelog_buckets(spark, checkpoint) if checkpoint else \
+    buckets = shuffle_buckets(spark, checkpoint) if checkpoint else \
         int(spark.conf.get("spark.sql.shuffle.partitions"))
     keyed = StatefulSpec(spec.name, spec.keys, BucketWindows(logic, spec.keys),
                          output_schema(spec, aggs), spec.poll_ms, buckets, what="window",
