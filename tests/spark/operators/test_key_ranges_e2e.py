@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -28,9 +29,10 @@ pytestmark = pytest.mark.spark
 SIZE = 50  # slots: 500 ms windows
 
 
-def batch_by_front(rows: pd.DataFrame) -> pd.DataFrame:
+def batch_by(rows: pd.DataFrame, key: str) -> pd.DataFrame:
+    """The batch recomputation: count and sum of ``seq`` per (key, window)."""
     starts = window_starts(rows["slot"].to_numpy(), SIZE, SIZE)[:, 0]
-    return (rows.assign(start=starts).groupby(["front", "start"])
+    return (rows.assign(start=starts).groupby([key, "start"])
             .agg(n=("seq", "size"), total=("seq", "sum")).reset_index())
 
 
@@ -55,23 +57,23 @@ def test_a_range_is_emitted_before_a_lagging_range_and_all_equal_batch(
         t0 = t0_of_checkpoint(ckpt, query, timeout_s=240)
         query.wait_for_min_time(GRID.slot_of(t0) + 8 * SIZE, timeout_s=240)
         assert not query.stuck()
-        # when each result file was written, how far the lagging range was complete
-        agent = pipe.tracker.agent
-        ahead = []
-        for f in sorted(out.glob("*.parquet")):
-            written_ms = f.stat().st_mtime_ns // 1_000_000
-            lagging = agent.min_time_at("win#3", written_ms)
-            got = pq.read_table(f).to_pandas()
-            ends = start_slots(got[got["front"] != 3]) + SIZE
-            ahead += [int(e) for e in ends if e > lagging]
+        ahead = ahead_of_lagging(pipe.tracker.agent, out, "front != 3")
         final = query.min_time()
     finally:
         query.stop()
         pipe.close()
     assert ahead, "no window of a fast range came out before the lagging range reached it"
     got = assert_equals_batch(read_results(out), "front", final,
-                              lambda horizon: batch_by_front(all_input(spec, t0, horizon)))
+                              lambda horizon: batch_by(all_input(spec, t0, horizon), "front"))
     assert {3} < set(got.index.get_level_values("front"))
+
+
+def ahead_of_lagging(agent: Any, out: Path, fast: str) -> list[int]:
+    """The ends of the windows of fast ranges (the rows ``fast`` selects) written before
+    the lagging range 3 was complete up to them (when each result file was written)."""
+    return [int(e) for f in sorted(out.glob("*.parquet"))
+            for e in start_slots(pq.read_table(f).to_pandas().query(fast)) + SIZE
+            if e > agent.min_time_at("win#3", f.stat().st_mtime_ns // 1_000_000)]
 
 
 def assert_equals_batch(results: pd.DataFrame, key: str, final: int,
@@ -142,10 +144,7 @@ def with_k(b: pa.RecordBatch) -> pa.RecordBatch:
 
 
 def batch_windows(rows: pd.DataFrame) -> pd.DataFrame:
-    rows = rows[rows["seq"] % 3 != 0].assign(k=lambda d: d["front"] * 10 + d["seq"] % 2)
-    starts = window_starts(rows["slot"].to_numpy(), SIZE, SIZE)[:, 0]
-    return (rows.assign(start=starts).groupby(["k", "start"])
-            .agg(n=("seq", "size"), total=("seq", "sum")).reset_index())
+    return by_k(rows[rows["seq"] % 3 != 0])
 
 
 @pytest.mark.slow  # ~30 s; key ranges e2e by default: test_a_range_is_emitted_before_...
@@ -171,12 +170,7 @@ def test_ranges_through_where_and_map_emit_early_and_equal_batch(spark, tmp_path
         query.wait_for_min_time(GRID.slot_of(t0) + 8 * SIZE, timeout_s=240)
         assert not query.stuck()
         agent = pipe.tracker.agent
-        ahead = []  # fast ranges' windows written before the lagging range reached them
-        for f in sorted(out.glob("*.parquet")):
-            lagging = agent.min_time_at("win#3", f.stat().st_mtime_ns // 1_000_000)
-            got = pq.read_table(f).to_pandas()
-            ends = start_slots(got[got["k"] // 10 != 3]) + SIZE
-            ahead += [int(e) for e in ends if e > lagging]
+        ahead = ahead_of_lagging(agent, out, "k // 10 != 3")
         final = query.min_time()
         doc = agent.status()  # what `lowtide status`, the metrics and the web view show
     finally:
@@ -198,3 +192,44 @@ def test_a_step_that_drops_the_front_is_refused_where_described(spark, tmp_path:
     with pytest.raises(ValueError, match="step 'keep': its rows are split into key ranges"):
         dropped.write_parquet(str(tmp_path / "a"), checkpoint=str(tmp_path / "ca"))
     pipe.close()
+
+
+def by_k(rows: pd.DataFrame) -> pd.DataFrame:
+    """:func:`batch_by` key ``k`` (as :func:`with_k` makes it)."""
+    return batch_by(rows.assign(k=lambda d: d["front"] * 10 + d["seq"] % 2), "k")
+
+
+def test_buckets_of_mixed_ranges_survive_a_task_failure_and_a_restart(
+        spark, tmp_path: Path) -> None:
+    # two keys per front, 8 keys in 2 buckets (one per shuffle partition): each bucket
+    # holds keys of several ranges, the lagging front's among them
+    spec = GeneratorSpec(fronts=4, rate=160.0, payload_bytes=4, lag_ms={3: 3_000})
+    pipe = lowtide.Pipeline(spark, "win-ranges-restart", grid=GRID, stuck_after_ms=STUCK_MS)
+    after = fail_once(lambda b, p: b % 4 == 2)  # the window's task, after its acks
+    stream = (pipe.generate(spec)
+              .map(with_k, "front int, seq long, k long", name="addk")
+              .window("500 milliseconds", key="k", key_ranges=4, name="win")
+              .agg(n="count", total=("seq", "sum"))
+              .transform(lambda df: df.mapInArrow(after, df.schema)))
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+
+    def start() -> Any:
+        return stream.write_parquet(str(out), checkpoint=str(ckpt), trigger="200 milliseconds")
+
+    query = start()
+    try:
+        t0 = t0_of_checkpoint(ckpt, query, timeout_s=240)
+        query.wait_for_min_time(GRID.slot_of(t0) + 2 * SIZE, timeout_s=240)
+        query.stop()  # every range has windows pending in the buckets' state
+        query = start()
+        query.wait_for_min_time(query.min_time() + 6 * SIZE, timeout_s=240)
+        assert not query.stuck()
+        ahead = ahead_of_lagging(pipe.tracker.agent, out, "k // 10 != 3")
+        final = query.min_time()
+    finally:
+        query.stop()
+        pipe.close()
+    assert ahead, "no window of a fast range came out before the lagging range reached it"
+    got = assert_equals_batch(read_results(out), "k", final,
+                              lambda horizon: by_k(all_input(spec, t0, horizon)))
+    assert {30, 31} < set(got.index.get_level_values("k"))

@@ -26,7 +26,8 @@ slot keeps the min time of everything downstream at or below it (rule 7).
 
 How it runs: ``groupBy(lt_group).transformWithStateInPandas`` with ``lt_group`` the
 keys' JSON (:func:`key_json`: never a null grouping key), or, for a step that is
-vectorised over keys (a join), ``pmod(xxhash64(keys), buckets)``: one call per group
+vectorised over keys (a join, a window with key ranges), ``pmod(xxhash64(keys),
+buckets)``: one call per group
 (a key or a bucket of keys) and batch, by ONE processor
 (:class:`.state_processor.SlotProcessor`). A group's state is one named record
 (:class:`.state_processor.GroupRecord`): the key hash its holds descend from, the
@@ -42,7 +43,10 @@ reads the record only.
 
 from __future__ import annotations
 
+import contextlib
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -71,9 +75,11 @@ class StatefulSpec(StatefulStep):
     poll_ms: int = 100
     buckets: int = 0
     what: str = "stateful"
-    #: 0, or the key ranges of the inbound segment (rule 15): a group's rows are of one
-    #: range, their fronts' (:mod:`lowtide.spark.tracking.key_ranges`), and its outputs
-    #: wait for that range only
+    #: 0, or the key ranges of the inbound segment (rule 15): a row's range is its
+    #: front's (:mod:`lowtide.spark.tracking.key_ranges`); with ``buckets``, each range
+    #: of a bucket is stepped as a group of its own, with that range's min time
+    #: (:func:`.slot_logic.step_ranges`), and the logic's state is a dict by key (a
+    #: key's rows of two ranges are refused)
     key_ranges: int = 0
     eager: bool = False  # step at every poll, not only once a wake is complete (rule 13)
     #: the rows are not items but Spark's running values (a speculative window planned
@@ -117,6 +123,44 @@ def key_values(rows: Any, keys: tuple[str, ...]) -> tuple[Any, ...]:
 
     first = rows.iloc[0]
     return tuple(scalar(first[k]) for k in keys)
+
+
+def shuffle_buckets(spark: Any, checkpoint: str) -> int:
+    """How many buckets a step groups its keys into: the query's shuffle partitions, as
+    its checkpoint's offset log keeps them (Spark restores them on a restart, whatever
+    the session says; a key's state lives in its bucket)."""
+    offsets = Path(checkpoint) / "offsets"
+    logged = [int(p.name) for p in offsets.iterdir() if p.name.isdigit()] \
+        if offsets.is_dir() else []
+    if logged:
+        for line in (offsets / str(max(logged))).read_text().splitlines():
+            with contextlib.suppress(ValueError, AttributeError):
+                conf = json.loads(line).get("conf", {})
+                if "spark.sql.shuffle.partitions" in conf:
+                    return int(conf["spark.sql.shuffle.partitions"])
+    return int(spark.conf.get("spark.sql.shuffle.partitions"))
+
+
+def bucket_labels(spark: Any, buckets: int) -> list[int]:
+    """A label per bucket that Spark's hash partitioning into ``buckets`` partitions
+    sends to partition ``b`` (the first such number for each): one bucket per task,
+    where the buckets themselves could share a partition and leave another idle."""
+    from pyspark.sql import functions as F
+
+    parts = spark.range(0, 64 * buckets).select(
+        "id", F.pmod(F.hash("id"), F.lit(buckets)).alias("p")).groupBy("p").agg(
+        F.min("id").alias("label")).collect()
+    labels = {int(r["p"]): int(r["label"]) for r in parts}
+    return [labels[b] for b in range(buckets)]
+
+
+def key_groups(rows: Any, keys: tuple[str, ...]) -> tuple[list[tuple[Any, ...]], list[Any]]:
+    """The distinct keys of ``rows`` (as :func:`key_values` has them) and each one's row
+    positions, by first appearance."""
+    codes = rows.groupby(list(keys), dropna=False, sort=False).ngroup().to_numpy()
+    order = np.argsort(codes, kind="stable")
+    at = np.split(order, np.flatnonzero(np.diff(codes[order])) + 1)
+    return [key_values(rows.iloc[i[:1]], keys) for i in at], at
 
 
 def key_json(keys: tuple[str, ...], types: dict[str, str], *, null_if_null: bool) -> Any:

@@ -136,6 +136,31 @@ def step_group(logic: SlotLogic, key: tuple[Any, ...], state: Any, wakes: np.nda
                      early)
 
 
+#: a bucket's key ranges (rule 15): range -> (the slots of its open holds, its state)
+Ranges = dict[int, tuple[np.ndarray, Any]]
+
+
+def step_ranges(logic: SlotLogic, key: tuple[Any, ...], ranges: Ranges, new: dict[int, Any],
+                done: dict[int, int], parts: RowParts, now_ms: int = 0
+                ) -> tuple[Ranges, list[tuple[int, GroupStep]]]:
+    """Step a bucket whose keys are split into key ranges: each range's keys as a group
+    of their own, with that range's min time ``done[r]`` and holds of its own, so that
+    what one range emits never releases a hold another range keeps. Steps the ranges
+    with ``new`` rows or a wake below their ``done``; returns the ranges kept and
+    (range, its step) of each. Pure."""
+    kept, steps = dict(ranges), []
+    for r in sorted(done):
+        wakes = kept.get(r, (np.zeros(0, np.int64), None))[0]
+        if r not in new and int(wakes.min(initial=done[r])) >= done[r]:
+            continue
+        _, state = kept.pop(r, (wakes, None))
+        step = step_group(logic, key, state, wakes, new.get(r), done[r], parts, now_ms)
+        if step.state is not None:
+            kept[r] = (step.wakes, step.state)
+        steps.append((r, step))
+    return kept, steps
+
+
 def _check(at: np.ndarray, before: np.ndarray, after: np.ndarray, arrived: np.ndarray,
            done: int, state: Any) -> None:
     """Fail closed on a logic that breaks its contract (see the module docstring)."""

@@ -44,17 +44,20 @@ one here keeps no event-time state and drops nothing.
 
 from __future__ import annotations
 
-import contextlib
-import json
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from lowtide.core.acks import child_acks
 from lowtide.spark.operators.joins import KEY_COL
-from lowtide.spark.operators.keyed_state import StatefulSpec, key_json, key_values
+from lowtide.spark.operators.keyed_state import (
+    StatefulSpec,
+    bucket_labels,
+    key_json,
+    key_values,
+)
+from lowtide.spark.operators.keyed_state import shuffle_buckets as changelog_buckets
 from lowtide.spark.operators.slot_logic import CHILD_COL, SLOT_COL, LogicStep, RowParts
 from lowtide.spark.operators.speculative import (
     Change,
@@ -177,35 +180,6 @@ class ChangelogLogic:
         frame[CHILD_COL] = child_acks(mixed, 0, frame[CHILD_COL].to_numpy(np.uint64))
         insert_key_rows(frame, self.keys, [values for _, values, _ in rows])
         return frame
-
-
-def changelog_buckets(spark: Any, checkpoint: str) -> int:
-    """How many buckets the changelog step groups its keys into: the query's shuffle
-    partitions, as its checkpoint's offset log keeps them (Spark restores them on a
-    restart, whatever the session says; a key's versions live in its bucket)."""
-    offsets = Path(checkpoint) / "offsets"
-    logged = [int(p.name) for p in offsets.iterdir() if p.name.isdigit()] \
-        if offsets.is_dir() else []
-    if logged:
-        for line in (offsets / str(max(logged))).read_text().splitlines():
-            with contextlib.suppress(ValueError, AttributeError):
-                conf = json.loads(line).get("conf", {})
-                if "spark.sql.shuffle.partitions" in conf:
-                    return int(conf["spark.sql.shuffle.partitions"])
-    return int(spark.conf.get("spark.sql.shuffle.partitions"))
-
-
-def bucket_labels(spark: Any, buckets: int) -> list[int]:
-    """A label per bucket that Spark's hash partitioning into ``buckets`` partitions
-    sends to partition ``b`` (the first such number for each): one bucket per task,
-    where the buckets themselves could share a partition and leave another idle."""
-    from pyspark.sql import functions as F
-
-    parts = spark.range(0, 64 * buckets).select(
-        "id", F.pmod(F.hash("id"), F.lit(buckets)).alias("p")).groupBy("p").agg(
-        F.min("id").alias("label")).collect()
-    labels = {int(r["p"]): int(r["label"]) for r in parts}
-    return [labels[b] for b in range(buckets)]
 
 
 def build_speculative_plan(df: Any, spec: SpeculativeSpec, windows: QueryWindows,

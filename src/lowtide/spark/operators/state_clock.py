@@ -77,6 +77,12 @@ def holds_under(op_id: int, parent: int, starts: np.ndarray) -> np.ndarray:
     return child_acks(parents, op_id, np.asarray(starts, np.int64).astype(np.uint64))
 
 
+def range_parent(parent: int, key_range: int) -> int:
+    """What the holds of one key range of a bucket descend from (rule 15: a range's
+    holds are its own, whatever the bucket's other ranges emit)."""
+    return key_hash((parent, key_range))
+
+
 def hold_as_i64(hold: int) -> int:
     """A hold as a Spark long (the state store keeps signed 64-bit values)."""
     return int(as_i64(np.array([hold], np.uint64))[0])

@@ -22,6 +22,7 @@ from lowtide.spark.operators.keyed_state import (
     GROUP_COL,
     KeyedRuntime,
     StatefulSpec,
+    key_groups,
     key_json,
     key_values,
 )
@@ -32,7 +33,9 @@ from lowtide.spark.operators.slot_logic import (
     RUNTIME_COLS,
     SLOT_COL,
     GroupStep,
+    Ranges,
     step_group,
+    step_ranges,
 )
 from lowtide.spark.operators.state_clock import (
     StateClock,
@@ -42,6 +45,7 @@ from lowtide.spark.operators.state_clock import (
     insert_keys,
     key_hash,
     next_poll_ms,
+    range_parent,
     use_rocksdb,
 )
 from lowtide.spark.tracking.column import TRACK_COL, TRACKING_COLS, as_u64
@@ -111,8 +115,6 @@ class SlotProcessor(StatefulProcessor):  # type: ignore[misc]
         self.live = TaskContext.get() is not None
         self.record = handle.getValueState("group", RECORD_SCHEMA)
         self.parts = StoredParts(handle.getMapState("parts", PART_KEY_SCHEMA, PART_SCHEMA))
-        # a group's key range (rule 15), for its timer calls
-        self.range = handle.getValueState("key_range", "r int") if rt.spec.key_ranges else None
         self.clock = StateClock(rt.ref, rt.spec.name, rt.out_segment, rt.op_id)
 
     def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
@@ -120,57 +122,34 @@ class SlotProcessor(StatefulProcessor):  # type: ignore[misc]
 
         now = int(timerValues.getCurrentProcessingTimeInMs())
         frames = [df for df in rows if len(df)]
-        new, key_range = None, self._stored_range()
-        if frames and self.rt.spec.received:
-            new = (pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-                   ).drop(columns=[GROUP_COL])
-        elif frames:
-            df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-            key_range = self._range_of(key, df, key_range)
-            times, ids = self.clock.receive(df[TRACK_COL].to_numpy(np.int64), now, key_range)
-            drop = [c for c in (*TRACKING_COLS, GROUP_COL) if c in df.columns]
-            new = df.drop(columns=drop).assign(**{SLOT_COL: times,
-                                                  ID_COL: ids.astype(np.int64)})
-        yield from self._run(key, new, now, key_range)
+        df = None if not frames else pd.concat(frames, ignore_index=True) \
+            if len(frames) > 1 else frames[0]
+        if self.rt.spec.key_ranges:
+            yield from self._run_ranges(key, df, now)
+        elif df is not None and self.rt.spec.received:
+            yield from self._run(key, df.drop(columns=[GROUP_COL]), now)
+        else:
+            yield from self._run(key, None if df is None else self._receive(df, now), now)
 
     def handleExpiredTimer(self, key: Any, timerValues: Any,
                            expiredTimerInfo: Any) -> Iterator[Any]:
-        yield from self._run(key, None, int(timerValues.getCurrentProcessingTimeInMs()),
-                             self._stored_range())
+        now = int(timerValues.getCurrentProcessingTimeInMs())
+        yield from (self._run_ranges if self.rt.spec.key_ranges else self._run)(key, None, now)
 
-    def _stored_range(self) -> int | None:
-        got = None if self.range is None else self.range.get()
-        return None if got is None else int(got[0])
+    def _receive(self, df: Any, now: int, key_range: int | None = None) -> Any:
+        """Receive ``df`` out of the inbound segment (its ``key_range``): its columns
+        with :data:`SLOT_COL` and :data:`ID_COL`."""
+        times, ids = self.clock.receive(df[TRACK_COL].to_numpy(np.int64), now, key_range)
+        drop = [c for c in (*TRACKING_COLS, GROUP_COL) if c in df.columns]
+        return df.drop(columns=drop).assign(**{SLOT_COL: times, ID_COL: ids.astype(np.int64)})
 
-    def _range_of(self, key: Any, df: Any, stored: int | None) -> int | None:
-        """The group's key range: its rows' (all of one range), kept for its timers.
-        Rows of another range would be emitted before their range is complete:
-        refused (the fronts must partition the keys)."""
-        n = self.rt.spec.key_ranges
-        if not n:
-            return None
-        graph = self.rt.ref.graph
-        found = set(row_ranges(graph, graph.index(self.rt.spec.name),
-                               df[RANGE_COL].to_numpy(np.int64)).tolist())
-        if stored is not None:
-            found.add(stored)
-        if len(found) > 1:
-            raise ValueError(f"{self.rt.spec.what} {self.rt.spec.name!r}: key {spark_key(key)} "
-                             f"has rows of key ranges {sorted(found)}; with key_ranges={n} "
-                             f"each key's rows must come from fronts of one range")
-        key_range = found.pop()
-        if stored is None:
-            assert self.range is not None
-            self.range.update((key_range,))
-        return key_range
-
-    def _run(self, key: Any, new: Any, now: int, key_range: int | None) -> Iterator[Any]:
+    def _run(self, key: Any, new: Any, now: int) -> Iterator[Any]:
         """One call of the group: step its logic if rows came or a wake is complete."""
         stored = self.record.get()
         rec = None if stored is None else GroupRecord.of_row(stored)
         if new is None and (rec is None or not len(rec.wakes)):
             return
-        done = self.clock.complete_below(now, key_range)
+        done = self.clock.complete_below(now)
         if new is None:
             assert rec is not None
             if rec.wakes[0] >= done and not self.rt.spec.eager:  # nothing complete yet
@@ -191,13 +170,76 @@ class SlotProcessor(StatefulProcessor):  # type: ignore[misc]
         else:
             self.record.update(GroupRecord(rec.parent, rec.key, step.wakes, timer,
                                            pickle.dumps(step.state)).to_row())
-        for rows, track in ((step.out, packed), (step.early, self._early(rec.parent, step, now))):
+        yield from self._rows(rec, step, packed, self._early(rec.parent, step, now))
+
+    def _rows(self, rec: GroupRecord, step: GroupStep, packed: np.ndarray,
+              early: np.ndarray | None) -> Iterator[Any]:
+        """A step's output rows, then its provisional ones, with their tracking column."""
+        for rows, track in ((step.out, packed), (step.early, early)):
             if rows is not None and len(rows):
                 res = rows.drop(columns=[c for c in (AT_COL, CHILD_COL) if c in rows.columns])
                 if not self.rt.spec.buckets:
                     insert_keys(res, self.rt.spec.keys, rec.key)
                 res[TRACK_COL] = track
                 yield res
+
+    def _run_ranges(self, key: Any, df: Any, now: int) -> Iterator[Any]:
+        """One call of a bucket of keys split into key ranges (rule 15): the keys of
+        each range are stepped with that range's min time, as a group of their own
+        within the bucket's record (``data``: range -> (its wakes, its logic's
+        state)), with holds of their own, so that a range still open keeps its holds
+        whatever the other ranges emit. The bucket's record keeps every range's wakes
+        and its one timer."""
+        stored = self.record.get()
+        rec = None if stored is None else GroupRecord.of_row(stored)
+        if df is None and (rec is None or not len(rec.wakes)):
+            return
+        if rec is None:
+            rec = GroupRecord(key_hash(spark_key(key)), spark_key(key), np.zeros(0, np.int64),
+                              -1, pickle.dumps({}))
+        ranges: Ranges = pickle.loads(rec.data)
+        new = {} if df is None else self._receive_ranges(key, df, now, ranges)
+        done = {r: self.clock.complete_below(now, r) for r in sorted({*ranges, *new})}
+        ranges, steps = step_ranges(self.rt.spec.logic, rec.key, ranges, new, done, self.parts,
+                                    now)
+        if not steps:  # a timer call with nothing complete: the record is read only
+            self._poll(rec.timer_ms, now)
+            return
+        sent = []
+        for r, step in steps:
+            parent = range_parent(rec.parent, r)
+            sent.append((step, self._acks(parent, step, now), self._early(parent, step, now)))
+            self.parts.write(step)
+        wakes = np.unique(np.concatenate([np.zeros(0, np.int64),
+                                          *[w for w, _ in ranges.values()]]))
+        timer = self._poll(rec.timer_ms, now) if len(wakes) else -1
+        if ranges:
+            self.record.update(GroupRecord(rec.parent, rec.key, wakes, timer,
+                                           pickle.dumps(ranges)).to_row())
+        else:
+            self.record.clear()
+        for step, packed, early in sent:
+            yield from self._rows(rec, step, packed, early)
+
+    def _receive_ranges(self, key: Any, df: Any, now: int,
+                        kept: Ranges) -> dict[int, Any]:
+        """Receive a bucket's rows, each in its key range (its front's): range -> its
+        new rows. A key with rows of two ranges would be emitted before one of them is
+        complete: refused (the fronts must partition the keys); ``kept``: each range's
+        state, a dict by key."""
+        graph, spec = self.rt.ref.graph, self.rt.spec
+        of = row_ranges(graph, graph.index(spec.name), df[RANGE_COL].to_numpy(np.int64))
+        new, seen = {}, {k: r for r, (_, state) in kept.items() for k in state}
+        for r in np.unique(of).tolist():
+            part = df[of == r].reset_index(drop=True)
+            for k in key_groups(part, spec.keys)[0]:
+                if seen.setdefault(k, r) != r:
+                    raise ValueError(
+                        f"{spec.what} {spec.name!r}: key {k} has rows of key ranges "
+                        f"{sorted({r, seen[k]})}; with key_ranges={spec.key_ranges} each "
+                        "key's rows must come from fronts of one range")
+            new[r] = self._receive(part, now, r)
+        return new
 
     def _acks(self, parent: int, step: GroupStep, now: int) -> np.ndarray:
         """Open the new holds, send the outputs as children of their slots' holds and

@@ -244,7 +244,7 @@ class QueryWindows:
         if not self.in_jvm(spec):
             from lowtide.spark.operators.window_state import build_window
 
-            return build_window(df, spec, ref, out_segment, op_id)
+            return build_window(df, spec, ref, out_segment, op_id, self.checkpoint)
         from lowtide.spark.operators.window_hold import WatermarkHold
 
         hold = WatermarkHold(ref, spec.name, op_id, self.checkpoint)

@@ -18,6 +18,11 @@ timer call with ``done = 15``: out ``(window_start 0, n 2)`` at slot 9, wakes
 Session windows (their bounds move as rows arrive, panes merge) change only how rows
 are folded into panes (:meth:`WindowLogic._absorb`): a merged pane's new ``end`` moves
 its wake, and the runtime moves the hold.
+
+A window with ``key_ranges`` (rule 15) runs on buckets (one per shuffle partition, so
+one call per task and batch): :class:`BucketWindows` steps the keys of one key range
+of a bucket, all with that range's min time; the runtime keeps each range's wakes and
+holds apart (:meth:`.state_processor.SlotProcessor._run_ranges`).
 """
 
 from __future__ import annotations
@@ -27,9 +32,14 @@ from typing import Any
 
 import numpy as np
 
-from lowtide.spark.operators.keyed_state import StatefulSpec
+from lowtide.spark.operators.keyed_state import (
+    StatefulSpec,
+    bucket_labels,
+    key_groups,
+    shuffle_buckets,
+)
 from lowtide.spark.operators.slot_logic import AT_COL, ID_COL, SLOT_COL, LogicStep, RowParts
-from lowtide.spark.operators.state_clock import check_keys
+from lowtide.spark.operators.state_clock import check_keys, hold_as_i64, insert_keys, key_hash
 from lowtide.spark.operators.window_aggs import (
     TypedAgg,
     bind_aggs,
@@ -155,6 +165,62 @@ class WindowLogic:
         return res.reset_index(drop=True)
 
 
+class KeyParts:
+    """One key's row parts inside its bucket's (:class:`.slot_logic.RowParts`): its
+    tags mixed with the key, so that the keys of a bucket never share a part."""
+
+    def __init__(self, parts: RowParts, key: tuple[Any, ...]) -> None:
+        self.parts, self.key = parts, key
+
+    def tag(self, tag: int) -> int:
+        return hold_as_i64(key_hash((self.key, tag)))
+
+    def read(self, tag: int, count: int) -> list[Any]:
+        return self.parts.read(self.tag(tag), count)
+
+
+@dataclass(frozen=True)
+class BucketWindows:
+    """A :class:`WindowLogic` over a bucket of keys that share one ``done`` (the keys
+    of one key range): state ``{key: its panes}``; each key with new rows or a pane
+    at or below ``done`` is stepped, its outputs get its key columns."""
+
+    window: WindowLogic
+    keys: tuple[str, ...]
+
+    def step(self, key: tuple[Any, ...], state: dict[tuple[Any, ...], Any] | None, new: Any,
+             done: int, parts: RowParts, now_ms: int = 0) -> LogicStep:
+        import pandas as pd
+
+        panes = dict(state or {})
+        rows = {}
+        if new is not None and len(new):
+            found, at = key_groups(new, self.keys)
+            rows = {k: new.iloc[i].reset_index(drop=True) for k, i in zip(found, at,
+                                                                         strict=True)}
+        outs, appends, drops = [], [], []
+        for k in sorted(set(panes) | set(rows), key=lambda k: key_hash(k)):
+            mine = panes.get(k)
+            if k not in rows and min(p.end for p in (mine or {}).values()) > done:
+                continue  # nothing new, nothing complete: its panes stay as they are
+            own = KeyParts(parts, k)
+            res = self.window.step(k, mine, rows.get(k), done, own, now_ms)
+            if res.state is None:
+                panes.pop(k, None)
+            else:
+                panes[k] = res.state
+            if res.out is not None and len(res.out):
+                insert_keys(res.out, self.keys, k)
+                outs.append(res.out.astype(object))
+            appends += [(own.tag(t), i, r) for t, i, r in res.appends]
+            drops += [(own.tag(t), n) for t, n in res.drops]
+        out = None if not outs else outs[0] if len(outs) == 1 else pd.concat(
+            outs, ignore_index=True)
+        wakes = np.array(sorted({p.end - 1 for ps in panes.values() for p in ps.values()}),
+                         np.int64)
+        return LogicStep(panes or None, out, wakes, tuple(appends), tuple(drops))
+
+
 def output_schema(spec: WindowSpec, aggs: tuple[TypedAgg, ...]) -> str:
     """The DDL of a window's output columns after its keys."""
     cols = ["window_start timestamp", "window_end timestamp"]
@@ -165,10 +231,11 @@ def output_schema(spec: WindowSpec, aggs: tuple[TypedAgg, ...]) -> str:
 
 
 def build_window(df: Any, spec: WindowSpec, ref: TrackerRef, out_segment: str,
-                 op_id: int) -> Any:
+                 op_id: int, checkpoint: str | None = None) -> Any:
     """The DataFrame plan of a window step: a keyed step (:func:`.build_keyed`) whose
-    logic is a :class:`WindowLogic`. Unknown columns and unsupported types raise here,
-    before the query starts."""
+    logic is a :class:`WindowLogic` (with ``key_ranges``: a :class:`BucketWindows` per
+    range, over a bucket per shuffle partition of the query whose ``checkpoint`` it is).
+    Unknown columns and unsupported types raise here, before the query starts."""
     fields = {f.name: f.dataType.simpleString() for f in df.schema.fields
               if f.name not in TRACKING_COLS}
     check_keys(f"window {spec.name!r}", spec.keys, fields)
@@ -184,8 +251,28 @@ def build_window(df: Any, spec: WindowSpec, ref: TrackerRef, out_segment: str,
         ranged = [RANGE_COL] if spec.key_ranges and RANGE_COL not in spec.keys else []
         prepared = prepared.select(*[f"`{c}`" for c in [*spec.keys, *helper_columns(columns),
                                                           *ranged]], TRACK_COL)
-    keyed = StatefulSpec(spec.name, spec.keys, logic, output_schema(spec, aggs), spec.poll_ms,
-                         what="window", key_ranges=spec.key_ranges)
     from lowtide.spark.operators.state_processor import build_keyed  # pyspark's processor
 
-    return build_keyed(prepared, keyed, ref, out_segment, op_id)
+    if not spec.key_ranges:
+        return build_keyed(prepared, StatefulSpec(
+            spec.name, spec.keys, logic, output_schema(spec, aggs), spec.poll_ms,
+            what="window"), ref, out_segment, op_id)
+    spark = df.sparkSession
+    check_layout(spec.name, checkpoint)
+    buckets = shuffle_buckets(spark, checkpoint) if checkpoint else \
+        int(spark.conf.get("spark.sql.shuffle.partitions"))
+    keyed = StatefulSpec(spec.name, spec.keys, BucketWindows(logic, spec.keys),
+                         output_schema(spec, aggs), spec.poll_ms, buckets, what="window",
+                         key_ranges=spec.key_ranges)
+    return build_keyed(prepared, keyed, ref, out_segment, op_id, bucket_labels(spark, buckets))
+
+
+def check_layout(name: str, checkpoint: str | None) -> None:
+    """Refuse, in one line, a checkpoint of a key-range window that kept its state per
+    key (before its keys were grouped into buckets): its state would not be found."""
+    from pathlib import Path
+
+    schemas = Path(checkpoint).glob("state/*/_stateSchema/*/*") if checkpoint else []
+    if any(b"key_range" in f.read_bytes() for f in schemas if f.is_file()):
+        raise ValueError(f"window {name!r}: checkpoint {checkpoint} keeps key-range windows "
+                         "per key (lowtide before 0.2's buckets); start from a new checkpoint")
