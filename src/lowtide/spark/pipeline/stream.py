@@ -31,6 +31,7 @@ from lowtide.spark.operators.running import GroupedSpec, make_grouped
 from lowtide.spark.operators.sessions import SessionSpec, make_sessions
 from lowtide.spark.operators.slot_logic import KeptRows
 from lowtide.spark.operators.speculative import SpeculativeSpec, make_speculative
+from lowtide.spark.operators.speculative_join import make_speculative_join
 from lowtide.spark.operators.tracked import OpSpec
 from lowtide.spark.operators.windows import WindowSpec, make_windowed
 from lowtide.spark.pipeline.dag import PipelineShapeError, SegmentPlan, derive
@@ -197,9 +198,12 @@ class Stream:
         changelog with ``op`` (insert / tombstone), ``version`` and ``is_final``; a
         (key, window) that changed shows a new version at most every ``every`` (None:
         each batch), its final one once it is complete. See
-        :mod:`lowtide.spark.operators.speculative`."""
+        :mod:`lowtide.spark.operators.speculative`. After an outer or anti
+        ``join(...)``: its outer rows early, cancelled if a match comes (no ``every``);
+        see :mod:`lowtide.spark.operators.speculative_join`."""
         last = self.steps[-1] if self.steps else None
-        spec = described(lambda: make_speculative(last, every))
+        spec = described(lambda: make_speculative_join(last, every)
+                         if isinstance(last, JoinSpec) else make_speculative(last, every))
         return replace(self, steps=(*self.steps[:-1], spec))
 
     def session_window(self, gap: str | int | Any, *, key: str | list[str] | tuple[str, ...],
