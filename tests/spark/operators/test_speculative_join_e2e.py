@@ -125,3 +125,26 @@ def test_speculative_left_join_under_lag_failures_and_a_restart(
     check_equal(as_rows(exact), final,
                 lambda h: batch_join(all_input(a, t0, h), all_input(b, t0, h), "left", 0))
     assert len(exact) == sum(f for _, f, _ in latest.values())
+
+
+def test_speculative_join_errors_where_described(spark, tmp_path: Path) -> None:
+    pipe = lowtide.Pipeline(spark, "spec-join-bad", grid=GRID)
+    try:
+        left = pipe.generate(fronts=1, rate=10.0).map(
+            side("l_"), "user string, l_front int, l_seq long", name="left")
+        right = pipe.generate(fronts=1, first_front=1, rate=10.0).map(
+            side("r_"), "user string, r_front int, r_seq long", name="right")
+        for how, every, words in (("inner", None, "nothing to speculate"),
+                                  ("left_semi", None, "nothing to speculate"),
+                                  ("left", "1 second", "drop every=")):
+            with pytest.raises(lowtide.LowtideError, match=words) as err:
+                left.join(right, on="user", within="100 milliseconds", how=how
+                          ).speculative(every)
+            assert "\n" not in str(err.value)
+        clash = left.withColumnRenamed("l_seq", "row_id").join(
+            right, on="user", within="100 milliseconds", how="left").speculative()
+        with pytest.raises(ValueError, match="'row_id' is a changelog column") as err:
+            clash.to_null(checkpoint=str(tmp_path / "ckpt"))
+        assert "\n" not in str(err.value)
+    finally:
+        pipe.close()
