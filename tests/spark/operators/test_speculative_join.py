@@ -81,7 +81,7 @@ def test_an_unmatched_row_ends_with_tombstone_and_final() -> None:
                                                      .reset_index(drop=True))
 
 
-def test_a_row_decided_when_it_arrives_is_final_at_once() -> None:
+def test_a_row_decided_at_its_first_step_showed_v1_when_it_arrived() -> None:
     g = Group(speculating("left", -2, 2))
     g.call(batch([(3, 1, "u")], []), done=3)
     step = g.call(None, done=9)

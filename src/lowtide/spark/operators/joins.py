@@ -373,15 +373,21 @@ def join_input(name: str, left: Any, right: Any, spec: JoinSpec, delta_ms: int
         out += [(c, rf[c]) for c in rcols]
     schema = ", ".join(f"`{c}` {t}" for c, t in out)
     group = keys or (KEY_COL,)  # keys named differently: the keys' JSON, dropped after
+    return df, join_step(spec, group, lcols, rcols, schema, delta_ms)
+
+
+def join_step(spec: JoinSpec, group: tuple[str, ...], lcols: tuple[str, ...],
+              rcols: tuple[str, ...], schema: str, delta_ms: int) -> StatefulSpec:
+    """The keyed step of a join grouped by ``group``, its output ``schema`` (the
+    columns after the keys), with a changelog's columns if it is speculative."""
     logic = JoinLogic(group, lcols, rcols, spec.lower_ms // delta_ms,
                       spec.upper_ms // delta_ms, spec.how, spec.window_ms // delta_ms,
                       spec.speculative)
     if spec.speculative:
-        return df, StatefulSpec(name, group, SpeculativeJoin(logic),
-                                f"{schema}, {CHANGELOG_DDL}", spec.poll_ms, BUCKETS,
-                                what="join")
-    return df, StatefulSpec(name, group, KeptRows(logic), schema, spec.poll_ms, BUCKETS,
-                           what="join")
+        return StatefulSpec(spec.name, group, SpeculativeJoin(logic),
+                            f"{schema}, {CHANGELOG_DDL}", spec.poll_ms, BUCKETS, what="join")
+    return StatefulSpec(spec.name, group, KeptRows(logic), schema, spec.poll_ms, BUCKETS,
+                        what="join")
 
 
 def joined(df: Any, step: StatefulSpec) -> Any:

@@ -32,7 +32,8 @@ Per row:
   then the last slot it could match at). If a match comes: ``tombstone v1`` (repeating
   v1) then the pairs. If none can come any more: ``tombstone v1``, ``insert v2 final``
   at the last slot it could match at, where the join without ``.speculative()`` emits
-  it (a row decided in the call that receives it shows only ``insert v1 final``).
+  it. (A row arrives while its slot is not complete, so it always shows v1 first; a
+  row decided unshown would show ``insert v1 final`` alone.)
 
 Every provisional row and every tombstone is a tracked child of the hold the outer
 row keeps at its slot (rule 13; child indices from the row's ack id, the version and
