@@ -18,7 +18,8 @@ is emitted at the window's last slot. Outer joins (``how="left"``, ``"right"`` o
 ``"full"``): a row that no row of the other side matched gets one row with nulls for
 the other side's columns once the other side is complete up to the last slot it could
 match at (a left row at ``a + max(upper, 0)``, a right row at ``b + max(-lower, 0)``; a
-window join's at the window's last slot); not after a guessed delay. ``"semi"``: each
+window join's at the window's last slot); not after a guessed delay (``.speculative()``
+shows it early, provisional: :mod:`.speculative_join`). ``"semi"``: each
 left row that matches, once, with the left columns only, at its first match's slot;
 ``"anti"``: each left row that matches nothing, where a left outer join would emit its
 outer row. The result rows are the keys, the left columns and the right columns (a
