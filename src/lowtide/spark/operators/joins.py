@@ -303,7 +303,8 @@ class JoinLogic:
         rows ``cancel`` (positions, slots)."""
         import pandas as pd
 
-        gone, gone_at = cancel if cancel is not None and self.speculative else ([], [])
+        none = np.zeros(0, np.int64)
+        gone, gone_at = cancel if cancel is not None and self.speculative else (none, none)
         if not len(li) and not len(lone) and not len(gone):
             return None
         k, lc, rc = list(self.keys), list(self.left_cols), list(self.right_cols)
@@ -314,10 +315,8 @@ class JoinLogic:
         alone = rows[list(self.alone_cols)]
         if self.speculative:
             ids = rows[ID_COL].to_numpy(np.int64)
-            return join_changelog(
-                pairs, (ids[li], ids[ri]), alone.iloc[lone].assign(**{AT_COL: lone_at}),
-                ids[lone], shown(rows)[lone], alone.iloc[gone].assign(**{AT_COL: gone_at}),
-                ids[gone])
+            return join_changelog(pairs, (ids[li], ids[ri]), alone, ids,
+                                  (lone, lone_at, shown(rows)[lone]), (gone, gone_at))
         alone = alone.iloc[lone].reset_index(drop=True)
         alone[AT_COL] = lone_at
         parts = [p for p in (pairs, alone) if len(p)]

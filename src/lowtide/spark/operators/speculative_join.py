@@ -118,43 +118,55 @@ def shown(rows: Any) -> np.ndarray:
     return np.asarray(rows[SHOWN_COL].fillna(0).to_numpy(np.int8), bool)
 
 
-def _early_child(ids: np.ndarray, version: int, tombstone: bool) -> np.ndarray:
+def _early_child(ids: np.ndarray, version: Any, tombstone: Any) -> np.ndarray:
     """An early row's child index under its slot's hold: distinct per input row (ack
     id), version and op, the same in every attempt."""
-    index = np.full(len(ids), EARLY_BASE + 2 * version + int(tombstone), np.uint64)
-    return child_acks(ids.astype(np.int64).view(np.uint64), 0, index)
+    index = EARLY_BASE + 2 * np.asarray(version, np.uint64) + np.asarray(tombstone, np.uint64)
+    return child_acks(ids.astype(np.int64).view(np.uint64), 0,
+                      np.broadcast_to(index, ids.shape))
 
 
-def _versions(frame: Any, ids: np.ndarray, op: str, version: int, final: bool,
-              child: np.ndarray | None = None) -> Any:
+def _versions(frame: Any, ids: np.ndarray, version: Any, tombstone: Any, final: Any) -> Any:
+    """``frame`` (with :data:`AT_COL`) as changelog rows: each a ``version`` (scalars
+    or arrays) of row ``ids``, a tombstone or an insert, final or not; a tombstone's
+    child index for an early row."""
+    n = len(ids)
+    version = np.broadcast_to(np.asarray(version, np.int64), n)
+    tombstone = np.broadcast_to(np.asarray(tombstone, bool), n)
     out = frame.reset_index(drop=True)
     out[ROW_ID_COL] = ids.astype(np.int64)
-    out[OP_COL] = op
-    out[VERSION_COL] = np.int64(version)
-    out[FINAL_COL] = final
-    out[CHILD_COL] = np.zeros(len(out), np.uint64) if child is None else child
+    out[OP_COL] = np.where(tombstone, TOMBSTONE, INSERT).astype(object)
+    out[VERSION_COL] = version
+    out[FINAL_COL] = np.broadcast_to(np.asarray(final, bool), n)
+    out[CHILD_COL] = _early_child(ids, version, tombstone)
     return out
 
 
 def join_changelog(pairs: Any, pair_ids: tuple[np.ndarray, np.ndarray], alone: Any,
-                   alone_ids: np.ndarray, was_shown: np.ndarray, gone: Any,
-                   gone_ids: np.ndarray) -> Any:
-    """The changelog rows of one call (each frame with :data:`AT_COL`): ``pairs``
-    final (their ids from their rows' ``pair_ids``); ``gone``, outer rows matched now
-    whose v1 is cancelled; ``alone``, outer rows decided unmatched: v1 final, or the
-    tombstone of v1 and v2 final where ``was_shown``."""
+                   ids: np.ndarray, lone: tuple[np.ndarray, np.ndarray, np.ndarray],
+                   gone: tuple[np.ndarray, np.ndarray]) -> Any:
+    """The changelog rows of one call: ``pairs`` (with :data:`AT_COL`) final, their
+    ids from their rows' ``pair_ids``; of ``alone`` (every row's columns as emitted
+    alone, ``ids`` their ack ids): ``gone`` (positions, slots), outer rows matched now
+    whose v1 is cancelled, then ``lone`` (positions, slots, was v1 shown), outer rows
+    decided unmatched: the tombstone of v1 and v2 final where shown, else v1 final.
+    One frame of single rows, built at once: it is made per bucket and call."""
     import pandas as pd
 
+    (lone_pos, lone_slots, was_shown), (gone_pos, gone_slots) = lone, gone
+    was, unshown = lone_pos[was_shown], lone_pos[~was_shown]
+    pos = np.concatenate([gone_pos, was, was, unshown]).astype(np.int64)
+    n_gone, n_was = len(gone_pos), len(was)
+    single = alone.iloc[pos].assign(**{AT_COL: np.concatenate(
+        [gone_slots, lone_slots[was_shown], lone_slots[was_shown],
+         lone_slots[~was_shown]]).astype(np.int64)})
+    versions = np.ones(len(pos), np.int64)
+    versions[n_gone + n_was:n_gone + 2 * n_was] = 2
+    tombstone = np.arange(len(pos)) < n_gone + n_was
+    singles = _versions(single, ids[pos], versions, tombstone, ~tombstone)
     left_ids, right_ids = (i.astype(np.int64).view(np.uint64) for i in pair_ids)
-    parts = [
-        _versions(pairs, child_acks(left_ids, 0, right_ids).view(np.int64), INSERT, 1, True),
-        _versions(gone, gone_ids, TOMBSTONE, 1, False, _early_child(gone_ids, 1, True)),
-        _versions(alone[was_shown], alone_ids[was_shown], TOMBSTONE, 1, False,
-                  _early_child(alone_ids[was_shown], 1, True)),
-        _versions(alone[was_shown], alone_ids[was_shown], INSERT, 2, True),
-        _versions(alone[~was_shown], alone_ids[~was_shown], INSERT, 1, True),
-    ]
-    parts = [p for p in parts if len(p)]
+    both = _versions(pairs, child_acks(left_ids, 0, right_ids).view(np.int64), 1, False, True)
+    parts = [p for p in (both, singles) if len(p)]
     if not parts:
         return None
     return pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
@@ -185,8 +197,7 @@ class SpeculativeJoin:
                 ids = rows[ID_COL].to_numpy(np.int64)[show]
                 first = rows[list(self.logic.alone_cols)][show].assign(
                     **{AT_COL: rows[WAKE_COL].to_numpy(np.int64)[show]})
-                early = _concat(early, _versions(first, ids, INSERT, 1, False,
-                                                 _early_child(ids, 1, False)))
+                early = _concat(early, _versions(first, ids, 1, False, False))
                 kept = replace(kept, rows=rows.assign(
                     **{SHOWN_COL: (shown(rows) | show).astype(np.int8)}))
         return replace(res, state=kept, out=_nonempty(out), early=_nonempty(early))
