@@ -18,7 +18,8 @@ is emitted at the window's last slot. Outer joins (``how="left"``, ``"right"`` o
 ``"full"``): a row that no row of the other side matched gets one row with nulls for
 the other side's columns once the other side is complete up to the last slot it could
 match at (a left row at ``a + max(upper, 0)``, a right row at ``b + max(-lower, 0)``; a
-window join's at the window's last slot); not after a guessed delay. ``"semi"``: each
+window join's at the window's last slot); not after a guessed delay (``.speculative()``
+shows it early, provisional: :mod:`.speculative_join`). ``"semi"``: each
 left row that matches, once, with the left columns only, at its first match's slot;
 ``"anti"``: each left row that matches nothing, where a left outer join would emit its
 outer row. The result rows are the keys, the left columns and the right columns (a
@@ -53,11 +54,20 @@ from lowtide.spark.operators.frames import StepError, first_line
 from lowtide.spark.operators.keyed_state import GROUP_COL, StatefulSpec, key_json
 from lowtide.spark.operators.slot_logic import (
     AT_COL,
+    ID_COL,
     RUNTIME_COLS,
     SLOT_COL,
     WAKE_COL,
     KeptRows,
     UserState,
+)
+from lowtide.spark.operators.speculative_join import (
+    CHANGELOG_DDL,
+    SHOWN_COL,
+    SpeculativeJoin,
+    check_changelog_names,
+    join_changelog,
+    shown,
 )
 from lowtide.spark.operators.state_clock import check_keys, state_segment
 from lowtide.spark.tracking.column import TRACK_COL, TRACKING_COLS
@@ -68,7 +78,7 @@ HIT_COL = "lt_hit"  # 1: an interval join's row matched a row of the other side
 # the keys as the JVM compares them, for the merge: JSON of the key struct, null when a
 # key is null (SQL: it matches nothing); pandas would see a nullable long as a float
 KEY_COL = "lt_key"
-RESERVED = (SIDE_COL, HIT_COL, KEY_COL, AT_COL, GROUP_COL, *RUNTIME_COLS)
+RESERVED = (SIDE_COL, HIT_COL, KEY_COL, SHOWN_COL, AT_COL, GROUP_COL, *RUNTIME_COLS)
 HOWS = ("inner", "left", "right", "full", "semi", "anti")
 #: Spark's names for the same joins
 HOW_ALIASES = {"leftouter": "left", "left_outer": "left", "rightouter": "right",
@@ -106,6 +116,8 @@ class JoinSpec:
     window_ms: int = 0
     right_keys: tuple[str, ...] = ()
     condition: JoinCondition | None = None
+    #: early outer rows, a changelog (:mod:`.speculative_join`)
+    speculative: bool = False
 
     def segments(self) -> list[str]:
         return [self.name, state_segment(self.name)]
@@ -157,6 +169,18 @@ class JoinLogic:
     upper: int  # slots
     how: str
     window: int = 0  # slots
+    speculative: bool = False  # a changelog (:mod:`.speculative_join`)
+
+    @property
+    def alone_cols(self) -> tuple[str, ...]:
+        """The columns of a row emitted alone (an outer row, a semi or anti join's)."""
+        return (*self.keys, *self.left_cols,
+                *(self.right_cols if self.how not in ("semi", "anti") else ()))
+
+    def waiting_outer(self, rows: Any) -> np.ndarray:
+        """Kept rows that wait, unmatched, for their outer row to be decided."""
+        hit = rows[HIT_COL].fillna(0).to_numpy(np.int8) if HIT_COL in rows.columns else 0
+        return self._outer_side(rows) & (rows[WAKE_COL].to_numpy(np.int64) >= 0) & (hit == 0)
 
     def run(self, key: tuple[Any, ...], rows: Any, done: int, user: UserState
             ) -> tuple[Any, Any]:
@@ -185,6 +209,7 @@ class JoinLogic:
         lone_at = slot + np.where(left, max(self.upper, 0), max(-self.lower, 0))
         outer = self._outer_side(rows) & (fresh | (wake > slot))
         decided = outer & (lone_at < done)
+        cancel = np.flatnonzero(shown(rows) & hit)  # their v1 tombstoned at their wake
         at = np.maximum(slot[li], slot[ri])
         if self.how == "semi":  # a left row once, at its first match's slot
             first_l, first_at = li[~was_hit[li]], at[~was_hit[li]]  # sorted by slot
@@ -193,7 +218,10 @@ class JoinLogic:
         else:
             lone = np.flatnonzero(decided & ~hit)
             pairs = slice(0 if self.how == "anti" else None)
-            out = self._output(rows, li[pairs], ri[pairs], at[pairs], lone, lone_at[lone])
+            out = self._output(rows, li[pairs], ri[pairs], at[pairs], lone, lone_at[lone],
+                               (cancel, lone_at[cancel]))
+        if self.speculative:
+            rows[SHOWN_COL] = (shown(rows) & ~hit).astype(np.int8)
         new_wake = np.where(fresh | decided, -1, wake)
         new_wake[outer & ~decided] = lone_at[outer & ~decided]
         rows[WAKE_COL] = new_wake
@@ -216,7 +244,8 @@ class JoinLogic:
             lone = np.flatnonzero(closed & self._outer_side(rows) & ~hit)
         if self.how in ("semi", "anti"):
             li, ri = li[:0], ri[:0]
-        out = self._output(rows, li, ri, last[li], lone, last[lone])
+        cancel = np.flatnonzero(closed & shown(rows) & hit)
+        out = self._output(rows, li, ri, last[li], lone, last[lone], (cancel, last[cancel]))
         # a stepped row's hold moves to its window's last slot
         rows[WAKE_COL] = np.where(slot < done, last, rows[WAKE_COL].to_numpy(np.int64))
         return out, rows[~closed]
@@ -266,20 +295,28 @@ class JoinLogic:
         return li[order], ri[order]
 
     def _output(self, rows: Any, li: np.ndarray, ri: np.ndarray, at: np.ndarray,
-                lone: np.ndarray, lone_at: np.ndarray) -> Any:
+                lone: np.ndarray, lone_at: np.ndarray,
+                cancel: tuple[np.ndarray, np.ndarray] | None = None) -> Any:
         """The result rows: pairs (``li``, ``ri``) at ``at``, then rows ``lone`` (with
         nulls for the other side; a semi or anti join's left rows) at ``lone_at``;
-        None for none."""
+        None for none. Speculative: their changelog, with the tombstones of the shown
+        rows ``cancel`` (positions, slots)."""
         import pandas as pd
 
-        if not len(li) and not len(lone):
+        none = np.zeros(0, np.int64)
+        gone, gone_at = cancel if cancel is not None and self.speculative else (none, none)
+        if not len(li) and not len(lone) and not len(gone):
             return None
         k, lc, rc = list(self.keys), list(self.left_cols), list(self.right_cols)
         pairs = pd.concat([rows[k + lc].iloc[li].reset_index(drop=True),
                            rows[rc].iloc[ri].reset_index(drop=True)], axis=1)
         pairs[AT_COL] = at
         # a row's columns of the other side are null in the join's input already
-        alone = rows[k + lc + (rc if self.how not in ("semi", "anti") else [])]
+        alone = rows[list(self.alone_cols)]
+        if self.speculative:
+            ids = rows[ID_COL].to_numpy(np.int64)
+            return join_changelog(pairs, (ids[li], ids[ri]), alone, ids,
+                                  (lone, lone_at, shown(rows)[lone]), (gone, gone_at))
         alone = alone.iloc[lone].reset_index(drop=True)
         alone[AT_COL] = lone_at
         parts = [p for p in (pairs, alone) if len(p)]
@@ -320,6 +357,8 @@ def join_input(name: str, left: Any, right: Any, spec: JoinSpec, delta_ms: int
     if both:
         raise StepError(f"join {name!r}: both sides have a column {both[0]!r}: rename it "
                         "on one side (withColumnRenamed)")
+    if spec.speculative:
+        check_changelog_names(name, set(lf) | set(rf))
 
     def side(df: Any, mine: tuple[str, ...], other: dict[str, str], tag: int,
              on: tuple[str, ...], types: dict[str, str]) -> Any:
@@ -334,10 +373,21 @@ def join_input(name: str, left: Any, right: Any, spec: JoinSpec, delta_ms: int
         out += [(c, rf[c]) for c in rcols]
     schema = ", ".join(f"`{c}` {t}" for c, t in out)
     group = keys or (KEY_COL,)  # keys named differently: the keys' JSON, dropped after
+    return df, join_step(spec, group, lcols, rcols, schema, delta_ms)
+
+
+def join_step(spec: JoinSpec, group: tuple[str, ...], lcols: tuple[str, ...],
+              rcols: tuple[str, ...], schema: str, delta_ms: int) -> StatefulSpec:
+    """The keyed step of a join grouped by ``group``, its output ``schema`` (the
+    columns after the keys), with a changelog's columns if it is speculative."""
     logic = JoinLogic(group, lcols, rcols, spec.lower_ms // delta_ms,
-                      spec.upper_ms // delta_ms, spec.how, spec.window_ms // delta_ms)
-    return df, StatefulSpec(name, group, KeptRows(logic), schema, spec.poll_ms, BUCKETS,
-                           what="join")
+                      spec.upper_ms // delta_ms, spec.how, spec.window_ms // delta_ms,
+                      spec.speculative)
+    if spec.speculative:
+        return StatefulSpec(spec.name, group, SpeculativeJoin(logic),
+                            f"{schema}, {CHANGELOG_DDL}", spec.poll_ms, BUCKETS, what="join")
+    return StatefulSpec(spec.name, group, KeptRows(logic), schema, spec.poll_ms, BUCKETS,
+                        what="join")
 
 
 def joined(df: Any, step: StatefulSpec) -> Any:

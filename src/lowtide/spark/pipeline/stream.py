@@ -36,6 +36,7 @@ from lowtide.spark.operators.speculative_fold import (
     make_speculative_fold,
     writes_changelog,
 )
+from lowtide.spark.operators.speculative_join import make_speculative_join
 from lowtide.spark.operators.tracked import OpSpec
 from lowtide.spark.operators.windows import WindowSpec, make_windowed
 from lowtide.spark.pipeline.dag import PipelineShapeError, SegmentPlan, derive
@@ -202,12 +203,12 @@ class Stream:
         fold (``stateful(...)``): a changelog with ``op`` (insert / tombstone),
         ``version`` and ``is_final``; a (key, window) or (key, slot) that changed
         shows a new version at most every ``every`` (None: each batch), its final one
-        once it is complete. See :mod:`lowtide.spark.operators.speculative` and
-        :mod:`lowtide.spark.operators.speculative_fold`."""
+        once it is complete. After an outer or anti ``join(...)``: its outer rows
+        early, cancelled if a match comes (no ``every``). See
+        :mod:`lowtide.spark.operators.speculative`, ``speculative_fold`` and
+        ``speculative_join``."""
         last = self.steps[-1] if self.steps else None
-        spec = described(lambda: make_speculative_fold(last, every)
-                         if is_fold(last) or writes_changelog(last)
-                         else make_speculative(last, every))
+        spec = described(lambda: speculative_step(last, every))
         return replace(self, steps=(*self.steps[:-1], spec))
 
     def session_window(self, gap: str | int | Any, *, key: str | list[str] | tuple[str, ...],
@@ -455,3 +456,13 @@ class Stream:
                                    query_name=query_name)
         writer.start()
         return query
+
+
+def speculative_step(last: Any, every: str | int | None) -> Any:
+    """The changelog form of ``last``: a join's, a fold's, or else a window's (which
+    refuses any other step in one line)."""
+    if isinstance(last, JoinSpec):
+        return make_speculative_join(last, every)
+    if is_fold(last) or writes_changelog(last):
+        return make_speculative_fold(last, every)
+    return make_speculative(last, every)
