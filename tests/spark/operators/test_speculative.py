@@ -99,7 +99,7 @@ def test_speculative_after_anything_but_a_window_agg_is_refused() -> None:
     import lowtide
 
     src = lowtide.Pipeline(None).generate(fronts=1)
-    for stream, message in ((src, "a stateful\\(\\), not the source"),
+    for stream, message in ((src, "an outer join, not the source"),
                             (src.select("seq", name="s"), "not step 's'")):
         with pytest.raises(lowtide.LowtideError, match=message) as err:
             stream.speculative()

@@ -8,7 +8,6 @@ and the finals equal a batch recomputation of the same events (the join without
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -20,29 +19,12 @@ import lowtide
 from lowtide.spark.sinks.changelog import apply_changelog, finals
 from lowtide.spark.sources.generator import GeneratorSpec
 from tests.spark.helpers import fail_once
+from tests.spark.operators.changelogs import ByBatch
 from tests.spark.operators.helpers import GRID, STUCK_MS, all_input
 from tests.spark.operators.join_rows import WITHIN, as_rows, batch_join, check_equal, side
 
 pytestmark = pytest.mark.spark
 VALUES = ["user", "l_front", "l_seq", "r_front", "r_seq"]
-
-
-class ByBatch:
-    """A ``foreach_batch`` function that keeps each batch's rows by batch id, as an
-    idempotent sink does, and records a batch run again with other rows."""
-
-    def __init__(self) -> None:
-        self.batches: dict[int, pd.DataFrame] = {}
-        self.rerun_differs: list[int] = []
-        self._lock = threading.Lock()
-
-    def __call__(self, df: Any, batch_id: int) -> None:
-        rows = df.toPandas().sort_values(["row_id", "version", "op"]).reset_index(drop=True)
-        with self._lock:
-            before = self.batches.get(batch_id)
-            if before is not None and not before.equals(rows):
-                self.rerun_differs.append(batch_id)
-            self.batches[batch_id] = rows
 
 
 def fold(frames: list[pd.DataFrame]) -> dict[int, tuple[int, bool, bool]]:
@@ -87,7 +69,7 @@ def run_changelog(spark: Any, tmp_path: Path, restart_at: int, slots: int
     changes = (left.join(right, on="user", within=f"{WITHIN * GRID.delta_ms} milliseconds",
                          how="left", name="j").speculative()
                .transform(lambda df: df.mapInArrow(after, df.schema)))
-    sink, ckpt = ByBatch(), tmp_path / "ckpt"
+    sink, ckpt = ByBatch(("row_id", "version", "op")), tmp_path / "ckpt"
 
     def start() -> Any:
         return changes.foreach_batch(sink, checkpoint=str(ckpt), keep_tracking_columns=True,
