@@ -17,13 +17,10 @@ from hypothesis import strategies as st
 
 from lowtide.core.acks import child_acks
 from lowtide.spark.operators.joins import KEY_COL
+from lowtide.spark.operators.keyed_state import shuffle_buckets
 from lowtide.spark.operators.slot_logic import AT_COL, CHILD_COL, SLOT_COL
 from lowtide.spark.operators.speculative import Shown, SpeculativeLogic, changelog_step
-from lowtide.spark.operators.speculative_plan import (
-    ChangelogLogic,
-    changelog_buckets,
-    window_values,
-)
+from lowtide.spark.operators.speculative_plan import ChangelogLogic, window_values
 from lowtide.spark.operators.state_clock import key_hash
 from lowtide.spark.operators.window_aggs import bind_aggs
 from lowtide.spark.operators.windows import parse_aggs
@@ -136,15 +133,15 @@ def test_the_buckets_are_the_checkpoints_shuffle_partitions(tmp_path: Any) -> No
     class Session:
         conf = Conf()
 
-    assert changelog_buckets(Session(), str(tmp_path)) == 5
+    assert shuffle_buckets(Session(), str(tmp_path)) == 5
     (tmp_path / "offsets").mkdir()
-    assert changelog_buckets(Session(), str(tmp_path)) == 5
+    assert shuffle_buckets(Session(), str(tmp_path)) == 5
     for batch, n in ((0, 2), (11, 3)):
         (tmp_path / "offsets" / str(batch)).write_text(
             'v1\n{"batchWatermarkMs":0,"conf":{"spark.sql.shuffle.partitions":"' + str(n)
             + '"}}\n{"t0": 1}\n')
     (tmp_path / "offsets" / ".11.crc").write_text("x")
-    assert changelog_buckets(Session(), str(tmp_path)) == 3
+    assert shuffle_buckets(Session(), str(tmp_path)) == 3
 
 
 def test_values_cross_from_the_jvm_without_loss() -> None:

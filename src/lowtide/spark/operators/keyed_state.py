@@ -125,13 +125,13 @@ def key_values(rows: Any, keys: tuple[str, ...]) -> tuple[Any, ...]:
     return tuple(scalar(first[k]) for k in keys)
 
 
-def shuffle_buckets(spark: Any, checkpoint: str) -> int:
+def shuffle_buckets(spark: Any, checkpoint: str | None) -> int:
     """How many buckets a step groups its keys into: the query's shuffle partitions, as
     its checkpoint's offset log keeps them (Spark restores them on a restart, whatever
-    the session says; a key's state lives in its bucket)."""
-    offsets = Path(checkpoint) / "offsets"
+    the session says; a key's state lives in its bucket); the session's without one."""
+    offsets = Path(checkpoint or "") / "offsets"
     logged = [int(p.name) for p in offsets.iterdir() if p.name.isdigit()] \
-        if offsets.is_dir() else []
+        if checkpoint and offsets.is_dir() else []
     if logged:
         for line in (offsets / str(max(logged))).read_text().splitlines():
             with contextlib.suppress(ValueError, AttributeError):

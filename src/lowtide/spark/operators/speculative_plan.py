@@ -21,7 +21,7 @@ task or a batch re-run after a restart emits the same versions (rules 5 and 6).
 
 Buckets: the keyed step's cost is per group and batch (the processor's state reads
 and writes, its timer, each a round trip to the JVM), not per row, so it groups the
-keys into one bucket per shuffle partition (:func:`changelog_buckets`: the
+keys into one bucket per shuffle partition (:func:`.keyed_state.shuffle_buckets`: the
 checkpoint's number, fixed for the query's life as Spark's is), each bucket named so
 that Spark's hash partitioning gives it a partition of its own
 (:func:`bucket_labels`): one call per task and batch, whatever the number of keys.
@@ -56,8 +56,8 @@ from lowtide.spark.operators.keyed_state import (
     bucket_labels,
     key_json,
     key_values,
+    shuffle_buckets,
 )
-from lowtide.spark.operators.keyed_state import shuffle_buckets as changelog_buckets
 from lowtide.spark.operators.slot_logic import CHILD_COL, SLOT_COL, LogicStep, RowParts
 from lowtide.spark.operators.speculative import (
     Change,
@@ -203,7 +203,7 @@ def build_speculative_plan(df: Any, spec: SpeculativeSpec, windows: QueryWindows
     prepared = input_columns(values, outs, {a.agg.out: a.out_type() for a in aggs}).select(
         *[F.col(f"`{k}`") for k in w.keys], last.alias(SLOT_COL),
         key_json(w.keys, fields, null_if_null=False).alias(KEY_COL), *helper_columns(outs))
-    buckets = changelog_buckets(df.sparkSession, windows.checkpoint)
+    buckets = shuffle_buckets(df.sparkSession, windows.checkpoint)
     keyed = StatefulSpec(w.name, w.keys, ChangelogLogic(aggs, w.size_ms // delta, delta,
                                                         spec.every_ms, w.keys),
                          changelog_schema(w, aggs), w.poll_ms, buckets, what="window",

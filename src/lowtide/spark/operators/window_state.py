@@ -259,8 +259,7 @@ def build_window(df: Any, spec: WindowSpec, ref: TrackerRef, out_segment: str,
             what="window"), ref, out_segment, op_id)
     spark = df.sparkSession
     check_layout(spec.name, checkpoint)
-    buckets = shuffle_buckets(spark, checkpoint) if checkpoint else \
-        int(spark.conf.get("spark.sql.shuffle.partitions"))
+    buckets = shuffle_buckets(spark, checkpoint)
     keyed = StatefulSpec(spec.name, spec.keys, BucketWindows(logic, spec.keys),
                          output_schema(spec, aggs), spec.poll_ms, buckets, what="window",
                          key_ranges=spec.key_ranges)
