@@ -398,6 +398,10 @@ class AgentState:
         assert isinstance(reply, MinTimeAtReply)
         return reply.time
 
+    async def min_times_at(self, segments: list[str | None], at_ms: int) -> list[int]:
+        """:meth:`min_time_at` of each segment, the questions sent together."""
+        return list(await asyncio.gather(*(self.min_time_at(s, at_ms) for s in segments)))
+
     # ------------------------------------------------------------ subscriptions
     async def subscribe(self, segment: str | None, deliver: Callable[[MinTimeUpdate], None]) -> int:
         assert self.main is not None

@@ -318,6 +318,16 @@ class BaseAgent(ABC):
             self.graph.resolve(segment)  # a segment, or a key range "<segment>#<r>"
         return self._call(self._state.min_time_at(segment, at_ms), timeout_s)
 
+    def min_times_at(self, segments: list[str | None], at_ms: int,
+                     timeout_s: float = 30.0) -> list[int]:
+        """:meth:`min_time_at` of each of ``segments`` (e.g. the key ranges a task
+        steps), asked together: one round trip's wait, not one per segment."""
+        self._ensure()
+        for segment in segments:
+            if segment is not None:
+                self.graph.resolve(segment)
+        return self._call(self._state.min_times_at(segments, at_ms), timeout_s)
+
 
 def _fresh_locks() -> None:
     BaseAgent._shared_lock = threading.Lock()

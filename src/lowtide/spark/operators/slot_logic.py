@@ -136,22 +136,29 @@ def step_group(logic: SlotLogic, key: tuple[Any, ...], state: Any, wakes: np.nda
                      early)
 
 
-#: a bucket's key ranges (rule 15): range -> (the slots of its open holds, its state)
-Ranges = dict[int, tuple[np.ndarray, Any]]
+#: a group's ranges: a bucket's key ranges (rule 15), or None alone (a group without
+#: ranges): range -> (the slots of its open holds, its state)
+Ranges = dict[int | None, tuple[np.ndarray, Any]]
 
 
-def step_ranges(logic: SlotLogic, key: tuple[Any, ...], ranges: Ranges, new: dict[int, Any],
-                done: dict[int, int], parts: RowParts, now_ms: int = 0
-                ) -> tuple[Ranges, list[tuple[int, GroupStep]]]:
-    """Step a bucket whose keys are split into key ranges: each range's keys as a group
-    of their own, with that range's min time ``done[r]`` and holds of its own, so that
+def range_order(r: int | None) -> int:
+    """Ranges in ascending order (None, a group without ranges, first)."""
+    return -1 if r is None else r
+
+
+def step_ranges(logic: SlotLogic, key: tuple[Any, ...], ranges: Ranges,
+                new: dict[int | None, Any], done: dict[int | None, int], parts: RowParts,
+                now_ms: int = 0, eager: bool = False
+                ) -> tuple[Ranges, list[tuple[int | None, GroupStep]]]:
+    """Step a group whose keys are split into ranges: each range's keys as a group of
+    their own, with that range's min time ``done[r]`` and holds of their own, so that
     what one range emits never releases a hold another range keeps. Steps the ranges
-    with ``new`` rows or a wake below their ``done``; returns the ranges kept and
-    (range, its step) of each. Pure."""
+    with ``new`` rows or a wake below their ``done`` (``eager``: any wake, rule 13);
+    returns the ranges kept and (range, its step) of each. Pure."""
     kept, steps = dict(ranges), []
-    for r in sorted(done):
+    for r in sorted(done, key=range_order):
         wakes = kept.get(r, (np.zeros(0, np.int64), None))[0]
-        if r not in new and int(wakes.min(initial=done[r])) >= done[r]:
+        if r not in new and (not len(wakes) or (int(wakes[0]) >= done[r] and not eager)):
             continue
         _, state = kept.pop(r, (wakes, None))
         step = step_group(logic, key, state, wakes, new.get(r), done[r], parts, now_ms)
@@ -159,6 +166,20 @@ def step_ranges(logic: SlotLogic, key: tuple[Any, ...], ranges: Ranges, new: dic
             kept[r] = (step.wakes, step.state)
         steps.append((r, step))
     return kept, steps
+
+
+def key_in_two_ranges(ranges: Ranges) -> tuple[Any, list[int]] | None:
+    """A key kept by two key ranges of a bucket (each range's state a dict by key),
+    with those ranges, or None: its window could be emitted before the other range's
+    rows arrive. A key's new rows stay in its state after the step that received them
+    (their windows end after them, above ``done``), so this also finds a key whose rows
+    of one batch came from two ranges."""
+    seen: dict[Any, int] = {}
+    for r, (_, state) in sorted(ranges.items()):
+        for k in state or {}:
+            if seen.setdefault(k, r) != r:
+                return k, [seen[k], r]
+    return None
 
 
 def _check(at: np.ndarray, before: np.ndarray, after: np.ndarray, arrived: np.ndarray,

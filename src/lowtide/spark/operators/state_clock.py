@@ -141,20 +141,23 @@ class StateClock:
         # batch ms -> min time of S_in (key None) or of one of its key ranges
         self._complete: tuple[int, dict[int | None, int]] = (-1, {})
 
-    def complete_below(self, now_ms: int, key_range: int | None = None) -> int:
-        """``S_in``'s min time (or its key range's, rule 15) at the batch timestamp
-        ``now_ms``: the same in every attempt (asked once per batch)."""
+    def complete_below(self, now_ms: int, key_ranges: list[int | None]
+                       ) -> dict[int | None, int]:
+        """``S_in``'s min time (range None) or its key ranges' (rule 15) at the batch
+        timestamp ``now_ms``: the same in every attempt (asked once per batch; the ranges
+        not asked yet go together, one round trip's wait for all of them)."""
         if self._complete[0] != now_ms:
             self._complete = (now_ms, {})
         known = self._complete[1]
-        if key_range not in known:
+        ask = [r for r in key_ranges if r not in known]
+        if ask:
             from lowtide.spark.tracking.transport import connect
 
             agent: Any = connect(self.ref)
-            name = self.in_segment if key_range is None else \
-                self.ref.graph.range_name(self.in_idx, key_range)
-            known[key_range] = int(agent.min_time_at(name, now_ms))
-        return known[key_range]
+            names = [self.in_segment if r is None else
+                     self.ref.graph.range_name(self.in_idx, r) for r in ask]
+            known.update(zip(ask, map(int, agent.min_times_at(names, now_ms)), strict=True))
+        return {r: known[r] for r in key_ranges}
 
     def receive(self, packed: np.ndarray, now_ms: int, key_range: int | None = None
                 ) -> tuple[np.ndarray, np.ndarray]:

@@ -17,12 +17,19 @@ from typing import Any
 
 import numpy as np
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    StructField,
+    StructType,
+)
 
 from lowtide.spark.operators.keyed_state import (
     GROUP_COL,
     KeyedRuntime,
     StatefulSpec,
-    key_groups,
     key_json,
     key_values,
 )
@@ -34,7 +41,8 @@ from lowtide.spark.operators.slot_logic import (
     SLOT_COL,
     GroupStep,
     Ranges,
-    step_group,
+    key_in_two_ranges,
+    range_order,
     step_ranges,
 )
 from lowtide.spark.operators.state_clock import (
@@ -52,9 +60,18 @@ from lowtide.spark.tracking.column import TRACK_COL, TRACKING_COLS, as_u64
 from lowtide.spark.tracking.key_ranges import RANGE_COL, row_ranges
 from lowtide.spark.tracking.transport import TrackerRef
 
-# the store's schemas: a GroupRecord per group, a logic's row parts per (group, tag, index)
-RECORD_SCHEMA = "parent long, wakes array<long>, timer_ms long, key binary, data binary"
-PART_KEY_SCHEMA, PART_SCHEMA = "tag long, part int", "rows binary"
+
+def _struct(**fields: Any) -> StructType:
+    return StructType([StructField(n, t) for n, t in fields.items()])
+
+
+# the store's schemas: a GroupRecord per group, a logic's row parts per (group, tag,
+# index). Typed, not DDL: PySpark asks the JVM to parse a DDL schema, a round trip per
+# schema in every task (six a task, 7 ms of a quiet machine's 75)
+RECORD_SCHEMA = _struct(parent=LongType(), wakes=ArrayType(LongType()), timer_ms=LongType(),
+                        key=BinaryType(), data=BinaryType())
+PART_KEY_SCHEMA = _struct(tag=LongType(), part=IntegerType())
+PART_SCHEMA = _struct(rows=BinaryType())
 
 
 @dataclass(frozen=True)
@@ -116,6 +133,8 @@ class SlotProcessor(StatefulProcessor):  # type: ignore[misc]
         self.record = handle.getValueState("group", RECORD_SCHEMA)
         self.parts = StoredParts(handle.getMapState("parts", PART_KEY_SCHEMA, PART_SCHEMA))
         self.clock = StateClock(rt.ref, rt.spec.name, rt.out_segment, rt.op_id)
+        # (batch ms, the groups whose rows' call stepped them in this batch)
+        self._stepped: tuple[int, set[Any]] = (-1, set())
 
     def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
         import pandas as pd
@@ -124,17 +143,28 @@ class SlotProcessor(StatefulProcessor):  # type: ignore[misc]
         frames = [df for df in rows if len(df)]
         df = None if not frames else pd.concat(frames, ignore_index=True) \
             if len(frames) > 1 else frames[0]
-        if self.rt.spec.key_ranges:
-            yield from self._run_ranges(key, df, now)
-        elif df is not None and self.rt.spec.received:
-            yield from self._run(key, df.drop(columns=[GROUP_COL]), now)
-        else:
-            yield from self._run(key, None if df is None else self._receive(df, now), now)
+        self._stepped = (now, {*(self._stepped[1] if self._stepped[0] == now else ()),
+                               spark_key(key)})
+        yield from self._run(key, {} if df is None else self._arrived(df, now), now)
 
     def handleExpiredTimer(self, key: Any, timerValues: Any,
                            expiredTimerInfo: Any) -> Iterator[Any]:
         now = int(timerValues.getCurrentProcessingTimeInMs())
-        yield from (self._run_ranges if self.rt.spec.key_ranges else self._run)(key, None, now)
+        if not self.rt.spec.eager and self._stepped[0] == now \
+                and spark_key(key) in self._stepped[1]:
+            return  # its rows' call of this batch stepped it: every wake is >= done now
+        yield from self._run(key, {}, now)
+
+    def _arrived(self, df: Any, now: int) -> dict[int | None, Any]:
+        """Receive a group's rows out of the inbound segment: range -> its new rows
+        (None: a group without key ranges), with :data:`SLOT_COL` and :data:`ID_COL`."""
+        spec, graph = self.rt.spec, self.rt.ref.graph
+        if not spec.key_ranges:
+            return {None: df.drop(columns=[GROUP_COL]) if spec.received
+                    else self._receive(df, now)}
+        of = row_ranges(graph, graph.index(spec.name), df[RANGE_COL].to_numpy(np.int64))
+        return {r: self._receive(df[of == r].reset_index(drop=True), now, r)
+                for r in np.unique(of).tolist()}
 
     def _receive(self, df: Any, now: int, key_range: int | None = None) -> Any:
         """Receive ``df`` out of the inbound segment (its ``key_range``): its columns
@@ -143,34 +173,70 @@ class SlotProcessor(StatefulProcessor):  # type: ignore[misc]
         drop = [c for c in (*TRACKING_COLS, GROUP_COL) if c in df.columns]
         return df.drop(columns=drop).assign(**{SLOT_COL: times, ID_COL: ids.astype(np.int64)})
 
-    def _run(self, key: Any, new: Any, now: int) -> Iterator[Any]:
-        """One call of the group: step its logic if rows came or a wake is complete."""
+    def _run(self, key: Any, new: dict[int | None, Any], now: int) -> Iterator[Any]:
+        """One call of a group: step each of its ranges (:func:`.step_ranges`; a group
+        without key ranges is one range, None) that got rows or has a wake complete.
+        With key ranges (rule 15) the keys of each range of a bucket are stepped with
+        that range's min time, with holds of their own, so that a range still open
+        keeps its holds whatever the other ranges emit; the record keeps every range's
+        wakes and the group's one timer."""
         stored = self.record.get()
         rec = None if stored is None else GroupRecord.of_row(stored)
-        if new is None and (rec is None or not len(rec.wakes)):
+        if not new and (rec is None or not len(rec.wakes)):
             return
-        done = self.clock.complete_below(now)
-        if new is None:
-            assert rec is not None
-            if rec.wakes[0] >= done and not self.rt.spec.eager:  # nothing complete yet
-                self._poll(rec.timer_ms, now)
-                return
         if rec is None:
-            keys = self.rt.spec.keys
-            values = spark_key(key) if self.rt.spec.buckets else key_values(new, keys)
-            rec = GroupRecord(key_hash(spark_key(key)), values, np.zeros(0, np.int64), -1,
-                              pickle.dumps(None))
-        step = step_group(self.rt.spec.logic, rec.key, pickle.loads(rec.data), rec.wakes,
-                          new, done, self.parts, now)
-        packed = self._acks(rec.parent, step, now)
-        self.parts.write(step)
-        timer = self._poll(rec.timer_ms, now) if len(step.wakes) else -1
-        if step.state is None:
-            self.record.clear()
+            rec = self._new_record(key, new)
+        ranges = self._ranges(rec)
+        done = self.clock.complete_below(now, sorted({*ranges, *new}, key=range_order))
+        ranges, steps = step_ranges(self.rt.spec.logic, rec.key, ranges, new, done, self.parts,
+                                    now, self.rt.spec.eager)
+        if not steps:  # a timer call with nothing complete: the record is read only
+            self._poll(rec.timer_ms, now)
+            return
+        self._check_ranges(ranges)
+        sent = []
+        for r, step in steps:
+            parent = rec.parent if r is None else range_parent(rec.parent, r)
+            sent.append((step, self._acks(parent, step, now), self._early(parent, step, now)))
+            self.parts.write(step)
+        wakes = np.unique(np.concatenate([np.zeros(0, np.int64),
+                                          *[w for w, _ in ranges.values()]]))
+        timer = self._poll(rec.timer_ms, now) if len(wakes) else -1
+        if ranges:
+            data = ranges[None][1] if None in ranges else ranges
+            self.record.update(GroupRecord(rec.parent, rec.key, wakes, timer,
+                                           pickle.dumps(data)).to_row())
         else:
-            self.record.update(GroupRecord(rec.parent, rec.key, step.wakes, timer,
-                                           pickle.dumps(step.state)).to_row())
-        yield from self._rows(rec, step, packed, self._early(rec.parent, step, now))
+            self.record.clear()
+        for step, packed, early in sent:
+            yield from self._rows(rec, step, packed, early)
+
+    def _new_record(self, key: Any, new: dict[int | None, Any]) -> GroupRecord:
+        """The record of a group's first call: its key hash, its key as its rows have
+        it (a bucket: Spark's key), no wakes, no state."""
+        spec, skey = self.rt.spec, spark_key(key)
+        values = skey if spec.buckets else key_values(next(iter(new.values())), spec.keys)
+        return GroupRecord(key_hash(skey), values, np.zeros(0, np.int64), -1,
+                           pickle.dumps({} if spec.key_ranges else None))
+
+    def _ranges(self, rec: GroupRecord) -> Ranges:
+        """A record's ranges: with key ranges its ``data`` is them; without, ``data`` is
+        the logic's state, range None."""
+        data = pickle.loads(rec.data)
+        if self.rt.spec.key_ranges:
+            return dict(data)
+        return {} if data is None else {None: (rec.wakes, data)}
+
+    def _check_ranges(self, ranges: Ranges) -> None:
+        """A key with rows of two key ranges would be emitted before one of them is
+        complete: refused (the fronts must partition the keys)."""
+        spec = self.rt.spec
+        twice = key_in_two_ranges(ranges) if spec.key_ranges else None
+        if twice is not None:
+            raise ValueError(
+                f"{spec.what} {spec.name!r}: key {twice[0]} has rows of key ranges "
+                f"{twice[1]}; with key_ranges={spec.key_ranges} each key's rows must come "
+                "from fronts of one range")
 
     def _rows(self, rec: GroupRecord, step: GroupStep, packed: np.ndarray,
               early: np.ndarray | None) -> Iterator[Any]:
@@ -182,64 +248,6 @@ class SlotProcessor(StatefulProcessor):  # type: ignore[misc]
                     insert_keys(res, self.rt.spec.keys, rec.key)
                 res[TRACK_COL] = track
                 yield res
-
-    def _run_ranges(self, key: Any, df: Any, now: int) -> Iterator[Any]:
-        """One call of a bucket of keys split into key ranges (rule 15): the keys of
-        each range are stepped with that range's min time, as a group of their own
-        within the bucket's record (``data``: range -> (its wakes, its logic's
-        state)), with holds of their own, so that a range still open keeps its holds
-        whatever the other ranges emit. The bucket's record keeps every range's wakes
-        and its one timer."""
-        stored = self.record.get()
-        rec = None if stored is None else GroupRecord.of_row(stored)
-        if df is None and (rec is None or not len(rec.wakes)):
-            return
-        if rec is None:
-            rec = GroupRecord(key_hash(spark_key(key)), spark_key(key), np.zeros(0, np.int64),
-                              -1, pickle.dumps({}))
-        ranges: Ranges = pickle.loads(rec.data)
-        new = {} if df is None else self._receive_ranges(key, df, now, ranges)
-        done = {r: self.clock.complete_below(now, r) for r in sorted({*ranges, *new})}
-        ranges, steps = step_ranges(self.rt.spec.logic, rec.key, ranges, new, done, self.parts,
-                                    now)
-        if not steps:  # a timer call with nothing complete: the record is read only
-            self._poll(rec.timer_ms, now)
-            return
-        sent = []
-        for r, step in steps:
-            parent = range_parent(rec.parent, r)
-            sent.append((step, self._acks(parent, step, now), self._early(parent, step, now)))
-            self.parts.write(step)
-        wakes = np.unique(np.concatenate([np.zeros(0, np.int64),
-                                          *[w for w, _ in ranges.values()]]))
-        timer = self._poll(rec.timer_ms, now) if len(wakes) else -1
-        if ranges:
-            self.record.update(GroupRecord(rec.parent, rec.key, wakes, timer,
-                                           pickle.dumps(ranges)).to_row())
-        else:
-            self.record.clear()
-        for step, packed, early in sent:
-            yield from self._rows(rec, step, packed, early)
-
-    def _receive_ranges(self, key: Any, df: Any, now: int,
-                        kept: Ranges) -> dict[int, Any]:
-        """Receive a bucket's rows, each in its key range (its front's): range -> its
-        new rows. A key with rows of two ranges would be emitted before one of them is
-        complete: refused (the fronts must partition the keys); ``kept``: each range's
-        state, a dict by key."""
-        graph, spec = self.rt.ref.graph, self.rt.spec
-        of = row_ranges(graph, graph.index(spec.name), df[RANGE_COL].to_numpy(np.int64))
-        new, seen = {}, {k: r for r, (_, state) in kept.items() for k in state}
-        for r in np.unique(of).tolist():
-            part = df[of == r].reset_index(drop=True)
-            for k in key_groups(part, spec.keys)[0]:
-                if seen.setdefault(k, r) != r:
-                    raise ValueError(
-                        f"{spec.what} {spec.name!r}: key {k} has rows of key ranges "
-                        f"{sorted({r, seen[k]})}; with key_ranges={spec.key_ranges} each "
-                        "key's rows must come from fronts of one range")
-            new[r] = self._receive(part, now, r)
-        return new
 
     def _acks(self, parent: int, step: GroupStep, now: int) -> np.ndarray:
         """Open the new holds, send the outputs as children of their slots' holds and
