@@ -151,5 +151,9 @@ def test_a_key_range_is_asked_and_followed_like_a_segment() -> None:
             assert agent.min_time_at("src#3", at) == 10
             with pytest.raises(Exception, match="src#4"):
                 agent.min_time_at("src#4", at)
+            # a task's ranges asked together (one round trip's wait): the same answers
+            assert agent.min_times_at(["src#0", "src#3", "src", None], at) == [50, 10, 10, 10]
+            with pytest.raises(Exception, match="src#4"):
+                agent.min_times_at(["src#0", "src#4"], at)
     finally:
         svc.stop()

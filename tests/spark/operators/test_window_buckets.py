@@ -16,7 +16,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lowtide.spark.operators.slot_logic import AT_COL, GroupStep, Ranges, step_ranges
+from lowtide.spark.operators.slot_logic import (
+    AT_COL,
+    GroupStep,
+    Ranges,
+    key_in_two_ranges,
+    step_ranges,
+)
 from lowtide.spark.operators.state_clock import holds_under, key_hash, range_parent
 from lowtide.spark.operators.window_state import BucketWindows, WindowLogic, check_layout
 from tests.spark.operators.groups import AGGS, Parts, rows
@@ -107,6 +113,32 @@ def test_a_bucket_s_keys_keep_their_own_apply_rows() -> None:
     got = {r.k: (r.total, r.n) for r in out.itertuples()}
     assert got == {"a": (7, 3), "c": (9, 2)}
     assert not b.parts.stored, "every part was dropped once its window came out"
+
+
+def test_a_key_with_rows_of_two_ranges_is_found_after_the_step() -> None:
+    # the runtime groups a bucket's rows by key once (in the logic) and checks the
+    # ranges' kept keys after the step: "a" with rows of ranges 0 and 1 in one batch ...
+    b = Bucket(counting(10))
+    ranges, _ = b.retry({0: keyed("a", [3]), 1: keyed("a", [5], 2)}, {0: 2, 1: 2})
+    assert key_in_two_ranges(ranges) == (("a",), [0, 1])
+    # ... or in range 1 now and kept by range 0 from an earlier batch
+    b.call({0: keyed("a", [3]), 1: keyed("b", [4], 2)}, {0: 2, 1: 2})
+    ranges, _ = b.retry({1: keyed("a", [6], 3)}, {0: 2, 1: 2})
+    assert key_in_two_ranges(ranges) == (("a",), [0, 1])
+    assert key_in_two_ranges(pickle.loads(b.data)) is None
+
+
+def test_a_group_without_ranges_is_range_none_and_eager_steps_an_open_wake() -> None:
+    b = Bucket(counting(10))
+    b.call({None: keyed("a", [3])}, {None: 2})
+    assert b.holds == {None: {9}}
+    kept = pickle.loads(b.data)
+    # nothing new, nothing complete: not stepped; eager (rule 13): stepped all the same
+    assert step_ranges(b.logic, (0,), kept, {}, {None: 5}, b.parts)[1] == []
+    _, steps = step_ranges(b.logic, (0,), kept, {}, {None: 5}, b.parts, eager=True)
+    assert [r for r, _ in steps] == [None] and steps[0][1].out is None
+    out = b.call({}, {None: 10})[None].out
+    assert out is not None and out[["k", "n"]].values.tolist() == [["a", 1]]
 
 
 # ------------------------------------------------------------------ properties
