@@ -33,12 +33,15 @@ buckets)``: one call per group
 (:class:`.state_processor.GroupRecord`): the key hash its holds descend from, the
 slots of its open holds (its wakes), the key as its rows have it, the logic's own
 state. Each call receives the new rows out of the inbound segment, asks
-:meth:`.StateClock.complete_below` (``done``), runs the logic
-(:func:`.slot_logic.step_group`), opens the holds of new wakes, sends the outputs as
+:meth:`.StateClock.complete_below` (``done``; a bucket's key ranges together, one
+round trip), runs the logic (:func:`.slot_logic.step_ranges`: a group without key
+ranges is one range), opens the holds of new wakes, sends the outputs as
 children of their slot's hold and releases the holds whose wakes are gone, all in the
 task's one batch (children first). A group with open holds looks again every
 ``poll_ms`` (a processing-time timer); a timer call that finds no wake below ``done``
-reads the record only.
+reads the record only, and a timer call of a group that its rows' call stepped in the
+same batch (same timestamp, same ``done``: every wake is at or above it) reads
+nothing (an ``eager`` step's still steps).
 """
 
 from __future__ import annotations

@@ -22,7 +22,9 @@ its wake, and the runtime moves the hold.
 A window with ``key_ranges`` (rule 15) runs on buckets (one per shuffle partition, so
 one call per task and batch): :class:`BucketWindows` steps the keys of one key range
 of a bucket, all with that range's min time; the runtime keeps each range's wakes and
-holds apart (:meth:`.state_processor.SlotProcessor._run_ranges`).
+holds apart (:meth:`.state_processor.SlotProcessor._run`). A bucket's rows are grouped by
+key once, here; the runtime finds a key with rows of two ranges in the ranges' kept
+keys after the step (:func:`.slot_logic.key_in_two_ranges`).
 """
 
 from __future__ import annotations
