@@ -22,7 +22,9 @@ window emitted (its result file written) within a quarter of the lag after the
 window's end. The lagging quarter of the keys can never be on time (its rows come a
 whole lag after the window's end), so the fraction is at most 0.75, and 0.7 needs
 nearly every fast key's window within 1.25 s: half a micro-batch's wait, the batch
-that reads its last rows and the next, so micro-batches of about 0.45 s. Judged
+that reads its last rows and the next, so micro-batches of about 0.4 s (a quiet
+2-core machine's: 0.36-0.42 s, x 0.6-0.75 in BENCHMARKS.md; the few slower batches
+of a run decide x). Judged
 over the batch recomputation's windows ending after warm-up and at least two lags
 before the run stopped; a window never emitted is not on time.
 ``matches_batch``: both lowtide outputs equal the batch recomputation (no window

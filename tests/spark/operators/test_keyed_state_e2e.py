@@ -22,6 +22,20 @@ from tests.spark.operators.helpers import GRID, SCHEMA, STUCK_MS, all_input, par
 pytestmark = pytest.mark.spark
 
 
+def test_the_store_schemas_are_the_ones_running_queries_keep(spark) -> None:
+    """Typed (no JVM round trip per schema in each task), and equal to the DDL the
+    state of earlier versions' checkpoints was written with."""
+    from pyspark.sql.types import _parse_datatype_string
+
+    from lowtide.spark.operators import state_processor as sp
+
+    for typed, ddl in ((sp.RECORD_SCHEMA, "parent long, wakes array<long>, timer_ms long, "
+                                          "key binary, data binary"),
+                       (sp.PART_KEY_SCHEMA, "tag long, part int"),
+                       (sp.PART_SCHEMA, "rows binary")):
+        assert not isinstance(typed, str) and typed == _parse_datatype_string(ddl)
+
+
 
 @pytest.mark.parametrize("restart", [False, True], ids=["running", "restarted"])
 def test_running_state_with_lag_and_failures_equals_batch(spark, tmp_path: Path,
