@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -60,22 +59,3 @@ def test_the_driver_modules_imported_while_the_session_starts_exist() -> None:
                          check=True, timeout=120)
     assert out.stdout.strip() == "True" and out.stderr == ""
     assert "lowtide.service.deploy.embedded" in DRIVER_MODULES  # the tracker Pipeline starts
-
-
-@pytest.mark.spark
-def test_sources_registered_in_the_background_are_there_for_a_query(spark: Any) -> None:
-    """The demo registers lowtide's sources in a thread (Spark's first registration
-    looks up installed Python data sources, seconds on a loaded machine) while its
-    tracker starts: a query's own registration waits for that thread, so whoever asks
-    right after finds every source."""
-    from lowtide.apps.startup import prepare_in_background
-    from lowtide.spark.pipeline import register_sources
-
-    session = spark.newSession()  # not yet registered (the shared one may be)
-    registering = prepare_in_background(session)
-    register_sources(session)  # what Pipeline.build does before planning the query
-    manager = session._jsparkSession.sessionState().dataSourceManager()
-    assert all(manager.dataSourceExists(name) for name in ("lowtide_gen", "lowtide_sink"))
-    registering.join(timeout=120)
-    assert not registering.is_alive()
-    assert session.conf.get("spark.sql.streaming.numRecentProgressUpdates") == "100000"

@@ -67,7 +67,7 @@ from lowtide.apps.startup import (
     QueryFailed,
     WorkerStartFailed,
     make_session,
-    prepare_in_background,
+    prepare,
     raise_if_failed,
     wait_warm,
 )
@@ -333,7 +333,7 @@ def run(spark: Any, args: argparse.Namespace, started_ms: int | None = None) -> 
     # a source task per core, not per front: a micro-batch's fixed cost (BENCHMARKS.md)
     spec = demo_spec(args.fronts, args.rate, args.lag_ms, wall_ms(),
                      spark.sparkContext.defaultParallelism)
-    registering = prepare_in_background(spark)  # the lookup overlaps lowtide's start
+    prepare(spark)
     tmp = args.dir or tempfile.mkdtemp(prefix="lowtide-demo-")
     d = {k: os.path.join(tmp, k) for k in OUTPUTS}
     say = (lambda *a: None) if args.json else print
@@ -341,7 +341,6 @@ def run(spark: Any, args: argparse.Namespace, started_ms: int | None = None) -> 
     cpu = TreeCpu().start()
     try:
         pipe, lt = start_lowtide(spark, spec, d["lt_out"], d["lt_ckpt"])
-        registering.join()  # the watermark query reads lowtide_gen without a pipeline
         wm = start_watermark(spark, spec, d["wm_out"], d["wm_ckpt"], args.watermark_ms)
         say(f"tracker {pipe.tracker.url}; segments {list(lt.graph.names)}; outputs in {tmp}")
         say("warming up (the first micro-batches start Python workers) ...")

@@ -40,27 +40,14 @@ def make_session(master: str, app: str, prewarm_workers: int = 0) -> Any:
     return spark
 
 
-def prepare_in_background(spark: Any) -> threading.Thread:
-    """Keep every progress report (drops are summed over them) and register the sources
-    in a thread, returned: the first registration runs Spark's lookup of installed
-    Python data sources (a Python process that scans every module on the path, seconds
-    on a loaded machine), which then overlaps with the tracker's start and the query's
-    planning. A pipeline's query waits for it (its registration takes the same lock);
-    join the thread before reading a lowtide source without a pipeline."""
+def prepare(spark: Any) -> None:
+    """Register the sources; keep every progress report (drops are summed over them)."""
     # imported here: Python workers import this module (through the demos' functions
     # they run) and need none of the pipeline's driver side
     from lowtide.spark.pipeline import register_sources
 
+    register_sources(spark)
     spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "100000")
-    registering = threading.Thread(target=register_sources, args=(spark,),
-                                   name="lowtide-register", daemon=True)
-    registering.start()
-    return registering
-
-
-def prepare(spark: Any) -> None:
-    """:func:`prepare_in_background`, waited for."""
-    prepare_in_background(spark).join()
 
 
 #: how Spark 4.2 says a Python worker did not start in time (its 10 s wait is fixed)
