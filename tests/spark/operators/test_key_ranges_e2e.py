@@ -57,30 +57,30 @@ def test_a_range_is_emitted_before_a_lagging_range_and_all_equal_batch(
         t0 = t0_of_checkpoint(ckpt, query, timeout_s=240)
         query.wait_for_min_time(GRID.slot_of(t0) + 8 * SIZE, timeout_s=240)
         assert not query.stuck()
-        ahead = ahead_of_lagging(pipe.tracker.agent, out, "front != 3")
+        assert_ahead_of_lagging(pipe.tracker.agent, out, "front != 3")
         final = query.min_time()
     finally:
         query.stop()
         pipe.close()
-    assert ahead, "no window of a fast range came out before the lagging range reached it"
-    got = assert_equals_batch(read_results(out), "front", final,
+    got = assert_equals_batch(out, "front", final,
                               lambda horizon: batch_by(all_input(spec, t0, horizon), "front"))
     assert {3} < set(got.index.get_level_values("front"))
 
 
-def ahead_of_lagging(agent: Any, out: Path, fast: str) -> list[int]:
-    """The ends of the windows of fast ranges (the rows ``fast`` selects) written before
-    the lagging range 3 was complete up to them (when each result file was written)."""
-    return [int(e) for f in sorted(out.glob("*.parquet"))
-            for e in start_slots(pq.read_table(f).to_pandas().query(fast)) + SIZE
-            if e > agent.min_time_at("win#3", f.stat().st_mtime_ns // 1_000_000)]
+def assert_ahead_of_lagging(agent: Any, out: Path, fast: str) -> None:
+    """Some window of a fast range (the rows ``fast`` selects) was written before the
+    lagging range 3 was complete up to its end (when its result file was written)."""
+    ahead = [int(e) for f in sorted(out.glob("*.parquet"))
+             for e in start_slots(pq.read_table(f).to_pandas().query(fast)) + SIZE
+             if e > agent.min_time_at("win#3", f.stat().st_mtime_ns // 1_000_000)]
+    assert ahead, "no window of a fast range came out before the lagging range reached it"
 
 
-def assert_equals_batch(results: pd.DataFrame, key: str, final: int,
+def assert_equals_batch(out: Path, key: str, final: int,
                         batch: Callable[[int], pd.DataFrame]) -> pd.DataFrame:
-    """Each window once, equal to ``batch(horizon)``'s, and every window complete
-    below ``final`` emitted; returns the results by (key, start)."""
-    results = results.assign(start=lambda d: start_slots(d))
+    """The results in ``out``: each window once, equal to ``batch(horizon)``'s, and
+    every window complete below ``final`` emitted; returns them by (key, start)."""
+    results = read_results(out).assign(start=lambda d: start_slots(d))
     keys = list(zip(results[key], results["start"], strict=True))
     assert len(keys) == len(set(keys)), "a window was emitted twice"
     horizon = max(final, int(results["start"].max()) + SIZE)
@@ -170,17 +170,16 @@ def test_ranges_through_where_and_map_emit_early_and_equal_batch(spark, tmp_path
         query.wait_for_min_time(GRID.slot_of(t0) + 8 * SIZE, timeout_s=240)
         assert not query.stuck()
         agent = pipe.tracker.agent
-        ahead = ahead_of_lagging(agent, out, "k // 10 != 3")
+        assert_ahead_of_lagging(agent, out, "k // 10 != 3")
         final = query.min_time()
         doc = agent.status()  # what `lowtide status`, the metrics and the web view show
     finally:
         query.stop()
         pipe.close()
-    assert ahead, "no window of a fast range came out before the lagging range reached it"
     ranged = {s["segment"]: s["key_ranges"] for s in doc["segments"] if s.get("key_ranges")}
     assert set(ranged) == {"keep", "addk", "win"} and len(ranged["keep"]) == 4
     assert min(ranged["win"][:3]) > ranged["win"][3], "the lagging range is not the lowest"
-    assert_equals_batch(read_results(out), "k", final,
+    assert_equals_batch(out, "k", final,
                         lambda horizon: batch_windows(all_input(spec, t0, horizon)))
 
 
@@ -224,12 +223,11 @@ def test_buckets_of_mixed_ranges_survive_a_task_failure_and_a_restart(
         query = start()
         query.wait_for_min_time(query.min_time() + 6 * SIZE, timeout_s=240)
         assert not query.stuck()
-        ahead = ahead_of_lagging(pipe.tracker.agent, out, "k // 10 != 3")
+        assert_ahead_of_lagging(pipe.tracker.agent, out, "k // 10 != 3")
         final = query.min_time()
     finally:
         query.stop()
         pipe.close()
-    assert ahead, "no window of a fast range came out before the lagging range reached it"
-    got = assert_equals_batch(read_results(out), "k", final,
+    got = assert_equals_batch(out, "k", final,
                               lambda horizon: by_k(all_input(spec, t0, horizon)))
     assert {30, 31} < set(got.index.get_level_values("k"))

@@ -143,8 +143,9 @@ class SlotProcessor(StatefulProcessor):  # type: ignore[misc]
         frames = [df for df in rows if len(df)]
         df = None if not frames else pd.concat(frames, ignore_index=True) \
             if len(frames) > 1 else frames[0]
-        self._stepped = (now, {*(self._stepped[1] if self._stepped[0] == now else ()),
-                               spark_key(key)})
+        if self._stepped[0] != now:  # a new batch: a new set, added to in place
+            self._stepped = (now, set())
+        self._stepped[1].add(spark_key(key))
         yield from self._run(key, {} if df is None else self._arrived(df, now), now)
 
     def handleExpiredTimer(self, key: Any, timerValues: Any,
