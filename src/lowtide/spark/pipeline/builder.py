@@ -64,7 +64,7 @@ from lowtide.spark.pipeline.step_plans import (
     union_by_name,
 )
 from lowtide.spark.pipeline.stream import Stream
-from lowtide.spark.sinks import TrackedForeachBatch
+from lowtide.spark.sinks import ParquetSink, TrackedForeachBatch
 from lowtide.spark.sources.generator import GeneratorSpec
 from lowtide.spark.sources.joins import release_join
 from lowtide.spark.sources.log_replay import RANGE_OPTION
@@ -352,11 +352,10 @@ class Pipeline:
             fb = TrackedForeachBatch(sink[1], ref, sink_name, keep_tracking_columns=sink[2],
                                      trace_file=sink[3])
             writer = writer.foreachBatch(fb)
-        else:
-            opts = dict(sink[1])
-            opts["lowtide.tracker"] = ref.to_option()
-            opts["lowtide.segment"] = sink_name
-            writer = writer.format("lowtide_sink").options(**opts)
+        else:  # write_parquet
+            writer = writer.foreachBatch(ParquetSink(
+                sink[1]["path"], ref, sink_name,
+                keep_tracking_columns=sink[1]["keepTrackingColumns"] == "true"))
         # a query takes its session's confs when it starts: JVM windows need theirs then
         confs = WATERMARK_CONFS if built.holds else ()
         if update_mode(QueryWindows.of(stream, checkpoint)):  # a speculative window's

@@ -7,7 +7,6 @@ import threading
 from typing import Any
 
 from lowtide.spark.operators.window_input import ReceivingSource
-from lowtide.spark.sinks import TrackedSink
 from lowtide.spark.sources.clock import ClockSource
 from lowtide.spark.sources.generator import GenSource
 from lowtide.spark.sources.log_replay import LogReplaySource
@@ -23,7 +22,7 @@ def register_sources(spark: Any) -> None:
     with _REG_LOCK:
         if id(spark) in _REGISTERED:
             return
-        for ds in (LogSource, LogReplaySource, GenSource, TrackedSink, ClockSource,
+        for ds in (LogSource, LogReplaySource, GenSource, ClockSource,
                    ReceivingSource):
             spark.dataSource.register(ds)
         _REGISTERED.add(id(spark))

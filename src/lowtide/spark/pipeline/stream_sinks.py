@@ -77,10 +77,10 @@ class StreamSinks:
         trigger: str | None = None,
         query_name: str | None = None,
     ) -> TrackedQuery:
-        """Parquet files ``part-<batch>-<partition>.parquet`` under ``path``, published
-        by the driver-side commit; acked after publication."""
-        options = {"mode": "parquet", "path": path,
-                   "keepTrackingColumns": str(keep_tracking_columns).lower()}
+        """Parquet files ``part-<query>-<batch>-<partition>.parquet`` under ``path``,
+        written by the batch's tasks, published by the driver; acked after publication
+        (:mod:`lowtide.spark.sinks.parquet`)."""
+        options = {"path": path, "keepTrackingColumns": str(keep_tracking_columns).lower()}
         return self.pipeline._start(
             self, ("writer", options), name, checkpoint, trigger, query_name
         )

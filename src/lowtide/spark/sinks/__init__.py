@@ -14,13 +14,12 @@ Two mechanisms:
   (no user function: the aggregation alone). The null sink right after a tracked
   operator is no sink object at all: Spark's ``noop`` sink, and the operator's
   tasks ack the rows as received (see ``Stream.to_null``).
-* ``format("lowtide_sink")``: a Python data source stream writer (Arrow). Each task
-  writes its rows (``mode=parquet``: a Parquet file per (batch, partition);
-  ``mode=null``: drops them) and returns its per-time XORs in its commit message;
-  the driver-side ``commit`` publishes the files under names that carry the query's
-  id (a rerun from a new checkpoint never replaces an earlier run's files; a re-run
-  batch whose files hold exactly its rows is not written again: :mod:`.batches`) and
-  then sends the acks.
+* ``write_parquet`` (:class:`ParquetSink`, :mod:`.parquet`): a ``foreachBatch``
+  function too, of one Spark job a batch: each task writes its rows to a Parquet file
+  aside and returns its per-time XORs; the driver publishes the files under names that
+  carry the query's id (a rerun from a new checkpoint never replaces an earlier run's
+  files; a re-run batch whose files hold exactly its rows is not written again:
+  :mod:`.batches`) and then sends the acks.
 * Rows in time order (``Stream.foreach_complete``, :mod:`.ordered`): staged, then
   handed on per completed range of global time; reading a speculative window's
   changelog (:mod:`.changelog`).
@@ -46,18 +45,17 @@ from lowtide.spark.sinks.foreach import (
     unpacked_columns,
 )
 from lowtide.spark.sinks.ordered import CompleteRanges, ordered_writer
+from lowtide.spark.sinks.parquet import ParquetSink
 from lowtide.spark.sinks.table_formats import RowsBelowTable, retire_writer
-from lowtide.spark.sinks.writer import SINK_MODES, TrackedSink
 
 __all__ = [
-    "SINK_MODES",
     "BatchRewritten",
     "CompleteRanges",
     "Cut",
     "CutRefused",
+    "ParquetSink",
     "RowsBelowTable",
     "TrackedForeachBatch",
-    "TrackedSink",
     "append_trace",
     "apply_changelog",
     "console_writer",

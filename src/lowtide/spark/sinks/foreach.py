@@ -33,7 +33,7 @@ def append_trace(path: str, batch_id: int, started_ns: int, rows: int) -> None:
         f.write(f"{batch_id} {started_ns} {time.time_ns()} {rows}\n")
 
 
-def _query_id(spark_context: Any) -> str:
+def query_id(spark_context: Any) -> str:
     q = spark_context.getLocalProperty("sql.streaming.queryId")
     if q is None:
         raise RuntimeError("tracked sinks run inside a streaming query's foreachBatch")
@@ -76,7 +76,7 @@ class TrackedForeachBatch:
         return acc
 
     def __call__(self, df: Any, batch_id: int) -> None:
-        query = _query_id(df.sparkSession.sparkContext)
+        query = query_id(df.sparkSession.sparkContext)
         if self.fn is None:  # nothing to commit: ack straight from one aggregation job
             self._ack(query, batch_id, self.acks_of(df))
             return
