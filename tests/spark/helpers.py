@@ -333,3 +333,12 @@ def premature(seen: list[Notified], files: dict[str, Any],
         if early:
             out.append(f"premature: t={n.time} before {early[:5]}")
     return out
+
+
+def wait_batches(query: Any, n: int, timeout_s: float = 90) -> None:
+    """Until Spark's ``query`` has run batch ``n`` (its exception raised if it failed)."""
+    deadline = time.monotonic() + timeout_s
+    while (query.lastProgress or {}).get("batchId", -1) < n:
+        assert query.exception() is None, query.exception()
+        assert time.monotonic() < deadline, f"fewer than {n} batches"
+        time.sleep(0.1)

@@ -30,7 +30,8 @@ TASK_MODULES = (
     "lowtide.spark.sources.clock",
     "lowtide.spark.operators.tracked",
     "lowtide.spark.operators.state_processor",
-    "lowtide.spark.sinks.writer",
+    "pyarrow.parquet",  # write_parquet's tasks
+    "lowtide.spark.sinks.parquet",
 )
 TASK_WORKER = "pyspark.worker"
 

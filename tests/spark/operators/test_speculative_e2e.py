@@ -157,8 +157,9 @@ def test_each_bucket_of_the_changelog_step_has_a_task_of_its_own(spark) -> None:
 
 def test_which_plan_a_speculative_window_gets(spark, tmp_path: Path) -> None:
     """Spark's aggregation under the changelog's keyed step where its exact window
-    would be planned in the JVM; the keyed runtime alone for a sink that takes no
-    update mode (write_parquet, write_table) and without a checkpoint."""
+    would be planned in the JVM (whatever the sink: each is a foreachBatch function,
+    which takes update mode); the keyed runtime alone when asked for
+    (``on_keyed_runtime``, the bench's variant) and without a checkpoint."""
     pipe = lowtide.Pipeline(spark, "which-spec", grid=GRID)
     changes = (pipe.generate(GeneratorSpec(fronts=1, rate=10.0, payload_bytes=4))
                .map(parse, SCHEMA, name="parse").window("1 second", key="user", name="w")

@@ -17,7 +17,7 @@ import pytest
 import lowtide
 from lowtide.core.time import TimeGrid
 from lowtide.spark.sources.generator import GeneratorSpec
-from tests.spark.helpers import Watcher, fail_once, gen_expected
+from tests.spark.helpers import Watcher, fail_once, gen_expected, wait_batches
 
 pytestmark = pytest.mark.spark
 
@@ -134,14 +134,6 @@ def test_lagging_front_exact_completeness(spark, tmp_path: Path) -> None:
 def tag(b: pa.RecordBatch) -> pa.RecordBatch:
     return pa.record_batch({"front": b["front"], "seq": b["seq"], "event_ms": b["event_ms"],
                             "tag": pc.bit_wise_and(b["seq"], 7)})
-
-
-def wait_batches(query, n: int, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while (query.lastProgress or {}).get("batchId", -1) < n:
-        assert query.exception() is None, query.exception()
-        assert time.monotonic() < deadline, f"fewer than {n} batches"
-        time.sleep(0.1)
 
 
 def published(out: Path) -> list[str]:

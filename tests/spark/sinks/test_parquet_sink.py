@@ -20,6 +20,7 @@ import lowtide
 from lowtide.core.time import TimeGrid
 from lowtide.spark.sinks.batches import COMMITS
 from lowtide.spark.sources.generator import GeneratorSpec
+from tests.spark.helpers import wait_batches
 
 pytestmark = pytest.mark.spark
 
@@ -30,14 +31,6 @@ SCHEMA = "front int, seq long, x long"
 def enrich(b: pa.RecordBatch) -> pa.RecordBatch:
     return pa.record_batch({"front": b["front"], "seq": b["seq"],
                             "x": pc.multiply(b["seq"], 2)})
-
-
-def wait_batches(query: Any, n: int, timeout_s: float = 90) -> None:
-    deadline = time.monotonic() + timeout_s
-    while (query.lastProgress or {}).get("batchId", -1) < n:
-        assert query.exception() is None, query.exception()
-        assert time.monotonic() < deadline, f"fewer than {n} batches"
-        time.sleep(0.1)
 
 
 def files_of(out: Path) -> dict[str, int]:

@@ -30,11 +30,7 @@ from lowtide.core.graph import SegmentGraph
 from lowtide.core.time import TimeGrid
 from lowtide.service.progress import RowRates
 from lowtide.spark.operators.joins import JoinSpec, join_input
-from lowtide.spark.operators.speculative_plan import (
-    SPECULATIVE_CONFS,
-    on_keyed_runtime,
-    update_mode,
-)
+from lowtide.spark.operators.speculative_plan import SPECULATIVE_CONFS, update_mode
 from lowtide.spark.operators.tracked import OpSpec
 from lowtide.spark.operators.window_hold import HOLD_WAIT_S
 from lowtide.spark.operators.window_input import FORMAT
@@ -329,8 +325,6 @@ class Pipeline:
 
     def _start(self, stream: Stream, sink: tuple[Any, ...], sink_name: str, checkpoint: str,
                trigger: str | None, query_name: str | None) -> TrackedQuery:
-        if sink[0] != "foreach":  # the lowtide_sink writer takes no update mode
-            stream = on_keyed_runtime(stream)
         acks_last = stream.ends_in_operator() or QueryWindows.of(
             stream, checkpoint).ends_in_window(stream)
         null_sink = sink[0] == "foreach" and sink[1] is None and acks_last
