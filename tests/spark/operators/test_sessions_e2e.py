@@ -63,9 +63,10 @@ def spark_sessions(spark: Any, rows: pd.DataFrame, gap: Any) -> pd.DataFrame:
     return out.toPandas().set_index(["user", "start", "end"]).sort_index()
 
 
-def check_sessions(got: pd.DataFrame, expected: pd.DataFrame, final: int) -> None:
+def check_sessions(got: pd.DataFrame, expected: pd.DataFrame, final: int, least: int = 20
+                   ) -> None:
     """``got`` (user, start, end, n, total): none twice, each equal to Spark's batch
-    session, and every batch session final below ``final`` there."""
+    session, and every batch session final below ``final`` (at least ``least``) there."""
     got = got.set_index(["user", "start", "end"]).sort_index()
     assert got.index.is_unique, "a session emitted twice"
     assert set(got.index) <= set(expected.index), "a session the batch does not have"
@@ -73,7 +74,7 @@ def check_sessions(got: pd.DataFrame, expected: pd.DataFrame, final: int) -> Non
     assert (got["n"].to_numpy() == exp["n"].to_numpy()).all()
     np.testing.assert_allclose(got["total"].to_numpy(float), exp["total"].to_numpy(float))
     done = expected[expected.index.get_level_values("end") < final]
-    assert len(done) >= 20
+    assert len(done) >= least
     assert set(done.index) <= set(got.index), "a final session not emitted"
 
 

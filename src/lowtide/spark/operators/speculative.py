@@ -241,8 +241,9 @@ def make_speculative(step: Any, every: str | int | None) -> SpeculativeSpec:
     duration."""
     if not isinstance(step, WindowSpec):
         what = f"step {step.name!r}" if step is not None else "the source"
-        raise ValueError(f"speculative() follows a window's agg(), a stateful() or an "
-                         f"outer join, not {what}: stream.window(...).agg(...).speculative()")
+        raise ValueError(f"speculative() follows a window's or session window's agg(), a "
+                         f"stateful() or an outer join, not {what}: "
+                         "stream.window(...).agg(...).speculative()")
     if step.fn is not None:
         raise ValueError(f"window {step.name!r}: speculative() needs agg(); apply() runs "
                          "once per complete window")
