@@ -244,14 +244,20 @@ def make_speculative(step: Any, every: str | int | None) -> SpeculativeSpec:
         raise ValueError(f"speculative() follows a window's or session window's agg(), a "
                          f"stateful() or an outer join, not {what}: "
                          "stream.window(...).agg(...).speculative()")
-    if step.fn is not None:
-        raise ValueError(f"window {step.name!r}: speculative() needs agg(); apply() runs "
-                         "once per complete window")
+    return SpeculativeSpec(step.name, step, checked_every(
+        f"window {step.name!r}", every, {*step.keys, *(a.out for a in step.aggs)}))
+
+
+def checked_every(what: str, every: str | int | None, columns: set[str],
+                  added: tuple[str, ...] = CHANGELOG_COLS) -> int:
+    """``speculative(every=...)`` of the step ``what`` (e.g. "window 'w'") in ms (0:
+    each batch), whose output ``columns`` must not take a name of the ``added``
+    changelog columns; one-line errors."""
     every_ms = 0 if every is None else duration_ms(every)
     if every_ms < 0:
-        raise ValueError(f"window {step.name!r}: speculative(every={every!r}) must be >= 0")
-    taken = set(CHANGELOG_COLS) & {*step.keys, *(a.out for a in step.aggs)}
+        raise ValueError(f"{what}: speculative(every={every!r}) must be >= 0")
+    taken = sorted(set(added) & columns)
     if taken:
-        raise ValueError(f"window {step.name!r}: column {sorted(taken)[0]!r} is a changelog "
-                         "column (op, version, is_final): rename it")
-    return SpeculativeSpec(step.name, step, every_ms)
+        raise ValueError(f"{what}: column {taken[0]!r} is a changelog column "
+                         f"({', '.join(added)}): rename it")
+    return every_ms

@@ -52,11 +52,9 @@ from lowtide.spark.operators.sessions import (
     SessionSpec,
 )
 from lowtide.spark.operators.slot_logic import AT_COL, CHILD_COL, LogicStep, RowParts
-from lowtide.spark.operators.speculative import EARLY_BASE, Change, Shown, show
+from lowtide.spark.operators.speculative import EARLY_BASE, Change, Shown, checked_every, show
 from lowtide.spark.operators.window_aggs import result_columns, results, time_column
-from lowtide.spark.operators.windows import duration_ms
 from lowtide.spark.sinks.changelog import (
-    CHANGELOG_COLS,
     FINAL_COL,
     INSERT,
     OP_COL,
@@ -190,13 +188,7 @@ def make_speculative_sessions(step: SessionSpec, every: str | int | None
     what = f"session_window {step.name!r}"
     if isinstance(step, SpeculativeSessionSpec):
         raise ValueError(f"{what}: speculative() is given once")
-    every_ms = 0 if every is None else duration_ms(every)
-    if every_ms < 0:
-        raise ValueError(f"{what}: speculative(every={every!r}) must be >= 0")
-    taken = sorted(set(CHANGELOG_COLS) & {*step.keys, *(a.out for a in step.aggs)})
-    if taken:
-        raise ValueError(f"{what}: column {taken[0]!r} is a changelog column (op, version, "
-                         "is_final): rename it")
+    every_ms = checked_every(what, every, {*step.keys, *(a.out for a in step.aggs)})
     return SpeculativeSessionSpec(step.name, step.keys, step.gap_ms, step.gap, step.aggs,
                                   step.poll_ms, every_ms)
 

@@ -31,6 +31,7 @@ from lowtide.spark.operators.running import GroupedSpec, make_grouped
 from lowtide.spark.operators.sessions import SessionSpec, make_sessions
 from lowtide.spark.operators.slot_logic import KeptRows
 from lowtide.spark.operators.speculative import SpeculativeSpec, make_speculative
+from lowtide.spark.operators.speculative_apply import SpeculativeApplySpec, make_speculative_apply
 from lowtide.spark.operators.speculative_fold import (
     is_fold,
     make_speculative_fold,
@@ -69,7 +70,7 @@ class TransformSpec:
 
 
 Step = (OpSpec | WindowSpec | StatefulSpec | JoinSpec | TransformSpec | FrameSpec | DedupSpec
-        | SessionSpec | GroupedSpec | SpeculativeSpec | RetrySpec)
+        | SessionSpec | GroupedSpec | SpeculativeSpec | SpeculativeApplySpec | RetrySpec)
 
 
 @dataclass(frozen=True)
@@ -352,12 +353,14 @@ class Stream(StreamSinks):
 
 
 def speculative_step(last: Any, every: str | int | None) -> Any:
-    """The changelog form of ``last``: a join's, a fold's, a session window's, or else
-    a window's (which refuses any other step in one line)."""
+    """The changelog form of ``last``: a join's, a fold's, a session window's, an
+    ``apply`` window's, or else a window's (which refuses any other step in one line)."""
     if isinstance(last, JoinSpec):
         return make_speculative_join(last, every)
     if is_fold(last) or writes_changelog(last):
         return make_speculative_fold(last, every)
     if isinstance(last, SessionSpec):
         return make_speculative_sessions(last, every)
+    if isinstance(last, WindowSpec) and last.fn is not None:
+        return make_speculative_apply(last, every)
     return make_speculative(last, every)
