@@ -155,10 +155,12 @@ def changelog_step(ends: dict[int, int], values: Callable[[int], list[Any]],
     return left, out, early
 
 
-def changelog_frame(aggs: tuple[TypedAgg, ...], delta_ms: int, rows: list[Change]) -> Any:
+def changelog_frame(aggs: tuple[TypedAgg, ...], delta_ms: int, rows: list[Change],
+                    as_of: str | None = None) -> Any:
     """The changelog rows of ``rows``, at their windows' last slots, each with its
     child index under that slot's hold (early rows: above the final rows' positions);
-    None for none. One DataFrame built at once: it is made per group and call."""
+    None for none. One DataFrame built at once: it is made per group and call. With
+    ``as_of`` (a ``groupBy``'s): the aggregates, then the window's end as ``as_of``."""
     import pandas as pd
 
     if not rows:
@@ -167,9 +169,10 @@ def changelog_frame(aggs: tuple[TypedAgg, ...], delta_ms: int, rows: list[Change
     ends = np.array([r.end for r in rows], np.int64)
     versions = np.array([r.version for r in rows], np.int64)
     gone = np.array([r.tombstone for r in rows], bool)
-    cols = {"window_start": time_column(starts, delta_ms),
-            "window_end": time_column(ends, delta_ms),
-            **result_columns(aggs, [r.values for r in rows])}
+    values = result_columns(aggs, [r.values for r in rows])
+    cols = {**values, as_of: time_column(ends, delta_ms)} if as_of else {
+        "window_start": time_column(starts, delta_ms),
+        "window_end": time_column(ends, delta_ms), **values}
     return pd.DataFrame({  # plain arrays: no index to align, a third of the cost
         **{k: v.array if isinstance(v, pd.Series) else v for k, v in cols.items()},
         OP_COL: np.where(gone, TOMBSTONE, INSERT).astype(object),
@@ -241,8 +244,8 @@ def make_speculative(step: Any, every: str | int | None) -> SpeculativeSpec:
     duration."""
     if not isinstance(step, WindowSpec):
         what = f"step {step.name!r}" if step is not None else "the source"
-        raise ValueError(f"speculative() follows a window's or session window's agg(), a "
-                         f"stateful() or an outer join, not {what}: "
+        raise ValueError(f"speculative() follows a window's, session window's or groupBy's "
+                         f"agg(), a window's apply(), a stateful() or an outer join, not {what}: "
                          "stream.window(...).agg(...).speculative()")
     return SpeculativeSpec(step.name, step, checked_every(
         f"window {step.name!r}", every, {*step.keys, *(a.out for a in step.aggs)}))

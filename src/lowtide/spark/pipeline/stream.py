@@ -38,6 +38,7 @@ from lowtide.spark.operators.speculative_fold import (
     writes_changelog,
 )
 from lowtide.spark.operators.speculative_join import make_speculative_join
+from lowtide.spark.operators.speculative_running import make_speculative_grouped
 from lowtide.spark.operators.speculative_sessions import make_speculative_sessions
 from lowtide.spark.operators.tracked import OpSpec
 from lowtide.spark.operators.windows import WindowSpec, make_windowed
@@ -354,7 +355,8 @@ class Stream(StreamSinks):
 
 def speculative_step(last: Any, every: str | int | None) -> Any:
     """The changelog form of ``last``: a join's, a fold's, a session window's, an
-    ``apply`` window's, or else a window's (which refuses any other step in one line)."""
+    ``apply`` window's, a ``groupBy``'s, or else a window's (which refuses any other
+    step in one line)."""
     if isinstance(last, JoinSpec):
         return make_speculative_join(last, every)
     if is_fold(last) or writes_changelog(last):
@@ -363,4 +365,6 @@ def speculative_step(last: Any, every: str | int | None) -> Any:
         return make_speculative_sessions(last, every)
     if isinstance(last, WindowSpec) and last.fn is not None:
         return make_speculative_apply(last, every)
+    if isinstance(last, GroupedSpec):
+        return make_speculative_grouped(last, every)
     return make_speculative(last, every)

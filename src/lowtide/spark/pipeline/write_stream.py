@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from lowtide.spark.operators.speculative import SpeculativeSpec
 from lowtide.spark.operators.speculative_apply import SpeculativeApplySpec
 from lowtide.spark.operators.speculative_fold import writes_changelog
+from lowtide.spark.operators.speculative_running import writes_grouped_changelog
 from lowtide.spark.operators.speculative_sessions import writes_session_changelog
 from lowtide.spark.pipeline.dag import PipelineShapeError
 
@@ -89,7 +90,8 @@ class TrackedStreamWriter:
                          "is its rows with lt_time below complete_below)")
         last = self.stream.steps[-1] if self.stream.steps else None
         speculative = isinstance(last, SpeculativeSpec | SpeculativeApplySpec) \
-            or writes_changelog(last) or writes_session_changelog(last)
+            or writes_changelog(last) or writes_session_changelog(last) \
+            or writes_grouped_changelog(last)
         if mode == "update" and not speculative:
             raise refuse("outputMode('update') writes early results: end the window with "
                          ".agg(...).speculative() (a changelog; or stateful(...)"
