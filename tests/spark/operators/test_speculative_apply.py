@@ -21,8 +21,7 @@ from lowtide.spark.operators.speculative_apply import SpeculativeApply, make_spe
 from lowtide.spark.operators.speculative_fold import ROW_BITS
 from lowtide.spark.operators.window_state import WindowLogic
 from lowtide.spark.operators.windows import WindowSpec
-from tests.spark.operators.groups import Group, batch_windows, inputs, rows
-from tests.spark.operators.test_slot_logic import folding
+from tests.spark.operators.groups import Group, batch_windows, folding, inputs, rows
 
 COLS = ("n", "s", "lo", "f", "l")
 

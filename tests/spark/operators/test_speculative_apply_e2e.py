@@ -18,9 +18,8 @@ import lowtide
 from lowtide.spark.sinks.changelog import finals
 from lowtide.spark.sources.generator import GeneratorSpec
 from tests.spark.helpers import fail_once
-from tests.spark.operators.changelogs import ByBatch, run_changelog
+from tests.spark.operators.changelogs import ByBatch, check_changelog, run_changelog
 from tests.spark.operators.helpers import GRID, SCHEMA, STUCK_MS, parse
-from tests.spark.operators.test_speculative_e2e import check_changelog
 
 pytestmark = pytest.mark.spark
 OUT = "n long, total double, lo double, hi double, avg double"

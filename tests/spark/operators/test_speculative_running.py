@@ -23,7 +23,7 @@ from lowtide.spark.operators.speculative_running import (
 )
 from lowtide.spark.operators.windows import parse_aggs
 from tests.spark.operators.groups import Group
-from tests.spark.operators.test_running import AGGS, DELTA_MS, rows
+from tests.spark.operators.running_rows import AGGS, DELTA_MS, rows
 
 
 def speculating(every: int, every_ms: int = 0) -> Group:

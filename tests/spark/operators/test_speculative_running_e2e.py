@@ -19,8 +19,15 @@ from lowtide.spark.sinks.changelog import finals
 from lowtide.spark.sources.generator import GeneratorSpec
 from tests.spark.helpers import fail_once
 from tests.spark.operators.changelogs import ByBatch, fold_batches, run_changelog
-from tests.spark.operators.helpers import GRID, SCHEMA, STUCK_MS, all_input, parse
-from tests.spark.operators.test_running_e2e import EVERY, batch_running
+from tests.spark.operators.helpers import (
+    EVERY,
+    GRID,
+    SCHEMA,
+    STUCK_MS,
+    all_input,
+    batch_running,
+    parse,
+)
 
 pytestmark = pytest.mark.spark
 

@@ -24,7 +24,7 @@ from lowtide.spark.operators.speculative_sessions import (
 )
 from lowtide.spark.operators.windows import parse_aggs
 from tests.spark.operators.groups import Group
-from tests.spark.operators.test_sessions import AGGS, DELTA_MS, batch_sessions, inputs, rows
+from tests.spark.operators.session_rows import AGGS, DELTA_MS, batch_sessions, inputs, rows
 
 
 def speculating(gap: int, every_ms: int = 0) -> Group:

@@ -24,7 +24,7 @@ from lowtide.spark.sources.generator import GeneratorSpec
 from tests.spark.helpers import fail_once
 from tests.spark.operators.changelogs import ByBatch, run_changelog
 from tests.spark.operators.helpers import GRID, STUCK_MS, all_input
-from tests.spark.operators.test_sessions_e2e import (
+from tests.spark.operators.session_checks import (
     GAP,
     SCHEMA,
     check_sessions,
