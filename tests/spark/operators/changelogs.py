@@ -1,6 +1,7 @@
 """The changelog tests' helpers (speculative windows and folds, rule 13): a
 ``foreach_batch`` sink that keeps each batch by id, a reader's fold of the batches
-that checks them, and a run under a lagging front with a restart."""
+that checks them, a run under a lagging front with a restart, and the check of a
+1-second window's changelog against a batch recomputation."""
 
 from __future__ import annotations
 
@@ -10,9 +11,19 @@ from typing import Any
 
 import pandas as pd
 
-from lowtide.spark.sinks.changelog import apply_changelog
+from lowtide.spark.sinks.changelog import apply_changelog, finals
+from lowtide.spark.sources.generator import GeneratorSpec
 from tests.spark.helpers import t0_of_checkpoint
-from tests.spark.operators.helpers import GRID
+from tests.spark.operators.helpers import (
+    AGG_COLS,
+    GRID,
+    all_input,
+    batch_windows,
+    check,
+    start_slots,
+)
+
+WINDOW_SLOTS = 100  # check_changelog's windows: 1 second
 
 
 class ByBatch:
@@ -96,3 +107,22 @@ def run_changelog(stream: Any, sink: Any, ckpt: Path, lag_ms: int, restart_at: i
     assert not query.stuck()
     query.stop()
     return t0, query.min_time()
+
+
+def check_changelog(frames: list[pd.DataFrame], spec: GeneratorSpec, t0: int, final: int
+                    ) -> dict[tuple[str, int], tuple[int, bool]]:
+    """The changelog's batches fold (:func:`fold_batches`) with a final for every
+    window complete at ``final``, some version replaced, and finals equal to a batch
+    recomputation; the fold."""
+    latest = fold_batches(frames, start_slots, WINDOW_SLOTS - 1, AGG_COLS)
+    rows = pd.concat(frames, ignore_index=True)
+    assert (rows["op"] == "tombstone").sum() > 0, "no early version was ever replaced"
+    done = {k for k in latest if k[1] + WINDOW_SLOTS <= final}
+    assert done and all(latest[k][1] for k in done), "a complete window without its final"
+    exact = finals(rows)
+    horizon = max(final, int(start_slots(exact).max()) + WINDOW_SLOTS)
+    size = WINDOW_SLOTS  # tumbling
+    check(exact, batch_windows(all_input(spec, t0, horizon), size, size), horizon, size,
+          AGG_COLS)
+    assert len(exact) == sum(f for _, f in latest.values())
+    return latest

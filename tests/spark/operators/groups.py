@@ -158,3 +158,10 @@ def inputs(draw: Any) -> tuple[list[tuple[int, int, int | None]], int, int, list
     items = list(zip(slots, ids, values, strict=True))
     steps = draw(st.lists(st.integers(0, 12), min_size=1, max_size=30))
     return items, size, slide, steps
+
+
+def folding(window: pd.DataFrame) -> dict[str, Any]:
+    """``apply``'s fn computing what AGGS do, from the rows in the order it gets them."""
+    vals = [v for v in window["v"] if v is not None]
+    return {"n": len(window), "s": sum(vals) if vals else None, "lo": min(vals, default=None),
+            "f": vals[0] if vals else None, "l": vals[-1] if vals else None}

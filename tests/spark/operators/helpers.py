@@ -137,3 +137,17 @@ def start_fails(spark: Any, tmp_path: Path, describe: Any) -> str:
     message = str(err.value)
     assert "\n" not in message
     return message
+
+
+EVERY = 10  # slots
+
+
+def batch_running(rows: pd.DataFrame) -> pd.DataFrame:
+    """(user, as_of slot) -> n, total: per range with rows of the user, its rows below
+    the range's end."""
+    per = rows.assign(end=rows["slot"] - rows["slot"] % EVERY + EVERY).groupby(
+        ["user", "end"]).agg(rows=("amount", "size"), amount=("amount", "sum")).reset_index()
+    per = per.sort_values(["user", "end"])
+    per["n"] = per.groupby("user")["rows"].cumsum()
+    per["total"] = per.groupby("user")["amount"].cumsum()
+    return per.set_index(["user", "end"])

@@ -7,31 +7,15 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lowtide.spark.operators.running import AS_OF, RunningLogic, make_grouped
-from lowtide.spark.operators.slot_logic import AT_COL, ID_COL, SLOT_COL
-from lowtide.spark.operators.window_aggs import bind_aggs
-from lowtide.spark.operators.windows import parse_aggs
+from lowtide.spark.operators.slot_logic import AT_COL
 from tests.spark.operators.groups import Described, Group, batches
-
-DELTA_MS = 10
-AGGS, _ = bind_aggs("g", parse_aggs({"n": "count", "s": ("v", "sum"), "l": ("v", "last"),
-                                     "d": ("v", "count_distinct")}), {"v": "bigint"},
-                    "groupBy")
-
-
-def rows(slots: list[int], ids: list[int] | None = None,
-         values: list[int] | None = None) -> pd.DataFrame:
-    ids = ids if ids is not None else list(range(1, len(slots) + 1))
-    values = values if values is not None else slots
-    return pd.DataFrame({"lt_agg0": np.array(values, np.int64),
-                         "lt_valid0": np.ones(len(slots), bool),
-                         SLOT_COL: np.array(slots, np.int64), ID_COL: np.array(ids, np.int64)})
+from tests.spark.operators.running_rows import AGGS, DELTA_MS, rows
 
 
 def outputs(out: pd.DataFrame) -> list[list[int]]:

@@ -15,23 +15,18 @@ import pytest
 import lowtide
 from lowtide.spark.sources.generator import GeneratorSpec
 from tests.spark.helpers import fail_once
-from tests.spark.operators.helpers import GRID, SCHEMA, STUCK_MS, all_input, parse, run_timed
+from tests.spark.operators.helpers import (
+    EVERY,
+    GRID,
+    SCHEMA,
+    STUCK_MS,
+    all_input,
+    batch_running,
+    parse,
+    run_timed,
+)
 
 pytestmark = pytest.mark.spark
-
-EVERY = 10  # slots
-
-
-def batch_running(rows: pd.DataFrame) -> pd.DataFrame:
-    """(user, as_of slot) -> n, total: per range with rows of the user, its rows below
-    the range's end."""
-    per = rows.assign(end=rows["slot"] - rows["slot"] % EVERY + EVERY).groupby(
-        ["user", "end"]).agg(rows=("amount", "size"), amount=("amount", "sum")).reset_index()
-    per = per.sort_values(["user", "end"])
-    per["n"] = per.groupby("user")["rows"].cumsum()
-    per["total"] = per.groupby("user")["amount"].cumsum()
-    return per.set_index(["user", "end"])
-
 
 def test_running_aggregates_equal_the_batch_below_each_as_of(spark, tmp_path: Path) -> None:
     spec = GeneratorSpec(fronts=3, rate=150.0, payload_bytes=4, lag_ms={2: 1200})

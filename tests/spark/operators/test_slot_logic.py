@@ -32,16 +32,10 @@ from tests.spark.operators.groups import (
     batch_windows,
     batches,
     counting,
+    folding,
     inputs,
     rows,
 )
-
-
-def folding(window: pd.DataFrame) -> dict[str, Any]:
-    """``apply``'s fn computing what AGGS do, from the rows in the order it gets them."""
-    vals = [v for v in window["v"] if v is not None]
-    return {"n": len(window), "s": sum(vals) if vals else None, "lo": min(vals, default=None),
-            "f": vals[0] if vals else None, "l": vals[-1] if vals else None}
 
 
 def applying(size: int, slide: int | None = None) -> WindowLogic:

@@ -82,7 +82,6 @@ def test_a_window_complete_at_its_first_call_is_one_final_row() -> None:
 
 @pytest.mark.parametrize("fix", [
     (lambda w: w, None),
-    (lambda w: WindowSpec("w", ("k",), 100, 100, fn=len, fn_schema="n long"), "needs agg"),
     (lambda w: WindowSpec("w", ("op",), 100, 100, parse_aggs({"n": "count"})), "'op'"),
 ])
 def test_speculative_is_checked_where_it_is_described(fix: Any) -> None:

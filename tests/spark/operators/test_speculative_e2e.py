@@ -16,10 +16,15 @@ import pytest
 import lowtide
 from lowtide.spark.operators import on_keyed_runtime
 from lowtide.spark.operators.speculative_plan import bucket_labels
-from lowtide.spark.sinks.changelog import apply_changelog, finals
+from lowtide.spark.sinks.changelog import apply_changelog
 from lowtide.spark.sources.generator import GeneratorSpec
 from tests.spark.helpers import fail_once
-from tests.spark.operators.changelogs import ByBatch, fold_batches, run_changelog
+from tests.spark.operators.changelogs import (
+    ByBatch,
+    check_changelog,
+    fold_batches,
+    run_changelog,
+)
 from tests.spark.operators.helpers import (
     AGG_COLS,
     GRID,
@@ -62,24 +67,6 @@ def failing_window(pipe: Any, spec: GeneratorSpec) -> Any:
                  hi=("amount", "max"), avg=("amount", "mean"))
             .speculative()
             .transform(lambda df: df.mapInArrow(after, df.schema)))
-
-
-def check_changelog(frames: list[pd.DataFrame], spec: GeneratorSpec, t0: int, final: int
-                    ) -> dict[tuple[str, int], tuple[int, bool]]:
-    """The changelog's batches fold (:func:`fold_batches`) with a final for every
-    window complete at ``final``, some version replaced, and finals equal to a batch
-    recomputation; the fold."""
-    latest = fold_batches(frames, start_slots, SIZE - 1, AGG_COLS)
-    rows = pd.concat(frames, ignore_index=True)
-    assert (rows["op"] == "tombstone").sum() > 0, "no early version was ever replaced"
-    done = {k for k in latest if k[1] + SIZE <= final}
-    assert done and all(latest[k][1] for k in done), "a complete window without its final"
-    exact = finals(rows)
-    horizon = max(final, int(start_slots(exact).max()) + SIZE)
-    check(exact, batch_windows(all_input(spec, t0, horizon), SIZE, SIZE), horizon, SIZE,
-          AGG_COLS)
-    assert len(exact) == sum(f for _, f in latest.values())
-    return latest
 
 
 def test_early_rows_then_finals_under_a_lagging_front_and_task_failures(

@@ -174,7 +174,7 @@ def test_what_speculative_does_not_take_is_refused_where_it_is_described() -> No
              r"^stateful 'f': speculative\(\) is given once$"),
             (lambda: fold.speculative(every=-1), r"speculative\(every=-1\) must be >= 0$"),
             (lambda: src.speculative(),
-             r"a window's agg\(\), a stateful\(\) or an outer join, not step 'p'"),
+             r"a stateful\(\) or an outer join, not step 'p'"),
             (lambda: fold.speculative().writeStream.outputMode("append"),
              r"speculative\(\) writes a changelog: outputMode\('update'\)")]
     for call, pattern in bad:

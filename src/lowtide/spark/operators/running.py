@@ -71,15 +71,7 @@ class RunningLogic:
     def step(self, key: tuple[Any, ...], state: Running | None, new: Any, done: int,
              parts: RowParts, now_ms: int = 0) -> LogicStep:
         total, ranges = (None, {}) if state is None else (state.total, dict(state.ranges))
-        if new is not None and len(new):
-            times = new[SLOT_COL].to_numpy(np.int64)
-            ids = new[ID_COL].to_numpy(np.int64)
-            starts = times - times % self.every
-            for start in np.unique(starts).tolist():
-                mine = starts == start
-                part = partial(self.aggs, new[mine], times[mine], ids[mine])
-                ranges[start] = part if start not in ranges else merge(self.aggs,
-                                                                       ranges[start], part)
+        self.absorb(ranges, new)
         values, ends = [], []
         for start in sorted(s for s in ranges if s + self.every <= done):
             part = ranges.pop(start)
@@ -89,6 +81,19 @@ class RunningLogic:
         wakes = np.array(sorted(s + self.every - 1 for s in ranges), np.int64)
         return LogicStep(Running(total, ranges), self._rows(values, ends) if ends else None,
                          wakes)
+
+    def absorb(self, ranges: dict[int, list[Any]], new: Any) -> None:
+        """Fold the rows of ``new`` (or None) into their ranges' partial states."""
+        if new is None or not len(new):
+            return
+        times = new[SLOT_COL].to_numpy(np.int64)
+        ids = new[ID_COL].to_numpy(np.int64)
+        starts = times - times % self.every
+        for start in np.unique(starts).tolist():
+            mine = starts == start
+            part = partial(self.aggs, new[mine], times[mine], ids[mine])
+            ranges[start] = part if start not in ranges else merge(self.aggs,
+                                                                   ranges[start], part)
 
     def _rows(self, values: list[list[Any]], ends: list[int]) -> Any:
         import pandas as pd
@@ -113,8 +118,12 @@ class GroupedSpec(KeyedStep):
         prepared, typed = aggregated_input(df, "groupBy", self.name, self.keys, self.aggs)
         cols = [f"`{a.agg.out}` {a.out_type()}" for a in typed] + [f"{AS_OF} timestamp"]
         logic = RunningLogic(self.every_ms // delta_ms, delta_ms, typed)
-        return prepared, StatefulSpec(self.name, self.keys, logic, ", ".join(cols),
-                                      self.poll_ms, what="groupBy")
+        return prepared, self.keyed(logic, ", ".join(cols))
+
+    def keyed(self, logic: RunningLogic, schema: str) -> StatefulSpec:
+        """The keyed step of ``logic``, its output's columns after the keys ``schema``
+        (a speculative ``groupBy`` changes both: :mod:`.speculative_running`)."""
+        return StatefulSpec(self.name, self.keys, logic, schema, self.poll_ms, what="groupBy")
 
 
 def make_grouped(stream: Any, cols: tuple[Any, ...], every: str | int | None, name: str,

@@ -142,11 +142,14 @@ class SessionSpec(KeyedStep):
         keep = () if self.gap is None else (self._gap_slots(df, delta_ms).alias(GAP_COL),)
         prepared, typed = aggregated_input(df, "session_window", self.name, self.keys,
                                            self.aggs, keep)
-        cols = [f"{b} timestamp" for b in BOUNDS]
-        cols += [f"`{a.agg.out}` {a.out_type()}" for a in typed]
         logic = SessionLogic(self.gap_ms // delta_ms, delta_ms, typed)
-        return prepared, StatefulSpec(self.name, self.keys, logic, ", ".join(cols),
-                                      self.poll_ms, what="session_window")
+        return prepared, self.keyed(logic, session_schema(typed))
+
+    def keyed(self, logic: SessionLogic, schema: str) -> StatefulSpec:
+        """The keyed step of ``logic``, its output's columns after the keys ``schema``
+        (a speculative session window's changes both: :mod:`.speculative_sessions`)."""
+        return StatefulSpec(self.name, self.keys, logic, schema, self.poll_ms,
+                            what="session_window")
 
     def _gap_slots(self, df: Any, delta_ms: int) -> Any:
         """Each row's gap in whole slots (rounded up), 0 when null or not positive."""
@@ -169,6 +172,12 @@ class SessionSpec(KeyedStep):
                              "durations as strings ('5 seconds'), intervals or ms integers")
         slots = F.when(ms > 0, F.ceil(ms / F.lit(delta_ms)))
         return F.coalesce(slots, F.lit(0)).cast("long")
+
+
+def session_schema(aggs: tuple[TypedAgg, ...]) -> str:
+    """The DDL of a session window's output columns after its keys."""
+    cols = [f"{b} timestamp" for b in BOUNDS]
+    return ", ".join([*cols, *(f"`{a.agg.out}` {a.out_type()}" for a in aggs)])
 
 
 def make_sessions(stream: Any, gap: Any, key: Any, name: str, poll_ms: int,

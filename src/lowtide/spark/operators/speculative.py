@@ -155,10 +155,12 @@ def changelog_step(ends: dict[int, int], values: Callable[[int], list[Any]],
     return left, out, early
 
 
-def changelog_frame(aggs: tuple[TypedAgg, ...], delta_ms: int, rows: list[Change]) -> Any:
+def changelog_frame(aggs: tuple[TypedAgg, ...], delta_ms: int, rows: list[Change],
+                    as_of: str | None = None) -> Any:
     """The changelog rows of ``rows``, at their windows' last slots, each with its
     child index under that slot's hold (early rows: above the final rows' positions);
-    None for none. One DataFrame built at once: it is made per group and call."""
+    None for none. One DataFrame built at once: it is made per group and call. With
+    ``as_of`` (a ``groupBy``'s): the aggregates, then the window's end as ``as_of``."""
     import pandas as pd
 
     if not rows:
@@ -167,9 +169,10 @@ def changelog_frame(aggs: tuple[TypedAgg, ...], delta_ms: int, rows: list[Change
     ends = np.array([r.end for r in rows], np.int64)
     versions = np.array([r.version for r in rows], np.int64)
     gone = np.array([r.tombstone for r in rows], bool)
-    cols = {"window_start": time_column(starts, delta_ms),
-            "window_end": time_column(ends, delta_ms),
-            **result_columns(aggs, [r.values for r in rows])}
+    values = result_columns(aggs, [r.values for r in rows])
+    cols = {**values, as_of: time_column(ends, delta_ms)} if as_of else {
+        "window_start": time_column(starts, delta_ms),
+        "window_end": time_column(ends, delta_ms), **values}
     return pd.DataFrame({  # plain arrays: no index to align, a third of the cost
         **{k: v.array if isinstance(v, pd.Series) else v for k, v in cols.items()},
         OP_COL: np.where(gone, TOMBSTONE, INSERT).astype(object),
@@ -241,16 +244,23 @@ def make_speculative(step: Any, every: str | int | None) -> SpeculativeSpec:
     duration."""
     if not isinstance(step, WindowSpec):
         what = f"step {step.name!r}" if step is not None else "the source"
-        raise ValueError(f"speculative() follows a window's agg(), a stateful() or an "
-                         f"outer join, not {what}: stream.window(...).agg(...).speculative()")
-    if step.fn is not None:
-        raise ValueError(f"window {step.name!r}: speculative() needs agg(); apply() runs "
-                         "once per complete window")
+        raise ValueError(f"speculative() follows a window's, session window's or groupBy's "
+                         f"agg(), a window's apply(), a stateful() or an outer join, not {what}: "
+                         "stream.window(...).agg(...).speculative()")
+    return SpeculativeSpec(step.name, step, checked_every(
+        f"window {step.name!r}", every, {*step.keys, *(a.out for a in step.aggs)}))
+
+
+def checked_every(what: str, every: str | int | None, columns: set[str],
+                  added: tuple[str, ...] = CHANGELOG_COLS) -> int:
+    """``speculative(every=...)`` of the step ``what`` (e.g. "window 'w'") in ms (0:
+    each batch), whose output ``columns`` must not take a name of the ``added``
+    changelog columns; one-line errors."""
     every_ms = 0 if every is None else duration_ms(every)
     if every_ms < 0:
-        raise ValueError(f"window {step.name!r}: speculative(every={every!r}) must be >= 0")
-    taken = set(CHANGELOG_COLS) & {*step.keys, *(a.out for a in step.aggs)}
+        raise ValueError(f"{what}: speculative(every={every!r}) must be >= 0")
+    taken = sorted(set(added) & columns)
     if taken:
-        raise ValueError(f"window {step.name!r}: column {sorted(taken)[0]!r} is a changelog "
-                         "column (op, version, is_final): rename it")
-    return SpeculativeSpec(step.name, step, every_ms)
+        raise ValueError(f"{what}: column {taken[0]!r} is a changelog column "
+                         f"({', '.join(added)}): rename it")
+    return every_ms

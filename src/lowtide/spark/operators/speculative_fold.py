@@ -71,9 +71,14 @@ import numpy as np
 from lowtide.spark.operators.fold import FoldLogic
 from lowtide.spark.operators.keyed_state import StatefulSpec
 from lowtide.spark.operators.slot_logic import AT_COL, CHILD_COL, Kept, KeptRows, LogicStep
-from lowtide.spark.operators.speculative import EARLY_BASE, Change, Shown, changelog_step
+from lowtide.spark.operators.speculative import (
+    EARLY_BASE,
+    Change,
+    Shown,
+    changelog_step,
+    checked_every,
+)
 from lowtide.spark.operators.window_aggs import time_column
-from lowtide.spark.operators.windows import duration_ms
 from lowtide.spark.sinks.changelog import (
     CHANGELOG_COLS,
     FINAL_COL,
@@ -149,14 +154,7 @@ class SpeculativeFold:
         return {s: self._rows(out) for s, out in got.items()}
 
     def _rows(self, out: Any) -> list[tuple[Any, ...]]:
-        """``fn``'s rows as tuples in ``columns`` order (what a version compares)."""
-        if out is None or not len(out):
-            return []
-        missing = [c for c in self.columns if c not in out.columns]
-        if missing:
-            raise ValueError(f"stateful {self.fold.name!r}: fn returned rows without "
-                             f"column {missing[0]!r} of its schema")
-        return list(zip(*(out[c].tolist() for c in self.columns), strict=True))
+        return row_tuples(out, self.columns, f"stateful {self.fold.name!r}")
 
     def _by_slot(self, out: Any) -> dict[int, list[tuple[Any, ...]]]:
         """The fold's final rows (fn's and timers') by slot."""
@@ -166,9 +164,35 @@ class SpeculativeFold:
         return {int(s): self._rows(out[at == s]) for s in np.unique(at)}
 
 
+def row_tuples(out: Any, columns: tuple[str, ...], what: str) -> list[tuple[Any, ...]]:
+    """``fn``'s rows (``out``, pandas or None) as tuples in ``columns`` order (what a
+    version compares); ``what`` names the step in the error for a missing column."""
+    if out is None or not len(out):
+        return []
+    missing = [c for c in columns if c not in out.columns]
+    if missing:
+        raise ValueError(f"{what}: fn returned rows without column {missing[0]!r} of its "
+                         "schema")
+    return list(zip(*(out[c].tolist() for c in columns), strict=True))
+
+
 def changelog_rows(columns: tuple[str, ...], delta_ms: int, changes: list[Change]) -> Any:
     """The changelog rows of ``changes`` (each a version's or a tombstone's rows) at
     their slots, with their child indices under the slot's hold; None for none."""
+    got = version_rows(columns, changes)
+    if got is None:
+        return None
+    frame, starts, _ = got
+    frame.insert(len(columns), SLOT_START_COL, time_column(starts, delta_ms).array)
+    frame[AT_COL] = starts
+    return frame
+
+
+def version_rows(columns: tuple[str, ...], changes: list[Change]) -> Any:
+    """The rows of ``changes`` (each a version's or a tombstone's rows: tuples in
+    ``columns`` order) with ``op``, ``version``, ``is_final`` and each row's child
+    index under its hold (version, tombstone, position in the version), and each
+    row's change's ``start`` and ``end``; None for none."""
     import pandas as pd
 
     rows = [(row, c, i) for c in changes for i, row in enumerate(c.values)]
@@ -177,17 +201,19 @@ def changelog_rows(columns: tuple[str, ...], delta_ms: int, changes: list[Change
     if max(i for _, _, i in rows) >> ROW_BITS:
         raise RuntimeError(f"a version of over {1 << ROW_BITS} rows of one key and slot")
     frame = pd.DataFrame.from_records([r for r, _, _ in rows], columns=list(columns))
-    slots = np.array([c.start for _, c, _ in rows], np.int64)
+    for j, c in enumerate(columns):  # pandas makes longs with a null floats (rounded)
+        if frame[c].dtype.kind == "f" and any(isinstance(r[j], int) for r, _, _ in rows):
+            frame[c] = pd.Series([r[j] for r, _, _ in rows], dtype=object)
     versions = np.array([c.version for _, c, _ in rows], np.int64)
     gone = np.array([c.tombstone for _, c, _ in rows], bool)
     position = np.array([i for _, _, i in rows], np.int64)
     child = (versions << (ROW_BITS + 1)) + (gone.astype(np.int64) << ROW_BITS) + position
-    return frame.assign(**{
-        SLOT_START_COL: time_column(slots, delta_ms).array,
+    frame = frame.assign(**{
         OP_COL: np.where(gone, TOMBSTONE, INSERT).astype(object),
         VERSION_COL: versions, FINAL_COL: np.array([c.final for _, c, _ in rows], bool),
-        AT_COL: slots,
         CHILD_COL: EARLY_BASE + child})
+    return (frame, np.array([c.start for _, c, _ in rows], np.int64),
+            np.array([c.end for _, c, _ in rows], np.int64))
 
 
 def is_fold(step: Any) -> bool:
@@ -228,13 +254,8 @@ def make_speculative_fold(step: StatefulSpec, every: str | int | None) -> Statef
         raise ValueError(f"stateful {step.name!r}: speculative() is given once")
     assert isinstance(step.logic, KeptRows) and isinstance(step.logic.logic, FoldLogic)
     columns = ddl_names(step.schema)
-    every_ms = 0 if every is None else duration_ms(every)
-    if every_ms < 0:
-        raise ValueError(f"stateful {step.name!r}: speculative(every={every!r}) must be >= 0")
-    taken = sorted({*CHANGELOG_COLS, SLOT_START_COL} & {*step.keys, *columns})
-    if taken:
-        raise ValueError(f"stateful {step.name!r}: column {taken[0]!r} is a changelog "
-                         f"column (slot_start, op, version, is_final): rename it")
+    every_ms = checked_every(f"stateful {step.name!r}", every, {*step.keys, *columns},
+                             (SLOT_START_COL, *CHANGELOG_COLS))
     logic = SpeculativeFold(step.logic.logic, columns, every_ms)
     schema = f"{step.schema}, {SLOT_START_COL} timestamp, {OP_COL} string, " \
              f"{VERSION_COL} bigint, {FINAL_COL} boolean"

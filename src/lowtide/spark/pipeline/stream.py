@@ -31,12 +31,15 @@ from lowtide.spark.operators.running import GroupedSpec, make_grouped
 from lowtide.spark.operators.sessions import SessionSpec, make_sessions
 from lowtide.spark.operators.slot_logic import KeptRows
 from lowtide.spark.operators.speculative import SpeculativeSpec, make_speculative
+from lowtide.spark.operators.speculative_apply import SpeculativeApplySpec, make_speculative_apply
 from lowtide.spark.operators.speculative_fold import (
     is_fold,
     make_speculative_fold,
     writes_changelog,
 )
 from lowtide.spark.operators.speculative_join import make_speculative_join
+from lowtide.spark.operators.speculative_running import make_speculative_grouped
+from lowtide.spark.operators.speculative_sessions import make_speculative_sessions
 from lowtide.spark.operators.tracked import OpSpec
 from lowtide.spark.operators.windows import WindowSpec, make_windowed
 from lowtide.spark.pipeline.dag import PipelineShapeError, SegmentPlan, derive
@@ -68,7 +71,7 @@ class TransformSpec:
 
 
 Step = (OpSpec | WindowSpec | StatefulSpec | JoinSpec | TransformSpec | FrameSpec | DedupSpec
-        | SessionSpec | GroupedSpec | SpeculativeSpec | RetrySpec)
+        | SessionSpec | GroupedSpec | SpeculativeSpec | SpeculativeApplySpec | RetrySpec)
 
 
 @dataclass(frozen=True)
@@ -195,14 +198,14 @@ class Stream(StreamSinks):
             front_ranges)))
 
     def speculative(self, every: str | int | None = None) -> Stream:
-        """Early results of the window before it (``window(...).agg(...)``) or of the
-        fold (``stateful(...)``): a changelog with ``op`` (insert / tombstone),
-        ``version`` and ``is_final``; a (key, window) or (key, slot) that changed
-        shows a new version at most every ``every`` (None: each batch), its final one
-        once it is complete. After an outer or anti ``join(...)``: its outer rows
-        early, cancelled if a match comes (no ``every``). See
-        :mod:`lowtide.spark.operators.speculative`, ``speculative_fold`` and
-        ``speculative_join``."""
+        """Early results of the window before it (``window(...).agg(...)``,
+        ``session_window(...).agg(...)``) or of the fold (``stateful(...)``): a
+        changelog with ``op`` (insert / tombstone), ``version`` and ``is_final``; a
+        (key, window), session or (key, slot) that changed shows a new version at most
+        every ``every`` (None: each batch), its final one once it is complete. After an
+        outer or anti ``join(...)``: its outer rows early, cancelled if a match comes
+        (no ``every``). See :mod:`lowtide.spark.operators.speculative`,
+        ``speculative_fold``, ``speculative_sessions`` and ``speculative_join``."""
         last = self.steps[-1] if self.steps else None
         spec = described(lambda: speculative_step(last, every))
         return replace(self, steps=(*self.steps[:-1], spec))
@@ -351,10 +354,17 @@ class Stream(StreamSinks):
 
 
 def speculative_step(last: Any, every: str | int | None) -> Any:
-    """The changelog form of ``last``: a join's, a fold's, or else a window's (which
-    refuses any other step in one line)."""
+    """The changelog form of ``last``: a join's, a fold's, a session window's, an
+    ``apply`` window's, a ``groupBy``'s, or else a window's (which refuses any other
+    step in one line)."""
     if isinstance(last, JoinSpec):
         return make_speculative_join(last, every)
     if is_fold(last) or writes_changelog(last):
         return make_speculative_fold(last, every)
+    if isinstance(last, SessionSpec):
+        return make_speculative_sessions(last, every)
+    if isinstance(last, WindowSpec) and last.fn is not None:
+        return make_speculative_apply(last, every)
+    if isinstance(last, GroupedSpec):
+        return make_speculative_grouped(last, every)
     return make_speculative(last, every)

@@ -26,7 +26,10 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from lowtide.spark.operators.speculative import SpeculativeSpec
+from lowtide.spark.operators.speculative_apply import SpeculativeApplySpec
 from lowtide.spark.operators.speculative_fold import writes_changelog
+from lowtide.spark.operators.speculative_running import writes_grouped_changelog
+from lowtide.spark.operators.speculative_sessions import writes_session_changelog
 from lowtide.spark.pipeline.dag import PipelineShapeError
 
 if TYPE_CHECKING:
@@ -86,7 +89,9 @@ class TrackedStreamWriter:
                          "each result once, when it is final (the table as of the min time "
                          "is its rows with lt_time below complete_below)")
         last = self.stream.steps[-1] if self.stream.steps else None
-        speculative = isinstance(last, SpeculativeSpec) or writes_changelog(last)
+        speculative = isinstance(last, SpeculativeSpec | SpeculativeApplySpec) \
+            or writes_changelog(last) or writes_session_changelog(last) \
+            or writes_grouped_changelog(last)
         if mode == "update" and not speculative:
             raise refuse("outputMode('update') writes early results: end the window with "
                          ".agg(...).speculative() (a changelog; or stateful(...)"
