@@ -18,7 +18,7 @@ from lowtide.spark.operators import on_keyed_runtime
 from lowtide.spark.operators.speculative_plan import bucket_labels
 from lowtide.spark.sinks.changelog import apply_changelog, finals
 from lowtide.spark.sources.generator import GeneratorSpec
-from tests.spark.helpers import fail_once, t0_of_checkpoint
+from tests.spark.helpers import fail_once
 from tests.spark.operators.changelogs import ByBatch, fold_batches, run_changelog
 from tests.spark.operators.helpers import (
     AGG_COLS,
@@ -176,36 +176,3 @@ def test_which_plan_a_speculative_window_gets(spark, tmp_path: Path) -> None:
             assert "TransformWithState" in keyed and "Aggregate" not in keyed
     finally:
         pipe.close()
-
-
-def test_ticks_bring_the_finals_of_a_changelog_step_without_timers(spark, tmp_path: Path
-                                                                    ) -> None:
-    """The JVM plan's changelog step registers no timer (Spark's time mode none): a tick
-    row per bucket calls each bucket every batch. One key (``front``, one front), so no
-    other key's rows call its bucket and every final comes from a batch that brought
-    its window no row: each complete window has its final all the same, equal to the
-    batch count."""
-    spec = GeneratorSpec(fronts=1, rate=100.0, payload_bytes=4)
-    pipe = lowtide.Pipeline(spark, "spec-tick", grid=GRID, stuck_after_ms=STUCK_MS)
-    stream = (pipe.generate(spec).map(parse, SCHEMA, name="parse")
-              .window("1 second", key="front", name="win").agg(n="count").speculative())
-    sink, ckpt = Batches(), tmp_path / "ckpt"
-    try:
-        query = stream.foreach_batch(sink, checkpoint=str(ckpt), trigger="200 milliseconds")
-        t0 = t0_of_checkpoint(ckpt, query)
-        query.wait_for_min_time(GRID.slot_of(t0) + 4 * SIZE, timeout_s=300)
-        assert not query.stuck()
-        operators = [op for p in query.query.recentProgress for op in p["stateOperators"]]
-        query.stop()
-        final = query.min_time()
-    finally:
-        pipe.close()
-    timers = [int(op["customMetrics"].get("numRegisteredTimers", 0)) for op in operators
-              if op["operatorName"].startswith("transformWithState")]
-    assert timers and not any(timers), f"timers registered: {timers}"
-    exact = finals(pd.concat(sink.frames, ignore_index=True))
-    got = dict(zip(start_slots(exact), exact["n"], strict=True))
-    rows = all_input(spec, t0, final)
-    counts = (rows["slot"] // SIZE * SIZE).value_counts()
-    done = [s for s in counts.index if s + SIZE <= final]
-    assert len(done) >= 2 and {s: got.get(s) for s in done} == {s: counts[s] for s in done}

@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,11 +20,7 @@ from lowtide.spark.operators.joins import KEY_COL
 from lowtide.spark.operators.keyed_state import shuffle_buckets
 from lowtide.spark.operators.slot_logic import AT_COL, CHILD_COL, SLOT_COL
 from lowtide.spark.operators.speculative import Shown, SpeculativeLogic, changelog_step
-from lowtide.spark.operators.speculative_plan import (
-    ChangelogLogic,
-    check_ticked,
-    window_values,
-)
+from lowtide.spark.operators.speculative_plan import ChangelogLogic, window_values
 from lowtide.spark.operators.state_clock import key_hash
 from lowtide.spark.operators.window_aggs import bind_aggs
 from lowtide.spark.operators.windows import parse_aggs
@@ -147,21 +142,6 @@ def test_the_buckets_are_the_checkpoints_shuffle_partitions(tmp_path: Any) -> No
             + '"}}\n{"t0": 1}\n')
     (tmp_path / "offsets" / ".11.crc").write_text("x")
     assert shuffle_buckets(Session(), str(tmp_path)) == 3
-
-
-def test_a_checkpoint_of_the_plan_with_timers_is_refused(tmp_path: Any) -> None:
-    """The changelog step has ticks, not timers: a checkpoint whose last batch logged no
-    tick offset (the plan before, with other sources and time mode) is refused in one
-    line saying what to do; a new checkpoint and one with ticks start."""
-    check_ticked("w", str(tmp_path))
-    (tmp_path / "offsets").mkdir()
-    meta = 'v1\n{"batchWatermarkMs":0,"conf":{}}\n{"t0": 1}\n{"ms":1700000000000}\n'
-    (tmp_path / "offsets" / "4").write_text(meta)
-    with pytest.raises(ValueError, match="new checkpoint") as err:
-        check_ticked("w", str(tmp_path))
-    assert "\n" not in str(err.value) and "'w'" in str(err.value)
-    (tmp_path / "offsets" / "5").write_text(meta + '{"tick_ms":1700000000100}\n')
-    check_ticked("w", str(tmp_path))
 
 
 def test_values_cross_from_the_jvm_without_loss() -> None:

@@ -38,9 +38,7 @@ round trip), runs the logic (:func:`.slot_logic.step_ranges`: a group without ke
 ranges is one range), opens the holds of new wakes, sends the outputs as
 children of their slot's hold and releases the holds whose wakes are gone, all in the
 task's one batch (children first). A group with open holds looks again every
-``poll_ms`` (a processing-time timer; a step built with ticks, a speculative window's
-changelog, is called by a tick row every batch instead and has no timers); a timer
-call that finds no wake below ``done``
+``poll_ms`` (a processing-time timer); a timer call that finds no wake below ``done``
 reads the record only, and a timer call of a group that its rows' call stepped in the
 same batch (same timestamp, same ``done``: every wake is at or above it) reads
 nothing (an ``eager`` step's still steps).

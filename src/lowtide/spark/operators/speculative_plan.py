@@ -20,19 +20,12 @@ the version last shown (:class:`.speculative.Shown`), and emits the changelog
 task or a batch re-run after a restart emits the same versions (rules 5 and 6).
 
 Buckets: the keyed step's cost is per group and batch (the processor's state reads
-and writes, each a round trip to the JVM), not per row, so it groups the
+and writes, its timer, each a round trip to the JVM), not per row, so it groups the
 keys into one bucket per shuffle partition (:func:`.keyed_state.shuffle_buckets`: the
 checkpoint's number, fixed for the query's life as Spark's is), each bucket named so
 that Spark's hash partitioning gives it a partition of its own
 (:func:`bucket_labels`): one call per task and batch, whatever the number of keys.
 A key's identity in its bucket is its JSON (``lt_key``), as Spark compares keys.
-
-Ticks, not timers: a window's final comes in a batch that brings it no row, so each
-bucket is called in every batch by a tick row (:func:`.state_processor.with_ticks`,
-from the window's tick source, :class:`lowtide.spark.sources.clock.TickReader`, every
-``poll_ms``); the step has no timers (Spark's time mode none), which takes the timer
-work out of Spark's planning and of each call. A checkpoint of the plan with timers is
-refused (:func:`check_ticked`).
 
 Tracking: the senders receive the rows out of the window's inbound segment ``S_in``
 (and stamp them: Spark's watermark, under the ``max`` policy, evicts a window's
@@ -229,7 +222,7 @@ def check_ticked(name: str, checkpoint: str) -> None:
     """A checkpoint of a query whose changelog step had timers (before ticks) is
     refused: its sources and its step's time mode differ from this plan's."""
     logged = last_offsets(checkpoint)
-    if logged and not any(f'"{TICK_OFFSET}"' in line for line in logged):
+    if logged and not any(f'"{TICK_OFFSET}"' in line for line in logged[1:]):
         raise ValueError(
             f"speculative window {name!r}: checkpoint {checkpoint} was written by an older "
             "plan (a changelog step with timers); start the query with a new checkpoint")

@@ -26,9 +26,6 @@ micro-batch at load 20, the watermark query's 3 ms). The client sends a
 subscription again on every new connection, and the tracker answers it with the
 current min time first, so the last update stays the latest the reader can know;
 until the first one arrived, it asks.
-
-With the option ``lowtide.tick_ms`` the same format reads ticks instead
-(:class:`TickReader`): the calls of a keyed step without timers.
 """
 
 from __future__ import annotations
