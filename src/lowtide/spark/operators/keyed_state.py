@@ -109,9 +109,6 @@ class KeyedRuntime:
     out_segment: str
     op_id: int
     key_types: tuple[str, ...]
-    #: called every batch by a tick row per group (:func:`.state_processor.build_keyed`):
-    #: no timers, the batch's timestamp from the rows
-    ticked: bool = False
 
     def output_schema(self) -> str:
         cols = [f"`{k}` {t}" for k, t in zip(self.spec.keys, self.key_types, strict=True)]
@@ -131,24 +128,19 @@ def key_values(rows: Any, keys: tuple[str, ...]) -> tuple[Any, ...]:
     return tuple(scalar(first[k]) for k in keys)
 
 
-def last_offsets(checkpoint: str | None) -> list[str]:
-    """The lines of the last entry of a query's offset log (its metadata, then each
-    source's offset); none for a new query."""
-    offsets = Path(checkpoint or "") / "offsets"
-    logged = [int(p.name) for p in offsets.iterdir() if p.name.isdigit()] \
-        if checkpoint and offsets.is_dir() else []
-    return (offsets / str(max(logged))).read_text().splitlines() if logged else []
-
-
 def shuffle_buckets(spark: Any, checkpoint: str | None) -> int:
     """How many buckets a step groups its keys into: the query's shuffle partitions, as
     its checkpoint's offset log keeps them (Spark restores them on a restart, whatever
     the session says; a key's state lives in its bucket); the session's without one."""
-    for line in last_offsets(checkpoint):
-        with contextlib.suppress(ValueError, AttributeError):
-            conf = json.loads(line).get("conf", {})
-            if "spark.sql.shuffle.partitions" in conf:
-                return int(conf["spark.sql.shuffle.partitions"])
+    offsets = Path(checkpoint or "") / "offsets"
+    logged = [int(p.name) for p in offsets.iterdir() if p.name.isdigit()] \
+        if checkpoint and offsets.is_dir() else []
+    if logged:
+        for line in (offsets / str(max(logged))).read_text().splitlines():
+            with contextlib.suppress(ValueError, AttributeError):
+                conf = json.loads(line).get("conf", {})
+                if "spark.sql.shuffle.partitions" in conf:
+                    return int(conf["spark.sql.shuffle.partitions"])
     return int(spark.conf.get("spark.sql.shuffle.partitions"))
 
 

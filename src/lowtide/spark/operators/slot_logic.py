@@ -62,8 +62,6 @@ ID_COL = "lt_id"  # its ack id: a fixed order within a slot
 AT_COL = "lt_at"  # an output row's slot
 WAKE_COL = "lt_wake"  # KeptRows: the slot of the hold a kept row keeps open, -1 none
 CHILD_COL = "lt_child"  # an early row's child index under its slot's hold (rule 13)
-TICK_COL = "lt_tick"  # a ticked step's input: is the row a tick (no data)
-NOW_COL = "lt_now"  # a ticked step's input: the batch's timestamp, ms
 RUNTIME_COLS = (SLOT_COL, ID_COL, WAKE_COL)
 
 

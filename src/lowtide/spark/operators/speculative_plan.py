@@ -56,7 +56,6 @@ from lowtide.spark.operators.keyed_state import (
     bucket_labels,
     key_json,
     key_values,
-    last_offsets,
     shuffle_buckets,
 )
 from lowtide.spark.operators.slot_logic import CHILD_COL, SLOT_COL, LogicStep, RowParts
@@ -78,7 +77,6 @@ from lowtide.spark.operators.window_aggs import (
     input_columns,
 )
 from lowtide.spark.operators.window_plan import WATERMARK_CONFS, QueryWindows, build_window_plan
-from lowtide.spark.sources.clock import TICK_OFFSET, tick_frame
 from lowtide.spark.tracking.column import TRACK_COL, TRACKING_COLS
 from lowtide.spark.tracking.receive import WM_COL
 from lowtide.spark.tracking.transport import TrackerRef
@@ -205,27 +203,15 @@ def build_speculative_plan(df: Any, spec: SpeculativeSpec, windows: QueryWindows
     prepared = input_columns(values, outs, {a.agg.out: a.out_type() for a in aggs}).select(
         *[F.col(f"`{k}`") for k in w.keys], last.alias(SLOT_COL),
         key_json(w.keys, fields, null_if_null=False).alias(KEY_COL), *helper_columns(outs))
-    check_ticked(spec.name, windows.checkpoint)
     buckets = shuffle_buckets(df.sparkSession, windows.checkpoint)
     keyed = StatefulSpec(w.name, w.keys, ChangelogLogic(aggs, w.size_ms // delta, delta,
                                                         spec.every_ms, w.keys),
                          changelog_schema(w, aggs), w.poll_ms, buckets, what="window",
                          eager=spec.every_ms > 0, received=True)
     out = build_keyed(prepared, keyed, ref, out_segment, op_id,
-                      labels=bucket_labels(df.sparkSession, buckets),
-                      ticks=tick_frame(df.sparkSession, w.poll_ms))
+                      labels=bucket_labels(df.sparkSession, buckets))
     windows.holds.append(hold)
     return out
-
-
-def check_ticked(name: str, checkpoint: str) -> None:
-    """A checkpoint of a query whose changelog step had timers (before ticks) is
-    refused: its sources and its step's time mode differ from this plan's."""
-    logged = last_offsets(checkpoint)
-    if logged and not any(f'"{TICK_OFFSET}"' in line for line in logged[1:]):
-        raise ValueError(
-            f"speculative window {name!r}: checkpoint {checkpoint} was written by an older "
-            "plan (a changelog step with timers); start the query with a new checkpoint")
 
 
 def update_mode(windows: QueryWindows) -> bool:

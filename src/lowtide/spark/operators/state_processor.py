@@ -37,10 +37,8 @@ from lowtide.spark.operators.slot_logic import (
     AT_COL,
     CHILD_COL,
     ID_COL,
-    NOW_COL,
     RUNTIME_COLS,
     SLOT_COL,
-    TICK_COL,
     GroupStep,
     Ranges,
     key_in_two_ranges,
@@ -141,16 +139,10 @@ class SlotProcessor(StatefulProcessor):  # type: ignore[misc]
     def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
         import pandas as pd
 
+        now = int(timerValues.getCurrentProcessingTimeInMs())
         frames = [df for df in rows if len(df)]
         df = None if not frames else pd.concat(frames, ignore_index=True) \
             if len(frames) > 1 else frames[0]
-        if self.rt.ticked:  # no processing time without timers: the rows have it
-            assert df is not None
-            now = int(df[NOW_COL].iat[0])
-            df = df[~df[TICK_COL].to_numpy(bool)].drop(columns=[NOW_COL, TICK_COL])
-            df = df.reset_index(drop=True) if len(df) else None
-        else:
-            now = int(timerValues.getCurrentProcessingTimeInMs())
         if self._stepped[0] != now:  # a new batch: a new set, added to in place
             self._stepped = (now, set())
         self._stepped[1].add(spark_key(key))
@@ -279,8 +271,6 @@ class SlotProcessor(StatefulProcessor):  # type: ignore[misc]
     def _poll(self, registered_ms: int, now: int) -> int:
         """The timer of a group with open holds: the next poll, registered unless it is
         already (a call earlier in this poll period registered it)."""
-        if self.rt.ticked:
-            return -1  # the next tick calls it
         at = next_poll_ms(now, self.rt.spec.poll_ms)
         if at != registered_ms:
             self.handle.registerTimer(at)
@@ -292,25 +282,22 @@ class SlotProcessor(StatefulProcessor):  # type: ignore[misc]
 
 
 def build_keyed(df: Any, spec: StatefulSpec, ref: TrackerRef, out_segment: str,
-                op_id: int, labels: list[int] | None = None, ticks: Any = None) -> Any:
+                op_id: int, labels: list[int] | None = None) -> Any:
     """The DataFrame plan of a keyed stateful step: ``groupBy(keys)`` (or the keys'
     bucket, named ``labels[bucket]`` if given) ``.transformWithStateInPandas``. Unknown
-    key columns raise here, before the query starts. With ``ticks`` (a stream, with
-    ``labels``) the step has no timers: each tick row becomes a row per bucket
-    (:func:`with_ticks`), so that every bucket is called in every batch with a tick."""
+    key columns raise here, before the query starts."""
     from pyspark.sql import functions as F
 
     use_rocksdb(df.sparkSession)
     fields = {f.name: f.dataType.simpleString() for f in df.schema.fields
               if f.name not in TRACKING_COLS}
     check_keys(f"{spec.what} {spec.name!r}", spec.keys, fields)
-    taken = sorted(set(fields) & {*RUNTIME_COLS, AT_COL, GROUP_COL, TICK_COL, NOW_COL}
+    taken = sorted(set(fields) & {*RUNTIME_COLS, AT_COL, GROUP_COL}
                    - ({SLOT_COL} if spec.received else set()))
     if taken:
         raise ValueError(f"{spec.what} {spec.name!r}: column {taken[0]!r} is a name lowtide "
                          "uses: rename it (with_column / select)")
-    rt = KeyedRuntime(spec, ref, out_segment, op_id, tuple(fields[k] for k in spec.keys),
-                      ticked=ticks is not None)
+    rt = KeyedRuntime(spec, ref, out_segment, op_id, tuple(fields[k] for k in spec.keys))
     if spec.buckets:
         keys = [F.col(f"`{k}`") for k in spec.keys]
         bucket = F.pmod(F.xxhash64(*keys), F.lit(spec.buckets))
@@ -320,32 +307,7 @@ def build_keyed(df: Any, spec: StatefulSpec, ref: TrackerRef, out_segment: str,
         df = df.withColumn(GROUP_COL, bucket)
     else:
         df = df.withColumn(GROUP_COL, key_json(spec.keys, fields, null_if_null=False))
-    if ticks is not None:
-        assert labels is not None
-        df = with_ticks(df, ticks, labels)
     return df.groupBy(GROUP_COL).transformWithStateInPandas(
         statefulProcessor=SlotProcessor(rt), outputStructType=rt.output_schema(),
-        outputMode="Append", timeMode="None" if rt.ticked else "ProcessingTime",
+        outputMode="Append", timeMode="ProcessingTime",
     )
-
-
-def with_ticks(df: Any, ticks: Any, labels: list[int]) -> Any:
-    """``df``'s rows and, per row of ``ticks``, a tick row per bucket label (marked by
-    :data:`TICK_COL`), all with the batch's timestamp (:data:`NOW_COL`: Spark's
-    ``current_timestamp()`` in a micro-batch, logged with its offsets, so the same in
-    every attempt). A tick's columns are zeros where a null would change the pandas
-    type of the batch's column (ints to floats), else nulls."""
-    from pyspark.sql import functions as F
-
-    def blank(field: Any) -> Any:
-        kind = field.dataType.simpleString()
-        if kind in ("tinyint", "smallint", "int", "bigint", "float", "double", "boolean"):
-            return F.lit(0).cast(kind).alias(field.name)
-        return F.lit(None).cast(field.dataType).alias(field.name)
-
-    per_bucket = ticks.select(F.explode(F.array(*[F.lit(b).cast("long") for b in labels]))
-                              .alias(GROUP_COL))
-    blanks = per_bucket.select(*[F.col(GROUP_COL) if f.name == GROUP_COL else blank(f)
-                                 for f in df.schema.fields], F.lit(True).alias(TICK_COL))
-    return df.withColumn(TICK_COL, F.lit(False)).unionByName(blanks).withColumn(
-        NOW_COL, F.unix_millis(F.current_timestamp()))

@@ -30,7 +30,6 @@ until the first one arrived, it asks.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol, cast
 
@@ -102,54 +101,14 @@ class ClockReader(SimpleDataSourceStreamReader):  # type: ignore[misc]
         # offsets in plan order, the window's input before this clock
         if not self._open_hold():
             return iter(()), start
-        return moved(start, "ms", clock_offset(self.stamp(), self.step_ms))
+        now = clock_offset(self.stamp(), self.step_ms)
+        if now <= int(start["ms"]):
+            return iter(()), start
+        return iter([(now,)]), {"ms": now}
 
     def readBetweenOffsets(self, start: dict[str, Any], end: dict[str, Any]
                            ) -> Iterator[tuple[int]]:
-        return rows_between(start, end, "ms")
-
-    def commit(self, end: dict[str, Any]) -> None:
-        return None
-
-
-def moved(start: dict[str, Any], name: str, now: int
-          ) -> tuple[Iterator[tuple[int]], dict[str, Any]]:
-    """A one-row reader's rows and end offset: one row, ``now``, if it passed ``start``."""
-    if now <= int(start[name]):
-        return iter(()), start
-    return iter([(now,)]), {name: now}
-
-
-def rows_between(start: dict[str, Any], end: dict[str, Any], name: str
-                 ) -> Iterator[tuple[int]]:
-    """The row of a logged batch of a one-row reader (a batch run again)."""
-    return iter([(int(end[name]),)] if int(end[name]) > int(start[name]) else [])
-
-
-#: the tick reader's offset (its name tells a checkpoint whose plan has ticks)
-TICK_OFFSET = "tick_ms"
-
-
-class TickReader(SimpleDataSourceStreamReader):  # type: ignore[misc]
-    """Ticks, ``option("lowtide.tick_ms", ...)``: a row (the driver's clock, rounded
-    down to ``tick_ms``) whenever that time moved, so that a keyed step without timers
-    (:func:`lowtide.spark.operators.state_processor.build_keyed`) has each of its groups
-    called in every batch that reads one, and a batch runs every ``tick_ms`` while no
-    row arrives, as a processing-time timer's poll would. A tick carries no data and no
-    ack; a batch run again reads its logged tick."""
-
-    def __init__(self, options: dict[str, str]) -> None:
-        self.tick_ms = int(options["lowtide.tick_ms"])
-
-    def initialOffset(self) -> dict[str, Any]:
-        return {TICK_OFFSET: 0}
-
-    def read(self, start: dict[str, Any]) -> tuple[Iterator[tuple[int]], dict[str, Any]]:
-        return moved(start, TICK_OFFSET, int(time.time() * 1000) // self.tick_ms * self.tick_ms)
-
-    def readBetweenOffsets(self, start: dict[str, Any], end: dict[str, Any]
-                           ) -> Iterator[tuple[int]]:
-        return rows_between(start, end, TICK_OFFSET)
+        return iter([(int(end["ms"]),)] if int(end["ms"]) > int(start["ms"]) else [])
 
     def commit(self, end: dict[str, Any]) -> None:
         return None
@@ -163,9 +122,8 @@ class ClockSource(DataSource):  # type: ignore[misc]
     def schema(self) -> str:
         return CLOCK_SCHEMA
 
-    def simpleStreamReader(self, schema: Any) -> ClockReader | TickReader:
-        options = {k.lower(): v for k, v in self.options.items()}
-        return TickReader(options) if "lowtide.tick_ms" in options else ClockReader(options)
+    def simpleStreamReader(self, schema: Any) -> ClockReader:
+        return ClockReader({k.lower(): v for k, v in self.options.items()})
 
 
 def clock_frame(spark: Any, ref: TrackerRef, segment: str, step_ms: int,
@@ -176,10 +134,3 @@ def clock_frame(spark: Any, ref: TrackerRef, segment: str, step_ms: int,
             .option("lowtide.tracker", ref.to_option()).option("lowtide.segment", segment)
             .option("step_ms", str(step_ms)).option("op_id", str(hold[0]))
             .option("checkpoint", hold[1]).load())
-
-
-def tick_frame(spark: Any, tick_ms: int) -> Any:
-    """Ticks (:class:`TickReader`) as a streaming DataFrame (column ``lt_wm``: the
-    tick's time, ms)."""
-    return (spark.readStream.format("lowtide_clock").schema(CLOCK_SCHEMA)
-            .option("lowtide.tick_ms", str(tick_ms)).load())
