@@ -69,6 +69,19 @@ class Group:
         return step_group(self.logic, ("k",), pickle.loads(self.data), self.wakes, new, done,
                           self.parts, now_ms)
 
+    def retried_call(self, new: pd.DataFrame | None, done: int, now_ms: int = 0
+                     ) -> GroupStep:
+        """An attempt that failed, then the call: both must give the same state and rows
+        (rules 5 and 6)."""
+        again = self.retry(new, done, now_ms)
+        step = self.call(new, done, now_ms)
+        assert pickle.dumps(again.state) == self.data, "a retried call kept another state"
+        for a, b in ((again.early, step.early), (again.out, step.out)):
+            assert (a is None) == (b is None)
+            if b is not None:
+                pd.testing.assert_frame_equal(a, b)
+        return step
+
     def call(self, new: pd.DataFrame | None, done: int, now_ms: int = 0) -> GroupStep:
         step = self.retry(new, done, now_ms)
         self.parts.write(step)

@@ -62,7 +62,7 @@ from lowtide.spark.operators.slot_logic import (
     UserState,
 )
 from lowtide.spark.operators.speculative_join import (
-    CHANGELOG_DDL,
+    JOIN_CHANGELOG_DDL,
     SHOWN_COL,
     SpeculativeJoin,
     check_changelog_names,
@@ -385,7 +385,7 @@ def join_step(spec: JoinSpec, group: tuple[str, ...], lcols: tuple[str, ...],
                       spec.speculative)
     if spec.speculative:
         return StatefulSpec(spec.name, group, SpeculativeJoin(logic),
-                            f"{schema}, {CHANGELOG_DDL}", spec.poll_ms, BUCKETS, what="join")
+                            f"{schema}, {JOIN_CHANGELOG_DDL}", spec.poll_ms, BUCKETS, what="join")
     return StatefulSpec(spec.name, group, KeptRows(logic), schema, spec.poll_ms, BUCKETS,
                         what="join")
 

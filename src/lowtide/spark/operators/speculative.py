@@ -58,6 +58,7 @@ from lowtide.spark.operators.window_state import Pane, WindowLogic, output_schem
 from lowtide.spark.operators.windows import WindowSpec, duration_ms
 from lowtide.spark.sinks.changelog import (
     CHANGELOG_COLS,
+    CHANGELOG_DDL,
     FINAL_COL,
     INSERT,
     OP_COL,
@@ -234,8 +235,7 @@ class SpeculativeSpec(KeyedStep):
 
 def changelog_schema(window: WindowSpec, aggs: tuple[TypedAgg, ...]) -> str:
     """The DDL of a changelog's columns after its keys."""
-    return f"{output_schema(window, aggs)}, {OP_COL} string, {VERSION_COL} bigint, " \
-           f"{FINAL_COL} boolean"
+    return f"{output_schema(window, aggs)}, {CHANGELOG_DDL}"
 
 
 def make_speculative(step: Any, every: str | int | None) -> SpeculativeSpec:

@@ -53,7 +53,7 @@ from lowtide.spark.operators.speculative_fold import ddl_names, row_tuples, vers
 from lowtide.spark.operators.window_aggs import time_column
 from lowtide.spark.operators.window_state import Pane, WindowLogic, output_schema
 from lowtide.spark.operators.windows import WindowSpec
-from lowtide.spark.sinks.changelog import FINAL_COL, OP_COL, VERSION_COL
+from lowtide.spark.sinks.changelog import CHANGELOG_DDL
 
 
 @dataclass(frozen=True)
@@ -151,8 +151,7 @@ class SpeculativeApplySpec(KeyedStep):
         logic = WindowLogic(w.size_ms // delta_ms, w.slide_ms // delta_ms, delta_ms, (), w.fn,
                             tuple(fields))
         columns = ddl_names(w.fn_schema or "")
-        schema = f"{output_schema(w, ())}, {OP_COL} string, {VERSION_COL} bigint, " \
-                 f"{FINAL_COL} boolean"
+        schema = f"{output_schema(w, ())}, {CHANGELOG_DDL}"
         return df, StatefulSpec(w.name, w.keys,
                                 SpeculativeApply(w.name, logic, columns, self.every_ms),
                                 schema, w.poll_ms, what="window", eager=self.every_ms > 0)

@@ -81,6 +81,7 @@ from lowtide.spark.operators.speculative import (
 from lowtide.spark.operators.window_aggs import time_column
 from lowtide.spark.sinks.changelog import (
     CHANGELOG_COLS,
+    CHANGELOG_DDL,
     FINAL_COL,
     INSERT,
     OP_COL,
@@ -257,6 +258,5 @@ def make_speculative_fold(step: StatefulSpec, every: str | int | None) -> Statef
     every_ms = checked_every(f"stateful {step.name!r}", every, {*step.keys, *columns},
                              (SLOT_START_COL, *CHANGELOG_COLS))
     logic = SpeculativeFold(step.logic.logic, columns, every_ms)
-    schema = f"{step.schema}, {SLOT_START_COL} timestamp, {OP_COL} string, " \
-             f"{VERSION_COL} bigint, {FINAL_COL} boolean"
+    schema = f"{step.schema}, {SLOT_START_COL} timestamp, {CHANGELOG_DDL}"
     return replace(step, logic=logic, schema=schema, eager=every_ms > 0)

@@ -73,6 +73,7 @@ from lowtide.spark.operators.slot_logic import (
 from lowtide.spark.operators.speculative import EARLY_BASE
 from lowtide.spark.sinks.changelog import (
     CHANGELOG_COLS,
+    CHANGELOG_DDL,
     FINAL_COL,
     INSERT,
     OP_COL,
@@ -83,8 +84,7 @@ from lowtide.spark.sinks.changelog import (
 ROW_ID_COL = "row_id"  # a changelog row's identity across its versions
 SHOWN_COL = "lt_shown"  # 1: a kept outer row whose provisional v1 was shown, not cancelled
 #: the columns a speculative join adds after the join's, and their types
-CHANGELOG_DDL = f"{ROW_ID_COL} bigint, {OP_COL} string, {VERSION_COL} bigint, " \
-                f"{FINAL_COL} boolean"
+JOIN_CHANGELOG_DDL = f"{ROW_ID_COL} bigint, {CHANGELOG_DDL}"
 SPECULATING = ("left", "right", "full", "anti")
 
 

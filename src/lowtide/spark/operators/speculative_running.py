@@ -53,7 +53,7 @@ from lowtide.spark.operators.speculative import (
     checked_every,
 )
 from lowtide.spark.operators.window_aggs import merge, results
-from lowtide.spark.sinks.changelog import FINAL_COL, OP_COL, VERSION_COL
+from lowtide.spark.sinks.changelog import CHANGELOG_DDL
 
 
 @dataclass(frozen=True)
@@ -109,8 +109,7 @@ class SpeculativeGroupedSpec(GroupedSpec):
 
     def keyed(self, logic: RunningLogic, schema: str) -> StatefulSpec:
         return StatefulSpec(self.name, self.keys, SpeculativeRunning(logic, self.changes_ms),
-                            f"{schema}, {OP_COL} string, {VERSION_COL} bigint, "
-                            f"{FINAL_COL} boolean", self.poll_ms, what="groupBy",
+                            f"{schema}, {CHANGELOG_DDL}", self.poll_ms, what="groupBy",
                             eager=self.changes_ms > 0)
 
 

@@ -55,6 +55,7 @@ from lowtide.spark.operators.slot_logic import AT_COL, CHILD_COL, LogicStep, Row
 from lowtide.spark.operators.speculative import EARLY_BASE, Change, Shown, checked_every, show
 from lowtide.spark.operators.window_aggs import result_columns, results, time_column
 from lowtide.spark.sinks.changelog import (
+    CHANGELOG_DDL,
     FINAL_COL,
     INSERT,
     OP_COL,
@@ -177,8 +178,7 @@ class SpeculativeSessionSpec(SessionSpec):
 
     def keyed(self, logic: SessionLogic, schema: str) -> StatefulSpec:
         return StatefulSpec(self.name, self.keys, SpeculativeSessions(logic, self.every_ms),
-                            f"{schema}, {OP_COL} string, {VERSION_COL} bigint, "
-                            f"{FINAL_COL} boolean", self.poll_ms, what="session_window",
+                            f"{schema}, {CHANGELOG_DDL}", self.poll_ms, what="session_window",
                             eager=self.every_ms > 0)
 
 

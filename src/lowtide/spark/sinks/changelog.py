@@ -25,6 +25,8 @@ from lowtide.spark.tracking.column import ACK_COL, TIME_COL, TRACK_COL
 # a changelog's columns after the window's (the operators' side imports them from here)
 OP_COL, VERSION_COL, FINAL_COL = "op", "version", "is_final"
 CHANGELOG_COLS = (OP_COL, VERSION_COL, FINAL_COL)
+#: their DDL, after the step's own columns
+CHANGELOG_DDL = f"{OP_COL} string, {VERSION_COL} bigint, {FINAL_COL} boolean"
 SLOT_START_COL = "slot_start"  # a fold's changelog: the slot a version is of
 INSERT, TOMBSTONE = "insert", "tombstone"
 _LABELS = (TIME_COL, ACK_COL, TRACK_COL)
