@@ -45,14 +45,16 @@ async def server_handshake(
     deadline: float,
     idle_timeout_s: float,
     proven: Callable[[], None] = lambda: None,
+    greeted: Callable[[], None] = lambda: None,
 ) -> Hello | None:
-    """Hello, then (with a secret) the mutual HMAC challenge, ``proven()`` (which may
-    refuse with a ServiceError), then Welcome or Error, all before the loop time
-    ``deadline``. Returns the Hello of an admitted peer, whose channel then drops it
-    after ``idle_timeout_s`` of silence; None (after telling it why) otherwise."""
+    """Hello (then ``greeted()``), then (with a secret) the mutual HMAC challenge,
+    ``proven()`` (which may refuse with a ServiceError), then Welcome or Error, all
+    before the loop time ``deadline``. Returns the Hello of an admitted peer, whose
+    channel then drops it after ``idle_timeout_s`` of silence; None (after telling it
+    why) otherwise."""
     try:
         async with asyncio.timeout_at(deadline):
-            hello = await _server_handshake(channel, secret, admit, proven)
+            hello = await _server_handshake(channel, secret, admit, proven, greeted)
         channel.admitted(idle_timeout_s)
         return hello
     except TimeoutError:
@@ -67,11 +69,13 @@ async def server_handshake(
 
 
 async def _server_handshake(
-    channel: Channel, secret: bytes | None, admit: Admit, proven: Callable[[], None]
+    channel: Channel, secret: bytes | None, admit: Admit, proven: Callable[[], None],
+    greeted: Callable[[], None],
 ) -> Hello:
     hello = await channel.recv()
     if not isinstance(hello, Hello):
         raise ServiceError(ErrorCode.BAD_FRAME, f"expected Hello, got {type(hello).__name__}")
+    greeted()
     if secret is not None:
         if not auth.is_nonce(hello.nonce):
             raise ServiceError(ErrorCode.AUTH_FAILED, f"need a {auth.NONCE_BYTES}-byte nonce")

@@ -6,10 +6,15 @@ A peer that has not proven itself (no secret yet, or no Hello) holds one of
 and only for ``handshake_timeout_s`` from the moment it was accepted. When the slots
 are full, a new connection does not wait: the oldest unfinished handshake (of its own
 address first) is dropped to make room, since a real client finishes its handshake in
-milliseconds and the oldest is the likeliest to be stuck or hostile. So slow or
-silent connections can never lock a good client out, whatever their number, and an
-admitted client never competes with them: admitted peers have ``max_connections`` of
-their own.
+milliseconds and the oldest is the likeliest to be stuck or hostile. A handshake whose
+Hello arrived whole (it is answering the challenge) goes only after every one that
+has not: a real client sends its Hello with its first bytes, so peers that trickle
+bytes cannot push it out even from its own address, however fast they renew. So slow
+or silent connections from other addresses can never lock a good client out, whatever
+their number, and an admitted client never competes with them: admitted peers have
+``max_connections`` of their own. (From the client's own address, more than
+``max_handshakes_per_host`` new connections accepted before its Hello is read still
+push it out; it then dials again after its backoff.)
 
 The file limit: every connection is a file descriptor, and so are the write-ahead
 log, snapshots and HTTP requests. :func:`fit_file_limit` lowers ``max_connections``
@@ -30,6 +35,7 @@ import logging
 import os
 import resource
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -85,12 +91,13 @@ def fit_file_limit(limits: Limits, soft: int | None = None, fds_open: int | None
 class Ticket:
     """One accepted connection: its address, the task serving it, the loop time its
     handshake must end by, and whether it has proven itself (then it is no longer a
-    handshake, and may not be dropped)."""
+    handshake, and may not be dropped); ``greeted`` once its Hello arrived whole."""
 
     host: str
     task: asyncio.Task[None] | None
     deadline: float
     admitted: bool = False
+    greeted: bool = False
 
 
 @dataclass
@@ -109,11 +116,11 @@ class Gate:
         one of its address, else the oldest of all, when their slots are full)."""
         limits = self.limits
         if self.per_host[host] >= limits.max_handshakes_per_host:
-            self._drop(next(t for t in self.handshakes if t.host == host),
+            self._drop(self._oldest(lambda t: t.host == host),
                        f"{host} has {limits.max_handshakes_per_host} unfinished handshakes "
                        "(Limits.max_handshakes_per_host)")
         elif len(self.handshakes) >= limits.max_handshakes:
-            self._drop(next(iter(self.handshakes)),
+            self._drop(self._oldest(lambda t: True),
                        f"{limits.max_handshakes} handshakes are unfinished "
                        "(Limits.max_handshakes)")
         deadline = asyncio.get_running_loop().time() + limits.handshake_timeout_s
@@ -121,6 +128,15 @@ class Gate:
         self.handshakes[ticket] = None
         self.per_host[host] += 1
         return ticket
+
+    def _oldest(self, among: Callable[[Ticket], bool]) -> Ticket:
+        """The handshake to drop: the oldest of ``among`` without a Hello, else the oldest."""
+        candidates = [t for t in self.handshakes if among(t)]
+        return next((t for t in candidates if not t.greeted), candidates[0])
+
+    def greeted(self, ticket: Ticket) -> None:
+        """The peer's Hello arrived whole: it is dropped only after those without one."""
+        ticket.greeted = True
 
     def admit(self, ticket: Ticket) -> None:
         """The peer proved itself: it now holds one of ``max_connections``, or is

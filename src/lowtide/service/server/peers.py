@@ -81,7 +81,8 @@ class PeerConnections:
         else:
             hello = await server_handshake(channel, self.config.secret, self._admit,
                                            ticket.deadline, limits.idle_timeout_s,
-                                           lambda: gate.admit(ticket))
+                                           lambda: gate.admit(ticket),
+                                           lambda: gate.greeted(ticket))
         if hello is None:
             self.metrics.refused.inc()
             return
