@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lowtide.bench.chaos.task_failures import fail_once as fail_once  # the tests' task failures
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import AckBatch, Heartbeat, RegisterFront, UnregisterFront
 from lowtide.core.time import TimeGrid
@@ -187,23 +188,6 @@ def slowdown(ms: float) -> Callable[[pa.RecordBatch], pa.RecordBatch]:
         return b
 
     return fn
-
-
-def fail_once(where: Callable[[int, int], bool]) -> Callable[[Any], Any]:
-    """An untracked 1:1 mapInArrow function that passes all rows on and then fails
-    the task's first attempt when ``where(batch_id, partition)``: the tracked operator
-    before it in the same task has already sent its ack batch."""
-
-    def run(batches):  # type: ignore[no-untyped-def]
-        from pyspark import TaskContext
-
-        yield from batches
-        tc = TaskContext.get()
-        batch_id = int(tc.getLocalProperty("streaming.sql.batchId"))
-        if tc.attemptNumber() == 0 and where(batch_id, tc.partitionId()):
-            raise RuntimeError(f"injected failure: batch {batch_id} partition {tc.partitionId()}")
-
-    return run
 
 
 def keys_of(table: pa.Table, cols: list[str]) -> list[tuple[int, ...]]:

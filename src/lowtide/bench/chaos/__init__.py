@@ -19,7 +19,8 @@ Human table, then one JSON line; ``--quick`` runs in under five minutes. ``--spa
 adds the fault kinds that need real Spark queries and files (:mod:`.spark_faults`:
 reruns from a new checkpoint into every file sink, two writers of one Delta table, rows
 lost in a step and replayed by time, a retry loop under a task failure and a restart:
-:mod:`.retry_fault`), a few minutes more; ``--only`` picks among both groups.
+:mod:`.retry_fault`, a speculative window under task failures and a restart:
+:mod:`.speculative_fault`), a few minutes more; ``--only`` picks among both groups.
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ SCENARIOS = (
 #: with --spark (lowtide.bench.chaos.spark_faults: real Spark queries and files)
 SPARK_SCENARIOS = ("rerun from a new checkpoint", "two writers of one table",
                    "rows lost in a step, replayed",
-                   "retry loop under task failures and a restart")
+                   "retry loop under task failures and a restart",
+                   "speculative window under task failures and a restart")
 
 
 def run(work: Workload, names: list[str] | None = None,
@@ -193,8 +195,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spark", action="store_true",
                    help="also the Spark fault kinds: reruns from a new checkpoint, two "
                         "writers of one table, rows lost in a step and replayed, a retry "
-                        "loop under a task failure and a restart (needs `make setup`'s "
-                        "Delta jars)")
+                        "loop under a task failure and a restart, a speculative window "
+                        "under task failures and a restart (needs `make setup`'s Delta "
+                        "jars)")
     p.set_defaults(handler=main)
 
 

@@ -14,7 +14,6 @@ record the fronts logged, and which of them the step gives up.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from typing import Any
 import lowtide
 from lowtide.bench.chaos.replay_fault import TRIGGER, _logged, _rows, send_rounds
 from lowtide.bench.chaos.run import Result
+from lowtide.bench.chaos.task_failures import fail_first_task
 from lowtide.spark import Pipeline
 
 ATTEMPTS = 3
@@ -51,26 +51,6 @@ def flaky(batch: Any) -> Any:
     error = pa.array(np.where(failed, "unavailable", None).tolist(), pa.string())
     return pa.record_batch({"front": batch["front"], "offset": batch["offset"],
                             "error": error})
-
-
-def fail_first_task(marker: str) -> Any:
-    """An untracked 1:1 ``mapInArrow`` function after the step, in its task: the first
-    task with rows to claim ``marker`` fails once its rows went through (the step's
-    acks are out; Spark runs the task again)."""
-
-    def run(batches):  # type: ignore[no-untyped-def]
-        rows = 0
-        for b in batches:
-            rows += b.num_rows
-            yield b
-        if rows:
-            try:
-                os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
-            except FileExistsError:
-                return
-            raise RuntimeError("injected task failure after the retry step")
-
-    return run
 
 
 @dataclass

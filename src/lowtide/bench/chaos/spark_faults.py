@@ -7,7 +7,9 @@ files (rule 14), each against a known ground truth (every record a producer wrot
 * ``two writers of one table``: two tracked queries append to one Delta table, one
   writer's records 2 s behind the other's;
 * ``rows lost in a step, replayed``: a step drops rows once, the sink's windows are
-  repaired by a replay by time (:mod:`.replay_fault`).
+  repaired by a replay by time (:mod:`.replay_fault`);
+* a retry loop under task failures and a restart (:mod:`.retry_fault`), and a
+  speculative window under task failures and a restart (:mod:`.speculative_fault`).
 
 ``premature``: a time announced complete (the sink's min time, or a version's published
 ``complete_below``) while a record below it was not in the output; ``lost``: records
@@ -27,6 +29,8 @@ from lowtide.bench.chaos.replay_fault import lost_and_replayed, result_of
 from lowtide.bench.chaos.retry_fault import RETRY_LOOP, retry_loop_run
 from lowtide.bench.chaos.retry_fault import result_of as retry_result
 from lowtide.bench.chaos.run import Result
+from lowtide.bench.chaos.speculative_fault import SPECULATIVE, speculative_run
+from lowtide.bench.chaos.speculative_fault import result_of as speculative_result
 from lowtide.service import wall_ms
 from lowtide.spark import Front, Pipeline, SessionConfig, complete_below
 from lowtide.spark.sources import FilesProducerConfig
@@ -215,6 +219,9 @@ def run_spark(names: list[str] | None = None, spark: Any = None) -> list[Result]
             if not names or RETRY_LOOP in names:
                 results.append(timed(lambda t: retry_result(retry_loop_run(spark, t)),
                                      Path(tmp) / "loop"))
+            if not names or SPECULATIVE in names:
+                results.append(timed(lambda t: speculative_result(speculative_run(spark, t)),
+                                     Path(tmp) / "speculative"))
     finally:
         if own:
             spark.stop()

@@ -94,7 +94,7 @@ class Arrivals:
         return rows
 
 
-def _columns(df: Any, keys: int) -> Any:
+def user_columns(df: Any, keys: int) -> Any:
     from pyspark.sql import functions as F
 
     return (df.withColumn("user", ((F.col("seq") + F.col("front")) % keys).cast("string"))
@@ -114,7 +114,7 @@ def _t0(checkpoint: str) -> int:
     raise RuntimeError(f"no generator offsets in {checkpoint}/offsets/0")
 
 
-def _wait_for_t0(checkpoint: str, query: Any, timeout_s: float = 600) -> int:
+def wait_for_t0(checkpoint: str, query: Any, timeout_s: float = 600) -> int:
     """The generator's t0, from the first offset the query logged (the first batch can
     take minutes on a loaded machine: Python workers and state stores start)."""
     deadline = time.monotonic() + timeout_s
@@ -131,12 +131,12 @@ def run_lowtide(spark: Any, seconds: float, workdir: str, keys: int = KEYS) -> d
     the lag are final; its changelog with arrival times, t0 and the sink's min time."""
     pipe = Pipeline(spark, "bench-speculative", stuck_after_ms=STUCK_MS)
     sink, ckpt = Arrivals(), tempfile.mkdtemp(dir=workdir)
-    stream = (_columns(pipe.generate(latency_spec()), keys)
+    stream = (user_columns(pipe.generate(latency_spec()), keys)
               .window(f"{WINDOW_MS} milliseconds", key="user", name="window")
               .agg(n="count", total=("amount", "sum")).speculative())
     try:
         query = stream.foreach_batch(sink, checkpoint=ckpt, trigger="200 milliseconds")
-        t0 = _wait_for_t0(ckpt, query.query)
+        t0 = wait_for_t0(ckpt, query.query)
         first = sink.first_ms(query.query)
         target = GRID.slot_of(int(first) + WARMUP_MS + LAG_MS + int(seconds * 1000))
         query.wait_for_min_time(target, timeout_s=seconds + 600)
@@ -154,7 +154,7 @@ def run_spark(spark: Any, seconds: float, workdir: str, keys: int = KEYS) -> tup
     from pyspark.sql import functions as F
 
     sink = Arrivals()
-    df = _columns(spark.readStream.format("lowtide_gen").option("tracking", "false")
+    df = user_columns(spark.readStream.format("lowtide_gen").option("tracking", "false")
                   .option("spec", latency_spec().to_json()).load(), keys)
     result = (df.withColumn("ts", F.timestamp_millis(F.col("event_ms")))
               .withWatermark("ts", "1 second")
@@ -167,7 +167,7 @@ def run_spark(spark: Any, seconds: float, workdir: str, keys: int = KEYS) -> tup
              .option("checkpointLocation", ckpt)
              .trigger(processingTime="200 milliseconds").start())
     try:
-        t0 = _wait_for_t0(ckpt, query)
+        t0 = wait_for_t0(ckpt, query)
         first = sink.first_ms(query)
         time.sleep((WARMUP_MS + LAG_MS) / 1000 + seconds + 3)
     finally:
@@ -176,12 +176,13 @@ def run_spark(spark: Any, seconds: float, workdir: str, keys: int = KEYS) -> tup
     return rows[rows["end_ms"] >= first + WARMUP_MS], t0
 
 
-def batch_windows(t0: int, below_ms: int, keys: int = KEYS) -> Any:
+def batch_windows(t0: int, below_ms: int, keys: int = KEYS,
+                  spec: GeneratorSpec | None = None) -> Any:
     """The batch recomputation: (user, window end ms) -> (n, total) over every row the
-    generator labelled before ``below_ms``."""
+    generator (``spec``, else :func:`latency_spec`'s) labelled before ``below_ms``."""
     import pandas as pd
 
-    spec, parts = latency_spec(), []
+    spec, parts = spec or latency_spec(), []
     for f in spec.front_ids():
         seq = np.arange(rows_before(t0, spec.rate_of(f), below_ms - 1), dtype=np.int64)
         ms = label_ms(t0, spec.rate_of(f), seq)
@@ -255,7 +256,7 @@ def throughput(spark: Any, cfg: BenchConfig, workdir: str
     def window(variant: str) -> tuple[float, float]:
         pipe = Pipeline(spark, "bench-speculative-rate", freeze_gc=cfg.freeze_gc,
                         stuck_after_ms=STUCK_MS)
-        stream = _columns(pipe.generate(_spec(cfg)), cfg.keys).window(
+        stream = user_columns(pipe.generate(_spec(cfg)), cfg.keys).window(
             f"{WINDOW_MS} milliseconds", key="user", name="window").agg(
             n="count", total=("amount", "sum"))
         if variant != "exact":

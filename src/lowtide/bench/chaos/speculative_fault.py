@@ -1,0 +1,166 @@
+"""The fault kind "speculative window under task failures and a restart" (``lowtide
+bench chaos --spark``): a speculative window (rule 13, on Spark's aggregation: the plan
+a checkpointed query gets) over two generated fronts, one lagging; tasks fail once
+before the window (a sender's, after its acks went out) and after its changelog step
+(after the changelog's acks went out), and the query is stopped and restarted from its
+checkpoint once windows are final. Ground truth: the generator's rows, recomputed as a
+batch (:func:`lowtide.bench.spark.speculative.batch_windows`).
+
+* ``premature``: the sink's min time announced while a window below it had no final
+  row, or a final other than the batch's (sampled while it runs, and at the end); a
+  version written twice; a row for a window after its final (a final cancelled);
+* ``lost``: windows below the final min time whose final is missing or wrong at the
+  end; the changelog folded (``apply_changelog``) must equal the finals.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lowtide.bench.chaos.run import Result
+from lowtide.bench.chaos.task_failures import fail_once
+from lowtide.bench.spark.speculative import GRID, batch_windows, user_columns, wait_for_t0
+from lowtide.spark import Pipeline
+from lowtide.spark.sinks import apply_changelog, finals
+from lowtide.spark.sources import GeneratorSpec
+
+SPECULATIVE = "speculative window under task failures and a restart"
+SPEC = GeneratorSpec(fronts=2, rate=200.0, payload_bytes=4, lag_ms={1: 1000})
+KEYS = 4
+TRIGGER = "300 milliseconds"
+RESTART_AFTER_MS, RUN_MS = 3_000, 8_000  # of generated time, from t0
+#: (batch id, partition) -> fail that task's first attempt: before the window, after it
+FAIL_BEFORE, FAIL_AFTER = (lambda b, p: b % 5 == 3 and p == 0), (lambda b, p: b % 4 == 2)
+
+
+class ByBatch:
+    """A ``foreach_batch`` function keeping each batch id's rows (a batch run again
+    replaces them, as an idempotent sink would)."""
+
+    def __init__(self) -> None:
+        self.batches: dict[int, Any] = {}
+        self.calls = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        rows = df.toPandas()
+        with self._lock:
+            self.batches[batch_id] = rows
+            self.calls += 1
+
+    def rows(self) -> Any:
+        """Every row in batch order, with its window's end in ms (``end_ms``)."""
+        import pandas as pd
+
+        with self._lock:
+            frames = [self.batches[b].assign(batch=b) for b in sorted(self.batches)]
+        rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+        if len(rows):
+            end = pd.to_datetime(rows["window_end"], utc=True)
+            rows["end_ms"] = (end - pd.Timestamp(0, tz="UTC")) // pd.Timedelta(milliseconds=1)
+        return rows
+
+
+@dataclass
+class SpeculativeRun:
+    rows: Any = None
+    t0: int = 0
+    claimed_ms: int = 0  # the sink's min time at the end, in ms
+    early: list[str] = field(default_factory=list)  # premature announcements seen
+    reruns: int = 0  # batches whose function ran more than once
+
+
+def speculative_run(spark: Any, tmp: Path, timeout_s: float = 300.0) -> SpeculativeRun:
+    pipe, sink, run = Pipeline(spark, "chaos-speculative", stuck_after_ms=120_000), ByBatch(), \
+        SpeculativeRun()
+    stream = (user_columns(pipe.generate(SPEC), KEYS)
+              .transform(lambda d: d.mapInArrow(fail_once(FAIL_BEFORE), d.schema))
+              .window("1 second", key="user", name="win").agg(n="count", total=("amount", "sum"))
+              .speculative()
+              .transform(lambda d: d.mapInArrow(fail_once(FAIL_AFTER), d.schema)))
+    ckpt, current = str(tmp / "ckpt"), []
+
+    def start() -> Any:
+        current.append(stream.foreach_batch(sink, checkpoint=ckpt, trigger=TRIGGER))
+        return current[-1]
+
+    stop = threading.Event()
+    try:
+        query = start()
+        run.t0 = wait_for_t0(ckpt, query.query, timeout_s)
+        sampler = threading.Thread(target=_sample, args=(current, sink, run, stop),
+                                   daemon=True)
+        sampler.start()
+        query.wait_for_min_time(GRID.slot_of(run.t0 + RESTART_AFTER_MS), "sink", timeout_s)
+        query.stop()
+        query = start()
+        query.wait_for_min_time(GRID.slot_of(run.t0 + RUN_MS), "sink", timeout_s)
+        stop.set()
+        sampler.join()
+        query.stop()
+        run.claimed_ms = query.min_time("sink") * GRID.delta_ms
+    finally:
+        stop.set()
+        pipe.close()
+    run.rows, run.reruns = sink.rows(), sink.calls - len(sink.batches)
+    return run
+
+
+def wrong_finals(rows: Any, t0: int, below_ms: int) -> list[str]:
+    """Windows ending at or below ``below_ms`` whose final row is missing or is not the
+    batch recomputation's."""
+    expected = batch_windows(t0, below_ms, KEYS, SPEC)
+    expected = expected[expected.index.get_level_values("end_ms") <= below_ms]
+    got = (finals(rows.drop(columns=["batch"])).set_index(["user", "end_ms"])[["n", "total"]]
+           if len(rows) else expected.iloc[:0])
+    both = expected.join(got, rsuffix="_out", how="left")
+    bad = both[(both["n"] != both["n_out"]) | (both["total"] != both["total_out"])]
+    ends = got.index.get_level_values("end_ms")
+    extra = got[(ends <= below_ms) & ~got.index.isin(expected.index)]
+    return [f"{user} window ending {end}" for user, end in [*bad.index, *extra.index]]
+
+
+def _sample(current: list[Any], sink: ByBatch, run: SpeculativeRun,
+            stop: threading.Event) -> None:
+    """Every 0.3 s: the sink's min time, then the output then: a window below it
+    without its batch final is premature."""
+    while not stop.wait(0.3):
+        try:
+            claimed_ms = current[-1].min_time("sink") * GRID.delta_ms
+            rows = sink.rows()
+        except Exception:  # the query stopping under it
+            continue
+        wrong = wrong_finals(rows, run.t0, claimed_ms)
+        if wrong:
+            run.early.append(f"min time {claimed_ms} ms: {len(wrong)} windows below it "
+                             f"without their final ({wrong[0]})")
+
+
+def result_of(run: SpeculativeRun) -> Result:
+    result = Result(SPECULATIVE, faults=3)
+    result.premature += run.early[:3]
+    rows = run.rows
+    ident = rows[["user", "end_ms", "version", "op"]]
+    if ident.duplicated().any():
+        result.premature.append(f"{int(ident.duplicated().sum())} versions written twice")
+    final_at = rows[rows["is_final"].astype(bool)].groupby(["user", "end_ms"]).apply(
+        lambda w: w.index.max(), include_groups=False)
+    after = [k for k, at in final_at.items()
+             if rows.index[(rows["user"] == k[0]) & (rows["end_ms"] == k[1])].max() > at]
+    if after:
+        result.premature.append(f"{len(after)} windows changed after their final")
+    wrong = wrong_finals(rows, run.t0, run.claimed_ms)
+    result.lost = len(wrong)
+    folded = apply_changelog(rows.drop(columns=["batch"]))
+    folded = folded[folded["end_ms"] <= run.claimed_ms]
+    if not folded["is_final"].astype(bool).all():
+        result.premature.append("the changelog folds to a non-final row below the min time")
+    result.notes.append(f"{int(final_at.size)} finals, {int((rows['op'] == 'tombstone').sum())}"
+                        f" tombstones, {run.reruns} batches written again")
+    return result
+
+
+__all__ = ["SPECULATIVE", "result_of", "speculative_run"]
