@@ -21,10 +21,24 @@ pytestmark = [
 ]
 
 
+def _conf(spark: Any) -> Any:
+    """A copy of the session's Hadoop configuration, without lowtide's file system."""
+    conf = spark._jvm.org.apache.hadoop.conf.Configuration(spark._jsc.hadoopConfiguration())
+    conf.unset("fs.file.impl")
+    return conf
+
+
+def _spark_default(spark: Any) -> str:
+    """The class `file:` resolves to without lowtide's (pyspark: hive-exec's
+    ProxyLocalFileSystem, through Hadoop's service loader)."""
+    return spark._jvm.org.apache.hadoop.fs.FileSystem.getFileSystemClass(
+        "file", _conf(spark)).getName()
+
+
 def _local_fs(spark: Any, cls: str, umask: str) -> Any:
     """A fresh (uncached) instance of a local file system class, with Hadoop's umask."""
     jvm = spark._jvm
-    conf = jvm.org.apache.hadoop.conf.Configuration(spark._jsc.hadoopConfiguration())
+    conf = _conf(spark)
     conf.set("fs.permissions.umask-mode", umask)
     fs = functools.reduce(getattr, cls.split("."), jvm)()
     fs.initialize(jvm.java.net.URI("file:///"), conf)
@@ -45,13 +59,17 @@ def test_file_urls_resolve_to_lowtides_file_system(spark: Any) -> None:
 
 
 @pytest.mark.parametrize("umask", ["022", "027"])
-def test_permissions_are_hadoops(spark: Any, tmp_path: Path, umask: str) -> None:
-    """The same calls through Hadoop's LocalFileSystem (a chmod process each) and
-    lowtide's leave the same modes: new files and folders under Hadoop's umask, .crc
-    files, explicit permissions, a sticky bit, a folder's set-group-ID bit kept."""
+def test_permissions_and_renames_are_sparks_defaults(
+        spark: Any, tmp_path: Path, umask: str) -> None:
+    """The same calls through the file system `file:` is without lowtide's (a chmod
+    process each) and lowtide's leave the same modes: new files and folders under
+    Hadoop's umask, .crc files, explicit permissions, a sticky bit, a folder's
+    set-group-ID bit kept; and neither renames over an existing file."""
     jvm = spark._jvm
     perm = jvm.org.apache.hadoop.fs.permission.FsPermission
-    for cls in ("org.apache.hadoop.fs.LocalFileSystem", FS_NO_FORK):
+    default = _spark_default(spark)
+    renamed = []
+    for cls in (default, FS_NO_FORK):
         root = tmp_path / cls
         (root / "setgid").mkdir(parents=True)
         os.chmod(root / "setgid", 0o2770)
@@ -68,12 +86,14 @@ def test_permissions_are_hadoops(spark: Any, tmp_path: Path, umask: str) -> None
         fs.mkdirs(path("shared"))
         fs.setPermission(path("shared"), perm("1777"))
         fs.setPermission(path("setgid"), perm("750"))
+        renamed.append((fs.rename(path("a/b/c/data"), path("private/key")),
+                        fs.rename(path("a/b/c/data"), path("a/b/c/moved"))))
         fs.close()
-    plain, mine = (_modes(tmp_path / cls) for cls in
-                   ("org.apache.hadoop.fs.LocalFileSystem", FS_NO_FORK))
+    plain, mine = (_modes(tmp_path / cls) for cls in (default, FS_NO_FORK))
+    assert renamed == [(False, True)] * 2
     assert mine == plain
     assert stat.S_IMODE(mine["setgid"]) == 0o2750 and ".crc" in "".join(mine)
-    assert stat.S_IMODE(mine["a/b/c/data"]) == 0o666 & ~int(umask, 8)
+    assert stat.S_IMODE(mine["a/b/c/moved"]) == 0o666 & ~int(umask, 8)
 
 
 def test_a_checkpointed_query_leaves_hadoops_permissions(spark: Any, tmp_path: Path) -> None:

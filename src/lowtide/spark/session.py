@@ -141,12 +141,17 @@ def fs_jar(folder: Path | None = None) -> Path | None:
     return None
 
 
-def _add_fs_jar(out: dict[str, str], jar: Path) -> None:
+def _add_fs_jar(out: dict[str, str], jar: Path, master: str | None) -> None:
     """``file:`` to lowtide's file system: the driver's JVM resolves ``fs.file.impl``
-    from its class path (``spark.jars`` alone fails its start), the executors load the
-    jar from ``spark.jars`` (copied to each, also on a cluster); beside any user's."""
+    from its class path (``spark.jars`` alone fails its start); executors in other JVMs
+    (a cluster, ``local-cluster``) load the jar from ``spark.jars``, copied to each.
+    Local mode's executors run in the driver's JVM: no copy (that is a `chmod a+x`
+    process too). Beside any jars and class path a user's conf gives."""
     out[FS_IMPL] = FS_NO_FORK
-    for key, sep in (("spark.jars", ","), ("spark.driver.extraClassPath", os.pathsep)):
+    keys = [("spark.driver.extraClassPath", os.pathsep)]
+    if not (master == "local" or (master or "").startswith("local[")):
+        keys.append(("spark.jars", ","))
+    for key, sep in keys:
         out[key] = sep.join(filter(None, (out.get(key), str(jar))))
 
 
@@ -224,7 +229,7 @@ class SessionConfig:
         out.update(dict(self.conf))
         no_fork_jar = fs_jar() if fs and FS_IMPL not in out else None  # a user's wins
         if no_fork_jar:
-            _add_fs_jar(out, no_fork_jar)
+            _add_fs_jar(out, no_fork_jar, self.master)
         return out
 
     def build(self) -> Any:
