@@ -17,11 +17,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev,service,spark,bench,delta,kafka,flights]'
 	touch $(STAMP)
 
-# Spark needs a JVM: use the one found, else install Debian's headless JRE.
+# Spark needs a JVM, and `make jars` compiles lowtide's file system (jars/fs): use the JDK
+# found, else install Debian's headless JDK.
 java:
-	@command -v java >/dev/null 2>&1 || { \
-	  echo "no java found: installing openjdk-17-jre-headless"; \
-	  apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless; }
+	@command -v javac >/dev/null 2>&1 || { \
+	  echo "no javac found: installing openjdk-17-jdk-headless"; \
+	  apt-get update -qq && apt-get install -y -qq openjdk-17-jdk-headless; }
 
 # JVM parts from Maven Central, pinned in jars/*/pom.xml (see docs/spark.md): Spark's Kafka
 # connector and Delta Lake for spark.jars (minus what pyspark already ships), and a Kafka
@@ -29,13 +30,22 @@ java:
 SPARK_JARS_PROVIDED := org.scala-lang,org.apache.hadoop,com.fasterxml.jackson.core,com.fasterxml.jackson.datatype,org.apache.logging.log4j,org.apache.parquet,org.slf4j,org.xerial.snappy,com.github.luben,at.yawk.lz4,org.roaringbitmap,io.airlift,commons-pool,javax.annotation,com.google.code.findbugs,org.locationtech.jts
 MVN_COPY := mvn -q -B dependency:copy-dependencies -DoutputDirectory=lib -DincludeScope=runtime
 
-jars: jars/spark/lib/.fetched jars/kafka/lib/.fetched
+FS_JAR := jars/spark/lib/lowtide-fs.jar
+
+jars: jars/spark/lib/.fetched $(FS_JAR) jars/kafka/lib/.fetched
 
 jars/spark/lib/.fetched: jars/spark/pom.xml
 	@command -v mvn >/dev/null 2>&1 || { echo "mvn not found: apt-get install maven"; exit 1; }
 	rm -rf jars/spark/lib
 	$(MVN_COPY) -f jars/spark/pom.xml -DexcludeGroupIds=$(SPARK_JARS_PROVIDED) -DexcludeArtifactIds=spark-tags_2.13
 	touch $@
+
+# lowtide's Hadoop local file system without chmod processes (docs/spark.md), compiled
+# against the Hadoop API pyspark ships, into the folder SessionConfig loads jars from.
+$(FS_JAR): jars/spark/lib/.fetched jars/fs/pom.xml $(wildcard jars/fs/src/main/java/dev/lowtide/hadoop/*.java)
+	@command -v mvn >/dev/null 2>&1 || { echo "mvn not found: apt-get install maven"; exit 1; }
+	mvn -q -B -f jars/fs/pom.xml package -DskipTests
+	cp jars/fs/target/lowtide-fs.jar $@
 
 jars/kafka/lib/.fetched: jars/kafka/pom.xml
 	@command -v mvn >/dev/null 2>&1 || { echo "mvn not found: apt-get install maven"; exit 1; }
@@ -70,4 +80,4 @@ test-fast: lint
 	$(BIN)/python -m pytest -q -m "not spark" --ignore=tests/bench --ignore=tests/cli
 
 clean:
-	rm -rf $(VENV) build *.egg-info jars/*/lib
+	rm -rf $(VENV) build *.egg-info jars/*/lib jars/fs/target

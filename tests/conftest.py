@@ -37,17 +37,20 @@ def pytest_collection_modifyitems(items: list[Any]) -> None:
             cloudpickle.register_pickle_by_value(mod)
 
 
-def _table_and_kafka_settings() -> dict[str, str]:
-    """The Kafka connector and Delta Lake from the jars `make setup` fetched; without
-    them the Delta and Kafka tests skip, naming the fix."""
-    from lowtide.spark.session import JarsMissing, SessionConfig
+def _lowtide_jar_settings() -> dict[str, str]:
+    """As lowtide's sessions: the Kafka connector and Delta Lake from the jars `make
+    setup` fetched (without them the Delta and Kafka tests skip, naming the fix), and
+    its local file system without chmod processes where `make setup` built it."""
+    from lowtide.spark.session import FS_IMPL, JarsMissing, SessionConfig, driver_loads_fs
 
+    fs = driver_loads_fs()
     try:
-        conf = SessionConfig(kafka=True, delta=True).settings()
+        conf = SessionConfig(kafka=True, delta=True).settings(fs=fs)
     except JarsMissing:
-        return {}
-    keys = ("spark.jars", "spark.sql.extensions", "spark.sql.catalog.spark_catalog")
-    return {key: conf[key] for key in keys}
+        conf = SessionConfig().settings(fs=fs)
+    keys = ("spark.jars", "spark.sql.extensions", "spark.sql.catalog.spark_catalog",
+            FS_IMPL, "spark.driver.extraClassPath")
+    return {key: conf[key] for key in keys if key in conf}
 
 
 @pytest.fixture(autouse=True)
@@ -88,7 +91,7 @@ def spark() -> Iterator[Any]:
         # as lowtide's sessions: workers forked with the task modules imported
         .config("spark.python.daemon.module", "lowtide.spark.worker_daemon")
     )
-    for key, value in _table_and_kafka_settings().items():
+    for key, value in _lowtide_jar_settings().items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")

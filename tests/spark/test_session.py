@@ -68,3 +68,39 @@ def test_local_sessions_rename_checkpoint_files_without_a_process() -> None:
     assert SessionConfig().settings()[key] == FS_CHECKPOINTS
     assert key not in SessionConfig(master=None).settings()
     assert key not in SessionConfig(master="spark://head:7077").settings()
+
+
+def test_local_file_system_without_chmod_processes_where_its_jar_was_built(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With jars/spark/lib/lowtide-fs.jar, `file:` is lowtide's file system: the jar on
+    the driver's class path (it resolves fs.file.impl), and in spark.jars where the
+    executors run in other JVMs."""
+    from lowtide.spark.session import FS_IMPL, FS_NO_FORK
+
+    folder = _jars(tmp_path, "lowtide-fs.jar")
+    monkeypatch.setenv("LOWTIDE_JARS", str(folder))
+    jar = str(folder / "lowtide-fs.jar")
+    conf = SessionConfig().settings()
+    assert conf[FS_IMPL] == FS_NO_FORK
+    assert conf["spark.driver.extraClassPath"] == jar and "spark.jars" not in conf
+    for master in ("spark://head:7077", "local-cluster[2,1,1024]", None):
+        assert SessionConfig(master=master).settings()["spark.jars"] == jar
+    for off in (SessionConfig().settings(fs=False),  # a JVM up without the class
+                SessionConfig(conf=((FS_IMPL, "my.Fs"),)).settings()):  # a user's wins
+        assert off.get(FS_IMPL) != FS_NO_FORK
+        assert "spark.jars" not in off and "spark.driver.extraClassPath" not in off
+    mine = SessionConfig(master=None, conf=(("spark.jars", "/x/my.jar"),
+                               ("spark.driver.extraClassPath", "/x/cp"))).settings()
+    assert mine["spark.jars"] == f"/x/my.jar,{jar}"
+    assert mine["spark.driver.extraClassPath"] == f"/x/cp:{jar}"
+
+
+def test_without_the_jar_hadoops_file_system_stays(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from lowtide.spark.session import FS_IMPL
+
+    monkeypatch.setenv("LOWTIDE_JARS", str(tmp_path))
+    with caplog.at_level("INFO", logger="lowtide.spark.session"):
+        conf = SessionConfig().settings()
+    assert FS_IMPL not in conf and "spark.jars" not in conf
+    assert "make setup" in caplog.text

@@ -31,8 +31,8 @@ from typing import Any
 from lowtide.core.errors import LowtideError
 from lowtide.spark.quiet import filtered_jvm_stderr, mute_accumulator_hangups
 
-__all__ = ["QUIET_LOG4J2", "JarsMissing", "SessionConfig", "jars_dir", "prewarm",
-           "quiet_log4j2_file", "session_jars"]
+__all__ = ["QUIET_LOG4J2", "JarsMissing", "SessionConfig", "driver_loads_fs", "fs_jar",
+           "jars_dir", "prewarm", "quiet_log4j2_file", "session_jars"]
 
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 # Spark's default checkpoint manager goes through Hadoop's FileContext, whose local file
@@ -41,6 +41,12 @@ ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvi
 # measured with strace. Through the FileSystem API, renames are a rename(2) call.
 FS_CHECKPOINTS = ("org.apache.spark.sql.execution.streaming.checkpointing."
                   "FileSystemBasedCheckpointFileManager")
+# Hadoop's local file system starts a `chmod` process for every file and folder it
+# creates (pyspark ships no native Hadoop library): about 10 a second over the demo's two
+# queries. lowtide's (jars/fs, built by `make setup`) sets permissions in-process.
+FS_NO_FORK = "dev.lowtide.hadoop.NoForkLocalFileSystem"
+FS_JAR = "lowtide-fs.jar"
+FS_IMPL = "spark.hadoop.fs.file.impl"
 JARS_ENV = "LOWTIDE_JARS"
 # Pinned in jars/spark/pom.xml; the names a user passes to --packages on a cluster.
 KAFKA_PACKAGE = "org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0"
@@ -123,6 +129,44 @@ def session_jars(*, kafka: bool, delta: bool, folder: Path | None = None) -> lis
     return found
 
 
+def fs_jar(folder: Path | None = None) -> Path | None:
+    """The jar of lowtide's local file system (:data:`FS_NO_FORK`), or None (one INFO
+    line) where ``make setup`` did not build it: Hadoop's own then."""
+    jar = (folder or jars_dir()) / FS_JAR
+    if jar.is_file():
+        return jar
+    logging.getLogger(__name__).info(
+        "%s not found: Hadoop's local file system starts a chmod process per file "
+        "(run `make setup`)", jar)
+    return None
+
+
+def _add_fs_jar(out: dict[str, str], jar: Path, master: str | None) -> None:
+    """``file:`` to lowtide's file system: the driver's JVM resolves ``fs.file.impl``
+    from its class path (``spark.jars`` alone fails its start); executors in other JVMs
+    (a cluster, ``local-cluster``) load the jar from ``spark.jars``, copied to each.
+    Local mode's executors run in the driver's JVM: no copy (that is a `chmod a+x`
+    process too). Beside any jars and class path a user's conf gives."""
+    out[FS_IMPL] = FS_NO_FORK
+    keys = [("spark.driver.extraClassPath", os.pathsep)]
+    if not (master == "local" or (master or "").startswith("local[")):
+        keys.append(("spark.jars", ","))
+    for key, sep in keys:
+        out[key] = sep.join(filter(None, (out.get(key), str(jar))))
+
+
+def driver_loads_fs() -> bool:
+    """Whether the driver's JVM will load :data:`FS_NO_FORK`: yes if the build starts
+    it (the jar goes on its class path); a JVM already up (spark-submit's, a stopped
+    session's) only if it has the class."""
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return not os.environ.get("PYSPARK_GATEWAY_PORT")  # set by spark-submit
+    return bool(gateway.jvm.org.apache.spark.util.Utils.classIsLoadable(FS_NO_FORK))
+
+
 @dataclass(frozen=True)
 class SessionConfig:
     """How lowtide's commands and tests start Spark; ``conf`` overrides any default."""
@@ -148,8 +192,9 @@ class SessionConfig:
     worker_timeout_s: int = 120
     conf: tuple[tuple[str, str], ...] = ()
 
-    def settings(self) -> dict[str, str]:
-        """Every Spark setting this config makes, for the builder or spark-submit."""
+    def settings(self, *, fs: bool = True) -> dict[str, str]:
+        """Every Spark setting this config makes, for the builder or spark-submit;
+        ``fs``: lowtide's local file system where its jar was built."""
         # deep Python plans (many tracked stages) overflow the default JVM stack
         java = "-Xss32m"
         out = {
@@ -182,6 +227,9 @@ class SessionConfig:
             out["spark.sql.catalog.spark_catalog"] = (
                 "org.apache.spark.sql.delta.catalog.DeltaCatalog")
         out.update(dict(self.conf))
+        no_fork_jar = fs_jar() if fs and FS_IMPL not in out else None  # a user's wins
+        if no_fork_jar:
+            _add_fs_jar(out, no_fork_jar, self.master)
         return out
 
     def build(self) -> Any:
@@ -196,7 +244,7 @@ class SessionConfig:
         builder = SparkSession.builder.appName(self.app_name)
         if self.master is not None:
             builder = builder.master(self.master)
-        for key, value in self.settings().items():
+        for key, value in self.settings(fs=driver_loads_fs()).items():
             builder = builder.config(key, value)
         with filtered_jvm_stderr() if self.quiet else contextlib.nullcontext():
             spark = builder.getOrCreate()
