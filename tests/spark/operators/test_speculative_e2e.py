@@ -16,6 +16,7 @@ import pytest
 import lowtide
 from lowtide.spark.operators import on_keyed_runtime
 from lowtide.spark.operators.speculative_plan import bucket_labels
+from lowtide.spark.pipeline import last_batch_id
 from lowtide.spark.sinks.changelog import apply_changelog
 from lowtide.spark.sources.generator import GeneratorSpec
 from tests.spark.helpers import fail_once
@@ -164,3 +165,29 @@ def test_which_plan_a_speculative_window_gets(spark, tmp_path: Path) -> None:
             assert "TransformWithState" in keyed and "Aggregate" not in keyed
     finally:
         pipe.close()
+
+
+def test_the_changelog_step_declares_no_row_parts(spark, tmp_path: Path) -> None:
+    """The changelog step over Spark's aggregation keeps one record per bucket and no
+    row parts: its tasks declare one state variable (a map state declared too cost a
+    round trip to the JVM per task and batch), and a batch still emits versions."""
+    pipe = lowtide.Pipeline(spark, "spec-vars", grid=GRID, stuck_after_ms=STUCK_MS)
+    changes = (pipe.generate(GeneratorSpec(fronts=1, rate=200.0, payload_bytes=4))
+               .map(parse, SCHEMA, name="parse").window("1 second", key="user", name="w")
+               .agg(n="count").speculative())
+    sink = Batches()
+    query = changes.foreach_batch(sink, checkpoint=str(tmp_path / "ckpt"),
+                                  trigger="200 milliseconds")
+    try:
+        # a batch that ran the step's tasks, after the one whose rows reached the sink
+        while not any(len(f) for f in sink.frames) or last_batch_id(query.query) < 2:
+            assert query.query.exception() is None, query.query.exception()
+            query.query.awaitTermination(0.2)
+        ops = {op["operatorName"]: op["customMetrics"]
+               for op in query.query.lastProgress["stateOperators"]}
+    finally:
+        query.stop()
+        pipe.close()
+    step = ops["transformWithStateInPandasExec"]
+    assert step["numValueStateVars"] > 0
+    assert step["numMapStateVars"] == 0, step

@@ -88,6 +88,9 @@ class StatefulSpec(StatefulStep):
     #: the rows are not items but Spark's running values (a speculative window planned
     #: in the JVM, whose senders received its rows): nothing to receive, SLOT_COL given
     received: bool = False
+    #: the logic keeps row parts (``LogicStep.appends``): the processor declares their
+    #: map state; a logic without them saves that state variable's set-up in every task
+    row_parts: bool = True
 
 
 class KeyedStep(StatefulStep):

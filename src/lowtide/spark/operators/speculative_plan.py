@@ -207,7 +207,7 @@ def build_speculative_plan(df: Any, spec: SpeculativeSpec, windows: QueryWindows
     keyed = StatefulSpec(w.name, w.keys, ChangelogLogic(aggs, w.size_ms // delta, delta,
                                                         spec.every_ms, w.keys),
                          changelog_schema(w, aggs), w.poll_ms, buckets, what="window",
-                         eager=spec.every_ms > 0, received=True)
+                         eager=spec.every_ms > 0, received=True, row_parts=False)
     out = build_keyed(prepared, keyed, ref, out_segment, op_id,
                       labels=bucket_labels(df.sparkSession, buckets))
     windows.holds.append(hold)

@@ -95,6 +95,17 @@ class GroupRecord:
                    int(row[2]), bytes(row[4]))
 
 
+class NoParts:
+    """The row parts of a step whose logic keeps none (``StatefulSpec.row_parts``)."""
+
+    def read(self, tag: int, count: int) -> list[Any]:
+        raise RuntimeError("a logic declared without row parts read some")
+
+    def write(self, step: GroupStep) -> None:
+        if step.appends or step.drops:
+            raise RuntimeError("a logic declared without row parts kept some")
+
+
 class StoredParts:
     """A group's row parts (:class:`.slot_logic.RowParts`) in the state store."""
 
@@ -131,7 +142,12 @@ class SlotProcessor(StatefulProcessor):  # type: ignore[misc]
         self.handle = handle
         self.live = TaskContext.get() is not None
         self.record = handle.getValueState("group", RECORD_SCHEMA)
-        self.parts = StoredParts(handle.getMapState("parts", PART_KEY_SCHEMA, PART_SCHEMA))
+        # each state variable is a round trip to the JVM in every task (its schema,
+        # its column family): one a task's logic has no use for is not declared
+        self.parts: StoredParts | NoParts = NoParts()
+        if rt.spec.row_parts:
+            self.parts = StoredParts(handle.getMapState("parts", PART_KEY_SCHEMA,
+                                                        PART_SCHEMA))
         self.clock = StateClock(rt.ref, rt.spec.name, rt.out_segment, rt.op_id)
         # (batch ms, the groups whose rows' call stepped them in this batch)
         self._stepped: tuple[int, set[Any]] = (-1, set())
