@@ -155,7 +155,10 @@ def failures(spark: Any) -> Iterator[list[str]]:
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("doc", sorted(PREAMBLES))
+# operating.md: ~3 min (replay, cuts, graph changes, a standby); its blocks parse and
+# import by default (the first test), and each feature's own tests run
+@pytest.mark.parametrize("doc", [pytest.param(d, marks=pytest.mark.slow) if d == "operating.md"
+                                 else d for d in sorted(PREAMBLES)])
 def test_docs_with_spark_run_as_written(doc: str, spark: Any, tmp_path: Path,
                                         failures: list[str]) -> None:
     run_doc(doc, {"spark": spark, "work": tmp_path})

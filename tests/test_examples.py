@@ -20,7 +20,10 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 #: (at load 17: medallion 391 s, two_writers 97 s; replay_repair 45 s, 90 s at load 28)
 SLOW = {"medallion": "tests/spark/sinks/test_tables.py (the Parquet chain), test_cuts_e2e.py",
         "two_writers": "tests/spark/sinks/test_two_writers.py",
-        "replay_repair": "tests/spark/pipeline/test_replay_e2e.py"}
+        "replay_repair": "tests/spark/pipeline/test_replay_e2e.py",
+        "kafka_to_table": "tests/spark/sources (Kafka), tests/spark/sinks/test_tables.py",
+        "retry_loop": "tests/spark/operators/test_retry_e2e.py",
+        "sliding_max": "tests/spark/operators/test_windows_e2e.py"}
 
 
 def load(path: Path) -> ModuleType:

@@ -61,6 +61,7 @@ def test_cli_up_status_down_by_pid(kafka_broker: KafkaBroker, tmp_path: Path,
         broker.stop()
 
 
+@pytest.mark.slow  # ~20 s; the CLI by default: test_cli_up_status_down_by_pid
 @pytest.mark.socket
 def test_cli_up_down_up_keeps_the_topics_and_reset_empties_them(
         kafka_broker: KafkaBroker, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

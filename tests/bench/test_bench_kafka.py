@@ -15,6 +15,7 @@ from tests.spark.sources.helpers import needs_kafka_connector
 pytestmark = pytest.mark.spark
 
 
+@pytest.mark.slow  # ~30 s; Kafka sources by default: tests/spark/sources/test_read_stream_kafka.py
 def test_tracked_and_untracked_drain_one_topic(spark, kafka_broker, tmp_path: Path) -> None:
     needs_kafka_connector(spark)
     cfg = bench_kafka.KafkaBenchConfig(fronts=2, records=6_000, rows_per_batch=1_000,

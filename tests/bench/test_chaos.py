@@ -78,6 +78,7 @@ def test_a_short_run_finds_nothing_premature_and_nothing_lost(capsys) -> None:  
     assert "kill -9 tracker" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # ~30 s; failovers by default: tests/service/test_standby.py
 @pytest.mark.socket
 def test_a_leader_killed_or_partitioned_loses_nothing(kafka_broker) -> None:  # type: ignore[no-untyped-def]
     """Rule 18: a group's leader killed twice, and one paused until the standby led and

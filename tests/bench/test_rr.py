@@ -168,6 +168,7 @@ def tiny(stages: int = 2) -> BenchConfig:
                        partitions=P, seconds=1.0, warmup_batches=1, rounds=1)
 
 
+@pytest.mark.slow  # ~40 s; the harness on Spark by default: the test below
 @pytest.mark.spark
 def test_punctuations_on_spark_align_and_count(spark: Any) -> None:
     from lowtide.bench.punctuations import route_keys

@@ -1172,8 +1172,12 @@ def test_the_model_catches_unsafe_range_and_cycle_trackers(
     check(setup.build("direct"), ops, extra=0)  # the real tracker: safe and live
 
 
+#: local trackers between the direct and the sharded ones: ~30 s each, left to `make test-all`
+LOCAL_SLOW = pytest.param("local", marks=pytest.mark.slow)
+
+
 @COMMON
-@pytest.mark.parametrize("mode", ["direct", "local", "sharded"])
+@pytest.mark.parametrize("mode", ["direct", LOCAL_SLOW, "sharded"])
 @given(data=st.data(), ops=ops_strategy, extra=st.integers(0, 7))
 def test_key_ranges_are_safe_live_monotonic_and_min_over_ranges(
     mode: str, data: st.DataObject, ops: Ops, extra: int
@@ -1190,7 +1194,7 @@ def test_key_ranges_are_safe_live_monotonic_and_min_over_ranges(
 
 
 @COMMON
-@pytest.mark.parametrize("mode", ["direct", "local", "sharded"])
+@pytest.mark.parametrize("mode", ["direct", LOCAL_SLOW, "sharded"])
 @given(data=st.data(), ops=ops_strategy, extra=st.integers(0, 7))
 def test_cycles_are_safe_live_and_monotonic(
     mode: str, data: st.DataObject, ops: Ops, extra: int

@@ -83,6 +83,7 @@ def test_early_versions_then_finals_under_a_lagging_front_and_task_failures(
     check(sink, spec, t0, final)
 
 
+@pytest.mark.slow  # ~25 s; a speculative restart by default: test_speculative_e2e.py
 def test_a_restart_neither_repeats_nor_skips_a_version(spark, tmp_path: Path) -> None:
     spec = GeneratorSpec(fronts=2, rate=150.0, payload_bytes=4, lag_ms={1: 800})
     pipe = lowtide.Pipeline(spark, "specfold-restart", grid=GRID, stuck_after_ms=STUCK_MS)

@@ -170,6 +170,7 @@ def test_a_second_query_attaches_while_the_first_runs(spark, tmp_path: Path) -> 
     assert len(done) >= 4 and set(zip(done["user"], done["start"], strict=True)) <= got
 
 
+@pytest.mark.slow  # ~35 s; a second query attaching by default: the test above
 def test_a_second_query_of_a_log_joins_its_running_fronts(spark, tmp_path: Path) -> None:
     """Issue 34, point 5: a second query reading the same log attached while its fronts
     keep running (no restart): each front joins it between two batches and answers the
