@@ -74,8 +74,8 @@ class SpeculativeRun:
 
 
 def speculative_run(spark: Any, tmp: Path, timeout_s: float = 300.0) -> SpeculativeRun:
-    pipe, sink, run = Pipeline(spark, "chaos-speculative", stuck_after_ms=120_000), ByBatch(), \
-        SpeculativeRun()
+    pipe = Pipeline(spark, "chaos-speculative", stuck_after_ms=120_000)
+    sink, run = ByBatch(), SpeculativeRun()
     stream = (user_columns(pipe.generate(SPEC), KEYS)
               .transform(lambda d: d.mapInArrow(fail_once(FAIL_BEFORE), d.schema))
               .window("1 second", key="user", name="win").agg(n="count", total=("amount", "sum"))
@@ -146,19 +146,19 @@ def result_of(run: SpeculativeRun) -> Result:
     ident = rows[["user", "end_ms", "version", "op"]]
     if ident.duplicated().any():
         result.premature.append(f"{int(ident.duplicated().sum())} versions written twice")
-    final_at = rows[rows["is_final"].astype(bool)].groupby(["user", "end_ms"]).apply(
-        lambda w: w.index.max(), include_groups=False)
-    after = [k for k, at in final_at.items()
-             if rows.index[(rows["user"] == k[0]) & (rows["end_ms"] == k[1])].max() > at]
+    # rows are in batch order: a final must be its window's last row
+    final = rows["is_final"].astype(bool)
+    last = rows.index.isin(rows.groupby(["user", "end_ms"]).tail(1).index)
+    after = int((final & ~last).sum())
     if after:
-        result.premature.append(f"{len(after)} windows changed after their final")
+        result.premature.append(f"{after} windows changed after their final")
     wrong = wrong_finals(rows, run.t0, run.claimed_ms)
     result.lost = len(wrong)
     folded = apply_changelog(rows.drop(columns=["batch"]))
     folded = folded[folded["end_ms"] <= run.claimed_ms]
     if not folded["is_final"].astype(bool).all():
         result.premature.append("the changelog folds to a non-final row below the min time")
-    result.notes.append(f"{int(final_at.size)} finals, {int((rows['op'] == 'tombstone').sum())}"
+    result.notes.append(f"{int(final.sum())} finals, {int((rows['op'] == 'tombstone').sum())}"
                         f" tombstones, {run.reruns} batches written again")
     return result
 
