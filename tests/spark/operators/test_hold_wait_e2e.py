@@ -1,7 +1,8 @@
-"""A window's hold when its tracker stops answering (a real ``lowtide serve`` process,
-SIGSTOPped): the hold's move waits at most ``hold_wait_s``, then the query stops with
-one line that says what to do, emits nothing more, and once the tracker runs again
-its sink has not passed a window the query did not emit (fail closed).
+"""A window's hold, and a sink's acks, when its tracker stops answering (a real
+``lowtide serve`` process, SIGSTOPped): the hold's move, or the sink's ack send, waits
+at most ``hold_wait_s``, then the query stops with one line that says what to do,
+emits nothing more, and once the tracker runs again its sink has not passed a window
+the query did not emit (fail closed).
 
 The tracker is stopped right as a micro-batch's progress is posted: a listener
 registered before the query's gets each event first (Spark's listener bus calls them
@@ -25,6 +26,7 @@ from pyspark.sql.streaming.listener import StreamingQueryListener
 
 import lowtide
 from lowtide.spark.operators.window_hold import HoldFailed
+from lowtide.spark.sinks.foreach import SinkAcksFailed
 from lowtide.spark.sources.generator import GeneratorSpec
 from tests.spark.helpers import t0_of_checkpoint
 from tests.spark.operators.helpers import (
@@ -113,22 +115,19 @@ def test_a_hung_tracker_stops_the_query_within_hold_wait(spark, tmp_path: Path) 
                 assert query.query.exception() is None, query.query.exception()
                 time.sleep(0.1)
             assert stopper.stopped_at is not None, "the query made no progress"
-            # A batch whose sink was sending its acks when the tracker stopped ends the
-            # query with its own error (no answer within the agent's 30 s) before the
-            # hold's move could fail: fail closed too, but not yet the hold's one line.
+            # The hold's move fails, or first the sink's acks of a batch that was
+            # sending them when the tracker stopped: each within hold_wait_s, one line.
             with contextlib.suppress(StreamingQueryException):
                 query.query.awaitTermination(WAIT_S + STOP_SLACK_S)
             assert not query.query.isActive, "the query still runs on a tracker that hangs"
             took_s = time.monotonic() - stopper.stopped_at
             error = query.exception()
-            if isinstance(error, HoldFailed):
-                text = str(error)
-                assert "\n" not in text and f"within {WAIT_S:g} s (hold_wait_s)" in text
-                assert "lowtide status --url" in text and "from its checkpoint" in text
-                with pytest.raises(HoldFailed):
-                    query.awaitTermination(1)
-            else:
-                assert "no answer from the tracker" in str(error), error
+            assert isinstance(error, HoldFailed | SinkAcksFailed), error
+            text = str(error)
+            assert "\n" not in text and f"within {WAIT_S:g} s (hold_wait_s)" in text
+            assert "lowtide status --url" in text and "from its checkpoint" in text
+            with pytest.raises(type(error)):
+                query.awaitTermination(1)
             # nothing emitted once the tracker stopped: no file published since (a
             # batch whose rows were confirmed before may have been publishing then)
             files_after = published(out)
@@ -151,3 +150,40 @@ def test_a_hung_tracker_stops_the_query_within_hold_wait(spark, tmp_path: Path) 
     horizon = max(final, int(start_slots(results).max()) + 100 if len(results) else 0)
     expected = batch_windows(all_input(spec, t0, horizon), 100, 100)
     check(results, expected, horizon, 100, ["n"])  # the sink passed no unemitted window
+
+
+def test_a_sink_whose_acks_hang_stops_the_query_within_hold_wait(spark, tmp_path: Path) -> None:
+    """No window, so no hold: the user's function stops the tracker in its third batch,
+    and the sink's acks of that batch are what waits."""
+    from tests.service.procs import serve
+
+    seen: list[int] = []
+    spec = GeneratorSpec(fronts=1, rate=200.0, payload_bytes=4)
+    with serve(tmp_path, "--delta-ms", str(GRID.delta_ms),
+               "--stuck-after-ms", str(STUCK_MS)) as server:
+
+        def rows(df: Any, batch_id: int) -> None:
+            seen.append(batch_id)
+            if len(seen) == 3:
+                os.kill(server.proc.pid, signal.SIGSTOP)
+
+        pipe = lowtide.Pipeline(spark, "hung-sink", tracker=server.url, grid=GRID,
+                                stuck_after_ms=STUCK_MS, hold_wait_s=WAIT_S)
+        query = None
+        try:
+            query = pipe.generate(spec).map(parse, SCHEMA, name="parse").foreach_batch(
+                rows, checkpoint=str(tmp_path / "ckpt"), trigger="200 milliseconds")
+            with contextlib.suppress(StreamingQueryException):
+                query.query.awaitTermination(180)
+            assert not query.query.isActive and len(seen) == 3, seen
+            error = query.exception()
+            assert isinstance(error, SinkAcksFailed), error
+            text = str(error)
+            assert "\n" not in text and f"batch {seen[-1]} within {WAIT_S:g} s" in text
+            with pytest.raises(SinkAcksFailed):
+                query.awaitTermination(1)
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+            if query is not None:
+                query.stop()
+            pipe.close()

@@ -21,7 +21,7 @@ the graph.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,8 +106,9 @@ class Pipeline:
     ``front_timeout`` (``"30 seconds"``): a front silent this long is dead; ``dead_fronts``
     ``"wait"`` says so and waits, ``"retire"`` retires it; ``sla``: each sink window of
     ``sla_window`` is late that long after its end (FreshnessListener; docs/operating.md).
-    ``hold_wait_s``: how long a window's hold waits for the tracker after a micro-batch;
-    then its query stops with one line that says what to do (docs/spark.md).
+    ``hold_wait_s``: how long a window's hold, or a sink's acks, wait for the tracker
+    after a micro-batch; then the query stops with one line that says what to do
+    (docs/spark.md).
     """
 
     def __init__(
@@ -340,25 +341,22 @@ class Pipeline:
             writer = writer.trigger(processingTime=trigger)
         if query_name:
             writer = writer.queryName(query_name)
-        if null_sink:
-            writer = writer.format("noop")
-        elif sink[0] == "foreach":
-            fb = TrackedForeachBatch(sink[1], ref, sink_name, keep_tracking_columns=sink[2],
-                                     trace_file=sink[3])
-            writer = writer.foreachBatch(fb)
-        else:  # write_parquet
-            writer = writer.foreachBatch(ParquetSink(
-                sink[1]["path"], ref, sink_name,
-                keep_tracking_columns=sink[1]["keepTrackingColumns"] == "true"))
+        tracked: list[TrackedQuery] = []  # a hold's listener or a sink stops the query
+
+        def fail(error: LowtideError) -> None:
+            if tracked:  # else Spark's own error of the batch stops it
+                tracked[0].fail(error)
+
+        writer = writer.format("noop") if null_sink else writer.foreachBatch(
+            self._sink_function(sink, ref, sink_name, fail))
         # a query takes its session's confs when it starts: JVM windows need theirs then
         confs = WATERMARK_CONFS if built.holds else ()
         if update_mode(QueryWindows.of(stream, checkpoint)):  # a speculative window's
             writer, confs = writer.outputMode("update"), SPECULATIVE_CONFS
         with session_confs(self.spark, confs):
             query = writer.start()
-        tracked: list[TrackedQuery] = []  # a hold's listener stops the query it moves
-        listeners = [h.listener(str(query.id), self._tracker_options.hold_wait_s,
-                                lambda error: tracked[0].fail(error)) for h in built.holds]
+        listeners = [h.listener(str(query.id), self._tracker_options.hold_wait_s, fail)
+                     for h in built.holds]
         for listener in listeners:
             self.spark.streams.addListener(listener)
         closers = [lambda x=x: self.spark.streams.removeListener(x) for x in listeners]
@@ -367,6 +365,18 @@ class Pipeline:
         tracked.append(tq)
         self._queries.append(tq)
         return tq
+
+    def _sink_function(self, sink: tuple[Any, ...], ref: TrackerRef, sink_name: str,
+                       on_failure: Callable[[LowtideError], None]) -> Any:
+        """The ``foreachBatch`` function of a tracked sink: it acks the batch, and a
+        tracker that does not confirm within ``hold_wait_s`` stops the query (one line)."""
+        wait_s = self._tracker_options.hold_wait_s
+        if sink[0] == "foreach":
+            return TrackedForeachBatch(sink[1], ref, sink_name, keep_tracking_columns=sink[2],
+                                       trace_file=sink[3], wait_s=wait_s, on_failure=on_failure)
+        return ParquetSink(sink[1]["path"], ref, sink_name,  # write_parquet
+                           keep_tracking_columns=sink[1]["keepTrackingColumns"] == "true",
+                           wait_s=wait_s, on_failure=on_failure)
 
     # recovery (docs/operating.md)
     def replay(self, from_time: Any, to_time: Any, path: str, *, query: TrackedQuery | None = None,

@@ -161,9 +161,14 @@ class TrackedQuery:
     def awaitTermination(self, timeout: float | None = None) -> bool | None:
         """Spark's: block until the query ends (``timeout`` s: False if it did not);
         raises the error lowtide stopped it with (:meth:`fail`)."""
-        ended = self.query.awaitTermination(timeout)
+        try:
+            ended = self.query.awaitTermination(timeout)
+        except Exception:  # Spark's wrapping of the error a sink stopped it with
+            if self._failure is None:
+                raise
+            ended = True
         if self._failure is not None and not self.query.isActive:
-            raise self._failure
+            raise self._failure from None
         return ended  # type: ignore[no-any-return]
 
     def exception(self) -> Any:

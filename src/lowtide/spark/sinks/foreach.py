@@ -1,7 +1,9 @@
 """The ``foreachBatch`` sink: :class:`TrackedForeachBatch` acks a batch's rows as
 received after the user's function committed them (receive-acks computed in the JVM).
-Also the per-task trace lines benches read, and unpacking ``lt_track`` into
-``lt_time`` and ``lt_ack`` for outputs that keep the tracking columns."""
+Also how a sink's acks are sent (:func:`send_sink_acks`: a tracker that does not
+confirm them stops the query with one line), the per-task trace lines benches read, and
+unpacking ``lt_track`` into ``lt_time`` and ``lt_ack`` for outputs that keep the
+tracking columns."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from lowtide.core.errors import LowtideError
 from lowtide.spark.tracking.column import (
     ACK_COL,
     ID_BITS,
@@ -33,6 +36,36 @@ def append_trace(path: str, batch_id: int, started_ns: int, rows: int) -> None:
         f.write(f"{batch_id} {started_ns} {time.time_ns()} {rows}\n")
 
 
+#: how long a sink waits for the tracker to confirm a batch's acks (the pipeline passes
+#: its ``hold_wait_s``)
+ACK_WAIT_S = 30.0
+OnFailure = Callable[[LowtideError], None]
+
+
+class SinkAcksFailed(LowtideError, RuntimeError):
+    """A sink's acks were not confirmed within ``hold_wait_s``: its query stopped."""
+
+
+def send_sink_acks(ref: TrackerRef, segment: str, query: str, batch_id: int, acks: Any, *,
+                   wait_s: float = ACK_WAIT_S, on_failure: OnFailure | None = None) -> None:
+    """Send the sink's acks of a batch (on the driver, in ``foreachBatch``). A tracker
+    that does not confirm them within ``wait_s`` ends the batch with
+    :class:`SinkAcksFailed`, one line handed first to ``on_failure`` (the query's
+    ``fail``): the batch is not committed, so the query's restart re-sends its acks under
+    the same key (rule 6), and the sink's min time never passed them (fail closed)."""
+    try:
+        connect(ref).send_batch(batch_key(query, batch_id, segment, 0), acks, timeout_s=wait_s)
+    except TimeoutError:
+        error = SinkAcksFailed(
+            f"sink {segment!r}: the tracker at {ref.url} did not confirm the acks of batch "
+            f"{batch_id} within {wait_s:g} s (hold_wait_s), so the query stopped and "
+            f"commits nothing past that batch: check the tracker (lowtide status --url "
+            f"{ref.url}), then start the query again from its checkpoint")
+        if on_failure is not None:
+            on_failure(error)
+        raise error from None
+
+
 def query_id(spark_context: Any) -> str:
     q = spark_context.getLocalProperty("sql.streaming.queryId")
     if q is None:
@@ -51,8 +84,11 @@ class TrackedForeachBatch:
         *,
         keep_tracking_columns: bool = False,
         trace_file: str | None = None,
+        wait_s: float = ACK_WAIT_S,
+        on_failure: OnFailure | None = None,
     ) -> None:
         self.fn = fn
+        self.wait_s, self.on_failure = wait_s, on_failure
         self.ref = ref
         self.segment = segment
         self.keep = keep_tracking_columns
@@ -94,8 +130,8 @@ class TrackedForeachBatch:
         started_ns = time.time_ns()
         acks = acc.build(self.ref.grid.window_slots)
         if len(acks):
-            key = batch_key(query, batch_id, self.segment, 0)
-            connect(self.ref).send_batch(key, acks)
+            send_sink_acks(self.ref, self.segment, query, batch_id, acks, wait_s=self.wait_s,
+                           on_failure=self.on_failure)
         self.last_acks = acks
         if self.trace:
             append_trace(self.trace, batch_id, started_ns, acc.rows_received)

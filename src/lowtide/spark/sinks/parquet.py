@@ -22,7 +22,7 @@ import numpy as np
 
 from lowtide.core.time import TimeGrid
 from lowtide.spark.sinks.batches import BatchFiles, digest
-from lowtide.spark.sinks.foreach import query_id
+from lowtide.spark.sinks.foreach import ACK_WAIT_S, OnFailure, query_id, send_sink_acks
 from lowtide.spark.tracking.column import (
     ACK_COL,
     TIME_COL,
@@ -33,7 +33,7 @@ from lowtide.spark.tracking.column import (
     reference_slot,
     slots_of,
 )
-from lowtide.spark.tracking.transport import TrackerRef, batch_key, connect
+from lowtide.spark.tracking.transport import TrackerRef
 
 #: what each task of a batch returns: its file (none without rows) and its receipts
 STAGED = ("partition int, rows long, staged string, "
@@ -98,10 +98,12 @@ class ParquetSink:
     ``part-<query>-<batch>-<partition>.parquet`` files, then their receipts acked."""
 
     def __init__(self, path: str, ref: TrackerRef, segment: str, *,
-                 keep_tracking_columns: bool = False) -> None:
+                 keep_tracking_columns: bool = False, wait_s: float = ACK_WAIT_S,
+                 on_failure: OnFailure | None = None) -> None:
         self.folder = Path(path)
         self.ref = ref
         self.segment = segment
+        self.wait_s, self.on_failure = wait_s, on_failure
         # one function for every batch: the same task code, pickled by reference
         self._stage = functools.partial(stage_rows, folder=path, keep=keep_tracking_columns,
                                         grid=ref.grid)
@@ -120,7 +122,8 @@ class ParquetSink:
             acks = acc.build(self.ref.grid.window_slots)
             if len(acks):
                 self._publish(staged, query, batch_id, digest(acks.time, acks.xor, acks.count))
-                connect(self.ref).send_batch(batch_key(query, batch_id, self.segment, 0), acks)
+                send_sink_acks(self.ref, self.segment, query, batch_id, acks,
+                               wait_s=self.wait_s, on_failure=self.on_failure)
         finally:  # what was not published (a failed batch, or one committed already)
             for path, _part in staged:
                 with contextlib.suppress(FileNotFoundError):

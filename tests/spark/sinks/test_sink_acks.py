@@ -1,0 +1,67 @@
+"""A tracked sink's acks on a tracker that does not answer (no Spark, no sockets): the
+send waits ``hold_wait_s``, not the agent's own 30 s, then hands the query one line
+that says what to do and ends the batch with it (so Spark does not commit it).
+End to end, with a SIGSTOPped ``lowtide serve``: tests/spark/operators/test_hold_wait_e2e.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from lowtide.core.errors import LowtideError
+from lowtide.core.graph import SegmentGraph
+from lowtide.core.time import TimeGrid
+from lowtide.spark.sinks.foreach import SinkAcksFailed, TrackedForeachBatch
+from lowtide.spark.tracking.column import AckAccumulator
+from lowtide.spark.tracking.transport import TrackerRef, register_scheme
+
+GRAPH = SegmentGraph.of(("m", ()), ("sink", ("m",)))
+REF = TrackerRef("hung://tracker:7070", GRAPH, TimeGrid(delta_ms=10))
+
+
+class HungAgent:
+    """An agent whose tracker never confirms: each send times out after its wait."""
+
+    def __init__(self) -> None:
+        self.waits_s: list[float] = []
+
+    def send_batch(self, key: Any, acks: Any, heartbeats: Any = (), timeout_s: float = 30.0,
+                   **_: Any) -> bool:
+        self.waits_s.append(timeout_s)
+        raise TimeoutError(f"no answer from the tracker within {timeout_s} s")
+
+
+@pytest.fixture
+def hung() -> Any:
+    agent = HungAgent()
+    register_scheme("hung", lambda ref: agent)
+    yield agent
+    register_scheme("hung", None)
+
+
+def one_slot() -> AckAccumulator:
+    acc = AckAccumulator()
+    acc.add_reduced(GRAPH.index("sink"), np.array([100], np.int64),
+                    np.array([7], np.uint64), np.array([-1], np.int64))
+    return acc
+
+
+def test_a_hung_tracker_fails_the_batch_with_one_line_within_hold_wait(hung: Any) -> None:
+    failures: list[LowtideError] = []
+    sink = TrackedForeachBatch(None, REF, "sink", wait_s=2.5, on_failure=failures.append)
+    with pytest.raises(SinkAcksFailed) as raised:
+        sink._ack("query-1", 12, one_slot())
+    assert hung.waits_s == [2.5]  # the pipeline's hold_wait_s, not the agent's 30 s
+    assert failures == [raised.value]  # the query is told before the batch ends
+    text = str(raised.value)
+    assert "\n" not in text and "batch 12 within 2.5 s (hold_wait_s)" in text
+    assert "lowtide status --url hung://tracker:7070" in text and "checkpoint" in text
+    assert raised.value.__cause__ is None and raised.value.__suppress_context__
+
+
+def test_a_sink_without_acks_never_waits_on_the_tracker(hung: Any) -> None:
+    sink = TrackedForeachBatch(None, REF, "sink", wait_s=2.5)
+    sink._ack("query-1", 13, AckAccumulator())  # an empty batch: nothing to confirm
+    assert hung.waits_s == []
