@@ -1,16 +1,24 @@
 """The filter that mutes Spark's Python-runner noise in lowtide's commands passes
 everything else on, in order (no Spark, no processes); the driver's accumulator server
-ends a connection the JVM closed quietly (a real socket)."""
+ends a connection the JVM closed quietly (a real socket); py4j logs no traceback for a
+lowtide error a ``foreachBatch`` function raised, but does for any other."""
 
 from __future__ import annotations
 
+import logging
 import socket
 import struct
 import time
 
 import pytest
 
-from lowtide.spark.quiet import MAX_HELD_LINES, NoiseFilter, mute_accumulator_hangups
+from lowtide.core.errors import LowtideError
+from lowtide.spark.quiet import (
+    MAX_HELD_LINES,
+    NoiseFilter,
+    mute_accumulator_hangups,
+    mute_reported_errors,
+)
 
 
 def run(lines: list[str]) -> list[str]:
@@ -98,3 +106,18 @@ def test_a_jvm_closing_its_accumulator_socket_ends_without_a_traceback(
     finally:
         server.shutdown()
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_py4j_logs_a_user_functions_error_but_not_a_lowtide_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    mute_reported_errors()
+    mute_reported_errors()  # once is enough: no second filter
+    log = logging.getLogger("py4j.clientserver")
+    assert len(log.filters) == 1
+    for error in (LowtideError("the query reports this line"), ValueError("a user's bug")):
+        try:
+            raise error
+        except Exception:
+            log.exception("There was an exception while executing the Python Proxy")
+    assert [r.exc_info[1] for r in caplog.records if r.exc_info] == [error]

@@ -9,10 +9,14 @@ also starts with three lines of its own (an incubator module warning, and Spark 
 it set the log level to WARN, which lowtide's log configuration overrides). A
 lowtide command's user should see none of them.
 
-The driver's own Python prints one more: PySpark's accumulator server reads updates
+The driver's own Python prints two more: PySpark's accumulator server reads updates
 from a JVM socket until it ends, and a socket the JVM closes (a stopping query's) ends
 in an ``EOFError`` traceback from ``socketserver``. :func:`mute_accumulator_hangups`
-makes that end quiet; nothing was lost, every update before it was applied.
+makes that end quiet; nothing was lost, every update before it was applied. And py4j
+logs each error a ``foreachBatch`` function raises, with its traceback: for lowtide's
+own errors (a sink's acks the tracker did not confirm), which the query reports as one
+line, :func:`mute_reported_errors` drops that log record; a user function's error is
+logged as before.
 
 :func:`filtered_jvm_stderr` launches the JVM with its stderr on a pipe; a thread
 copies each line to the real stderr, in order, except what :class:`NoiseFilter`
@@ -22,13 +26,17 @@ drops. Everything else (Spark's own error lines, a real traceback) passes unchan
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import socketserver
 import threading
 from collections.abc import Iterator
 
-__all__ = ["NoiseFilter", "filtered_jvm_stderr", "mute_accumulator_hangups"]
+from lowtide.core.errors import LowtideError
+
+__all__ = ["NoiseFilter", "filtered_jvm_stderr", "mute_accumulator_hangups",
+           "mute_reported_errors"]
 
 _WORKER_NOISE = "TransformWithStateInPandas Python worker"
 _START_NOISE = ("WARNING: Using incubator modules:", "Setting default log level to",
@@ -162,3 +170,18 @@ def mute_accumulator_hangups() -> None:
 
     handler.handle = handle_until_hangup  # type: ignore[method-assign]
     handler._lowtide_quiet = True  # type: ignore[attr-defined]
+
+
+class _ReportedErrors(logging.Filter):
+    """Drops a log record of a lowtide error: its query reports it as one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], LowtideError))
+
+
+def mute_reported_errors() -> None:
+    """py4j's callback server logs no traceback for a lowtide error a ``foreachBatch``
+    function raised (see the module docstring)."""
+    log = logging.getLogger("py4j.clientserver")
+    if not any(isinstance(f, _ReportedErrors) for f in log.filters):
+        log.addFilter(_ReportedErrors())

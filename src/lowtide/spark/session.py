@@ -29,7 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from lowtide.core.errors import LowtideError
-from lowtide.spark.quiet import filtered_jvm_stderr, mute_accumulator_hangups
+from lowtide.spark.quiet import (
+    filtered_jvm_stderr,
+    mute_accumulator_hangups,
+    mute_reported_errors,
+)
 
 __all__ = ["QUIET_LOG4J2", "JarsMissing", "SessionConfig", "driver_loads_fs", "fs_jar",
            "jars_dir", "prewarm", "quiet_log4j2_file", "session_jars"]
@@ -239,6 +243,7 @@ class SessionConfig:
         if self.quiet:
             logging.getLogger("py4j").setLevel(logging.ERROR)
             mute_accumulator_hangups()
+            mute_reported_errors()
         from pyspark.sql import SparkSession
 
         builder = SparkSession.builder.appName(self.app_name)
