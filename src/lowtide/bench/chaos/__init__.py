@@ -20,7 +20,8 @@ adds the fault kinds that need real Spark queries and files (:mod:`.spark_faults
 reruns from a new checkpoint into every file sink, two writers of one Delta table, rows
 lost in a step and replayed by time, a retry loop under a task failure and a restart:
 :mod:`.retry_fault`, a speculative window under task failures and a restart:
-:mod:`.speculative_fault`), a few minutes more; ``--only`` picks among both groups.
+:mod:`.speculative_fault`, a standalone tracker hung under a sink: :mod:`.hung_fault`),
+a few minutes more; ``--only`` picks among both groups.
 """
 
 from __future__ import annotations
@@ -72,7 +73,8 @@ SCENARIOS = (
 SPARK_SCENARIOS = ("rerun from a new checkpoint", "two writers of one table",
                    "rows lost in a step, replayed",
                    "retry loop under task failures and a restart",
-                   "speculative window under task failures and a restart")
+                   "speculative window under task failures and a restart",
+                   "tracker hung under a sink")
 
 
 def run(work: Workload, names: list[str] | None = None,

@@ -8,8 +8,10 @@ files (rule 14), each against a known ground truth (every record a producer wrot
   writer's records 2 s behind the other's;
 * ``rows lost in a step, replayed``: a step drops rows once, the sink's windows are
   repaired by a replay by time (:mod:`.replay_fault`);
-* a retry loop under task failures and a restart (:mod:`.retry_fault`), and a
-  speculative window under task failures and a restart (:mod:`.speculative_fault`).
+* a retry loop under task failures and a restart (:mod:`.retry_fault`), a
+  speculative window under task failures and a restart (:mod:`.speculative_fault`),
+  and a standalone tracker hung (SIGSTOP) while a sink sends its acks
+  (:mod:`.hung_fault`).
 
 ``premature``: a time announced complete (the sink's min time, or a version's published
 ``complete_below``) while a record below it was not in the output; ``lost``: records
@@ -25,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from lowtide.bench.chaos.hung_fault import HUNG, hung_sink_run
 from lowtide.bench.chaos.replay_fault import lost_and_replayed, result_of
 from lowtide.bench.chaos.retry_fault import RETRY_LOOP, retry_loop_run
 from lowtide.bench.chaos.retry_fault import result_of as retry_result
@@ -222,6 +225,8 @@ def run_spark(names: list[str] | None = None, spark: Any = None) -> list[Result]
             if not names or SPECULATIVE in names:
                 results.append(timed(lambda t: speculative_result(speculative_run(spark, t)),
                                      Path(tmp) / "speculative"))
+            if not names or HUNG in names:
+                results.append(timed(lambda t: hung_sink_run(spark, t), Path(tmp) / "hung"))
     finally:
         if own:
             spark.stop()

@@ -16,6 +16,7 @@ batch (:func:`lowtide.bench.spark.speculative.batch_windows`).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,8 +92,8 @@ def speculative_run(spark: Any, tmp: Path, timeout_s: float = 300.0) -> Speculat
     try:
         query = start()
         run.t0 = wait_for_t0(ckpt, query.query, timeout_s)
-        sampler = threading.Thread(target=_sample, args=(current, sink, run, stop),
-                                   daemon=True)
+        sampler = threading.Thread(target=sample, args=(current, sink, run.t0, run.early,
+                                                        stop), daemon=True)
         sampler.start()
         query.wait_for_min_time(GRID.slot_of(run.t0 + RESTART_AFTER_MS), "sink", timeout_s)
         query.stop()
@@ -109,13 +110,13 @@ def speculative_run(spark: Any, tmp: Path, timeout_s: float = 300.0) -> Speculat
     return run
 
 
-def wrong_finals(rows: Any, t0: int, below_ms: int) -> list[str]:
-    """Windows ending at or below ``below_ms`` whose final row is missing or is not the
-    batch recomputation's."""
+def wrong_windows(got: Any, t0: int, below_ms: int) -> list[str]:
+    """Windows ending at or below ``below_ms`` whose row in ``got`` ((user, end_ms) ->
+    n, total; None: no rows) is missing or is not the batch recomputation's, and rows
+    of windows the batch has not."""
     expected = batch_windows(t0, below_ms, KEYS, SPEC)
     expected = expected[expected.index.get_level_values("end_ms") <= below_ms]
-    got = (finals(rows.drop(columns=["batch"])).set_index(["user", "end_ms"])[["n", "total"]]
-           if len(rows) else expected.iloc[:0])
+    got = expected.iloc[:0] if got is None else got
     both = expected.join(got, rsuffix="_out", how="left")
     bad = both[(both["n"] != both["n_out"]) | (both["total"] != both["total_out"])]
     ends = got.index.get_level_values("end_ms")
@@ -123,20 +124,28 @@ def wrong_finals(rows: Any, t0: int, below_ms: int) -> list[str]:
     return [f"{user} window ending {end}" for user, end in [*bad.index, *extra.index]]
 
 
-def _sample(current: list[Any], sink: ByBatch, run: SpeculativeRun,
-            stop: threading.Event) -> None:
-    """Every 0.3 s: the sink's min time, then the output then: a window below it
-    without its batch final is premature."""
+def wrong_finals(rows: Any, t0: int, below_ms: int) -> list[str]:
+    """:func:`wrong_windows` of a changelog's final rows."""
+    return wrong_windows(finals(rows.drop(columns=["batch"])).set_index(["user", "end_ms"])[
+        ["n", "total"]] if len(rows) else None, t0, below_ms)
+
+
+def sample(current: list[Any], sink: ByBatch, t0: int, early: list[str],
+           stop: threading.Event, wrong: Callable[[Any, int, int], list[str]] = wrong_finals
+           ) -> None:
+    """Every 0.3 s: the sink's min time, then the output then: a window below it that
+    ``wrong`` finds missing or wrong (the output's rows, ``t0``, the min time in ms) is
+    premature, noted in ``early``."""
     while not stop.wait(0.3):
         try:
             claimed_ms = current[-1].min_time("sink") * GRID.delta_ms
             rows = sink.rows()
         except Exception:  # the query stopping under it
             continue
-        wrong = wrong_finals(rows, run.t0, claimed_ms)
-        if wrong:
-            run.early.append(f"min time {claimed_ms} ms: {len(wrong)} windows below it "
-                             f"without their final ({wrong[0]})")
+        bad = wrong(rows, t0, claimed_ms)
+        if bad:
+            early.append(f"min time {claimed_ms} ms: {len(bad)} windows below it "
+                         f"without their final ({bad[0]})")
 
 
 def result_of(run: SpeculativeRun) -> Result:
@@ -163,4 +172,4 @@ def result_of(run: SpeculativeRun) -> Result:
     return result
 
 
-__all__ = ["SPECULATIVE", "result_of", "speculative_run"]
+__all__ = ["SPECULATIVE", "ByBatch", "result_of", "sample", "speculative_run", "wrong_windows"]

@@ -21,16 +21,20 @@ import uuid
 from pathlib import Path
 
 from lowtide.bench.chaos.workload import GRAPH
+from lowtide.core.graph import SegmentGraph
 from lowtide.wire import graph_spec
 
 
 class TrackerProcess:
     def __init__(self, tmp: Path, *, shards: int = 0, secret_file: Path | None = None,
                  nofile: int | None = None, args: tuple[str, ...] = (),
-                 ha: str | None = None, port: int = 0, log_path: Path | None = None) -> None:
+                 ha: str | None = None, port: int = 0, log_path: Path | None = None,
+                 graph: SegmentGraph | None = GRAPH) -> None:
         self.state_dir = tmp / "state"
-        self.graph_file = tmp / "graph.json"
-        self.graph_file.write_text(json.dumps(graph_spec(GRAPH)))
+        # None: the graph of the first pipeline that connects (a Spark scenario's)
+        self.graph_file = tmp / "graph.json" if graph is not None else None
+        if self.graph_file is not None:
+            self.graph_file.write_text(json.dumps(graph_spec(graph)))
         self.log_path = log_path or tmp / "tracker.log"
         self.ha = ha  # kafka://HOST:PORT/GROUP: a member of a group, no state dir
         self.shards, self.secret_file, self.nofile = shards, secret_file, nofile
@@ -44,8 +48,9 @@ class TrackerProcess:
 
     def _command(self) -> list[str]:
         cmd = [sys.executable, "-m", "lowtide.service.deploy.standalone", "--port", str(self.port),
-               "--graph", str(self.graph_file), "--log-level", "warning",
-               "--stuck-after-ms", "60000", "--watch-stdin"]
+               "--log-level", "warning", "--stuck-after-ms", "60000", "--watch-stdin"]
+        if self.graph_file is not None:
+            cmd += ["--graph", str(self.graph_file)]
         cmd += (["--ha", self.ha, "--lease-s", str(LEASE_S)] if self.ha
                 else ["--state-dir", str(self.state_dir)])
         if self.shards:
