@@ -21,5 +21,5 @@ def test_a_tracker_hung_under_a_sink_then_a_restart(spark, tmp_path: Path) -> No
     result = hung_sink_run(spark, tmp_path)
     figures = chaos.summary([result])
     assert (figures["premature"], figures["lost"]) == (0, 0), (result.premature, result.notes)
-    assert result.notes[0].startswith("stopped") and "SinkAcksFailed" in result.notes[0]
+    assert result.notes[0].startswith("stopped in time") and "SinkAcksFailed" in result.notes[0]
     assert "1 batches written again" in result.notes[-1], result.notes

@@ -5,11 +5,12 @@ the sink sends that batch's acks. The query must stop within ``hold_wait_s`` wit
 line (the sink's acks, or the window's hold, unconfirmed: ``SinkAcksFailed`` or
 ``HoldFailed``); the tracker is then resumed and the query restarted from its
 checkpoint, which runs the unacked batch again. Ground truth: the generator's rows,
-recomputed as a batch.
+recomputed as a batch. The first note says how the query stopped ("stopped in time",
+or what went wrong: still running, or an error other than lowtide's one line).
 
 * ``premature``: the sink's min time announced while a window below it was missing or
-  wrong in the output (sampled while it runs, and at the end), a window written twice,
-  or a query that did not stop with one line within ``hold_wait_s`` and a slack;
+  wrong in the output (sampled while it runs, and at the end), or a window written
+  twice;
 * ``lost``: windows below the final min time missing or wrong at the end.
 """
 
@@ -87,8 +88,6 @@ def hung_sink_run(spark: Any, tmp: Path, timeout_s: float = 300.0) -> Result:
                                                         exact_windows), daemon=True)
         sampler.start()
         result.notes.append(_stopped(current[-1], sink, timeout_s))
-        if not result.notes[-1].startswith("stopped"):
-            result.premature.append(result.notes.pop())
         current[-1].stop()
         os.kill(tracker.proc.pid, signal.SIGCONT)
         current.append(stream.foreach_batch(sink, checkpoint=ckpt, trigger=TRIGGER))
@@ -118,8 +117,8 @@ def hung_sink_run(spark: Any, tmp: Path, timeout_s: float = 300.0) -> Result:
 
 
 def _stopped(query: Any, sink: StopsTracker, timeout_s: float) -> str:
-    """How the query ended once the tracker hung: "stopped ..." if within ``WAIT_S`` and
-    the slack with lowtide's one line, else what went wrong."""
+    """How the query ended once the tracker hung: "stopped in time: ..." if within
+    ``WAIT_S`` and the slack with lowtide's one line, else what went wrong."""
     deadline = time.monotonic() + timeout_s
     while sink.stopped_at is None and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -127,13 +126,13 @@ def _stopped(query: Any, sink: StopsTracker, timeout_s: float) -> str:
         return "the query never reached the batch that stops the tracker"
     with contextlib.suppress(Exception):  # Spark's own wrapping of the sink's error
         query.query.awaitTermination(WAIT_S + STOP_SLACK_S)
-    took_s = time.monotonic() - sink.stopped_at
+    took = f"{time.monotonic() - sink.stopped_at:.1f} s after the tracker hung"
     error = query.exception()
     if query.query.isActive:
-        return f"the query still ran {took_s:.0f} s after its tracker hung"
+        return f"the query still ran {took}"
     if not isinstance(error, LowtideError) or "\n" in str(error):
-        return f"the query stopped without lowtide's one line: {str(error)[:200]!r}"
-    return f"stopped {took_s:.1f} s after the tracker hung: {type(error).__name__}"
+        return f"stopped {took}, without lowtide's one line: {str(error)[:120]!r}"
+    return f"stopped in time: {took}, {type(error).__name__}"
 
 
 __all__ = ["HUNG", "hung_sink_run"]
