@@ -14,10 +14,11 @@ from lowtide.core.errors import LowtideError
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.time import TimeGrid
 from lowtide.spark.sinks.foreach import SinkAcksFailed, TrackedForeachBatch
+from lowtide.spark.sinks.tables import TableConfig
 from lowtide.spark.tracking.column import AckAccumulator
 from lowtide.spark.tracking.transport import TrackerRef, register_scheme
 
-GRAPH = SegmentGraph.of(("m", ()), ("sink", ("m",)))
+GRAPH = SegmentGraph.of(("m", ()), ("sink", ("m",)), ("reader", ()))
 REF = TrackerRef("hung://tracker:7070", GRAPH, TimeGrid(delta_ms=10))
 
 
@@ -65,3 +66,17 @@ def test_a_sink_without_acks_never_waits_on_the_tracker(hung: Any) -> None:
     sink = TrackedForeachBatch(None, REF, "sink", wait_s=2.5)
     sink._ack("query-1", 13, AckAccumulator())  # an empty batch: nothing to confirm
     assert hung.waits_s == []
+
+
+def test_a_tables_feed_into_its_readers_waits_the_same(hung: Any, tmp_path: Any) -> None:
+    """``write_table(feeds=...)`` sends the batch's rows into each reader's segment before
+    it writes them: that send waits ``hold_wait_s`` too, and fails with the same line."""
+    failures: list[LowtideError] = []
+    writer = TableConfig(str(tmp_path / "t"), "parquet", feeds=("reader",)).build(
+        lambda: REF, "sink")
+    writer.wait_for_tracker(1.5, failures.append)
+    with pytest.raises(SinkAcksFailed, match=r"batch 4 within 1\.5 s") as raised:
+        writer._feed(REF, "query-1", 4, np.array([100], np.int64),
+                     np.array([7], np.uint64), np.array([1], np.int64))
+    assert hung.waits_s == [1.5] and failures == [raised.value]
+    assert str(raised.value).startswith("table sink 'sink''s feeds: the tracker at")

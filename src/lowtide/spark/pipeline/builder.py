@@ -61,6 +61,7 @@ from lowtide.spark.pipeline.step_plans import (
 )
 from lowtide.spark.pipeline.stream import Stream
 from lowtide.spark.sinks import ParquetSink, TrackedForeachBatch
+from lowtide.spark.sinks.tables import TableWriter
 from lowtide.spark.sources.generator import GeneratorSpec
 from lowtide.spark.sources.joins import release_join
 from lowtide.spark.sources.log_replay import RANGE_OPTION
@@ -372,6 +373,8 @@ class Pipeline:
         tracker that does not confirm within ``hold_wait_s`` stops the query (one line)."""
         wait_s = self._tracker_options.hold_wait_s
         if sink[0] == "foreach":
+            if isinstance(sink[1], TableWriter):  # its feeds' acks wait the same
+                sink[1].wait_for_tracker(wait_s, on_failure)
             return TrackedForeachBatch(sink[1], ref, sink_name, keep_tracking_columns=sink[2],
                                        trace_file=sink[3], wait_s=wait_s, on_failure=on_failure)
         return ParquetSink(sink[1]["path"], ref, sink_name,  # write_parquet

@@ -47,18 +47,20 @@ class SinkAcksFailed(LowtideError, RuntimeError):
 
 
 def send_sink_acks(ref: TrackerRef, segment: str, query: str, batch_id: int, acks: Any, *,
-                   wait_s: float = ACK_WAIT_S, on_failure: OnFailure | None = None) -> None:
+                   wait_s: float = ACK_WAIT_S, on_failure: OnFailure | None = None,
+                   what: str | None = None) -> None:
     """Send the sink's acks of a batch (on the driver, in ``foreachBatch``). A tracker
     that does not confirm them within ``wait_s`` ends the batch with
     :class:`SinkAcksFailed`, one line handed first to ``on_failure`` (the query's
     ``fail``): the batch is not committed, so the query's restart re-sends its acks under
-    the same key (rule 6), and the sink's min time never passed them (fail closed)."""
+    the same key (rule 6), and the sink's min time never passed them (fail closed).
+    ``what``: the sender in that line (default: the sink ``segment``)."""
     try:
         connect(ref).send_batch(batch_key(query, batch_id, segment, 0), acks, timeout_s=wait_s)
     except TimeoutError:
         error = SinkAcksFailed(
-            f"sink {segment!r}: the tracker at {ref.url} did not confirm the acks of batch "
-            f"{batch_id} within {wait_s:g} s (hold_wait_s), so the query stopped and "
+            f"{what or f'sink {segment!r}'}: the tracker at {ref.url} did not confirm the "
+            f"acks of batch {batch_id} within {wait_s:g} s (hold_wait_s), so the query stopped and "
             f"commits nothing past that batch: check the tracker (lowtide status --url "
             f"{ref.url}), then start the query again from its checkpoint")
         if on_failure is not None:

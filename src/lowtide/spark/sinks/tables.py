@@ -46,10 +46,11 @@ import numpy as np
 from lowtide.service.clock import wall_ms
 from lowtide.spark.sinks.batches import digest
 from lowtide.spark.sinks.completeness import Record
+from lowtide.spark.sinks.foreach import ACK_WAIT_S, OnFailure, send_sink_acks
 from lowtide.spark.sinks.table_formats import DeltaTable, ParquetTable, check_floor
 from lowtide.spark.sources.log_source import ensure_front
 from lowtide.spark.tracking.column import ACK_COL, TIME_COL, AckAccumulator, as_u64
-from lowtide.spark.tracking.transport import TrackerRef, batch_key, connect
+from lowtide.spark.tracking.transport import TrackerRef, connect
 
 TABLE_FORMATS = ("delta", "parquet")
 
@@ -114,6 +115,13 @@ class TableWriter:
         self.committed_batch: int | None = None
         self._query = ""  # the writing query's id, known at its first batch
         self._cancel: Callable[[], None] | None = None
+        self.wait_s: float = ACK_WAIT_S
+        self.on_failure: OnFailure | None = None
+
+    def wait_for_tracker(self, wait_s: float, on_failure: OnFailure | None) -> None:
+        """How long the feeds' acks wait for the tracker, and whom a tracker that does
+        not confirm them in time is reported to (the query's sink sets both)."""
+        self.wait_s, self.on_failure = wait_s, on_failure
 
     def start(self) -> TrackerRef:
         """Register the bridge fronts at the sink's min time and follow it (once)."""
@@ -192,8 +200,9 @@ class TableWriter:
         acc = AckAccumulator()
         for reader in self.config.feeds:
             acc.add_reduced(ref.graph.index(reader), times, xors, counts)
-        key = batch_key(query, batch_id, f"<table>{self.segment}", 0)
-        connect(ref).send_batch(key, acc.build(ref.grid.window_slots))
+        send_sink_acks(ref, f"<table>{self.segment}", query, batch_id,
+                       acc.build(ref.grid.window_slots), wait_s=self.wait_s,
+                       on_failure=self.on_failure, what=f"table sink {self.segment!r}'s feeds")
 
     def _publish(self) -> None:
         """This writer's record now (once declared): Parquet, into the manifest."""
