@@ -238,6 +238,23 @@ def changelog_schema(window: WindowSpec, aggs: tuple[TypedAgg, ...]) -> str:
     return f"{output_schema(window, aggs)}, {CHANGELOG_DDL}"
 
 
+def aggs_every(what: str, step: Any, every: str | int | None, given: bool) -> int:
+    """:func:`checked_every` of a keyed ``agg()`` step (its output: keys, aggregates)
+    made speculative; ``given``: it was already (a one-line error)."""
+    if given:
+        raise ValueError(f"{what}: speculative() is given once")
+    return checked_every(what, every, {*step.keys, *(a.out for a in step.aggs)})
+
+
+def changelog_keyed_step(step: Any, logic: Any, schema: str, what: str, every_ms: int
+                         ) -> StatefulSpec:
+    """The keyed runtime's step of a speculative ``step`` (name, keys, ``poll_ms``):
+    ``logic`` writing its changelog after ``schema``'s columns, eager when ``every_ms``
+    bounds how often a version may follow the last."""
+    return StatefulSpec(step.name, step.keys, logic, f"{schema}, {CHANGELOG_DDL}",
+                        step.poll_ms, what=what, eager=every_ms > 0)
+
+
 def make_speculative(step: Any, every: str | int | None) -> SpeculativeSpec:
     """``stream.window(...).agg(...).speculative(every=...)``: ``step`` the stream's
     last step, which must be a window's ``agg``; ``every`` None (each batch) or a
@@ -247,8 +264,8 @@ def make_speculative(step: Any, every: str | int | None) -> SpeculativeSpec:
         raise ValueError(f"speculative() follows a window's, session window's or groupBy's "
                          f"agg(), a window's apply(), a stateful() or an outer join, not {what}: "
                          "stream.window(...).agg(...).speculative()")
-    return SpeculativeSpec(step.name, step, checked_every(
-        f"window {step.name!r}", every, {*step.keys, *(a.out for a in step.aggs)}))
+    return SpeculativeSpec(step.name, step, aggs_every(f"window {step.name!r}", step, every,
+                                                       False))
 
 
 def checked_every(what: str, every: str | int | None, columns: set[str],

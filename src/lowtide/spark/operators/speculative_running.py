@@ -48,12 +48,12 @@ from lowtide.spark.operators.running import AS_OF, GroupedSpec, Running, Running
 from lowtide.spark.operators.slot_logic import LogicStep, RowParts
 from lowtide.spark.operators.speculative import (
     Shown,
+    aggs_every,
     changelog_frame,
+    changelog_keyed_step,
     changelog_step,
-    checked_every,
 )
 from lowtide.spark.operators.window_aggs import merge, results
-from lowtide.spark.sinks.changelog import CHANGELOG_DDL
 
 
 @dataclass(frozen=True)
@@ -108,18 +108,15 @@ class SpeculativeGroupedSpec(GroupedSpec):
     changes_ms: int = 0
 
     def keyed(self, logic: RunningLogic, schema: str) -> StatefulSpec:
-        return StatefulSpec(self.name, self.keys, SpeculativeRunning(logic, self.changes_ms),
-                            f"{schema}, {CHANGELOG_DDL}", self.poll_ms, what="groupBy",
-                            eager=self.changes_ms > 0)
+        return changelog_keyed_step(self, SpeculativeRunning(logic, self.changes_ms),
+                                    schema, "groupBy", self.changes_ms)
 
 
 def make_speculative_grouped(step: GroupedSpec, every: str | int | None
                              ) -> SpeculativeGroupedSpec:
     """``stream.groupBy(...).agg(...).speculative(every=...)``."""
-    what = f"groupBy {step.name!r}"
-    if isinstance(step, SpeculativeGroupedSpec):
-        raise ValueError(f"{what}: speculative() is given once")
-    changes_ms = checked_every(what, every, {*step.keys, *(a.out for a in step.aggs)})
+    changes_ms = aggs_every(f"groupBy {step.name!r}", step, every,
+                            isinstance(step, SpeculativeGroupedSpec))
     return SpeculativeGroupedSpec(step.name, step.keys, step.every_ms, step.aggs,
                                   step.poll_ms, changes_ms)
 

@@ -52,10 +52,16 @@ from lowtide.spark.operators.sessions import (
     SessionSpec,
 )
 from lowtide.spark.operators.slot_logic import AT_COL, CHILD_COL, LogicStep, RowParts
-from lowtide.spark.operators.speculative import EARLY_BASE, Change, Shown, checked_every, show
+from lowtide.spark.operators.speculative import (
+    EARLY_BASE,
+    Change,
+    Shown,
+    aggs_every,
+    changelog_keyed_step,
+    show,
+)
 from lowtide.spark.operators.window_aggs import result_columns, results, time_column
 from lowtide.spark.sinks.changelog import (
-    CHANGELOG_DDL,
     FINAL_COL,
     INSERT,
     OP_COL,
@@ -177,18 +183,15 @@ class SpeculativeSessionSpec(SessionSpec):
     every_ms: int = 0
 
     def keyed(self, logic: SessionLogic, schema: str) -> StatefulSpec:
-        return StatefulSpec(self.name, self.keys, SpeculativeSessions(logic, self.every_ms),
-                            f"{schema}, {CHANGELOG_DDL}", self.poll_ms, what="session_window",
-                            eager=self.every_ms > 0)
+        return changelog_keyed_step(self, SpeculativeSessions(logic, self.every_ms),
+                                    schema, "session_window", self.every_ms)
 
 
 def make_speculative_sessions(step: SessionSpec, every: str | int | None
                               ) -> SpeculativeSessionSpec:
     """``stream.session_window(...).agg(...).speculative(every=...)``."""
-    what = f"session_window {step.name!r}"
-    if isinstance(step, SpeculativeSessionSpec):
-        raise ValueError(f"{what}: speculative() is given once")
-    every_ms = checked_every(what, every, {*step.keys, *(a.out for a in step.aggs)})
+    every_ms = aggs_every(f"session_window {step.name!r}", step, every,
+                          isinstance(step, SpeculativeSessionSpec))
     return SpeculativeSessionSpec(step.name, step.keys, step.gap_ms, step.gap, step.aggs,
                                   step.poll_ms, every_ms)
 
