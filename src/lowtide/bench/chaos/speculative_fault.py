@@ -145,7 +145,7 @@ def sample(current: list[Any], sink: ByBatch, t0: int, early: list[str],
         bad = wrong(rows, t0, claimed_ms)
         if bad:
             early.append(f"min time {claimed_ms} ms: {len(bad)} windows below it "
-                         f"without their final ({bad[0]})")
+                         f"missing or wrong ({bad[0]})")
 
 
 def result_of(run: SpeculativeRun) -> Result:

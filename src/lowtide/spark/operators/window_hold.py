@@ -55,7 +55,7 @@ from lowtide.core.messages import AckBatch
 from lowtide.core.time import TIME_LIMIT, TimeGrid
 from lowtide.spark.operators.state_clock import key_hash, state_segment
 from lowtide.spark.tracking.receive import STAMP_MAX_MS
-from lowtide.spark.tracking.transport import TrackerRef, batch_key, connect
+from lowtide.spark.tracking.transport import HOLD_WAIT_S, TrackerRef, batch_key, connect
 
 log = logging.getLogger("lowtide.spark.window")
 
@@ -64,8 +64,6 @@ HOP_WINDOWS = 1 << 18
 #: the target that opens no hold: every front finished, nothing more will be emitted
 END = TIME_LIMIT
 HOLD_PREFIX = "<hold>"
-#: how long a move may wait for the tracker, over all its hops (``Pipeline(hold_wait_s=)``)
-HOLD_WAIT_S = 30.0
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _PARENT = key_hash("lowtide window hold")
 

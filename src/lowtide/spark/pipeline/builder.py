@@ -21,7 +21,7 @@ the graph.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +32,6 @@ from lowtide.service.progress import RowRates
 from lowtide.spark.operators.joins import JoinSpec, join_input
 from lowtide.spark.operators.speculative_plan import SPECULATIVE_CONFS, update_mode
 from lowtide.spark.operators.tracked import OpSpec
-from lowtide.spark.operators.window_hold import HOLD_WAIT_S
 from lowtide.spark.operators.window_input import FORMAT
 from lowtide.spark.operators.window_plan import WATERMARK_CONFS, QueryWindows, session_confs
 from lowtide.spark.pipeline.batches import BatchReporter, announce_queries
@@ -60,15 +59,14 @@ from lowtide.spark.pipeline.step_plans import (
     union_by_name,
 )
 from lowtide.spark.pipeline.stream import Stream
-from lowtide.spark.sinks import ParquetSink, TrackedForeachBatch
-from lowtide.spark.sinks.tables import TableWriter
+from lowtide.spark.pipeline.stream_sinks import sink_function
 from lowtide.spark.sources.generator import GeneratorSpec
 from lowtide.spark.sources.joins import release_join
 from lowtide.spark.sources.log_replay import RANGE_OPTION
 from lowtide.spark.sources.log_source import parse_fronts
 from lowtide.spark.sources.read_stream import check_labelled, entry_of
 from lowtide.spark.sources.retention import release_consumer
-from lowtide.spark.tracking.transport import TrackerRef
+from lowtide.spark.tracking.transport import HOLD_WAIT_S, TrackerRef
 
 
 @dataclass(frozen=True)
@@ -348,8 +346,8 @@ class Pipeline:
             if tracked:  # else Spark's own error of the batch stops it
                 tracked[0].fail(error)
 
-        writer = writer.format("noop") if null_sink else writer.foreachBatch(
-            self._sink_function(sink, ref, sink_name, fail))
+        writer = writer.format("noop") if null_sink else writer.foreachBatch(sink_function(
+            sink, ref, sink_name, self._tracker_options.hold_wait_s, fail))
         # a query takes its session's confs when it starts: JVM windows need theirs then
         confs = WATERMARK_CONFS if built.holds else ()
         if update_mode(QueryWindows.of(stream, checkpoint)):  # a speculative window's
@@ -366,20 +364,6 @@ class Pipeline:
         tracked.append(tq)
         self._queries.append(tq)
         return tq
-
-    def _sink_function(self, sink: tuple[Any, ...], ref: TrackerRef, sink_name: str,
-                       on_failure: Callable[[LowtideError], None]) -> Any:
-        """The ``foreachBatch`` function of a tracked sink: it acks the batch, and a
-        tracker that does not confirm within ``hold_wait_s`` stops the query (one line)."""
-        wait_s = self._tracker_options.hold_wait_s
-        if sink[0] == "foreach":
-            if isinstance(sink[1], TableWriter):  # its feeds' acks wait the same
-                sink[1].wait_for_tracker(wait_s, on_failure)
-            return TrackedForeachBatch(sink[1], ref, sink_name, keep_tracking_columns=sink[2],
-                                       trace_file=sink[3], wait_s=wait_s, on_failure=on_failure)
-        return ParquetSink(sink[1]["path"], ref, sink_name,  # write_parquet
-                           keep_tracking_columns=sink[1]["keepTrackingColumns"] == "true",
-                           wait_s=wait_s, on_failure=on_failure)
 
     # recovery (docs/operating.md)
     def replay(self, from_time: Any, to_time: Any, path: str, *, query: TrackedQuery | None = None,

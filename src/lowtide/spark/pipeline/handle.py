@@ -11,10 +11,9 @@ from lowtide.core.dead_fronts import FrontTimeout
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.time import TimeGrid
 from lowtide.service.freshness import Sla
-from lowtide.spark.operators.window_hold import HOLD_WAIT_S
 from lowtide.spark.pipeline.dag import PipelineShapeError
 from lowtide.spark.pipeline.describe import duration_of
-from lowtide.spark.tracking.transport import TrackerRef
+from lowtide.spark.tracking.transport import HOLD_WAIT_S, TrackerRef
 
 #: how long a detach waits for the fronts of a released log consumer to leave it (a
 #: front that stopped never does: its segment is detached all the same)

@@ -1,6 +1,7 @@
 """Where a tracked stream goes: the sinks of :class:`.stream.Stream`, each of which
 starts the query (``foreach_batch``, ``write_parquet``, ``write_table``, ``to_null``,
-``to_console``, ``foreach_complete``, PySpark's ``writeStream`` builder)."""
+``to_console``, ``foreach_complete``, PySpark's ``writeStream`` builder), and the
+``foreachBatch`` function each tracked sink runs (:func:`sink_function`)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from lowtide.spark.pipeline.write_stream import TrackedStreamWriter
-from lowtide.spark.sinks import console_writer
+from lowtide.spark.sinks import ParquetSink, TrackedForeachBatch, console_writer
+from lowtide.spark.sinks.foreach import OnFailure
 from lowtide.spark.sinks.ordered import CompleteRanges
-from lowtide.spark.sinks.tables import TableConfig, check_feeds
+from lowtide.spark.sinks.tables import TableConfig, TableWriter, check_feeds
+from lowtide.spark.tracking.transport import TrackerRef
 
 if TYPE_CHECKING:
     from lowtide.spark.pipeline.builder import Pipeline
@@ -125,3 +128,18 @@ class StreamSinks:
         writer.start()
         return query
 
+
+
+def sink_function(sink: tuple[Any, ...], ref: TrackerRef, sink_name: str, wait_s: float,
+                  on_failure: OnFailure) -> Any:
+    """The ``foreachBatch`` function of a tracked sink (``sink``: what a method above
+    passed to the pipeline): it acks the batch, and a tracker that does not confirm
+    within ``wait_s`` (``hold_wait_s``) stops the query with one line (``on_failure``)."""
+    if sink[0] == "foreach":
+        if isinstance(sink[1], TableWriter):  # its feeds' acks wait the same
+            sink[1].wait_for_tracker(wait_s, on_failure)
+        return TrackedForeachBatch(sink[1], ref, sink_name, keep_tracking_columns=sink[2],
+                                   trace_file=sink[3], wait_s=wait_s, on_failure=on_failure)
+    return ParquetSink(sink[1]["path"], ref, sink_name,  # write_parquet
+                       keep_tracking_columns=sink[1]["keepTrackingColumns"] == "true",
+                       wait_s=wait_s, on_failure=on_failure)

@@ -26,7 +26,7 @@ from lowtide.spark.tracking.column import (
     reference_slot,
     unwrap,
 )
-from lowtide.spark.tracking.transport import TrackerRef, batch_key, connect
+from lowtide.spark.tracking.transport import HOLD_WAIT_S, TrackerRef, batch_key, connect
 
 
 def append_trace(path: str, batch_id: int, started_ns: int, rows: int) -> None:
@@ -36,9 +36,6 @@ def append_trace(path: str, batch_id: int, started_ns: int, rows: int) -> None:
         f.write(f"{batch_id} {started_ns} {time.time_ns()} {rows}\n")
 
 
-#: how long a sink waits for the tracker to confirm a batch's acks (the pipeline passes
-#: its ``hold_wait_s``)
-ACK_WAIT_S = 30.0
 OnFailure = Callable[[LowtideError], None]
 
 
@@ -47,7 +44,7 @@ class SinkAcksFailed(LowtideError, RuntimeError):
 
 
 def send_sink_acks(ref: TrackerRef, segment: str, query: str, batch_id: int, acks: Any, *,
-                   wait_s: float = ACK_WAIT_S, on_failure: OnFailure | None = None,
+                   wait_s: float = HOLD_WAIT_S, on_failure: OnFailure | None = None,
                    what: str | None = None) -> None:
     """Send the sink's acks of a batch (on the driver, in ``foreachBatch``). A tracker
     that does not confirm them within ``wait_s`` ends the batch with
@@ -86,7 +83,7 @@ class TrackedForeachBatch:
         *,
         keep_tracking_columns: bool = False,
         trace_file: str | None = None,
-        wait_s: float = ACK_WAIT_S,
+        wait_s: float = HOLD_WAIT_S,
         on_failure: OnFailure | None = None,
     ) -> None:
         self.fn = fn

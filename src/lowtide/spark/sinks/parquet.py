@@ -22,7 +22,7 @@ import numpy as np
 
 from lowtide.core.time import TimeGrid
 from lowtide.spark.sinks.batches import BatchFiles, digest
-from lowtide.spark.sinks.foreach import ACK_WAIT_S, OnFailure, query_id, send_sink_acks
+from lowtide.spark.sinks.foreach import OnFailure, query_id, send_sink_acks
 from lowtide.spark.tracking.column import (
     ACK_COL,
     TIME_COL,
@@ -33,7 +33,7 @@ from lowtide.spark.tracking.column import (
     reference_slot,
     slots_of,
 )
-from lowtide.spark.tracking.transport import TrackerRef
+from lowtide.spark.tracking.transport import HOLD_WAIT_S, TrackerRef
 
 #: what each task of a batch returns: its file (none without rows) and its receipts
 STAGED = ("partition int, rows long, staged string, "
@@ -98,7 +98,7 @@ class ParquetSink:
     ``part-<query>-<batch>-<partition>.parquet`` files, then their receipts acked."""
 
     def __init__(self, path: str, ref: TrackerRef, segment: str, *,
-                 keep_tracking_columns: bool = False, wait_s: float = ACK_WAIT_S,
+                 keep_tracking_columns: bool = False, wait_s: float = HOLD_WAIT_S,
                  on_failure: OnFailure | None = None) -> None:
         self.folder = Path(path)
         self.ref = ref

@@ -46,11 +46,11 @@ import numpy as np
 from lowtide.service.clock import wall_ms
 from lowtide.spark.sinks.batches import digest
 from lowtide.spark.sinks.completeness import Record
-from lowtide.spark.sinks.foreach import ACK_WAIT_S, OnFailure, send_sink_acks
+from lowtide.spark.sinks.foreach import OnFailure, send_sink_acks
 from lowtide.spark.sinks.table_formats import DeltaTable, ParquetTable, check_floor
 from lowtide.spark.sources.log_source import ensure_front
 from lowtide.spark.tracking.column import ACK_COL, TIME_COL, AckAccumulator, as_u64
-from lowtide.spark.tracking.transport import TrackerRef, connect
+from lowtide.spark.tracking.transport import HOLD_WAIT_S, TrackerRef, connect
 
 TABLE_FORMATS = ("delta", "parquet")
 
@@ -115,7 +115,7 @@ class TableWriter:
         self.committed_batch: int | None = None
         self._query = ""  # the writing query's id, known at its first batch
         self._cancel: Callable[[], None] | None = None
-        self.wait_s: float = ACK_WAIT_S
+        self.wait_s: float = HOLD_WAIT_S
         self.on_failure: OnFailure | None = None
 
     def wait_for_tracker(self, wait_s: float, on_failure: OnFailure | None) -> None:

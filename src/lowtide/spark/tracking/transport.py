@@ -96,6 +96,10 @@ class TrackerRef:
         return cls(doc["url"], graph, grid, doc["secret"], doc.get("confirm", True))
 
 
+#: how long the driver waits for the tracker after a micro-batch, for a window's hold
+#: move or a sink's acks (``Pipeline(hold_wait_s=)``); then the query stops, one line
+HOLD_WAIT_S = 30.0
+
 _factories: dict[str, Callable[[TrackerRef], AgentLike]] = {}
 _lock = threading.Lock()
 
