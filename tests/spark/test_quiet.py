@@ -115,7 +115,10 @@ def test_py4j_logs_a_user_functions_error_but_not_a_lowtide_one(
     mute_reported_errors()  # once is enough: no second filter
     log = logging.getLogger("py4j.clientserver")
     assert len(log.filters) == 1
-    for error in (LowtideError("the query reports this line"), ValueError("a user's bug")):
+    in_task = RuntimeError("PythonException: Traceback (most recent call last):\n"
+                           "lowtide.spark.tracking.task_errors.TaskAcksFailed: one line\n")
+    for error in (LowtideError("the query reports this line"), in_task,
+                  ValueError("a user's bug")):
         try:
             raise error
         except Exception:

@@ -62,8 +62,8 @@ def main(args: argparse.Namespace) -> int:
             end = None  # --seconds count once the first batch is done (it starts workers)
             while end is None or time.monotonic() < end:
                 time.sleep(1.0)
-                if query.query.exception() is not None:
-                    print(f"query failed: {query.query.exception()}", file=sys.stderr)
+                if query.exception() is not None:
+                    print(f"query failed: {query.exception()}", file=sys.stderr)
                     return 1
                 status = query.progress()
                 if end is None and status.starting is None:

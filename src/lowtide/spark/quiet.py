@@ -14,9 +14,9 @@ from a JVM socket until it ends, and a socket the JVM closes (a stopping query's
 in an ``EOFError`` traceback from ``socketserver``. :func:`mute_accumulator_hangups`
 makes that end quiet; nothing was lost, every update before it was applied. And py4j
 logs each error a ``foreachBatch`` function raises, with its traceback: for lowtide's
-own errors (a sink's acks the tracker did not confirm), which the query reports as one
-line, :func:`mute_reported_errors` drops that log record; a user function's error is
-logged as before.
+own errors (a sink's acks the tracker did not confirm, or a task's, which fails the
+job the function ran), which the query reports as one line, :func:`mute_reported_errors`
+drops that log record; a user function's error is logged as before.
 
 :func:`filtered_jvm_stderr` launches the JVM with its stderr on a pipe; a thread
 copies each line to the real stderr, in order, except what :class:`NoiseFilter`
@@ -33,7 +33,7 @@ import socketserver
 import threading
 from collections.abc import Iterator
 
-from lowtide.core.errors import LowtideError
+from lowtide.spark.tracking.task_errors import raised_in_task
 
 __all__ = ["NoiseFilter", "filtered_jvm_stderr", "mute_accumulator_hangups",
            "mute_reported_errors"]
@@ -173,10 +173,12 @@ def mute_accumulator_hangups() -> None:
 
 
 class _ReportedErrors(logging.Filter):
-    """Drops a log record of a lowtide error: its query reports it as one line."""
+    """Drops a log record of a lowtide error, raised in the function or in a task of
+    the job it ran (Spark's error then carries the task's line): its query reports it
+    as one line."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.exc_info and isinstance(record.exc_info[1], LowtideError))
+        return not (record.exc_info and raised_in_task(record.exc_info[1]) is not None)
 
 
 def mute_reported_errors() -> None:

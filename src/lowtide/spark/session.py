@@ -66,7 +66,10 @@ _DELTA_JARS = ("delta-spark_", "delta-storage-", "delta-kernel-", "unitycatalog-
 # job" when the stop lands as the next trigger starts writing, the Python runner's
 # interrupted read): those loggers are off. Real failures still reach the caller as the
 # query's exception, so a query's own "terminated with error" line (with a Java frame)
-# is off too: lowtide's commands print that exception as one line.
+# is off too: lowtide's commands print that exception as one line. So are a failed
+# task's lines (the executor's, with the Python traceback, and the scheduler's "aborting
+# job"): a task retried then succeeds, and a job that fails raises in the query (a
+# lowtide error raised in a task: as its one line, see spark/tracking/task_errors.py).
 QUIET_LOG4J2 = """\
 rootLogger.level = error
 rootLogger.appenderRef.stderr.ref = console
@@ -83,6 +86,10 @@ logger.v2write.name = org.apache.spark.sql.execution.datasources.v2.WriteToDataS
 logger.v2write.level = off
 logger.query.name = org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution
 logger.query.level = off
+logger.task.name = org.apache.spark.executor.Executor
+logger.task.level = off
+logger.tasks.name = org.apache.spark.scheduler.TaskSetManager
+logger.tasks.level = off
 """
 
 

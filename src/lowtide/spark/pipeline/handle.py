@@ -99,7 +99,8 @@ class TrackerHandle:
             self.service = TrackerService.start(graph, grid=grid, **options.embedded_kwargs())
             url = self.service.url
         self.url: str = url
-        self.ref = TrackerRef(self.url, graph, grid, options.secret, options.confirm)
+        self.ref = TrackerRef(self.url, graph, grid, options.secret, options.confirm,
+                              options.hold_wait_s)
         self._agent: Any = None
 
     def attach(self, part: SegmentGraph) -> None:

@@ -17,6 +17,7 @@ from lowtide.spark.operators.frames import first_line
 from lowtide.spark.pipeline.batches import BatchReporter, last_batch_id
 from lowtide.spark.pipeline.monitoring import ProgressMetrics
 from lowtide.spark.pipeline.status import PipelineStatus
+from lowtide.spark.tracking.task_errors import raised_in_task
 
 if TYPE_CHECKING:
     from lowtide.spark.pipeline.builder import Pipeline
@@ -160,20 +161,23 @@ class TrackedQuery:
 
     def awaitTermination(self, timeout: float | None = None) -> bool | None:
         """Spark's: block until the query ends (``timeout`` s: False if it did not);
-        raises the error lowtide stopped it with (:meth:`fail`)."""
+        raises the error lowtide stopped it with (:meth:`fail`, or raised in a task)."""
         try:
             ended = self.query.awaitTermination(timeout)
-        except Exception:  # Spark's wrapping of the error a sink stopped it with
-            if self._failure is None:
+        except Exception as exc:  # Spark's wrapping of the error a sink or task raised
+            failure = self._failure or raised_in_task(exc)
+            if failure is None:
                 raise
-            ended = True
+            raise failure from None
         if self._failure is not None and not self.query.isActive:
             raise self._failure from None
         return ended  # type: ignore[no-any-return]
 
     def exception(self) -> Any:
-        """Why the query ended: the error lowtide stopped it with, else Spark's."""
-        return self._failure or self.query.exception()
+        """Why the query ended: the error lowtide stopped it with (one line, also one
+        a task raised), else Spark's."""
+        error = self.query.exception()
+        return self._failure or raised_in_task(error) or error
 
     def fail(self, error: LowtideError) -> threading.Thread:
         """Stop the query because of ``error`` (one line that says what to do), from a

@@ -46,6 +46,7 @@ from lowtide.spark.tracking.column import (
     reference_slot,
 )
 from lowtide.spark.tracking.key_ranges import front_range
+from lowtide.spark.tracking.task_errors import answered_within
 from lowtide.spark.tracking.transport import (
     AgentLike,
     Pending,
@@ -108,11 +109,15 @@ class TaskBatch:
 
     acks: AckBatch
     pending: Pending | None  # None: nothing to send
+    ref: TrackerRef | None = None
+    what: str = ""  # the batch, in the one line that says it was not confirmed
 
     def wait(self) -> None:
-        """Block until the tracker confirmed the batch (rule 6: before the task ends)."""
-        if self.pending is not None:
-            self.pending.wait()
+        """Block until the tracker confirmed the batch (rule 6: before the task ends);
+        :class:`TaskAcksFailed` if it did not within ``ref.wait_s``."""
+        if self.pending is not None and self.ref is not None:
+            with answered_within(self.ref, self.what):
+                self.pending.wait()
 
 
 def submit_task_batch(
@@ -133,8 +138,10 @@ def submit_task_batch(
         return TaskBatch(acks, None)
     ident = task_identity()
     key = batch_key(ident.query, ident.batch_id, segment, partition)
-    pending = connect(ref).submit_batch(key, acks, tuple(heartbeats), owner=owner)
-    return TaskBatch(acks, pending if ref.confirm else None)
+    pending = connect(ref).submit_batch(key, acks, tuple(heartbeats), ref.wait_s, owner=owner)
+    what = (f"the acks of segment '{segment}' from task {partition} of batch "
+            f"{ident.batch_id} of query {ident.query}")
+    return TaskBatch(acks, pending if ref.confirm else None, ref, what)
 
 
 def send_task_batch(

@@ -52,6 +52,7 @@ import numpy as np
 
 from lowtide.core.time import TimeGrid
 from lowtide.spark.tracking.column import TRACK_COL, AckAccumulator, reference_slot
+from lowtide.spark.tracking.task_errors import answered_within
 from lowtide.spark.tracking.transport import TrackerRef, connect
 
 RECEIVE_PREFIX = "<receive>"
@@ -80,7 +81,8 @@ def read_stamp(ref: TrackerRef, segment: str) -> int:
     from lowtide.service.clock import wall_ms
 
     agent: Any = connect(ref)
-    return stamp_ms(int(agent.min_time_at(segment, wall_ms())), ref.grid)
+    with answered_within(ref, f"asking for segment '{segment}''s min time"):
+        return stamp_ms(int(agent.min_time_at(segment, wall_ms(), ref.wait_s)), ref.grid)
 
 
 def stamped(ref: TrackerRef, segment: str, key: str, batches: Iterable[Any],

@@ -64,6 +64,12 @@ class AgentLike(Protocol):
     def heartbeat(self, front: int, time: int, *, owner: str | None = None) -> None: ...
 
 
+#: how long the driver waits for the tracker after a micro-batch (a window's hold move,
+#: a sink's acks) and a task for its acks' confirmation (``Pipeline(hold_wait_s=)``);
+#: then the query stops, with one line that says what to do
+HOLD_WAIT_S = 30.0
+
+
 @dataclass(frozen=True)
 class TrackerRef:
     """Where the tracker is and what graph it tracks; picklable and JSON-able."""
@@ -75,6 +81,8 @@ class TrackerRef:
     #: tasks wait for the tracker's confirmation of their batches (rule 6); False only
     #: to measure what the wait costs (see Pipeline)
     confirm: bool = True
+    #: how long a task waits for the tracker's answer (``hold_wait_s``), then fails
+    wait_s: float = HOLD_WAIT_S
 
     def to_option(self) -> str:
         """Encode as one string (data source options are strings)."""
@@ -85,6 +93,7 @@ class TrackerRef:
             "window_slots": self.grid.window_slots,
             "secret": self.secret,
             "confirm": self.confirm,
+            "wait_s": self.wait_s,
         }
         return base64.urlsafe_b64encode(json.dumps(doc).encode()).decode()
 
@@ -93,12 +102,9 @@ class TrackerRef:
         doc = json.loads(base64.urlsafe_b64decode(text.encode()))
         graph = graph_of(doc["graph"])
         grid = TimeGrid(doc["delta_ms"], doc["window_slots"])
-        return cls(doc["url"], graph, grid, doc["secret"], doc.get("confirm", True))
+        return cls(doc["url"], graph, grid, doc["secret"], doc.get("confirm", True),
+                   doc.get("wait_s", HOLD_WAIT_S))
 
-
-#: how long the driver waits for the tracker after a micro-batch, for a window's hold
-#: move or a sink's acks (``Pipeline(hold_wait_s=)``); then the query stops, one line
-HOLD_WAIT_S = 30.0
 
 _factories: dict[str, Callable[[TrackerRef], AgentLike]] = {}
 _lock = threading.Lock()
