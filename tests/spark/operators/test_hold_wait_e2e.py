@@ -28,6 +28,7 @@ import lowtide
 from lowtide.spark.operators.window_hold import HoldFailed
 from lowtide.spark.sinks.foreach import SinkAcksFailed
 from lowtide.spark.sources.generator import GeneratorSpec
+from lowtide.spark.tracking.task_errors import TaskAcksFailed
 from tests.spark.helpers import t0_of_checkpoint
 from tests.spark.operators.helpers import (
     GRID,
@@ -187,3 +188,43 @@ def test_a_sink_whose_acks_hang_stops_the_query_within_hold_wait(spark, tmp_path
             if query is not None:
                 query.stop()
             pipe.close()
+
+
+def test_a_task_whose_acks_hang_stops_the_query_within_hold_wait(spark, tmp_path: Path) -> None:
+    """No window, and the sink never sends: a tracked filter stops the tracker in a
+    task of the third batch, and that task's acks are what waits. Each attempt of the
+    task waits ``hold_wait_s`` (not the agent's 30 s), then fails with one line, which
+    the query reports as its own (not Spark's many lines around it)."""
+    from lowtide.bench.chaos.hung_fault import StopsTrackerInTask
+    from tests.service.procs import serve
+
+    spec = GeneratorSpec(fronts=1, rate=200.0, payload_bytes=4)
+    with serve(tmp_path, "--delta-ms", str(GRID.delta_ms),
+               "--stuck-after-ms", str(STUCK_MS)) as server:
+        stopper = StopsTrackerInTask(server.proc.pid, str(tmp_path / "stopped"), 3)
+        pipe = lowtide.Pipeline(spark, "hung-task", tracker=server.url, grid=GRID,
+                                stuck_after_ms=STUCK_MS, hold_wait_s=WAIT_S)
+        query = None
+        try:
+            query = (pipe.generate(spec).map(parse, SCHEMA, name="parse")
+                     .filter(stopper, name="stop")
+                     .foreach_batch(lambda df, batch_id: None, checkpoint=str(tmp_path / "ckpt"),
+                                    trigger="200 milliseconds"))
+            with contextlib.suppress(StreamingQueryException):
+                query.query.awaitTermination(180)
+            assert stopper.stopped_at is not None and not query.query.isActive
+            took_s = time.time() - stopper.stopped_at
+            error = query.exception()
+            assert isinstance(error, TaskAcksFailed), error
+            text = str(error)
+            assert "\n" not in text and f"within {WAIT_S:g} s (hold_wait_s)" in text, text
+            assert "segment" in text and "lowtide status --url" in text
+            with pytest.raises(TaskAcksFailed):
+                query.awaitTermination(1)
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+            if query is not None:
+                query.stop()
+            pipe.close()
+    print(f"hung tracker under a task: the query stopped {took_s:.1f} s after the SIGSTOP")
+    assert took_s < 4 * WAIT_S + STOP_SLACK_S / 2  # 4 attempts (local[2,4]) of hold_wait_s
