@@ -74,7 +74,7 @@ SPARK_SCENARIOS = ("rerun from a new checkpoint", "two writers of one table",
                    "rows lost in a step, replayed",
                    "retry loop under task failures and a restart",
                    "speculative window under task failures and a restart",
-                   "tracker hung under a sink")
+                   "tracker hung under a sink", "tracker hung under a task")
 
 
 def run(work: Workload, names: list[str] | None = None,

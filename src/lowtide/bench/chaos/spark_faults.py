@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lowtide.bench.chaos.hung_fault import HUNG, hung_sink_run
+from lowtide.bench.chaos.hung_fault import HUNG, HUNG_TASK, hung_sink_run, hung_task_run
 from lowtide.bench.chaos.replay_fault import lost_and_replayed, result_of
 from lowtide.bench.chaos.retry_fault import RETRY_LOOP, retry_loop_run
 from lowtide.bench.chaos.retry_fault import result_of as retry_result
@@ -227,6 +227,8 @@ def run_spark(names: list[str] | None = None, spark: Any = None) -> list[Result]
                                      Path(tmp) / "speculative"))
             if not names or HUNG in names:
                 results.append(timed(lambda t: hung_sink_run(spark, t), Path(tmp) / "hung"))
+            if not names or HUNG_TASK in names:
+                results.append(timed(lambda t: hung_task_run(spark, t), Path(tmp) / "hung-task"))
     finally:
         if own:
             spark.stop()
