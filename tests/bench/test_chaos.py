@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -57,16 +58,30 @@ def test_a_receipt_refused_as_behind_the_head_is_premature(tmp_path: Path) -> No
         "the receipt of front 5's batch 12 was refused: a min time had passed it"]
 
 
-@pytest.mark.socket
-def test_a_short_run_finds_nothing_premature_and_nothing_lost(capsys) -> None:  # type: ignore[no-untyped-def]
-    names = [s.name for s in chaos.SCENARIOS if not s.standby]  # those: the next test
-    work = Workload(slots=12, secret=b"chaos-secret-0123456789abcdef")
-    results = chaos.run(work, names)
+#: the short run's scenarios by default (about 5 s each); the others run in the slow
+#: tier, most with a faster test of their own (tests/service/)
+DEFAULT_SCENARIOS = ("quiet", "kill -9 tracker", "log byte flipped", "refused flush",
+                     "fake server", "producer crash", "tracker outage under a producer",
+                     "dead front", "graph changed", "slow batch")
+WORK = Workload(slots=12, secret=b"chaos-secret-0123456789abcdef")
+
+
+def short_run(names: list[str]) -> tuple[list[Any], dict[str, Any]]:
+    """``names``' results and figures, each scenario run once: none premature or lost."""
+    results = chaos.run(WORK, names)
     figures = chaos.summary(results)
     assert [r.name for r in results] == names
     assert figures["premature"] == 0 and figures["lost"] == 0, [
         (r.name, r.premature, r.notes) for r in results]
     assert figures["faults"] >= len(names)
+    return results, figures
+
+
+@pytest.mark.socket
+def test_a_short_run_finds_nothing_premature_and_nothing_lost(capsys) -> None:  # type: ignore[no-untyped-def]
+    names = [s.name for s in chaos.SCENARIOS if s.name in DEFAULT_SCENARIOS]
+    assert len(names) == len(DEFAULT_SCENARIOS)
+    results, figures = short_run(names)
     assert figures["scenarios"]["log byte flipped"]["refused_starts"] == 1
     # a front silent for good is retired by the policy (0 premature, the sink reaches
     # the end); batches 4x past --stuck-after-ms are never reported as losses
@@ -76,6 +91,14 @@ def test_a_short_run_finds_nothing_premature_and_nothing_lost(capsys) -> None:  
     chaos.print_table(results)
     json.dumps(figures)  # the JSON line the bench prints
     assert "kill -9 tracker" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # ~1 min: the short run's other scenarios
+@pytest.mark.socket
+def test_the_other_scenarios_find_nothing_premature_and_nothing_lost() -> None:
+    names = [s.name for s in chaos.SCENARIOS
+             if not s.standby and s.name not in DEFAULT_SCENARIOS]  # standby: the next test
+    short_run(names)
 
 
 @pytest.mark.slow  # ~30 s; failovers by default: tests/service/test_standby.py

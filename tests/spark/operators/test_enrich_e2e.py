@@ -44,7 +44,8 @@ def with_user(df: Any) -> Any:
     return df.withColumn("user", F.concat(F.lit("u"), (F.col("seq") % 4).cast("string")))
 
 
-@pytest.mark.parametrize("how", ["inner", "left"])
+# ~10 s each: "left" in the slow tier
+@pytest.mark.parametrize("how", ["inner", pytest.param("left", marks=pytest.mark.slow)])
 def test_enrich_equals_plain_spark_under_a_task_failure(spark, tmp_path: Path,
                                                         how: str) -> None:
     from pyspark.sql import functions as F

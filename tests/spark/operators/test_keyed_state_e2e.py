@@ -37,7 +37,9 @@ def test_the_store_schemas_are_the_ones_running_queries_keep(spark) -> None:
 
 
 
-@pytest.mark.parametrize("restart", [False, True], ids=["running", "restarted"])
+# ~12 s each: "running" in the slow tier ("restarted" runs the same query, then restarts it)
+@pytest.mark.parametrize("restart", [pytest.param(False, marks=pytest.mark.slow), True],
+                         ids=["running", "restarted"])
 def test_running_state_with_lag_and_failures_equals_batch(spark, tmp_path: Path,
                                                           restart: bool) -> None:
     """Restarted: the query stops once the sink is 100 slots in and starts again from

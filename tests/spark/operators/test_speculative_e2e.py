@@ -167,6 +167,7 @@ def test_which_plan_a_speculative_window_gets(spark, tmp_path: Path) -> None:
         pipe.close()
 
 
+@pytest.mark.slow  # ~11 s; what it guards is a cost, not a result
 def test_the_changelog_step_declares_no_row_parts(spark, tmp_path: Path) -> None:
     """The changelog step over Spark's aggregation keeps one record per bucket and no
     row parts: its tasks declare one state variable (a map state declared too cost a

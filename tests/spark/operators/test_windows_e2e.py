@@ -128,6 +128,8 @@ def test_task_failures_and_restart_from_checkpoint(spark, tmp_path: Path) -> Non
     check(results, expected, horizon, 100, AGG_COLS)
 
 
+@pytest.mark.slow  # ~15 s; sharded trackers by default: tests/service/test_sharded.py and
+# the core property tests
 def test_sharded_tracker_equals_batch(spark, tmp_path: Path) -> None:
     """The same exact windows against `lowtide serve --shards 2` (a coordinator and two
     shard processes): state holds, MinTimeAt and completeness go through the shards."""

@@ -140,7 +140,9 @@ def published(out: Path) -> list[str]:
     return sorted(p.name for p in out.glob("part-*.parquet"))
 
 
-@pytest.mark.parametrize("fronts,tasks", [(2, 0), (4, 2)], ids=["task per front", "grouped"])
+# ~10 s each: "grouped" in the slow tier
+@pytest.mark.parametrize("fronts,tasks", [(2, 0), pytest.param(4, 2, marks=pytest.mark.slow)],
+                         ids=["task per front", "grouped"])
 def test_task_failures_no_premature_no_stuck(spark, tmp_path: Path, fronts: int,
                                              tasks: int) -> None:
     """Tasks fail after the tracked operator sent its acks (retried with the same
