@@ -41,6 +41,8 @@ log = logging.getLogger("lowtide.spark.front")
 
 #: Front ids of one front's registrations on its 2nd, 3rd, ... consumer segment.
 CONSUMER_STRIDE = 1 << 32
+#: registers of a clock front at its segments' min time, each from the min time then
+FLOOR_ATTEMPTS = 20
 
 
 class FrontEnded(LowtideError, RuntimeError):
@@ -101,9 +103,7 @@ class Feeds:
         except FrontBehind:
             if not clock:
                 raise
-            slot = max(slot, *(self._floor(f.segment) for f in self.items))
-            for feed in self.items:  # again where it did register: a heartbeat (rule 3)
-                register_when_free(self._agent, feed.front_id, feed.segment, slot, owner)
+            slot = self._register_at_floor(slot, owner)
         except NonMonotonicHeartbeat:
             promised = self._promised()
             if grid.at_end(promised):
@@ -124,6 +124,22 @@ class Feeds:
                 "its own front id; a restarted producer must name its predecessor's "
                 "owner=") from None
         return slot
+
+    def _register_at_floor(self, slot: int, owner: str) -> int:
+        """Register a clock front at its segments' min time (or ``slot``, if later);
+        returns where. Other fronts' heartbeats may pass that min time again before the
+        register arrives (a front beating every few ms): then from the new min time, up
+        to :data:`FLOOR_ATTEMPTS` times."""
+        for attempt in range(FLOOR_ATTEMPTS):
+            slot = max(slot, *(self._floor(f.segment) for f in self.items))
+            try:
+                for feed in self.items:  # again where it did register: a heartbeat (rule 3)
+                    register_when_free(self._agent, feed.front_id, feed.segment, slot, owner)
+                return slot
+            except FrontBehind:
+                if attempt == FLOOR_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _promised(self) -> int:
         """What the tracker holds as this front's heartbeat (a successor resumes there)."""
