@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -153,41 +154,57 @@ def test_a_hung_tracker_stops_the_query_within_hold_wait(spark, tmp_path: Path) 
     check(results, expected, horizon, 100, ["n"])  # the sink passed no unemitted window
 
 
+@contextlib.contextmanager
+def hung_pipeline(spark: Any, tmp_path: Path, name: str) -> Iterator[tuple[Any, Any, list[Any]]]:
+    """A ``lowtide serve`` and a pipeline on it; yields (server, pipeline, the queries
+    to stop), and in the end resumes the server, stops the queries and the pipeline."""
+    from tests.service.procs import serve
+
+    with serve(tmp_path, "--delta-ms", str(GRID.delta_ms),
+               "--stuck-after-ms", str(STUCK_MS)) as server:
+        pipe = lowtide.Pipeline(spark, name, tracker=server.url, grid=GRID,
+                                stuck_after_ms=STUCK_MS, hold_wait_s=WAIT_S)
+        queries: list[Any] = []
+        try:
+            yield server, pipe, queries
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+            for query in queries:
+                query.stop()
+            pipe.close()
+
+
+def one_line_error(query: Any, kind: type[Exception]) -> str:
+    """The error ``query`` stopped with once its tracker hung: ``kind``, one line, also
+    what ``awaitTermination`` raises."""
+    with contextlib.suppress(StreamingQueryException):
+        query.query.awaitTermination(180)
+    assert not query.query.isActive
+    error = query.exception()
+    assert isinstance(error, kind), error
+    text = str(error)
+    assert "\n" not in text and f"within {WAIT_S:g} s" in text, text
+    with pytest.raises(kind):
+        query.awaitTermination(1)
+    return text
+
+
 def test_a_sink_whose_acks_hang_stops_the_query_within_hold_wait(spark, tmp_path: Path) -> None:
     """No window, so no hold: the user's function stops the tracker in its third batch,
     and the sink's acks of that batch are what waits."""
-    from tests.service.procs import serve
-
     seen: list[int] = []
     spec = GeneratorSpec(fronts=1, rate=200.0, payload_bytes=4)
-    with serve(tmp_path, "--delta-ms", str(GRID.delta_ms),
-               "--stuck-after-ms", str(STUCK_MS)) as server:
+    with hung_pipeline(spark, tmp_path, "hung-sink") as (server, pipe, queries):
 
         def rows(df: Any, batch_id: int) -> None:
             seen.append(batch_id)
             if len(seen) == 3:
                 os.kill(server.proc.pid, signal.SIGSTOP)
 
-        pipe = lowtide.Pipeline(spark, "hung-sink", tracker=server.url, grid=GRID,
-                                stuck_after_ms=STUCK_MS, hold_wait_s=WAIT_S)
-        query = None
-        try:
-            query = pipe.generate(spec).map(parse, SCHEMA, name="parse").foreach_batch(
-                rows, checkpoint=str(tmp_path / "ckpt"), trigger="200 milliseconds")
-            with contextlib.suppress(StreamingQueryException):
-                query.query.awaitTermination(180)
-            assert not query.query.isActive and len(seen) == 3, seen
-            error = query.exception()
-            assert isinstance(error, SinkAcksFailed), error
-            text = str(error)
-            assert "\n" not in text and f"batch {seen[-1]} within {WAIT_S:g} s" in text
-            with pytest.raises(SinkAcksFailed):
-                query.awaitTermination(1)
-        finally:
-            os.kill(server.proc.pid, signal.SIGCONT)
-            if query is not None:
-                query.stop()
-            pipe.close()
+        queries.append(pipe.generate(spec).map(parse, SCHEMA, name="parse").foreach_batch(
+            rows, checkpoint=str(tmp_path / "ckpt"), trigger="200 milliseconds"))
+        text = one_line_error(queries[0], SinkAcksFailed)
+        assert len(seen) == 3 and f"batch {seen[-1]} within {WAIT_S:g} s" in text, seen
 
 
 def test_a_task_whose_acks_hang_stops_the_query_within_hold_wait(spark, tmp_path: Path) -> None:
@@ -196,35 +213,18 @@ def test_a_task_whose_acks_hang_stops_the_query_within_hold_wait(spark, tmp_path
     task waits ``hold_wait_s`` (not the agent's 30 s), then fails with one line, which
     the query reports as its own (not Spark's many lines around it)."""
     from lowtide.bench.chaos.hung_fault import StopsTrackerInTask
-    from tests.service.procs import serve
 
     spec = GeneratorSpec(fronts=1, rate=200.0, payload_bytes=4)
-    with serve(tmp_path, "--delta-ms", str(GRID.delta_ms),
-               "--stuck-after-ms", str(STUCK_MS)) as server:
+    with hung_pipeline(spark, tmp_path, "hung-task") as (server, pipe, queries):
         stopper = StopsTrackerInTask(server.proc.pid, str(tmp_path / "stopped"), 3)
-        pipe = lowtide.Pipeline(spark, "hung-task", tracker=server.url, grid=GRID,
-                                stuck_after_ms=STUCK_MS, hold_wait_s=WAIT_S)
-        query = None
-        try:
-            query = (pipe.generate(spec).map(parse, SCHEMA, name="parse")
-                     .filter(stopper, name="stop")
-                     .foreach_batch(lambda df, batch_id: None, checkpoint=str(tmp_path / "ckpt"),
-                                    trigger="200 milliseconds"))
-            with contextlib.suppress(StreamingQueryException):
-                query.query.awaitTermination(180)
-            assert stopper.stopped_at is not None and not query.query.isActive
-            took_s = time.time() - stopper.stopped_at
-            error = query.exception()
-            assert isinstance(error, TaskAcksFailed), error
-            text = str(error)
-            assert "\n" not in text and f"within {WAIT_S:g} s (hold_wait_s)" in text, text
-            assert "segment" in text and "lowtide status --url" in text
-            with pytest.raises(TaskAcksFailed):
-                query.awaitTermination(1)
-        finally:
-            os.kill(server.proc.pid, signal.SIGCONT)
-            if query is not None:
-                query.stop()
-            pipe.close()
+        queries.append(pipe.generate(spec).map(parse, SCHEMA, name="parse")
+                       .filter(stopper, name="stop")
+                       .foreach_batch(lambda df, batch_id: None,
+                                      checkpoint=str(tmp_path / "ckpt"),
+                                      trigger="200 milliseconds"))
+        text = one_line_error(queries[0], TaskAcksFailed)
+        assert stopper.stopped_at is not None
+        took_s = time.time() - stopper.stopped_at
+        assert "(hold_wait_s)" in text and "segment" in text and "lowtide status --url" in text
     print(f"hung tracker under a task: the query stopped {took_s:.1f} s after the SIGSTOP")
     assert took_s < 4 * WAIT_S + STOP_SLACK_S / 2  # 4 attempts (local[2,4]) of hold_wait_s
