@@ -105,9 +105,9 @@ class Pipeline:
     ``front_timeout`` (``"30 seconds"``): a front silent this long is dead; ``dead_fronts``
     ``"wait"`` says so and waits, ``"retire"`` retires it; ``sla``: each sink window of
     ``sla_window`` is late that long after its end (FreshnessListener; docs/operating.md).
-    ``hold_wait_s``: how long a window's hold, or a sink's acks, wait for the tracker
-    after a micro-batch; then the query stops with one line that says what to do
-    (docs/spark.md).
+    ``hold_wait_s``: how long a window's hold, a sink's acks after a micro-batch, or a
+    task's acks, wait for the tracker; then the query stops with one line that says
+    what to do (docs/spark.md).
     """
 
     def __init__(
