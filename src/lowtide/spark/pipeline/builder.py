@@ -343,7 +343,7 @@ class Pipeline:
         tracked: list[TrackedQuery] = []  # a hold's listener or a sink stops the query
 
         def fail(error: LowtideError) -> None:
-            if tracked:  # else Spark's own error of the batch stops it
+            if tracked:  # else the batch raising it stops it (its line: raised_in_task)
                 tracked[0].fail(error)
 
         writer = writer.format("noop") if null_sink else writer.foreachBatch(sink_function(
