@@ -55,7 +55,13 @@ from lowtide.core.messages import AckBatch
 from lowtide.core.time import TIME_LIMIT, TimeGrid
 from lowtide.spark.operators.state_clock import key_hash, state_segment
 from lowtide.spark.tracking.receive import STAMP_MAX_MS
-from lowtide.spark.tracking.transport import HOLD_WAIT_S, TrackerRef, batch_key, connect
+from lowtide.spark.tracking.transport import (
+    HOLD_WAIT_S,
+    TrackerRef,
+    batch_key,
+    connect,
+    tracker_silent,
+)
 
 log = logging.getLogger("lowtide.spark.window")
 
@@ -121,11 +127,9 @@ class HoldFailed(LowtideError, RuntimeError):
 
 
 def hold_failed(window: str, url: str, wait_s: float) -> HoldFailed:
-    return HoldFailed(
-        f"window {window!r}: the tracker at {url} did not confirm a move of the window's "
-        f"hold within {wait_s:g} s (hold_wait_s), so the query stopped and emits nothing "
-        f"past the hold: check the tracker (lowtide status --url {url}), then start the "
-        "query again from its checkpoint")
+    return HoldFailed(tracker_silent(
+        f"window {window!r}", url, "confirm a move of the window's hold", wait_s,
+        "the query stopped and emits nothing past the hold"))
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,13 @@ from lowtide.spark.tracking.column import (
     reference_slot,
     unwrap,
 )
-from lowtide.spark.tracking.transport import HOLD_WAIT_S, TrackerRef, batch_key, connect
+from lowtide.spark.tracking.transport import (
+    HOLD_WAIT_S,
+    TrackerRef,
+    batch_key,
+    connect,
+    tracker_silent,
+)
 
 
 def append_trace(path: str, batch_id: int, started_ns: int, rows: int) -> None:
@@ -55,11 +61,9 @@ def send_sink_acks(ref: TrackerRef, segment: str, query: str, batch_id: int, ack
     try:
         connect(ref).send_batch(batch_key(query, batch_id, segment, 0), acks, timeout_s=wait_s)
     except TimeoutError:
-        error = SinkAcksFailed(
-            f"{what or f'sink {segment!r}'}: the tracker at {ref.url} did not confirm the "
-            f"acks of batch {batch_id} within {wait_s:g} s (hold_wait_s), so the query stopped and "
-            f"commits nothing past that batch: check the tracker (lowtide status --url "
-            f"{ref.url}), then start the query again from its checkpoint")
+        error = SinkAcksFailed(tracker_silent(
+            what or f"sink {segment!r}", ref.url, f"confirm the acks of batch {batch_id}",
+            wait_s, "the query stopped and commits nothing past that batch"))
         if on_failure is not None:
             on_failure(error)
         raise error from None

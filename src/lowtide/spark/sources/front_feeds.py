@@ -98,8 +98,7 @@ class Feeds:
         segments' min time instead: it labelled nothing below it, and other fronts'
         heartbeats may pass its clock reading while it starts (a busy machine)."""
         try:
-            for feed in self.items:
-                register_when_free(self._agent, feed.front_id, feed.segment, slot, owner)
+            self._register_all(slot, owner)
         except FrontBehind:
             if not clock:
                 raise
@@ -111,9 +110,7 @@ class Feeds:
                     f"front {self.front} ended: its producer closed it with close(), the "
                     "end of its input. A producer that will resume its front closes it "
                     "with close(end=False); a new input needs a new front id") from None
-            slot = max(slot, promised)
-            for feed in self.items:
-                register_when_free(self._agent, feed.front_id, feed.segment, slot, owner)
+            slot = self._register_all(max(slot, promised), owner)
         except FrontHeld as exc:
             raise FrontHeld(f"front {self.front}: a live producer with the same owner "
                             f"{owner!r} holds it ({exc})") from None
@@ -125,21 +122,22 @@ class Feeds:
                 "owner=") from None
         return slot
 
+    def _register_all(self, slot: int, owner: str) -> int:
+        """Register the front at ``slot`` on every segment (again where it did
+        register: a heartbeat, rule 3); returns ``slot``."""
+        for feed in self.items:
+            register_when_free(self._agent, feed.front_id, feed.segment, slot, owner)
+        return slot
+
     def _register_at_floor(self, slot: int, owner: str) -> int:
         """Register a clock front at its segments' min time (or ``slot``, if later);
         returns where. Other fronts' heartbeats may pass that min time again before the
         register arrives (a front beating every few ms): then from the new min time, up
         to :data:`FLOOR_ATTEMPTS` times."""
-        for attempt in range(FLOOR_ATTEMPTS):
-            slot = max(slot, *(self._floor(f.segment) for f in self.items))
-            try:
-                for feed in self.items:  # again where it did register: a heartbeat (rule 3)
-                    register_when_free(self._agent, feed.front_id, feed.segment, slot, owner)
-                return slot
-            except FrontBehind:
-                if attempt == FLOOR_ATTEMPTS - 1:
-                    raise
-        raise AssertionError("unreachable")  # pragma: no cover
+        for _ in range(FLOOR_ATTEMPTS - 1):
+            with contextlib.suppress(FrontBehind):
+                return self._register_all(max(slot, self._floor(*self.segments)), owner)
+        return self._register_all(max(slot, self._floor(*self.segments)), owner)
 
     def _promised(self) -> int:
         """What the tracker holds as this front's heartbeat (a successor resumes there)."""
@@ -219,10 +217,11 @@ class Feeds:
             register_when_free(self._agent, fid, segment, time, owner)
             return time
 
-    def _floor(self, segment: str) -> int:
-        """What ``segment`` already announced (its min time): a new front starts there."""
+    def _floor(self, *segments: str) -> int:
+        """What ``segments`` already announced (their highest min time, from one status
+        call): a new front starts there."""
         return max((int(s["min_time"]) for s in self._agent.status()["segments"]
-                    if s["segment"] == segment), default=-1)
+                    if s["segment"] in segments), default=-1)
 
     def _leave(self, feed: Feed, owner: str) -> None:
         self.items.remove(feed)  # first: no more acks into a segment about to go

@@ -108,14 +108,14 @@ class TaskBatch:
     """One task's acks (merged per window) on their way to the tracker."""
 
     acks: AckBatch
-    pending: Pending | None  # None: nothing to send
-    ref: TrackerRef | None = None
-    what: str = ""  # the batch, in the one line that says it was not confirmed
+    pending: Pending | None  # None: nothing to send (or not confirmed: ref.confirm)
+    ref: TrackerRef
+    what: str  # the batch, in the one line that says it was not confirmed
 
     def wait(self) -> None:
         """Block until the tracker confirmed the batch (rule 6: before the task ends);
         :class:`TaskAcksFailed` if it did not within ``ref.wait_s``."""
-        if self.pending is not None and self.ref is not None:
+        if self.pending is not None:
             with answered_within(self.ref, self.what):
                 self.pending.wait()
 
@@ -135,7 +135,7 @@ def submit_task_batch(
     heartbeats' fronts were registered with (:func:`source_owner`)."""
     acks = acc.build(ref.grid.window_slots)
     if len(acks) == 0 and not heartbeats:
-        return TaskBatch(acks, None)
+        return TaskBatch(acks, None, ref, "")
     ident = task_identity()
     key = batch_key(ident.query, ident.batch_id, segment, partition)
     pending = connect(ref).submit_batch(key, acks, tuple(heartbeats), ref.wait_s, owner=owner)

@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterator
 
 from lowtide.core.errors import LowtideError
-from lowtide.spark.tracking.transport import TrackerRef
+from lowtide.spark.tracking.transport import TrackerRef, tracker_silent
 
 __all__ = ["TaskAcksFailed", "answered_within", "raised_in_task"]
 
@@ -52,11 +52,10 @@ status --url tcp://127.0.0.1:7070), then start the query again from its checkpoi
     except TaskAcksFailed:
         raise
     except TimeoutError:
-        raise TaskAcksFailed(
-            f"{what}: the tracker at {ref.url} did not answer within {ref.wait_s:g} s "
-            "(hold_wait_s), so the task failed and its query stopped, committing nothing "
-            f"past that batch: check the tracker (lowtide status --url {ref.url}), then "
-            "start the query again from its checkpoint") from None
+        raise TaskAcksFailed(tracker_silent(
+            what, ref.url, "answer", ref.wait_s,
+            "the task failed and its query stopped, committing nothing past that batch"
+        )) from None
 
 
 def raised_in_task(error: BaseException | None) -> LowtideError | None:

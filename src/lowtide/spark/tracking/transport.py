@@ -106,6 +106,21 @@ class TrackerRef:
                    doc.get("wait_s", HOLD_WAIT_S))
 
 
+def tracker_silent(what: str, url: str, did_not: str, wait_s: float, so: str) -> str:
+    """The one line of a query stopped because its tracker did not answer within
+    ``hold_wait_s`` (a window's hold, a sink's or a task's acks).
+
+    >>> tracker_silent("sink 's'", "tcp://h:1", "confirm the acks of batch 3", 30,
+    ...                "the query stopped")  # doctest: +NORMALIZE_WHITESPACE
+    "sink 's': the tracker at tcp://h:1 did not confirm the acks of batch 3 within 30 s
+    (hold_wait_s), so the query stopped: check the tracker (lowtide status --url
+    tcp://h:1), then start the query again from its checkpoint"
+    """
+    return (f"{what}: the tracker at {url} did not {did_not} within {wait_s:g} s "
+            f"(hold_wait_s), so {so}: check the tracker (lowtide status --url {url}), then "
+            "start the query again from its checkpoint")
+
+
 _factories: dict[str, Callable[[TrackerRef], AgentLike]] = {}
 _lock = threading.Lock()
 
