@@ -1,5 +1,6 @@
-"""Hostile peers on real sockets: a fake tracker that knows no secret, and a proxy
-that alters one frame on its way to the tracker."""
+"""Hostile peers on real sockets: a fake tracker that knows no secret, a proxy that
+alters one frame on its way to the tracker, and one that hangs up on the first
+connection."""
 
 from __future__ import annotations
 
@@ -125,6 +126,22 @@ class FrameProxy(_Listener):
         finally:
             _hang_up(client)
             _hang_up(server)
+
+
+class HangsUpFirst(FrameProxy):
+    """Forwards to ``target``, but hangs up on the first connection as soon as it is
+    accepted (a handshake lost to the gate, or to the network); counts it in ``hung_up``."""
+
+    def __init__(self, target: str) -> None:
+        self.hung_up = 0
+        super().__init__(target, lambda _payload: None)
+
+    def _serve(self, client: socket.socket) -> None:
+        if not self.hung_up:
+            self.hung_up += 1
+            _hang_up(client)
+            return
+        super()._serve(client)
 
 
 class AlteringProxy(FrameProxy):

@@ -19,6 +19,7 @@ from lowtide.core.messages import Ack, AckBatch, Heartbeat, MinTimeUpdate
 from lowtide.service import Agent, BatchKey, SessionFailed, TrackerService
 from lowtide.service.client.base_agent import close_shared
 from lowtide.service.errors import ConnectionLost, ServiceError
+from tests.service.peers import HangsUpFirst
 
 pytestmark = pytest.mark.socket
 
@@ -385,3 +386,20 @@ def test_an_agent_started_before_its_tracker_connects_once_it_is_up(
         for agent in agents:
             agent.close()
         service.stop()
+
+
+def test_an_agent_whose_first_handshake_is_cut_dials_again_for_a_front_operation(
+    service: TrackerService, graph: SegmentGraph
+) -> None:
+    """A front operation waits for the first Welcome before it sends anything, and a
+    lost connection with nothing to send waited to be used: an agent whose first
+    connection was cut in its handshake never dialled again ("not connected, 0
+    connections", CI, when the admission gate dropped it for a burst of peers)."""
+    proxy = HangsUpFirst(service.url)
+    try:
+        with Agent.connect(proxy.url, graph) as agent:
+            agent.register_front(1, "src", 5, timeout_s=5)
+            assert agent.status()["global_min"] == 5
+    finally:
+        proxy.close()
+    assert proxy.hung_up == 1

@@ -108,6 +108,7 @@ class AgentState:
         self.grid: TimeGrid | None = None
         self.refused: ServiceError | None = None
         self._changed = asyncio.Event()  # set on each welcome or refusal of the main connection
+        self._awaiting_welcome = 0  # calls waiting in _ready
         self._subs: dict[int, Forward] = {}
         self._inflight: set[asyncio.Future[Reply]] = set()
         self._errors: list[Exception] = []
@@ -119,8 +120,8 @@ class AgentState:
         self._owners: dict[int, int] = {}
 
     def start(self) -> None:
-        self.main = self._connect(self.url, self._on_welcome,
-                                  busy=lambda: any(s.unanswered() for s in self.shards))
+        self.main = self._connect(self.url, self._on_welcome, busy=lambda: bool(
+            self._awaiting_welcome or any(s.unanswered() for s in self.shards)))
         self.main.start()
 
     def describe(self) -> str:
@@ -139,12 +140,21 @@ class AgentState:
         self._changed.set()
 
     async def _ready(self) -> None:
-        """Wait for the first welcome; raise why the server refused us, if it did."""
-        while not self.ready.is_set():
-            if self.refused is not None:
-                raise fresh(self.refused)
-            self._changed.clear()
-            await self._changed.wait()
+        """Wait for the first welcome; raise why the server refused us, if it did.
+        Meanwhile the main connection counts as used, so it dials until a Welcome
+        comes: a call sends nothing before it, and an unused connection waits to be
+        used (an agent whose first handshake was cut never dialled again)."""
+        self._awaiting_welcome += 1
+        try:
+            while not self.ready.is_set():
+                if self.refused is not None:
+                    raise fresh(self.refused)
+                if self.main is not None:
+                    self.main.wake()
+                self._changed.clear()
+                await self._changed.wait()
+        finally:
+            self._awaiting_welcome -= 1
 
     async def tracker_grid(self) -> TimeGrid:
         await self._ready()

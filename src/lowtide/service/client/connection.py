@@ -111,6 +111,11 @@ class ServerConnection:
         self._used.set()
         self._send(msg)
 
+    def wake(self) -> None:
+        """Someone needs this connection with nothing to send yet (a call waiting for
+        the first Welcome): dial now, not at the next request."""
+        self._used.set()
+
     def submit_standing(
         self, req: int, msg: Message, fut: asyncio.Future[Reply] | None = None
     ) -> None:
@@ -177,7 +182,8 @@ class ServerConnection:
         another program may listen by now (Spark's worker callback socket once read a
         Hello's length as a 1 GiB string and ran out of heap). ``busy``: an agent's
         coordinator connection is in use while a shard connection waits for answers
-        (a moved shard's address comes in the coordinator's Welcome)."""
+        (a moved shard's address comes in the coordinator's Welcome), or while a call
+        waits for its first Welcome."""
         while not (self._pending or self._standing or self._busy()):
             self._used.clear()
             with contextlib.suppress(TimeoutError):  # looks at _busy again now and then
