@@ -63,7 +63,7 @@ def test_status_live_says_it_is_connecting_while_the_server_is_down() -> None:
 def test_status_once_against_a_down_server_is_one_line() -> None:
     url = f"tcp://127.0.0.1:{free_port()}"
     one_line_error(lowtide("status", "--url", url, "--once"), "(refused)", "lowtide serve")
-    one_line_error(lowtide("spark", "status", "--url", url, "--once"), "(refused)")
+    one_line_error(lowtide("spark", "status", "--url", url, "--once"), "(refused)", "lowtide serve")
 
 
 def test_a_bad_url_is_one_line() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import subprocess
@@ -15,7 +16,8 @@ from lowtide.cli import build_parser
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.messages import AckBatch
 from lowtide.service import Agent, BatchKey, TrackerService
-from lowtide.service.client.status import render
+from lowtide.service.client.status import answer_within, render
+from lowtide.service.errors import ConnectionLost
 from lowtide.service.logs import JsonFormatter
 
 pytestmark = pytest.mark.socket
@@ -103,3 +105,26 @@ def test_json_logs_keep_fields() -> None:
     line = json.loads(JsonFormatter().format(record))
     assert line["event"] == "refused peer" and line["peer"] == "1.2.3.4:5"
     assert line["level"] == "warning"
+
+
+def test_a_refused_dial_ends_the_wait_for_an_answer_at_once() -> None:
+    """Nobody listens there: waiting the whole timeout tells nothing more (``status
+    --once`` against a down tracker took 5 s). A group's next address may lead: it
+    waits."""
+
+    class Refused:
+        connected = asyncio.Event()
+        last_failure = ConnectionLost("dial")
+        last_failure.__cause__ = ConnectionRefusedError()
+
+        def __init__(self, url: str) -> None:
+            self.url = url
+
+    async def waited_s(url: str, timeout_s: float) -> float:
+        start = time.monotonic()
+        never = asyncio.get_running_loop().create_future()
+        assert await answer_within(never, Refused(url), timeout_s) is None  # type: ignore[arg-type]
+        return time.monotonic() - start
+
+    assert asyncio.run(waited_s("tcp://127.0.0.1:1", 30.0)) < 1.0
+    assert asyncio.run(waited_s("tcp://127.0.0.1:1,tcp://127.0.0.1:2", 0.5)) >= 0.5

@@ -64,11 +64,7 @@ def _status_once(args: argparse.Namespace) -> int:
     if failed:
         return failed
     if isinstance(got[0], NoAnswer):
-        print(
-            f"{PROG}: no answer from {args.url} ({got[0].reason}); "
-            "start `lowtide serve` there or pass --url",
-            file=sys.stderr,
-        )
+        print(got[0].gave_up(PROG), file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(got[0], indent=2))

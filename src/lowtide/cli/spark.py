@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+PROG = "lowtide spark status"
+
 
 def register(subparsers: Any, bench_subparsers: Any) -> None:
     from lowtide.apps import demo, progress_demo
@@ -41,7 +43,7 @@ def run_status(args: argparse.Namespace) -> int:
 
     def show(doc: dict[str, Any] | NoAnswer) -> bool:
         if isinstance(doc, NoAnswer):
-            print(doc.line(), file=sys.stderr)
+            print(doc.gave_up(PROG) if args.once else doc.line(), file=sys.stderr)
             unanswered.append(doc)
             return not args.once
         grid = TimeGrid(int(doc.get("delta_ms", 10)))
@@ -50,5 +52,5 @@ def run_status(args: argparse.Namespace) -> int:
         return not args.once
 
     wait_s = 5.0 if args.once else answer_wait_s(args.interval)
-    failed = watch("lowtide spark status", args.url, args.secret_file, show, args.interval, wait_s)
+    failed = watch(PROG, args.url, args.secret_file, show, args.interval, wait_s)
     return failed or (1 if args.once and unanswered else 0)

@@ -48,6 +48,11 @@ class NoAnswer:
     def line(self) -> str:
         return f"connecting to {self.url} ({self.reason}), retrying"
 
+    def gave_up(self, prog: str) -> str:
+        """The one line of a command that asked once."""
+        return (f"{prog}: no answer from {self.url} ({self.reason}); start `lowtide serve` "
+                "(or the pipeline) there, or pass --url")
+
 
 def why_no_answer(conn: ServerConnection) -> str:
     if conn.connected.is_set():
@@ -71,6 +76,29 @@ def answer_wait_s(interval_s: float) -> float:
     return min(5.0, max(interval_s, 0.5))
 
 
+#: Why no answer can come by waiting longer: nobody listens there, or no such host.
+FINAL_REASONS = ("refused", "unknown host")
+
+
+async def answer_within(
+    pending: asyncio.Future[Reply], conn: ServerConnection, timeout_s: float, step_s: float = 0.1
+) -> Reply | None:
+    """``pending``'s reply within ``timeout_s``, else None; None at once when the
+    tracker's only address refused the dial or names no host (``lowtide status
+    --once`` against a tracker that is down answered after 5 s). A group's next
+    address may lead (rule 18): it gets the whole ``timeout_s``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    single = len(tracker_urls(conn.url)) == 1
+    while True:
+        left = deadline - loop.time()
+        try:
+            return await asyncio.wait_for(asyncio.shield(pending), min(left, step_s))
+        except TimeoutError:
+            if left <= step_s or (single and why_no_answer(conn) in FINAL_REASONS):
+                return None
+
+
 async def poll_status(
     url: str,
     config: ConnectionConfig,
@@ -88,17 +116,17 @@ async def poll_status(
 
     conn = ServerConnection(url, hello, config, lambda _w: None, lambda _m: None)
     conn.start()
+    loop = asyncio.get_running_loop()
     pending: asyncio.Future[Reply] | None = None
     try:
         for req in itertools.count(1):
             if pending is None:
-                pending = asyncio.get_running_loop().create_future()
+                pending = loop.create_future()
                 conn.submit(req, StatusRequest(req), pending)
-            try:
-                reply: Reply | None = await asyncio.wait_for(asyncio.shield(pending), timeout_s)
+            asked = loop.time()
+            reply = await answer_within(pending, conn, timeout_s)
+            if reply is not None:
                 pending = None
-            except TimeoutError:
-                reply = None
             if isinstance(reply, Error):
                 raise exception_of(reply)
             if isinstance(reply, Status):
@@ -107,8 +135,9 @@ async def poll_status(
                 body = NoAnswer(url, why_no_answer(conn))
             if not on_status(body):
                 return
-            if reply is not None:
-                await asyncio.sleep(interval_s)
+            # no answer: the next line after timeout_s, however soon this one came
+            await asyncio.sleep(interval_s if reply is not None
+                                else max(0.0, asked + timeout_s - loop.time()))
     finally:
         if pending is not None:  # nobody will read its failure when the connection closes
             pending.cancel()
