@@ -111,6 +111,7 @@ def _finish(urls: str, procs: list[multiprocessing.process.BaseProcess], holding
     assert status["ha"]["role"] == "leader" and status["ha"]["epoch"] == 2
 
 
+@pytest.mark.slow  # ~11 s; a failover by default: the kill -9 test above
 def test_paused_leader_wakes_fenced(tmp_path: Path, kafka_broker: KafkaBroker) -> None:
     group, ports = f"t-{uuid.uuid4().hex[:8]}", (free_port(), free_port())
     urls = ",".join(f"tcp://127.0.0.1:{p}" for p in ports)

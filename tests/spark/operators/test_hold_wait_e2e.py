@@ -207,6 +207,7 @@ def test_a_sink_whose_acks_hang_stops_the_query_within_hold_wait(spark, tmp_path
         assert len(seen) == 3 and f"batch {seen[-1]} within {WAIT_S:g} s" in text, seen
 
 
+@pytest.mark.slow  # ~20 s; the bounded wait by default: tracking/test_task_errors.py
 def test_a_task_whose_acks_hang_stops_the_query_within_hold_wait(spark, tmp_path: Path) -> None:
     """No window, and the sink never sends: a tracked filter stops the tracker in a
     task of the third batch, and that task's acks are what waits. Each attempt of the

@@ -198,6 +198,7 @@ def by_k(rows: pd.DataFrame) -> pd.DataFrame:
     return batch_by(rows.assign(k=lambda d: d["front"] * 10 + d["seq"] % 2), "k")
 
 
+@pytest.mark.slow  # ~17 s; key ranges e2e by default: test_a_range_is_emitted_before_...
 def test_buckets_of_mixed_ranges_survive_a_task_failure_and_a_restart(
         spark, tmp_path: Path) -> None:
     # two keys per front, 8 keys in 2 buckets (one per shuffle partition): each bucket

@@ -85,6 +85,7 @@ def closed(key: Any, expiry_ms: int, state: Any, timers: Any) -> tuple[Any, Any]
                                "total": [total]})
 
 
+@pytest.mark.slow  # ~19 s; a fold's event-time timers by default: test_fold_timers.py
 def test_a_fold_closing_sessions_with_event_time_timers_equals_sparks(spark, tmp_path: Path
                                                                       ) -> None:
     pipe = lowtide.Pipeline(spark, "timer-sessions", grid=GRID, stuck_after_ms=STUCK_MS)

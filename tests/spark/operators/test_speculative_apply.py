@@ -109,7 +109,7 @@ def test_speculative_apply_is_checked_where_it_is_described() -> None:
         make_speculative_apply(clash, None)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(inputs(), st.randoms(use_true_random=False), st.sampled_from([0, 30]))
 def test_the_changelog_folds_into_the_exact_apply_windows(case: Any, rng: Any, every_ms: int
                                                           ) -> None:

@@ -31,6 +31,7 @@ def stats(rows: pd.DataFrame) -> dict[str, Any]:
     return {"n": len(rows), "total": a.sum(), "lo": a.min(), "hi": a.max(), "avg": a.mean()}
 
 
+@pytest.mark.slow  # ~17 s; the changelog of apply by default: test_speculative_apply.py
 def test_early_apply_rows_then_finals_under_a_lagging_front_failures_and_a_restart(
         spark, tmp_path: Path) -> None:
     spec = GeneratorSpec(fronts=3, rate=240.0, payload_bytes=4, lag_ms={2: 1500})

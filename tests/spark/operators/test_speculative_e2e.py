@@ -70,6 +70,7 @@ def failing_window(pipe: Any, spec: GeneratorSpec) -> Any:
             .transform(lambda df: df.mapInArrow(after, df.schema)))
 
 
+@pytest.mark.slow  # ~18 s; failures and a restart by default: test_the_jvm_plan_under_...
 def test_early_rows_then_finals_under_a_lagging_front_and_task_failures(
         spark, tmp_path: Path) -> None:
     spec = GeneratorSpec(fronts=3, rate=240.0, payload_bytes=4, lag_ms={2: 1500})

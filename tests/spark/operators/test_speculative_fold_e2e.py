@@ -69,6 +69,7 @@ def check(sink: ByBatch, spec: GeneratorSpec, t0: int, final: int) -> None:
     pd.testing.assert_series_equal(got["total"], exp["total"], check_names=False)
 
 
+@pytest.mark.slow  # ~14 s; the changelog of a fold by default: test_speculative_fold.py
 def test_early_versions_then_finals_under_a_lagging_front_and_task_failures(
         spark, tmp_path: Path) -> None:
     spec = GeneratorSpec(fronts=3, rate=150.0, payload_bytes=4, lag_ms={2: 1200})

@@ -86,6 +86,7 @@ def live_versions(frames: list[pd.DataFrame]) -> tuple[pd.DataFrame, int]:
     return pd.DataFrame(live, columns=[*IDENT, "is_final"]), merged
 
 
+@pytest.mark.slow  # ~15 s; the changelog of sessions by default: test_speculative_sessions.py
 def test_early_sessions_then_finals_under_a_lagging_front_failures_and_a_restart(
         spark, tmp_path: Path) -> None:
     spec = GeneratorSpec(fronts=3, rate=150.0, payload_bytes=4, lag_ms={2: 1200})

@@ -94,6 +94,7 @@ def test_tumbling_with_a_lagging_front_equals_batch(spark, tmp_path: Path) -> No
     assert list(results.columns[:3]) == ["user", "window_start", "window_end"]
 
 
+@pytest.mark.slow  # ~10 s; sliding by default: test_slot_logic.py; lag: the tumbling test
 def test_sliding_apply_with_idle_and_stalled_fronts(spark, tmp_path: Path) -> None:
     spec = GeneratorSpec(fronts=3, rate=240.0, payload_bytes=4, stall={1: (1000, 1500)})
     pipe = lowtide.Pipeline(spark, "win-idle", grid=GRID, stuck_after_ms=STUCK_MS)

@@ -120,6 +120,7 @@ def test_two_sinks_on_one_tracker_both_complete(spark, tmp_path: Path) -> None:
         pipe.close()
 
 
+@pytest.mark.slow  # ~16 s; a second query of a running log by default: test_two_consumers_spark.py
 def test_a_second_query_attaches_while_the_first_runs(spark, tmp_path: Path) -> None:
     """A graph that changes while it runs (rule 16): a second query started on a
     running pipeline attaches its segments to the pipeline's tracker while the first
@@ -170,7 +171,7 @@ def test_a_second_query_attaches_while_the_first_runs(spark, tmp_path: Path) -> 
     assert len(done) >= 4 and set(zip(done["user"], done["start"], strict=True)) <= got
 
 
-@pytest.mark.slow  # ~35 s; a second query attaching by default: the test above
+@pytest.mark.slow  # ~35 s; a second query of a running log by default: test_two_consumers_spark.py
 def test_a_second_query_of_a_log_joins_its_running_fronts(spark, tmp_path: Path) -> None:
     """Issue 34, point 5: a second query reading the same log attached while its fronts
     keep running (no restart): each front joins it between two batches and answers the

@@ -254,6 +254,8 @@ def test_untracked_filter_loss_is_named(spark, tmp_path: Path) -> None:
         assert count == dropped
 
 
+@pytest.mark.slow  # ~12 s; by default a secret: service/test_auth.py, a served tracker:
+# operators/test_hold_wait_e2e.py
 def test_remote_tracker_with_secret(spark, tmp_path: Path) -> None:
     """A standalone tracker (the real service, started bare) adopts the pipeline's
     graph from the handshake; the executors authenticate with the shared secret.

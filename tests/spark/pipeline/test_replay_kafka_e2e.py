@@ -47,6 +47,7 @@ def _drop_before(bootstrap: str, topic: str, partition: int, offset: int) -> Non
         future.result(timeout=30)
 
 
+@pytest.mark.slow  # ~18 s; a replay from the ingest log by default: test_replay_e2e.py
 def test_kafka_replay_equals_batch_of_range(spark, kafka_broker, kafka_topic,
                                             tmp_path: Path) -> None:
     needs_kafka_connector(spark)
