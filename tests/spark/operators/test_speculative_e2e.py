@@ -85,6 +85,7 @@ def test_early_rows_then_finals_under_a_lagging_front_and_task_failures(
     check_changelog(sink.frames, spec, t0, final)
 
 
+@pytest.mark.slow  # ~14 s; a restart by default: test_the_jvm_plan_under_task_failures_...
 def test_a_restart_neither_repeats_nor_skips_a_version(spark, tmp_path: Path) -> None:
     spec = GeneratorSpec(fronts=2, rate=200.0, payload_bytes=4, lag_ms={1: 600})
     pipe = lowtide.Pipeline(spark, "spec-restart", grid=GRID, stuck_after_ms=STUCK_MS)

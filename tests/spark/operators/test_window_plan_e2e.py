@@ -166,7 +166,8 @@ def test_end_of_stream_emits_every_window(spark, tmp_path: Path) -> None:
 
 
 # ~12 s each: the map sender in the slow tier
-@pytest.mark.parametrize("sender", ["source", pytest.param("map", marks=pytest.mark.slow)])
+@pytest.mark.slow  # ~15 s; a where absorbed by default: test_frames_crossings.py
+@pytest.mark.parametrize("sender", ["source", "map"])
 def test_wheres_the_window_absorbs_equal_batch(spark, tmp_path: Path, sender: str) -> None:
     """``where`` steps in front of a window planned in the JVM run as Spark's filter
     (no Python pass of their own): the senders (the source's reader, or a tracked map)

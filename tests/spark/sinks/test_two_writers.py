@@ -45,6 +45,7 @@ def empty_delta(spark: Any, path: Path) -> None:
     spark.createDataFrame([], SCHEMA).write.format("delta").save(str(path))
 
 
+@pytest.mark.slow  # ~30 s; two writers' minimum by default: test_tables_completeness.py
 def test_two_writers_publish_their_minimum_and_the_reader_waits_for_both(
         spark, tmp_path: Path) -> None:
     if not has_delta(spark):
@@ -91,7 +92,7 @@ def test_two_writers_publish_their_minimum_and_the_reader_waits_for_both(
     assert all(g <= slow for g, slow in samples), "the reader passed the slower writer"
 
 
-@pytest.mark.slow  # ~30 s; two writers by default: the test above
+@pytest.mark.slow  # ~30 s; two writers by default: test_tables_completeness.py
 def test_an_undeclared_writer_below_the_table_is_refused(spark, tmp_path: Path) -> None:
     if not has_delta(spark):
         pytest.skip(NEEDS_DELTA)
