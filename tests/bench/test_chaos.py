@@ -60,10 +60,11 @@ def test_a_receipt_refused_as_behind_the_head_is_premature(tmp_path: Path) -> No
 
 #: the short run's scenarios by default (about 5 s each); the others run in the slow
 #: tier, most with a faster test of their own (tests/service/)
-# The scenarios whose figures the test reads; each other fault has tests of its own in
-# tests/service and tests/spark/sources, and runs here in the slow test below.
+# The scenarios whose figures the test reads, and the cheap ones; each other fault has
+# tests of its own in tests/service and tests/spark/sources, and runs here in the slow
+# test below.
 DEFAULT_SCENARIOS = ("quiet", "kill -9 tracker", "log byte flipped", "dead front",
-                     "slow batch")
+                     "slow batch", "first handshake cut")
 WORK = Workload(slots=12, secret=b"chaos-secret-0123456789abcdef")
 
 

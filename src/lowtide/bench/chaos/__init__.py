@@ -7,7 +7,8 @@ a query attached to its topic: :mod:`.join_fault`) and counts:
 
 * ``premature``: notifications that claimed a time while an item below it was still
   in flight (must be 0), and agents fooled by a server without the secret;
-* ``lost``: runs whose sink never reached the end after recovery (must be 0): a front
+* ``lost``: runs whose sink never reached the end after recovery, or whose good client
+  was kept out ("first handshake cut") (must be 0): a front
   that went silent for good ("dead front") is retired by ``--dead-fronts retire``;
 * ``false_loss_reports``: stuck windows the tracker reported (nothing is ever lost
   here; "slow batch" runs the consumer's batches 4x past ``--stuck-after-ms``);
@@ -54,6 +55,7 @@ SCENARIOS = (
     Scenario("hostile peers", attacks=("fuzz", "flood", "hijack", "replay")),
     Scenario("fake server", probe=hostile.fooled_by_fake_server),
     Scenario("hello rewritten", probe=hostile.fooled_by_rewritten_hello),
+    Scenario("first handshake cut", lockout_probe=hostile.locked_out_by_a_cut_handshake),
     Scenario("fd exhaustion", attacks=("connections",), nofile=512),
     Scenario("slow handshakes", (faults.kill_tracker,), attacks=("slow handshakes",),
              serve_args=("--max-connections", "64")),

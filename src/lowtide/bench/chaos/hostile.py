@@ -1,7 +1,8 @@
 """Hostile peers for ``lowtide bench chaos``: fuzzed frames, replayed frames, request
 floods, a session that takes over another's front, a fake server that knows nothing
-of the secret, a relay that rewrites the Hello, more connections than the tracker has
-file descriptors, handshakes that never finish, and a subscription flood.
+of the secret, a relay that rewrites the Hello, one that cuts a fresh agent's first
+handshake, more connections than the tracker has file descriptors, handshakes that
+never finish, and a subscription flood.
 Every one of them talks to 127.0.0.1 only (some from 127.0.0.2, another loopback
 address, as a peer on another host would), for a bounded count and time."""
 
@@ -331,6 +332,41 @@ def fooled_by_rewritten_hello(secret: bytes | None) -> bool:
             relay.close()
             thread.join(5)
         return believed or "segments" in tracker.status()
+
+
+def locked_out_by_a_cut_handshake(secret: bytes | None) -> bool:
+    """Whether a fresh agent stays out when its first connection is cut during the
+    handshake (by the tracker's admission gate under a burst from its own address, or
+    by the network): a relay hangs up on it as soon as it is accepted, then forwards
+    the next. Its first call, a front registration, must go through within 10 s (it
+    waited for a Welcome that its idle connection never dialled for)."""
+    with TrackerService.start(None, secret=secret) as tracker:
+        relay = socket.create_server(("127.0.0.1", 0))
+        thread = threading.Thread(target=_cut_first, args=(relay, tracker.url), daemon=True)
+        thread.start()
+        agent = Agent.connect(f"tcp://127.0.0.1:{relay.getsockname()[1]}", GRAPH,
+                              secret=secret, connect_timeout_s=2.0)
+        try:
+            agent.register_front(1, "src", FIRST_SLOT, timeout_s=10.0)
+            return False
+        except Exception:
+            return True
+        finally:
+            agent.close(timeout_s=1.0)
+            relay.close()
+            thread.join(5)
+
+
+def _cut_first(listener: socket.socket, target: str) -> None:
+    listener.settimeout(10)
+    host, port = target.removeprefix("tcp://").rsplit(":", 1)
+    with contextlib.suppress(OSError):
+        first, _ = listener.accept()
+        first.close()
+        client, _ = listener.accept()
+        with client, socket.create_connection((host, int(port)), timeout=5) as server:
+            threading.Thread(target=_pump, args=(server, client), daemon=True).start()
+            _pump(client, server)
 
 
 def _rewrite_hello(listener: socket.socket, target: str, graph: GraphSpec) -> None:

@@ -46,6 +46,8 @@ class Scenario:
     #: "pause" at its middle line for the faults; "": no producer
     producer: str = ""
     probe: Callable[[bytes | None], bool] | None = None  # True: the probe was fooled
+    #: True: a good client was kept out for good (counted as lost)
+    lockout_probe: Callable[[bytes | None], bool] | None = None
     dead_front: bool = False  # the last front goes silent a third of the way in
     slow_every: int = 0  # every this many batches of the consumer is slow (reported open)
     standby: bool = False  # a leader and a standby sharing a step log in Kafka (--ha)
@@ -53,7 +55,7 @@ class Scenario:
     @property
     def expect_complete(self) -> bool:
         """A refused flush is never applied: that front's items stay unbalanced."""
-        return not self.rogue and self.probe is None
+        return not self.rogue and self.probe is None and self.lockout_probe is None
 
 
 @dataclass
@@ -194,6 +196,11 @@ def run_scenario(tmp: Path, work: Workload, scenario: Scenario, secret_file: Pat
         fooled = scenario.probe(work.secret)
         premature = [f"{scenario.name}: believed a peer without the secret"] if fooled else []
         return Result(scenario.name, faults=1, premature=premature,
+                      seconds=time.monotonic() - started)
+    if scenario.lockout_probe is not None:
+        locked_out = scenario.lockout_probe(work.secret)
+        return Result(scenario.name, faults=1, lost=int(locked_out),
+                      notes=["a good client was kept out"] if locked_out else [],
                       seconds=time.monotonic() - started)
     work = replace(work, dead_front=work.fronts[-1] if scenario.dead_front else None,
                    slow_every=scenario.slow_every)
