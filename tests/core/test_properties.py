@@ -893,10 +893,11 @@ op_strategy = st.tuples(st.sampled_from(OPS), st.integers(0, BITS - 1), st.integ
 ops_strategy = st.integers(8, 120).flatmap(lambda n: st.lists(op_strategy, min_size=n, max_size=n))
 Ops = list[tuple[str, int, int]]
 
-# Budget: the three properties together take ~30 s on a 2-core machine. Much longer hunts
-# (4000 examples per engine, wider setups) ran clean while writing this file.
+# Budget: the properties together take ~40 s on the slow 2-core VM. Each run draws new
+# examples (not derandomized), so CI's runs add up; much longer hunts (4000 examples per
+# engine, wider setups) ran clean while writing this file.
 COMMON = settings(
-    max_examples=300,
+    max_examples=200,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -1057,7 +1058,7 @@ def test_local_trackers_are_safe_live_and_monotonic(setup: Setup, ops: Ops, extr
     check(setup.build("local"), ops, extra)
 
 
-@settings(COMMON, max_examples=500)
+@settings(COMMON, max_examples=350)
 @given(setup=setups("sharded"), ops=ops_strategy, extra=st.integers(0, 7))
 @example(setup=SINGLE_NODE_RACE[0], ops=SINGLE_NODE_RACE[1], extra=0)
 @example(setup=TWO_NODE_RACE[0], ops=TWO_NODE_RACE[1], extra=0)

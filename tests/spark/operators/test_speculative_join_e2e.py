@@ -89,6 +89,7 @@ def run_changelog(spark: Any, tmp_path: Path, restart_at: int, slots: int
     return sink, a, b, t0, final
 
 
+@pytest.mark.slow  # ~10 s; the changelog of a join by default: test_speculative_join.py
 def test_speculative_left_join_under_lag_failures_and_a_restart(spark, tmp_path: Path
                                                                ) -> None:
     sink, a, b, t0, final = run_changelog(spark, tmp_path, 100, 250)

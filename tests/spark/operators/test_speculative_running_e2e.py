@@ -37,6 +37,7 @@ def ends_of(rows: pd.DataFrame) -> pd.Series:
     return ms // GRID.delta_ms
 
 
+@pytest.mark.slow  # ~12 s; the changelog of running rows by default: test_speculative_running.py
 def test_early_running_rows_then_finals_under_a_lagging_front_failures_and_a_restart(
         spark, tmp_path: Path) -> None:
     spec = GeneratorSpec(fronts=3, rate=150.0, payload_bytes=4, lag_ms={2: 1200})

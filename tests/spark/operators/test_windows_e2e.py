@@ -77,6 +77,7 @@ def run(stream: Any, tmp: Path, spec: GeneratorSpec, size: int, slide: int,
     return results, expected, horizon
 
 
+@pytest.mark.slow  # ~14 s; a lagging front by default: test_task_failures_and_restart_...
 def test_tumbling_with_a_lagging_front_equals_batch(spark, tmp_path: Path) -> None:
     spec = GeneratorSpec(fronts=3, rate=240.0, payload_bytes=4, lag_ms={2: 1500})
     pipe = lowtide.Pipeline(spark, "win-lag", grid=GRID, stuck_after_ms=STUCK_MS)
