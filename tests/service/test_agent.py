@@ -388,16 +388,19 @@ def test_an_agent_started_before_its_tracker_connects_once_it_is_up(
         service.stop()
 
 
+@pytest.mark.parametrize("kind", ["Agent", "CallerAgent"])  # a Spark task's: CallerAgent
 def test_an_agent_whose_first_handshake_is_cut_dials_again_for_a_front_operation(
-    service: TrackerService, graph: SegmentGraph
+    service: TrackerService, graph: SegmentGraph, kind: str
 ) -> None:
     """A front operation waits for the first Welcome before it sends anything, and a
     lost connection with nothing to send waited to be used: an agent whose first
     connection was cut in its handshake never dialled again ("not connected, 0
     connections", CI, when the admission gate dropped it for a burst of peers)."""
+    from lowtide.service import CallerAgent
+
     proxy = HangsUpFirst(service.url)
     try:
-        with Agent.connect(proxy.url, graph) as agent:
+        with {"Agent": Agent, "CallerAgent": CallerAgent}[kind].connect(proxy.url, graph) as agent:
             agent.register_front(1, "src", 5, timeout_s=5)
             assert agent.status()["global_min"] == 5
     finally:
