@@ -13,8 +13,9 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from lowtide.bench.chaos.workload import FIRST_SLOT, GRAPH
 from lowtide.core.messages import MinTimeUpdate
@@ -267,18 +268,28 @@ def _relay_once(listener: socket.socket, target: tuple[str, int], recorded: byte
 def fooled_by_fake_server(secret: bytes | None) -> bool:
     """Whether an agent believes a server that knows nothing of the secret: the fake
     welcomes it at once and says every segment is complete up to :data:`LIE`."""
+    with _agent_through(_fake_server, secret=secret) as agent:
+        try:
+            sub = agent.subscribe("sink", timeout_s=3.0)
+            update = next(iter(sub))
+            return isinstance(update, MinTimeUpdate) and update.time >= LIE
+        except Exception:
+            return False
+
+
+@contextlib.contextmanager
+def _agent_through(
+    serve: Callable[..., None], *args: Any, secret: bytes | None
+) -> Iterator[Agent]:
+    """An agent connected to a listener that ``serve(listener, *args)`` runs on a
+    thread (a fake server, a relay); agent, listener and thread end with the block."""
     listener = socket.create_server(("127.0.0.1", 0))
-    port = listener.getsockname()[1]
-    thread = threading.Thread(target=_fake_server, args=(listener,), daemon=True)
+    thread = threading.Thread(target=serve, args=(listener, *args), daemon=True)
     thread.start()
-    agent = Agent.connect(f"tcp://127.0.0.1:{port}", GRAPH, secret=secret,
-                          connect_timeout_s=2.0)
+    agent = Agent.connect(f"tcp://127.0.0.1:{listener.getsockname()[1]}", GRAPH,
+                          secret=secret, connect_timeout_s=2.0)
     try:
-        sub = agent.subscribe("sink", timeout_s=3.0)
-        update = next(iter(sub))
-        return isinstance(update, MinTimeUpdate) and update.time >= LIE
-    except Exception:
-        return False
+        yield agent
     finally:
         agent.close(timeout_s=1.0)
         listener.close()
@@ -316,21 +327,12 @@ def fooled_by_rewritten_hello(secret: bytes | None) -> bool:
     no longer fed by src, so the sink's min time would not wait for src's items)."""
     rewired = tuple((name, ()) for name in GRAPH.names)
     with TrackerService.start(None, secret=secret) as tracker:
-        relay = socket.create_server(("127.0.0.1", 0))
-        thread = threading.Thread(target=_rewrite_hello, args=(relay, tracker.url, rewired),
-                                  daemon=True)
-        thread.start()
-        agent = Agent.connect(f"tcp://127.0.0.1:{relay.getsockname()[1]}", GRAPH,
-                              secret=secret, connect_timeout_s=2.0)
-        try:
-            agent.status(timeout_s=3.0)
-            believed = True
-        except Exception:
-            believed = False
-        finally:
-            agent.close(timeout_s=1.0)
-            relay.close()
-            thread.join(5)
+        with _agent_through(_rewrite_hello, tracker.url, rewired, secret=secret) as agent:
+            try:
+                agent.status(timeout_s=3.0)
+                believed = True
+            except Exception:
+                believed = False
         return believed or "segments" in tracker.status()
 
 
@@ -340,21 +342,13 @@ def locked_out_by_a_cut_handshake(secret: bytes | None) -> bool:
     by the network): a relay hangs up on it as soon as it is accepted, then forwards
     the next. Its first call, a front registration, must go through within 10 s (it
     waited for a Welcome that its idle connection never dialled for)."""
-    with TrackerService.start(None, secret=secret) as tracker:
-        relay = socket.create_server(("127.0.0.1", 0))
-        thread = threading.Thread(target=_cut_first, args=(relay, tracker.url), daemon=True)
-        thread.start()
-        agent = Agent.connect(f"tcp://127.0.0.1:{relay.getsockname()[1]}", GRAPH,
-                              secret=secret, connect_timeout_s=2.0)
+    with TrackerService.start(None, secret=secret) as tracker, _agent_through(
+            _cut_first, tracker.url, secret=secret) as agent:
         try:
             agent.register_front(1, "src", FIRST_SLOT, timeout_s=10.0)
             return False
         except Exception:
             return True
-        finally:
-            agent.close(timeout_s=1.0)
-            relay.close()
-            thread.join(5)
 
 
 def _cut_first(listener: socket.socket, target: str) -> None:
