@@ -94,6 +94,11 @@ def published(out: Path) -> set[str]:
     return set(glob.glob(str(out / "*.parquet")))
 
 
+def batches_of(files: set[str]) -> set[str]:
+    """The micro-batches whose files these are (``part-<query>-<batch>-<part>.parquet``)."""
+    return {Path(f).name.rsplit("-", 2)[-2] for f in files}
+
+
 def test_a_hung_tracker_stops_the_query_within_hold_wait(spark, tmp_path: Path) -> None:
     from tests.service.procs import serve  # the service tests' servers: stopped by pid
 
@@ -130,10 +135,11 @@ def test_a_hung_tracker_stops_the_query_within_hold_wait(spark, tmp_path: Path) 
             assert "lowtide status --url" in text and "from its checkpoint" in text
             with pytest.raises(type(error)):
                 query.awaitTermination(1)
-            # nothing emitted once the tracker stopped: no file published since (a
-            # batch whose rows were confirmed before may have been publishing then)
+            # nothing emitted once the tracker stopped: no batch published since (one
+            # whose rows were confirmed before may have been publishing its files then,
+            # a file per partition: CI saw two)
             files_after = published(out)
-            assert len(files_after - stopper.files_then) <= 1, took_s
+            assert len(batches_of(files_after - stopper.files_then)) <= 1, took_s
             os.kill(server.proc.pid, signal.SIGCONT)
             time.sleep(1.0)  # acks the tracker received while stopped are applied
             final = query.min_time(query.sink)
