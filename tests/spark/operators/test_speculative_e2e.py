@@ -19,7 +19,7 @@ from lowtide.spark.operators.speculative_plan import bucket_labels
 from lowtide.spark.pipeline import last_batch_id
 from lowtide.spark.sinks.changelog import apply_changelog
 from lowtide.spark.sources.generator import GeneratorSpec
-from tests.spark.helpers import fail_once
+from tests.spark.helpers import fail_once, t0_of_checkpoint
 from tests.spark.operators.changelogs import (
     ByBatch,
     check_changelog,
@@ -107,6 +107,8 @@ def test_a_restart_neither_repeats_nor_skips_a_version(spark, tmp_path: Path) ->
           AGG_COLS)
 
 
+@pytest.mark.slow  # ~46 s; the same faults by default on the driver's changelog step:
+# test_the_changelog_step_on_the_driver_under_failures_and_restarts
 def test_the_jvm_plan_under_task_failures_and_a_restart(spark, tmp_path: Path) -> None:
     """The plan over Spark's aggregation (its state operators: Spark's aggregation and
     the changelog's keyed step), with a sender task and a changelog task failing once
@@ -146,23 +148,36 @@ def test_each_bucket_of_the_changelog_step_has_a_task_of_its_own(spark) -> None:
 
 
 def test_which_plan_a_speculative_window_gets(spark, tmp_path: Path) -> None:
-    """Spark's aggregation under the changelog's keyed step where its exact window
-    would be planned in the JVM (whatever the sink: each is a foreachBatch function,
-    which takes update mode); the keyed runtime alone when asked for
-    (``on_keyed_runtime``, the bench's variant) and without a checkpoint."""
+    """Spark's aggregation where its exact window would be planned in the JVM
+    (whatever the sink: each is a foreachBatch function, which takes update mode),
+    with the changelog step on the driver where the window is the last step of a
+    query (its sink runs the step), else under the changelog's keyed step: a step after
+    the window, a build for a caller's own sink, a checkpoint that ran the keyed step.
+    The keyed runtime alone when asked for (``on_keyed_runtime``, the bench's variant)
+    and without a checkpoint."""
     pipe = lowtide.Pipeline(spark, "which-spec", grid=GRID)
     changes = (pipe.generate(GeneratorSpec(fronts=1, rate=10.0, payload_bytes=4))
                .map(parse, SCHEMA, name="parse").window("1 second", key="user", name="w")
                .agg(n="count").speculative())
 
-    def plan(stream: Any, checkpoint: str | None) -> str:
-        df = pipe.build(stream, checkpoint=checkpoint).df
-        return str(df._jdf.queryExecution().analyzed().toString())
+    def plan(stream: Any, checkpoint: str | None, on_driver: bool = False) -> str:
+        built = pipe.build(stream, checkpoint=checkpoint, changelog_on_driver=on_driver)
+        text = str(built.df._jdf.queryExecution().analyzed().toString())
+        assert (built.changelog is not None) == ("TransformWithState" not in text)
+        return text
 
     try:
-        jvm = plan(changes, str(tmp_path / "a"))
-        assert "Aggregate" in jvm and "TransformWithState" in jvm
-        for keyed in (plan(on_keyed_runtime(changes), str(tmp_path / "b")),
+        driver = plan(changes, str(tmp_path / "d"), on_driver=True)
+        assert "Aggregate" in driver and "TransformWithState" not in driver
+        ran = tmp_path / "ran" / "offsets"
+        ran.mkdir(parents=True)
+        (ran / "0").write_text("v1\n{}\n")
+        after = changes.transform(lambda df: df, name="after")
+        for jvm in (plan(changes, str(tmp_path / "a")),
+                    plan(changes, str(tmp_path / "ran"), on_driver=True),
+                    plan(after, str(tmp_path / "c"), on_driver=True)):
+            assert "Aggregate" in jvm and "TransformWithState" in jvm
+        for keyed in (plan(on_keyed_runtime(changes), str(tmp_path / "b"), on_driver=True),
                       plan(changes, None)):
             assert "TransformWithState" in keyed and "Aggregate" not in keyed
     finally:
@@ -194,3 +209,60 @@ def test_the_changelog_step_declares_no_row_parts(spark, tmp_path: Path) -> None
     step = ops["transformWithStateInPandasExec"]
     assert step["numValueStateVars"] > 0
     assert step["numMapStateVars"] == 0, step
+
+
+class FailsOnce(ByBatch):
+    """:class:`ByBatch` that raises once, after keeping batch ``at``'s rows: the query
+    fails after the driver's changelog step sent that batch's acks, before its commit."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.at, self.failed = at, False
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        super().__call__(df, batch_id)
+        if batch_id >= self.at and not self.failed:
+            self.failed = True
+            raise RuntimeError("injected sink failure")
+
+
+def test_the_changelog_step_on_the_driver_under_failures_and_restarts(
+        spark, tmp_path: Path) -> None:
+    """A speculative window as the query's last step: Spark's aggregation is its one
+    state operator, the changelog is computed in the sink's ``foreachBatch``. A sender
+    task fails once; the sink fails once after the step sent a batch's acks, and the
+    query is started again from its checkpoint; later it is stopped and started once
+    more. The batch that failed is run again with the same rows, no version is written
+    twice or skipped, the changelog folds to the finals and the finals equal a batch
+    recomputation."""
+    spec = GeneratorSpec(fronts=2, rate=200.0, payload_bytes=4, lag_ms={1: 600})
+    pipe = lowtide.Pipeline(spark, "spec-driver", grid=GRID, stuck_after_ms=STUCK_MS)
+    before = fail_once(lambda b, p: b % 5 == 3 and p == 0)
+    stream = (pipe.generate(spec).map(parse, SCHEMA, name="parse")
+              .transform(lambda df: df.mapInArrow(before, df.schema))
+              .window("1 second", key="user", name="win")
+              .agg(n="count", total=("amount", "sum"), lo=("amount", "min"),
+                   hi=("amount", "max"), avg=("amount", "mean"))
+              .speculative())
+    sink, ckpt = FailsOnce(at=8), tmp_path / "ckpt"
+    try:
+        query = stream.foreach_batch(sink, checkpoint=str(ckpt), keep_tracking_columns=True,
+                                     trigger="200 milliseconds")
+        t0 = t0_of_checkpoint(ckpt, query)
+        with pytest.raises(Exception, match="injected sink failure"):
+            query.awaitTermination(timeout=300)
+        failed = max(sink.batches)
+        # restarted: stopped and restarted again a second of windows past the failure
+        restart_at = query.min_time() - GRID.slot_of(t0) + 100
+        t0_again, final = run_changelog(stream, sink, ckpt, 600, restart_at=restart_at,
+                                        operators=1)
+        assert t0_again == t0
+    finally:
+        pipe.close()
+    assert failed in sink.batches and not sink.rerun_differs, sink.rerun_differs
+    assert (ckpt / "lowtide" / "changelog-win").is_dir()
+    frames = [sink.batches[b] for b in sorted(sink.batches)]
+    rows = pd.concat(frames, ignore_index=True)
+    ident = rows.assign(start=start_slots(rows))[["user", "start", "version", "op"]]
+    assert not ident.duplicated().any(), "a version written twice"
+    check_changelog(frames, spec, t0, final)

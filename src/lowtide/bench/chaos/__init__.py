@@ -20,8 +20,9 @@ Human table, then one JSON line; ``--quick`` runs in under five minutes. ``--spa
 adds the fault kinds that need real Spark queries and files (:mod:`.spark_faults`:
 reruns from a new checkpoint into every file sink, two writers of one Delta table, rows
 lost in a step and replayed by time, a retry loop under a task failure and a restart:
-:mod:`.retry_fault`, a speculative window under task failures and a restart:
-:mod:`.speculative_fault`, a standalone tracker hung under a sink: :mod:`.hung_fault`),
+:mod:`.retry_fault`, a speculative window under task failures and a restart, and one
+on the driver under a sink failure: :mod:`.speculative_fault`, a standalone tracker
+hung under a sink: :mod:`.hung_fault`),
 a few minutes more; ``--only`` picks among both groups.
 """
 
@@ -76,6 +77,7 @@ SPARK_SCENARIOS = ("rerun from a new checkpoint", "two writers of one table",
                    "rows lost in a step, replayed",
                    "retry loop under task failures and a restart",
                    "speculative window under task failures and a restart",
+                   "speculative window on the driver under a sink failure and a restart",
                    "tracker hung under a sink", "tracker hung under a task")
 
 
@@ -200,8 +202,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also the Spark fault kinds: reruns from a new checkpoint, two "
                         "writers of one table, rows lost in a step and replayed, a retry "
                         "loop under a task failure and a restart, a speculative window "
-                        "under task failures and a restart (needs `make setup`'s Delta "
-                        "jars)")
+                        "under task failures and a restart, and on the driver under a "
+                        "sink failure (needs `make setup`'s Delta jars)")
     p.set_defaults(handler=main)
 
 

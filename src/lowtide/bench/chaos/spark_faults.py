@@ -9,7 +9,8 @@ files (rule 14), each against a known ground truth (every record a producer wrot
 * ``rows lost in a step, replayed``: a step drops rows once, the sink's windows are
   repaired by a replay by time (:mod:`.replay_fault`);
 * a retry loop under task failures and a restart (:mod:`.retry_fault`), a
-  speculative window under task failures and a restart (:mod:`.speculative_fault`),
+  speculative window under task failures and a restart, and one whose changelog step
+  runs on the driver under a sink failure and a restart (:mod:`.speculative_fault`),
   and a standalone tracker hung (SIGSTOP) while a sink sends its acks
   (:mod:`.hung_fault`).
 
@@ -32,7 +33,11 @@ from lowtide.bench.chaos.replay_fault import lost_and_replayed, result_of
 from lowtide.bench.chaos.retry_fault import RETRY_LOOP, retry_loop_run
 from lowtide.bench.chaos.retry_fault import result_of as retry_result
 from lowtide.bench.chaos.run import Result
-from lowtide.bench.chaos.speculative_fault import SPECULATIVE, speculative_run
+from lowtide.bench.chaos.speculative_fault import (
+    SPECULATIVE,
+    SPECULATIVE_DRIVER,
+    speculative_run,
+)
 from lowtide.bench.chaos.speculative_fault import result_of as speculative_result
 from lowtide.service import wall_ms
 from lowtide.spark import Front, Pipeline, SessionConfig, complete_below
@@ -225,6 +230,10 @@ def run_spark(names: list[str] | None = None, spark: Any = None) -> list[Result]
             if not names or SPECULATIVE in names:
                 results.append(timed(lambda t: speculative_result(speculative_run(spark, t)),
                                      Path(tmp) / "speculative"))
+            if not names or SPECULATIVE_DRIVER in names:
+                results.append(timed(lambda t: speculative_result(
+                    speculative_run(spark, t, on_driver=True), SPECULATIVE_DRIVER),
+                    Path(tmp) / "speculative-driver"))
             if not names or HUNG in names:
                 results.append(timed(lambda t: hung_sink_run(spark, t), Path(tmp) / "hung"))
             if not names or HUNG_TASK in names:

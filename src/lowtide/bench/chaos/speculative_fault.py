@@ -6,6 +6,13 @@ before the window (a sender's, after its acks went out) and after its changelog 
 checkpoint once windows are final. Ground truth: the generator's rows, recomputed as a
 batch (:func:`lowtide.bench.spark.speculative.batch_windows`).
 
+The fault kind "speculative window on the driver under a sink failure and a restart":
+the same window as the query's last step, so that its changelog step runs on the driver
+in the sink's ``foreachBatch`` (:mod:`lowtide.spark.operators.speculative_driver`); the
+sender task fails once as above, the sink's function fails once after the step sent a
+batch's acks (the query stops; it is started again from its checkpoint and runs the
+batch again), then the stop and restart above.
+
 * ``premature``: the sink's min time announced while a window below it had no final
   row, or a final other than the batch's (sampled while it runs, and at the end); a
   version written twice; a row for a window after its final (a final cancelled);
@@ -15,6 +22,7 @@ batch (:func:`lowtide.bench.spark.speculative.batch_windows`).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,21 +37,25 @@ from lowtide.spark.sinks import apply_changelog, finals
 from lowtide.spark.sources import GeneratorSpec
 
 SPECULATIVE = "speculative window under task failures and a restart"
+SPECULATIVE_DRIVER = "speculative window on the driver under a sink failure and a restart"
 SPEC = GeneratorSpec(fronts=2, rate=200.0, payload_bytes=4, lag_ms={1: 1000})
 KEYS = 4
 TRIGGER = "300 milliseconds"
 RESTART_AFTER_MS, RUN_MS = 3_000, 8_000  # of generated time, from t0
 #: (batch id, partition) -> fail that task's first attempt: before the window, after it
 FAIL_BEFORE, FAIL_AFTER = (lambda b, p: b % 5 == 3 and p == 0), (lambda b, p: b % 4 == 2)
+FAIL_SINK_AT = 6  # the sink fails once, in the first batch from this one that has rows
 
 
 class ByBatch:
     """A ``foreach_batch`` function keeping each batch id's rows (a batch run again
-    replaces them, as an idempotent sink would)."""
+    replaces them, as an idempotent sink would); ``fail_at``: it raises once, after
+    keeping the rows of the first batch from that one with rows."""
 
-    def __init__(self) -> None:
+    def __init__(self, fail_at: int | None = None) -> None:
         self.batches: dict[int, Any] = {}
         self.calls = 0
+        self.fail_at = fail_at
         self._lock = threading.Lock()
 
     def __call__(self, df: Any, batch_id: int) -> None:
@@ -51,6 +63,9 @@ class ByBatch:
         with self._lock:
             self.batches[batch_id] = rows
             self.calls += 1
+        if self.fail_at is not None and batch_id >= self.fail_at and len(rows):
+            self.fail_at = None
+            raise RuntimeError("chaos: the sink failed once")
 
     def rows(self) -> Any:
         """Every row in batch order, with its window's end in ms (``end_ms``)."""
@@ -74,14 +89,18 @@ class SpeculativeRun:
     reruns: int = 0  # batches whose function ran more than once
 
 
-def speculative_run(spark: Any, tmp: Path, timeout_s: float = 300.0) -> SpeculativeRun:
+def speculative_run(spark: Any, tmp: Path, timeout_s: float = 300.0,
+                    on_driver: bool = False) -> SpeculativeRun:
+    """One run of the fault kind; ``on_driver``: the driver step's (see the module
+    docstring)."""
     pipe = Pipeline(spark, "chaos-speculative", stuck_after_ms=120_000)
-    sink, run = ByBatch(), SpeculativeRun()
+    sink, run = ByBatch(FAIL_SINK_AT if on_driver else None), SpeculativeRun()
     stream = (user_columns(pipe.generate(SPEC), KEYS)
               .transform(lambda d: d.mapInArrow(fail_once(FAIL_BEFORE), d.schema))
               .window("1 second", key="user", name="win").agg(n="count", total=("amount", "sum"))
-              .speculative()
-              .transform(lambda d: d.mapInArrow(fail_once(FAIL_AFTER), d.schema)))
+              .speculative())
+    if not on_driver:
+        stream = stream.transform(lambda d: d.mapInArrow(fail_once(FAIL_AFTER), d.schema))
     ckpt, current = str(tmp / "ckpt"), []
 
     def start() -> Any:
@@ -95,6 +114,8 @@ def speculative_run(spark: Any, tmp: Path, timeout_s: float = 300.0) -> Speculat
         sampler = threading.Thread(target=sample, args=(current, sink, run.t0, run.early,
                                                         stop), daemon=True)
         sampler.start()
+        if on_driver:
+            query = restarted_after_failure(query, start, timeout_s)
         query.wait_for_min_time(GRID.slot_of(run.t0 + RESTART_AFTER_MS), "sink", timeout_s)
         query.stop()
         query = start()
@@ -108,6 +129,15 @@ def speculative_run(spark: Any, tmp: Path, timeout_s: float = 300.0) -> Speculat
         pipe.close()
     run.rows, run.reruns = sink.rows(), sink.calls - len(sink.batches)
     return run
+
+
+def restarted_after_failure(query: Any, start: Callable[[], Any], timeout_s: float) -> Any:
+    """Wait for ``query`` to stop on the sink's failure, then start it again."""
+    with contextlib.suppress(Exception):  # what it raises is the sink's failure
+        query.awaitTermination(timeout_s)
+    if query.exception() is None:
+        raise RuntimeError(f"the sink's failure did not stop the query in {timeout_s:.0f} s")
+    return start()
 
 
 def wrong_windows(got: Any, t0: int, below_ms: int) -> list[str]:
@@ -148,8 +178,8 @@ def sample(current: list[Any], sink: ByBatch, t0: int, early: list[str],
                          f"missing or wrong ({bad[0]})")
 
 
-def result_of(run: SpeculativeRun) -> Result:
-    result = Result(SPECULATIVE, faults=3)
+def result_of(run: SpeculativeRun, name: str = SPECULATIVE) -> Result:
+    result = Result(name, faults=3)
     result.premature += run.early[:3]
     rows = run.rows
     ident = rows[["user", "end_ms", "version", "op"]]
@@ -172,4 +202,5 @@ def result_of(run: SpeculativeRun) -> Result:
     return result
 
 
-__all__ = ["SPECULATIVE", "ByBatch", "result_of", "sample", "speculative_run", "wrong_windows"]
+__all__ = ["SPECULATIVE", "SPECULATIVE_DRIVER", "ByBatch", "result_of", "sample",
+           "speculative_run", "wrong_windows"]

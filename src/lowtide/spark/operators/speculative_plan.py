@@ -19,6 +19,12 @@ the version last shown (:class:`.speculative.Shown`), and emits the changelog
 (:func:`.speculative.changelog_step`): versions come from that state, so a retried
 task or a batch re-run after a restart emits the same versions (rules 5 and 6).
 
+Where the window is the query's last step, the changelog step runs on the driver, in the
+sink's ``foreachBatch``, with the same :class:`ChangelogLogic` over every key
+(:mod:`.speculative_driver`): the plan below ends at the aggregation's changed rows.
+Otherwise (steps after the window, or a checkpoint that already ran it) it is the keyed
+runtime's step below.
+
 Buckets: the keyed step's cost is per group and batch (the processor's state reads
 and writes, its timer, each a round trip to the JVM), not per row, so it groups the
 keys into one bucket per shuffle partition (:func:`.keyed_state.shuffle_buckets`: the
@@ -188,6 +194,7 @@ def build_speculative_plan(df: Any, spec: SpeculativeSpec, windows: QueryWindows
     docstring); its hold joins ``windows.holds``, which the query moves."""
     from pyspark.sql import functions as F
 
+    from lowtide.spark.operators.speculative_driver import ChangelogStore, DriverChangelog
     from lowtide.spark.operators.state_processor import build_keyed
     from lowtide.spark.operators.window_hold import WatermarkHold
 
@@ -203,15 +210,22 @@ def build_speculative_plan(df: Any, spec: SpeculativeSpec, windows: QueryWindows
     prepared = input_columns(values, outs, {a.agg.out: a.out_type() for a in aggs}).select(
         *[F.col(f"`{k}`") for k in w.keys], last.alias(SLOT_COL),
         key_json(w.keys, fields, null_if_null=False).alias(KEY_COL), *helper_columns(outs))
-    buckets = shuffle_buckets(df.sparkSession, windows.checkpoint)
-    keyed = StatefulSpec(w.name, w.keys, ChangelogLogic(aggs, w.size_ms // delta, delta,
-                                                        spec.every_ms, w.keys),
-                         changelog_schema(w, aggs), w.poll_ms, buckets, what="window",
-                         eager=spec.every_ms > 0, received=True, row_parts=False)
-    out = build_keyed(prepared, keyed, ref, out_segment, op_id,
-                      labels=bucket_labels(df.sparkSession, buckets))
     windows.holds.append(hold)
-    return out
+    logic = ChangelogLogic(aggs, w.size_ms // delta, delta, spec.every_ms, w.keys)
+    if windows.driver_step == spec.name and ChangelogStore.usable(windows.checkpoint,
+                                                                  spec.name):
+        ddl = f"{', '.join(f'`{k}` {fields[k]}' for k in w.keys)}, " \
+              f"{changelog_schema(w, aggs)}, {TRACK_COL} long"
+        windows.changelogs.append(DriverChangelog(spec.name, logic, ddl, ref,
+                                                  out_segment, op_id, windows.checkpoint,
+                                                  eager=spec.every_ms > 0))
+        return prepared
+    buckets = shuffle_buckets(df.sparkSession, windows.checkpoint)
+    keyed = StatefulSpec(w.name, w.keys, logic, changelog_schema(w, aggs), w.poll_ms,
+                         buckets, what="window", eager=spec.every_ms > 0, received=True,
+                         row_parts=False)
+    return build_keyed(prepared, keyed, ref, out_segment, op_id,
+                       labels=bucket_labels(df.sparkSession, buckets))
 
 
 def update_mode(windows: QueryWindows) -> bool:

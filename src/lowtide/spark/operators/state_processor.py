@@ -258,31 +258,16 @@ class SlotProcessor(StatefulProcessor):  # type: ignore[misc]
     def _rows(self, rec: GroupRecord, step: GroupStep, packed: np.ndarray,
               early: np.ndarray | None) -> Iterator[Any]:
         """A step's output rows, then its provisional ones, with their tracking column."""
-        for rows, track in ((step.out, packed), (step.early, early)):
-            if rows is not None and len(rows):
-                res = rows.drop(columns=[c for c in (AT_COL, CHILD_COL) if c in rows.columns])
-                if not self.rt.spec.buckets:
-                    insert_keys(res, self.rt.spec.keys, rec.key)
-                res[TRACK_COL] = track
-                yield res
+        for res in tracked_rows(step, packed, early):
+            if not self.rt.spec.buckets:
+                insert_keys(res, self.rt.spec.keys, rec.key)
+            yield res
 
     def _acks(self, parent: int, step: GroupStep, now: int) -> np.ndarray:
-        """Open the new holds, send the outputs as children of their slots' holds and
-        release the holds that are gone; the outputs' tracking column."""
-        op = self.rt.op_id
-        if len(step.opens):
-            self.clock.open_holds(step.opens, holds_under(op, parent, step.opens))
-        return self.clock.emit_slots(step.releases, holds_under(op, parent, step.releases),
-                                     step.counts, now)
+        return emit_acks(self.clock, self.rt.op_id, parent, step, now)
 
     def _early(self, parent: int, step: GroupStep, now: int) -> np.ndarray | None:
-        """Send the provisional rows as children of their slots' holds, which stay
-        open (rule 13); their tracking column."""
-        if step.early is None:
-            return None
-        at = step.early[AT_COL].to_numpy(np.int64)
-        return self.clock.send(at, holds_under(self.rt.op_id, parent, at),
-                               step.early[CHILD_COL].to_numpy(np.uint64), now)
+        return early_acks(self.clock, self.rt.op_id, parent, step, now)
 
     def _poll(self, registered_ms: int, now: int) -> int:
         """The timer of a group with open holds: the next poll, registered unless it is
@@ -295,6 +280,38 @@ class SlotProcessor(StatefulProcessor):  # type: ignore[misc]
     def close(self) -> None:
         if self.live:
             self.clock.close()
+
+
+def emit_acks(clock: StateClock, op_id: int, parent: int, step: GroupStep,
+              now: int) -> np.ndarray:
+    """Open a step's new holds, send its outputs as children of their slots' holds and
+    release the holds that are gone; the outputs' tracking column."""
+    if len(step.opens):
+        clock.open_holds(step.opens, holds_under(op_id, parent, step.opens))
+    return clock.emit_slots(step.releases, holds_under(op_id, parent, step.releases),
+                            step.counts, now)
+
+
+def early_acks(clock: StateClock, op_id: int, parent: int, step: GroupStep,
+               now: int) -> np.ndarray | None:
+    """Send a step's provisional rows as children of their slots' holds, which stay
+    open (rule 13); their tracking column."""
+    if step.early is None:
+        return None
+    at = step.early[AT_COL].to_numpy(np.int64)
+    return clock.send(at, holds_under(op_id, parent, at),
+                      step.early[CHILD_COL].to_numpy(np.uint64), now)
+
+
+def tracked_rows(step: GroupStep, packed: np.ndarray, early: np.ndarray | None
+                 ) -> Iterator[Any]:
+    """A step's output rows, then its provisional ones, each frame with its tracking
+    column and without the logic's own columns."""
+    for rows, track in ((step.out, packed), (step.early, early)):
+        if rows is not None and len(rows):
+            res = rows.drop(columns=[c for c in (AT_COL, CHILD_COL) if c in rows.columns])
+            res[TRACK_COL] = track
+            yield res
 
 
 def build_keyed(df: Any, spec: StatefulSpec, ref: TrackerRef, out_segment: str,

@@ -213,11 +213,20 @@ class QueryWindows:
     holds: list[Any] = field(default_factory=list)
     #: each window's ``where`` steps in front of it (only 1:1 steps between), by name
     wheres: dict[str, str] = field(default_factory=dict)
+    #: the speculative window whose changelog step may run on the driver (the query's
+    #: last step, its sink's ``foreachBatch`` runs it: :mod:`.speculative_driver`)
+    driver_step: str | None = None
+    changelogs: list[Any] = field(default_factory=list)  # their driver steps
 
     @classmethod
-    def of(cls, stream: Any, checkpoint: str | None) -> QueryWindows:
+    def of(cls, stream: Any, checkpoint: str | None, on_driver: bool = False
+           ) -> QueryWindows:
+        from lowtide.spark.operators.speculative import SpeculativeSpec
+
+        last = stream.steps[-1] if stream.steps else None
+        driver = last.name if on_driver and isinstance(last, SpeculativeSpec) else None
         return cls(checkpoint, stateful_steps(stream), has_loop(stream),
-                   wheres=wheres_in_front(stream))
+                   wheres=wheres_in_front(stream), driver_step=driver)
 
     def window_of(self, segment: str) -> str | None:
         """The window planned in the JVM whose senders send into ``segment`` (its

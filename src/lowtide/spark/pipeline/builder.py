@@ -73,12 +73,15 @@ from lowtide.spark.tracking.transport import HOLD_WAIT_S, TrackerRef
 class Built:
     """A built pipeline: the streaming DataFrame (up to the sink), its graph and
     tracker; ``holds``: the holds of its windows planned in the JVM, which its query
-    moves (:mod:`lowtide.spark.operators.window_hold`)."""
+    moves (:mod:`lowtide.spark.operators.window_hold`); ``changelog``: the changelog
+    step its sink's ``foreachBatch`` runs first, if any
+    (:mod:`lowtide.spark.operators.speculative_driver`)."""
 
     df: Any
     graph: SegmentGraph
     ref: TrackerRef
     holds: tuple[Any, ...] = ()
+    changelog: Any = None
 
 
 class TrackerNotStarted(LowtideError, RuntimeError):
@@ -249,15 +252,18 @@ class Pipeline:
 
     # running
     def build(self, stream: Stream, sink_name: str = "sink", null_sink: bool = False,
-              trace_file: str | None = None, checkpoint: str | None = None) -> Built:
+              trace_file: str | None = None, checkpoint: str | None = None,
+              changelog_on_driver: bool = False) -> Built:
         """Start the tracker and build the streaming DataFrame of ``stream`` (tracking
         columns included), for a sink that the caller writes and acks itself.
         ``null_sink``: the rows go to Spark's ``noop`` sink and the last step, which
         must be a tracked operator, acks them as received there (``trace_file``: see
         :meth:`Stream.to_null`; a path every executor can append to). ``checkpoint``:
         the query's, for windows planned in Spark's JVM (without it they run on
-        ``transformWithState``; see docs/spark.md, "How exact windows work")."""
-        windows = QueryWindows.of(stream, checkpoint)
+        ``transformWithState``; see docs/spark.md, "How exact windows work").
+        ``changelog_on_driver``: a speculative window as the last step leaves its
+        changelog step to the sink's ``foreachBatch`` (``Built.changelog``)."""
+        windows = QueryWindows.of(stream, checkpoint, changelog_on_driver)
         if null_sink and not (stream.ends_in_operator() or windows.ends_in_window(stream)):
             raise PipelineShapeError("the null sink acks from the last step: a tracked "
                                      "operator")
@@ -268,7 +274,8 @@ class Pipeline:
         after = {sender: segments[0] for sender, segments in plan.sends_into.items()}
         df = self._plan_stream(stream, Targets(handle.ref, after, sink_name, windows),
                                null_sink, trace_file)
-        return Built(df, plan.graph, handle.ref, tuple(windows.holds))
+        return Built(df, plan.graph, handle.ref, tuple(windows.holds),
+                     windows.changelogs[0] if windows.changelogs else None)
 
     def _plan_stream(self, stream: Stream, to: Targets, null_sink: bool,
                      trace_file: str | None) -> Any:
@@ -329,7 +336,7 @@ class Pipeline:
             stream, checkpoint).ends_in_window(stream)
         null_sink = sink[0] == "foreach" and sink[1] is None and acks_last
         built = self.build(stream, sink_name, null_sink, sink[3] if null_sink else None,
-                           checkpoint)
+                           checkpoint, changelog_on_driver=True)
         df, graph, ref = built.df, built.graph, built.ref
         if self._progress_metrics:
             df = ProgressMetrics.of(ref, sink_name).observe(df)
@@ -346,8 +353,11 @@ class Pipeline:
             if tracked:  # else the batch raising it stops it (its line: raised_in_task)
                 tracked[0].fail(error)
 
-        writer = writer.format("noop") if null_sink else writer.foreachBatch(sink_function(
-            sink, ref, sink_name, self._tracker_options.hold_wait_s, fail))
+        wait_s = self._tracker_options.hold_wait_s
+        fn = None if null_sink else sink_function(sink, ref, sink_name, wait_s, fail)
+        if built.changelog is not None:
+            fn = built.changelog.wrap(fn, wait_s=wait_s, on_failure=fail)
+        writer = writer.format("noop") if fn is None else writer.foreachBatch(fn)
         # a query takes its session's confs when it starts: JVM windows need theirs then
         confs = WATERMARK_CONFS if built.holds else ()
         if update_mode(QueryWindows.of(stream, checkpoint)):  # a speculative window's

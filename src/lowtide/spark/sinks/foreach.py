@@ -51,15 +51,17 @@ class SinkAcksFailed(LowtideError, RuntimeError):
 
 def send_sink_acks(ref: TrackerRef, segment: str, query: str, batch_id: int, acks: Any, *,
                    wait_s: float = HOLD_WAIT_S, on_failure: OnFailure | None = None,
-                   what: str | None = None) -> None:
+                   what: str | None = None, partition: int = 0) -> None:
     """Send the sink's acks of a batch (on the driver, in ``foreachBatch``). A tracker
     that does not confirm them within ``wait_s`` ends the batch with
     :class:`SinkAcksFailed`, one line handed first to ``on_failure`` (the query's
     ``fail``): the batch is not committed, so the query's restart re-sends its acks under
     the same key (rule 6), and the sink's min time never passed them (fail closed).
-    ``what``: the sender in that line (default: the sink ``segment``)."""
+    ``what``: the sender in that line (default: the sink ``segment``); ``partition``:
+    of the batch's key, for a sender on the driver besides the tasks of ``segment``."""
     try:
-        connect(ref).send_batch(batch_key(query, batch_id, segment, 0), acks, timeout_s=wait_s)
+        connect(ref).send_batch(batch_key(query, batch_id, segment, partition), acks,
+                                timeout_s=wait_s)
     except TimeoutError:
         error = SinkAcksFailed(tracker_silent(
             what or f"sink {segment!r}", ref.url, f"confirm the acks of batch {batch_id}",
@@ -113,6 +115,15 @@ class TrackedForeachBatch:
             n = np.array([r[2] for r in rows], np.int64)
             acc.add_reduced(self.ref.graph.index(self.segment), t, x, -n)
         return acc
+
+    def receive_packed(self, packed: Any, query: str, batch_id: int) -> None:
+        """Ack the receipt of rows whose tracking column is ``packed`` (numpy), handed
+        over on the driver: the null sink of a step that ran there."""
+        acc = AckAccumulator()
+        if len(packed):
+            acc.add_packed(self.ref.graph.index(self.segment), packed,
+                           reference_slot(self.ref.grid), -1)
+        self._ack(query, batch_id, acc)
 
     def __call__(self, df: Any, batch_id: int) -> None:
         query = query_id(df.sparkSession.sparkContext)
