@@ -188,11 +188,12 @@ def test_which_plan_a_speculative_window_gets(spark, tmp_path: Path) -> None:
 def test_the_changelog_step_declares_no_row_parts(spark, tmp_path: Path) -> None:
     """The changelog step over Spark's aggregation keeps one record per bucket and no
     row parts: its tasks declare one state variable (a map state declared too cost a
-    round trip to the JVM per task and batch), and a batch still emits versions."""
+    round trip to the JVM per task and batch), and a batch still emits versions. (A
+    step after the window keeps the changelog step off the driver.)"""
     pipe = lowtide.Pipeline(spark, "spec-vars", grid=GRID, stuck_after_ms=STUCK_MS)
     changes = (pipe.generate(GeneratorSpec(fronts=1, rate=200.0, payload_bytes=4))
                .map(parse, SCHEMA, name="parse").window("1 second", key="user", name="w")
-               .agg(n="count").speculative())
+               .agg(n="count").speculative().transform(lambda df: df, name="after"))
     sink = Batches()
     query = changes.foreach_batch(sink, checkpoint=str(tmp_path / "ckpt"),
                                   trigger="200 milliseconds")

@@ -85,9 +85,7 @@ def run(work: Workload, names: list[str] | None = None,
         bootstrap: str | None = None) -> list[Result]:
     """The scenarios ``names`` (None: all); the standby ones use the Kafka broker at
     ``bootstrap``, or start one."""
-    # the agents' warnings here (a refused lane, unflushed acks) are the faults this
-    # bench makes on purpose: its table reports what they did
-    logging.getLogger("lowtide").setLevel(logging.ERROR)
+    quiet_agents()
     results = []
     with tempfile.TemporaryDirectory(prefix="lowtide-chaos-") as tmp:
         secret_file = Path(tmp) / "secret"
@@ -173,6 +171,13 @@ def print_table(results: list[Result]) -> None:
             print(f"    {line}")
 
 
+def quiet_agents() -> None:
+    """The agents' warnings here (a refused lane, unflushed acks, a restarted query's
+    heartbeat refused as behind) are the faults this bench makes on purpose: its table
+    reports what they did."""
+    logging.getLogger("lowtide").setLevel(logging.ERROR)
+
+
 def main(args: argparse.Namespace) -> int:
     work = Workload(slots=24 if args.quick else 60, secret=b"chaos-secret-0123456789abcdef")
     names = [n.strip() for n in args.only.split(",")] if args.only else None
@@ -188,6 +193,7 @@ def main(args: argparse.Namespace) -> int:
         if spark_names or not names:
             from lowtide.bench.chaos.spark_faults import run_spark  # imports pyspark
 
+            quiet_agents()
             results += run_spark(spark_names or None)
     print_table(results)
     figures = summary(results)

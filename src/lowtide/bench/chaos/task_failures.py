@@ -11,19 +11,34 @@ from collections.abc import Callable
 from typing import Any
 
 
-def fail_once(where: Callable[[int, int], bool]) -> Callable[[Any], Any]:
-    """Fails the first attempt of each task for which ``where(batch_id, partition)``."""
+def fail_once(where: Callable[[int, int], bool], marks: str | None = None
+              ) -> Callable[[Any], Any]:
+    """Fails the first attempt of each task for which ``where(batch_id, partition)``;
+    with ``marks`` (a directory every worker sees), only the first in the whole run:
+    where Spark does not retry tasks (``local[2]``) the query fails, and its restart
+    runs the batch again with a first attempt."""
 
     def run(batches):  # type: ignore[no-untyped-def]
         from pyspark import TaskContext
 
         yield from batches
         tc = TaskContext.get()
-        batch_id = int(tc.getLocalProperty("streaming.sql.batchId"))
-        if tc.attemptNumber() == 0 and where(batch_id, tc.partitionId()):
-            raise RuntimeError(f"injected failure: batch {batch_id} partition {tc.partitionId()}")
+        batch_id, part = int(tc.getLocalProperty("streaming.sql.batchId")), tc.partitionId()
+        if tc.attemptNumber() == 0 and where(batch_id, part) and (
+                marks is None or _first(os.path.join(marks, f"{batch_id}-{part}"))):
+            raise RuntimeError(f"injected failure: batch {batch_id} partition {part}")
 
     return run
+
+
+def _first(marker: str) -> bool:
+    """Claim ``marker`` (False: claimed before)."""
+    os.makedirs(os.path.dirname(marker), exist_ok=True)
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return False
+    return True
 
 
 def fail_first_task(marker: str) -> Callable[[Any], Any]:
@@ -35,11 +50,7 @@ def fail_first_task(marker: str) -> Callable[[Any], Any]:
         for b in batches:
             rows += b.num_rows
             yield b
-        if rows:
-            try:
-                os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
-            except FileExistsError:
-                return
+        if rows and _first(marker):
             raise RuntimeError(f"injected task failure ({os.path.basename(marker)})")
 
     return run

@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -164,7 +165,13 @@ class DriverChangelog:
             read, state = store.load(batch_id)
             clock = StateClock(self.ref, self.window, self.out_segment, self.op_id)
             now_ms = batch_timestamp_ms(self.checkpoint, batch_id)
-            state, frames = self.step(df.toPandas(), state, now_ms, clock)
+            with warnings.catch_warnings():
+                # a task that failed for good, or a stop inside the batch, fails
+                # toPandas, and PySpark would print the JVM's stack trace as a warning
+                # first: the error itself goes on to the query, in one line
+                warnings.simplefilter("ignore", UserWarning)
+                changed = df.toPandas()
+            state, frames = self.step(changed, state, now_ms, clock)
             acks = clock.acc.build(self.ref.grid.window_slots)
             if len(acks):
                 send_sink_acks(self.ref, self.window, query, batch_id, acks, wait_s=wait_s,
