@@ -120,6 +120,11 @@ class KeyedRuntime:
 
 def key_values(rows: Any, keys: tuple[str, ...]) -> tuple[Any, ...]:
     """A group's key values, from its first row (Python scalars, None for null)."""
+    return key_rows(rows, keys, [0])[0]
+
+
+def key_rows(rows: Any, keys: tuple[str, ...], at: list[int]) -> list[tuple[Any, ...]]:
+    """:func:`key_values` of the rows at positions ``at``, one pass per key column."""
     import pandas as pd
 
     def scalar(v: Any) -> Any:
@@ -127,8 +132,9 @@ def key_values(rows: Any, keys: tuple[str, ...]) -> tuple[Any, ...]:
             return None
         return v.item() if isinstance(v, np.generic) else v
 
-    first = rows.iloc[0]
-    return tuple(scalar(first[k]) for k in keys)
+    cols = [rows[k].iloc[at].tolist() for k in keys]
+    return [tuple(scalar(v) for v in row) for row in zip(*cols, strict=True)] if cols \
+        else [() for _ in at]
 
 
 def shuffle_buckets(spark: Any, checkpoint: str | None) -> int:
@@ -166,7 +172,7 @@ def key_groups(rows: Any, keys: tuple[str, ...]) -> tuple[list[tuple[Any, ...]],
     codes = rows.groupby(list(keys), dropna=False, sort=False).ngroup().to_numpy()
     order = np.argsort(codes, kind="stable")
     at = np.split(order, np.flatnonzero(np.diff(codes[order])) + 1)
-    return [key_values(rows.iloc[i[:1]], keys) for i in at], at
+    return key_rows(rows, keys, [int(i[0]) for i in at]), at
 
 
 def key_json(keys: tuple[str, ...], types: dict[str, str], *, null_if_null: bool) -> Any:

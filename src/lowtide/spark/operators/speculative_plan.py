@@ -61,7 +61,7 @@ from lowtide.spark.operators.keyed_state import (
     StatefulSpec,
     bucket_labels,
     key_json,
-    key_values,
+    key_rows,
     shuffle_buckets,
 )
 from lowtide.spark.operators.slot_logic import CHILD_COL, SLOT_COL, LogicStep, RowParts
@@ -146,9 +146,12 @@ class ChangelogLogic:
         out: list[tuple[str, tuple[Any, ...], Change]] = []
         early: list[tuple[str, tuple[Any, ...], Change]] = []
         for kid in sorted(held.keys() | news.keys()):
-            values = held[kid][0] if kid in held else key_values(news[kid], self.keys)
+            if kid not in news and self._unchanged(held[kid][1], done):
+                left[kid] = held[kid]
+                continue
+            values = held[kid][0] if kid in held else news[kid][0]
             versions, o, e = self._key_step(held[kid][1] if kid in held else None,
-                                            news.get(kid), done, now_ms)
+                                            news[kid][1] if kid in news else [], done, now_ms)
             out += [(kid, values, c) for c in o]
             early += [(kid, values, c) for c in e]
             if versions is not None:
@@ -157,19 +160,34 @@ class ChangelogLogic:
                                  for end, _ in v.panes.values()}), np.int64)
         return LogicStep(left or None, self._frame(out), wakes, early=self._frame(early))
 
-    def _by_key(self, new: Any) -> dict[str, Any]:
+    def _by_key(self, new: Any) -> dict[str, tuple[tuple[Any, ...], list[tuple[int, list[Any]]]]]:
+        """The changed rows by key: (its key's values, [(window's last slot, values)]),
+        read in one pass over the frame (a pandas group per key costs more than the
+        logic, with many keys)."""
         if new is None or not len(new):
             return {}
-        return {str(kid): rows for kid, rows in new.groupby(KEY_COL, sort=False)}
+        kids = new[KEY_COL].astype(str).tolist()
+        lasts = new[SLOT_COL].to_numpy(np.int64).tolist()
+        rows: dict[str, list[tuple[int, list[Any]]]] = {}
+        first: dict[str, int] = {}
+        for i, (kid, last, values) in enumerate(zip(kids, lasts, window_values(self.aggs, new),
+                                                    strict=True)):
+            first.setdefault(kid, i)
+            rows.setdefault(kid, []).append((last, values))
+        keys = key_rows(new, self.keys, list(first.values()))
+        return {kid: (k, rows[kid]) for kid, k in zip(first, keys, strict=True)}
 
-    def _key_step(self, state: Versions | None, new: Any, done: int, now_ms: int
-                  ) -> tuple[Versions | None, list[Change], list[Change]]:
+    def _unchanged(self, state: Versions, done: int) -> bool:
+        """Would a key without new rows change nothing: no window complete, and every
+        change shown (each is, at once, without ``every``)?"""
+        return self.every_ms == 0 and all(end > done for end, _ in state.panes.values())
+
+    def _key_step(self, state: Versions | None, new: list[tuple[int, list[Any]]], done: int,
+                  now_ms: int) -> tuple[Versions | None, list[Change], list[Change]]:
         """One key's windows: its state after the call, its final and early changes."""
         latest: dict[int, tuple[int, list[Any]]] = dict(state.panes) if state else {}
-        if new is not None:
-            lasts = new[SLOT_COL].to_numpy(np.int64).tolist()
-            for last, values in zip(lasts, window_values(self.aggs, new), strict=True):
-                latest[last + 1 - self.size] = (last + 1, values)
+        for last, values in new:
+            latest[last + 1 - self.size] = (last + 1, values)
         shown, out, early = changelog_step(
             {s: end for s, (end, _) in latest.items()}, lambda s: latest[s][1],
             state.shown if state else {}, done, now_ms, self.every_ms)
