@@ -32,7 +32,7 @@ from lowtide.bench.chaos.run import Result
 from lowtide.bench.chaos.task_failures import fail_once
 from lowtide.bench.spark.speculative import GRID, batch_windows, user_columns, wait_for_t0
 from lowtide.spark import Pipeline
-from lowtide.spark.pipeline.query import QueryFailed
+from lowtide.spark.pipeline import QueryFailed
 from lowtide.spark.sinks import apply_changelog, finals
 from lowtide.spark.sources import GeneratorSpec
 
