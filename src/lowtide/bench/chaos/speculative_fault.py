@@ -45,6 +45,10 @@ RESTART_AFTER_MS, RUN_MS = 3_000, 8_000  # of generated time, from t0
 #: (batch id, partition) -> fail that task's first attempt: before the window, after it
 FAIL_BEFORE, FAIL_AFTER = (lambda b, p: b % 5 == 3 and p == 0), (lambda b, p: b % 4 == 2)
 FAIL_SINK_AT = 6  # the sink fails once, in the first batch from this one that has rows
+#: where Spark retries no task, each injected task failure stops the query once (at
+#: most about 25 in a run's 30-odd batches, with the sink's); more restarts than that
+#: mean a failure of the query's own, which is raised, not restarted for ever
+MAX_FAILURES = 40
 
 
 class ByBatch:
@@ -118,6 +122,8 @@ def speculative_run(spark: Any, tmp: Path, timeout_s: float = 300.0,
                 return
             except QueryFailed:
                 run.failures += 1
+                if run.failures > MAX_FAILURES:
+                    raise
                 start()
 
     stop = threading.Event()
