@@ -20,8 +20,10 @@ import pytest
 
 import lowtide
 from lowtide.spark.operators.window_state import window_starts
+from lowtide.spark.sinks.parquet import ParquetSink
 from lowtide.spark.sources.generator import GeneratorSpec
 from tests.spark.helpers import fail_once, t0_of_checkpoint
+from tests.spark.operators.changelogs import state_operators
 from tests.spark.operators.helpers import GRID, STUCK_MS, all_input, read_results, start_slots
 
 pytestmark = pytest.mark.spark
@@ -229,6 +231,62 @@ def test_buckets_of_mixed_ranges_survive_a_task_failure_and_a_restart(
     finally:
         query.stop()
         pipe.close()
+    got = assert_equals_batch(out, "k", final,
+                              lambda horizon: by_k(all_input(spec, t0, horizon)))
+    assert {30, 31} < set(got.index.get_level_values("k"))
+
+
+# the window as the query's last step: Spark aggregates, the driver emits each range's
+# windows (the tests above end in a transform: the keyed runtime)
+
+
+def test_ranges_on_the_driver_under_failures_and_restarts(
+        spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A key-range window as the query's last step (:mod:`lowtide.spark.operators.
+    window_ranges`): Spark's aggregation is its one state operator, the driver emits
+    each range's windows once that range is complete. A sender task fails once; the
+    Parquet sink fails once after the driver sent a batch's acks, and the query is
+    started again from its checkpoint, with windows of every range open. A fast
+    range's windows come out before the lagging range reaches them, each window once,
+    all equal to the batch recomputation."""
+    spec = GeneratorSpec(fronts=4, rate=160.0, payload_bytes=4, lag_ms={3: 2_000})
+    pipe = lowtide.Pipeline(spark, "win-ranges-driver", grid=GRID, stuck_after_ms=STUCK_MS)
+    before = fail_once(lambda b, p: b % 5 == 3 and p == 0)  # a sender's task
+    stream = (pipe.generate(spec)
+              .map(with_k, "front int, seq long, k long", name="addk")
+              .transform(lambda df: df.mapInArrow(before, df.schema))
+              .window("500 milliseconds", key="k", key_ranges=4, name="win")
+              .agg(n="count", total=("seq", "sum")))
+    publish, failed = ParquetSink._publish, []
+
+    def fails_once(self: Any, staged: Any, query: str, batch_id: int, digest: str) -> None:
+        if batch_id >= 8 and not failed:  # after the driver step's acks
+            failed.append(batch_id)
+            raise RuntimeError("injected sink failure")
+        publish(self, staged, query, batch_id, digest)
+
+    monkeypatch.setattr(ParquetSink, "_publish", fails_once)
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+
+    def start() -> Any:
+        return stream.write_parquet(str(out), checkpoint=str(ckpt), trigger="200 milliseconds")
+
+    query = start()
+    try:
+        t0 = t0_of_checkpoint(ckpt, query, timeout_s=240)
+        with pytest.raises(Exception, match="injected sink failure"):
+            query.awaitTermination(timeout=300)
+        query = start()  # every range had windows open in the driver's state
+        query.wait_for_min_time(GRID.slot_of(t0 + 2_000) + 4 * SIZE, timeout_s=240)
+        query.wait_for_min_time(query.min_time() + SIZE, timeout_s=240)  # a batch's progress
+        assert len(state_operators(query)) == 1, state_operators(query)
+        assert not query.stuck()
+        assert_ahead_of_lagging(pipe.tracker.agent, out, "k // 10 != 3")
+        final = query.min_time()
+    finally:
+        query.stop()
+        pipe.close()
+    assert failed and (ckpt / "lowtide" / "changelog-win").is_dir()
     got = assert_equals_batch(out, "k", final,
                               lambda horizon: by_k(all_input(spec, t0, horizon)))
     assert {30, 31} < set(got.index.get_level_values("k"))

@@ -21,11 +21,21 @@ Its state (every open (key, window)'s latest values and the version last shown, 
 the slots of its open holds) is a small file per micro-batch in the checkpoint
 (:class:`ChangelogStore`): a batch reads the state the batch before it left, so a batch
 run again after a restart reads the same state, the same batch timestamp (the offset
-log's) and the same min time at that timestamp, and emits the same rows with the same
-acks (rules 5 and 6). Its acks (holds opened in ``S_in.state``, versions and tombstones
-sent into the sink's segment as children of their slots' holds, holds released) go as
-one keyed batch ``(query, batch, S_in, DRIVER_PARTITION)`` and are confirmed before the
-sink's function sees a row; then the sink acks their receipt as any sink does.
+log's) and the same min times, and emits the same rows with the same acks (rules 5
+and 6).
+
+The min times (``S_in``'s, or each of its key ranges': :mod:`.window_ranges`) are read
+once the batch's changed rows are collected, so once its tasks have received their
+rows, and written down (``done-<batch>``) before they are used; a batch run again uses
+those. A window they complete comes out in this very batch: every row below them was
+received by a task of this batch or an earlier one (no later batch has run), so it is
+in the changed rows this step has seen. Read at the batch's start instead, a window
+whose last rows this batch received would wait for the next batch.
+
+Its acks (holds opened in ``S_in.state``, versions and tombstones sent into the sink's
+segment as children of their slots' holds, holds released) go as one keyed batch
+``(query, batch, S_in, DRIVER_PARTITION)`` and are confirmed before the sink's function
+sees a row; then the sink acks their receipt as any sink does.
 
 A checkpoint that already ran the keyed step (written before this plan, or by a window
 with steps after it) keeps it: the plan is chosen once per checkpoint
@@ -46,8 +56,14 @@ from typing import Any
 
 import numpy as np
 
-from lowtide.spark.operators.slot_logic import step_ranges
-from lowtide.spark.operators.state_clock import StateClock, key_hash
+from lowtide.spark.operators.joins import KEY_COL
+from lowtide.spark.operators.slot_logic import (
+    Ranges,
+    key_in_two_ranges,
+    range_order,
+    step_ranges,
+)
+from lowtide.spark.operators.state_clock import StateClock, key_hash, range_parent
 from lowtide.spark.operators.state_processor import (
     NoParts,
     early_acks,
@@ -60,14 +76,18 @@ from lowtide.spark.sinks.foreach import (
     query_id,
     send_sink_acks,
 )
+from lowtide.spark.sinks.parquet import ParquetSink
 from lowtide.spark.tracking.column import TRACK_COL
+from lowtide.spark.tracking.key_ranges import RANGE_HI, RANGE_LO
 from lowtide.spark.tracking.transport import HOLD_WAIT_S, TrackerRef
 
 #: the partition of the driver step's ack batch: no task of ``S_in`` has it
 DRIVER_PARTITION = (1 << 31) - 1
+DONE_PREFIX = "done-"  # the min times a batch stepped with
 
-#: (the slots of the open holds, the logic's state), or None: nothing open
-State = tuple[np.ndarray, Any] | None
+#: range -> (the slots of its open holds, the logic's state); range None: a window
+#: without key ranges
+State = Ranges
 SinkFn = Callable[[Any, int], Any]
 
 
@@ -109,17 +129,36 @@ class ChangelogStore:
         """(the batch whose state this is, -1 for none; the state before ``batch_id``)."""
         below = [i for i in self._ids() if i < batch_id]
         if not below:
-            return -1, None
-        state: State = pickle.loads((self.dir / str(below[-1])).read_bytes())
+            return -1, {}
+        state = pickle.loads((self.dir / str(below[-1])).read_bytes())
+        if state is None or isinstance(state, tuple):  # written before key ranges
+            return below[-1], {} if state is None else {None: state}
         return below[-1], state
 
     def save(self, batch_id: int, state: State, read: int) -> None:
-        tmp = self.dir / f".{batch_id}.tmp"
-        tmp.write_bytes(pickle.dumps(state))
-        os.replace(tmp, self.dir / str(batch_id))
-        for i in self._ids():
-            if i < read:
-                (self.dir / str(i)).unlink(missing_ok=True)
+        self._write(str(batch_id), state)
+        for p in self.dir.iterdir():
+            name = p.name.removeprefix(DONE_PREFIX)
+            if name.isdigit() and int(name) < (read if name == p.name else batch_id):
+                p.unlink(missing_ok=True)
+
+    def done(self, batch_id: int, ask: Callable[[], dict[int | None, int]]
+             ) -> dict[int | None, int]:
+        """The min times batch ``batch_id`` steps with: ``ask()``'s the first time the
+        batch runs, written down before they are used, and the same ones whenever it
+        runs again (rule 5; a min time read once stays a true one)."""
+        path = self.dir / f"{DONE_PREFIX}{batch_id}"
+        if path.exists():
+            done: dict[int | None, int] = pickle.loads(path.read_bytes())
+            return done
+        done = ask()
+        self._write(path.name, done)
+        return done
+
+    def _write(self, name: str, value: Any) -> None:
+        tmp = self.dir / f".{name}.tmp"
+        tmp.write_bytes(pickle.dumps(value))
+        os.replace(tmp, self.dir / name)
 
 
 @dataclass(frozen=True)
@@ -137,20 +176,47 @@ class DriverChangelog:
     op_id: int
     checkpoint: str
     eager: bool = False
+    key_ranges: int = 0  # how many key ranges ``S_in`` is split into (rule 15)
 
-    def step(self, new: Any, state: State, now_ms: int, clock: StateClock
-             ) -> tuple[State, list[Any]]:
-        """One batch: its changed rows ``new`` (None: none) over ``state``; the state
-        after it and the changelog's frames (with ``lt_track``), the acks in ``clock``."""
-        done = clock.complete_below(now_ms, [None])
-        rows = {None: new} if new is not None and len(new) else {}
-        kept, steps = step_ranges(self.logic, (), {} if state is None else {None: state},
-                                  rows, done, NoParts(), now_ms, self.eager)
-        parent, frames = key_hash(("lowtide driver changelog", self.window)), []
-        for _, s in steps:
+    def step(self, new: Any, state: State, done: dict[int | None, int], now_ms: int,
+             clock: StateClock) -> tuple[State, list[Any]]:
+        """One batch: its changed rows ``new`` (None: none) over ``state``, with the
+        min times ``done`` (of ``S_in``, or of each of its key ranges); the state after
+        it and the output frames (with ``lt_track``), the acks in ``clock``."""
+        kept, steps = step_ranges(self.logic, (), state, self._by_range(new), done,
+                                  NoParts(), now_ms, self.eager)
+        twice = key_in_two_ranges(kept) if self.key_ranges else None
+        if twice is not None:
+            raise ValueError(f"window {self.window!r}: key {twice[0]} has rows of key "
+                             f"ranges {twice[1]}; with key_ranges={self.key_ranges} each "
+                             "key's rows must come from fronts of one range")
+        base, frames = key_hash(("lowtide driver changelog", self.window)), list[Any]()
+        for r, s in steps:
+            parent = base if r is None else range_parent(base, r)
             packed = emit_acks(clock, self.op_id, parent, s, now_ms)
             frames += tracked_rows(s, packed, early_acks(clock, self.op_id, parent, s, now_ms))
-        return kept.get(None), frames
+        return kept, frames
+
+    def ranges(self) -> list[int | None]:
+        """The min times a batch steps with: ``S_in``'s, or each of its key ranges'."""
+        return list(range(self.key_ranges)) if self.key_ranges else [None]
+
+    def _by_range(self, new: Any) -> dict[int | None, Any]:
+        """A batch's changed rows by key range (a window without: range None); a
+        (key, window) whose rows came from two ranges is refused."""
+        if new is None or not len(new):
+            return {}
+        if not self.key_ranges:
+            return {None: new}
+        lo, hi = new[RANGE_LO].to_numpy(np.int64), new[RANGE_HI].to_numpy(np.int64)
+        if (lo != hi).any():
+            i = int(np.flatnonzero(lo != hi)[0])
+            raise ValueError(f"window {self.window!r}: a window of key "
+                             f"{new[KEY_COL].iloc[i]} has rows of key ranges "
+                             f"{[int(lo[i]), int(hi[i])]}; with key_ranges={self.key_ranges} "
+                             "each key's rows must come from fronts of one range")
+        return {r: new[lo == r].reset_index(drop=True)
+                for r in sorted(np.unique(lo).tolist(), key=range_order)}
 
     def wrap(self, sink: SinkFn, *, wait_s: float = HOLD_WAIT_S,
              on_failure: OnFailure | None = None) -> SinkFn:
@@ -160,6 +226,8 @@ class DriverChangelog:
 
         def run(df: Any, batch_id: int) -> None:
             import pandas as pd
+
+            from lowtide.service.clock import wall_ms
 
             query = query_id(df.sparkSession.sparkContext)
             read, state = store.load(batch_id)
@@ -171,7 +239,10 @@ class DriverChangelog:
                 # first: the error itself goes on to the query, in one line
                 warnings.simplefilter("ignore", UserWarning)
                 changed = df.toPandas()
-            state, frames = self.step(changed, state, now_ms, clock)
+            # read once this batch's tasks are done: every row received below them is
+            # in this batch's changed rows or an earlier one's (no later batch ran)
+            done = store.done(batch_id, lambda: clock.complete_below(wall_ms(), self.ranges()))
+            state, frames = self.step(changed, state, done, now_ms, clock)
             acks = clock.acc.build(self.ref.grid.window_slots)
             if len(acks):
                 send_sink_acks(self.ref, self.window, query, batch_id, acks, wait_s=wait_s,
@@ -182,6 +253,8 @@ class DriverChangelog:
             if isinstance(sink, TrackedForeachBatch) and sink.fn is None:  # the null sink
                 packed = np.zeros(0, np.int64) if rows is None else rows[TRACK_COL].to_numpy()
                 sink.receive_packed(packed, query, batch_id)
+            elif isinstance(sink, ParquetSink):  # written here: no Spark job for a few rows
+                sink.write_local(None if rows is None else self._arrow(rows), query, batch_id)
             else:
                 sink(df.sparkSession.createDataFrame([] if rows is None else rows,
                                                      self._struct), batch_id)
@@ -193,6 +266,16 @@ class DriverChangelog:
         from pyspark.sql.types import _parse_datatype_string
 
         return _parse_datatype_string(self.schema)
+
+    def _arrow(self, rows: Any) -> Any:
+        """``rows`` as the Arrow record batch Spark would hand a task (timestamps in
+        the session's time zone, UTC: :mod:`lowtide.spark.session`)."""
+        import pyarrow as pa
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        schema = to_arrow_schema(self._struct, timezone="UTC")
+        batch = pa.RecordBatch.from_pandas(rows, schema=schema, preserve_index=False)
+        return batch.replace_schema_metadata(None)  # no pandas index in the files
 
     @cached_property
     def _names(self) -> list[str]:

@@ -83,7 +83,9 @@ from lowtide.spark.operators.window_aggs import (
     input_columns,
 )
 from lowtide.spark.operators.window_plan import WATERMARK_CONFS, QueryWindows, build_window_plan
+from lowtide.spark.operators.windows import WindowSpec
 from lowtide.spark.tracking.column import TRACK_COL, TRACKING_COLS
+from lowtide.spark.tracking.key_ranges import RANGE_HI, RANGE_LO
 from lowtide.spark.tracking.receive import WM_COL
 from lowtide.spark.tracking.transport import TrackerRef
 
@@ -138,6 +140,9 @@ class ChangelogLogic:
     delta_ms: int
     every_ms: int = 0
     keys: tuple[str, ...] = ("k",)
+    #: the finals alone (an exact window's results: :mod:`.window_ranges`), each once,
+    #: as version 1 with no tombstone before it
+    finals_only: bool = False
 
     def step(self, key: tuple[Any, ...], state: KeyVersions | None, new: Any, done: int,
              parts: RowParts, now_ms: int = 0) -> LogicStep:
@@ -189,8 +194,8 @@ class ChangelogLogic:
         for last, values in new:
             latest[last + 1 - self.size] = (last + 1, values)
         shown, out, early = changelog_step(
-            {s: end for s, (end, _) in latest.items()}, lambda s: latest[s][1],
-            state.shown if state else {}, done, now_ms, self.every_ms)
+            {s: end for s, (end, _) in latest.items() if end <= done or not self.finals_only},
+            lambda s: latest[s][1], state.shown if state else {}, done, now_ms, self.every_ms)
         latest = {s: v for s, v in latest.items() if v[0] > done}
         return (Versions(latest, shown) if latest else None), out, early
 
@@ -206,20 +211,21 @@ class ChangelogLogic:
         return frame
 
 
-def build_speculative_plan(df: Any, spec: SpeculativeSpec, windows: QueryWindows,
-                           ref: TrackerRef, out_segment: str, op_id: int) -> Any:
-    """The DataFrame of a speculative window planned in the JVM (see the module
-    docstring); its hold joins ``windows.holds``, which the query moves."""
+def changed_rows(df: Any, w: WindowSpec, windows: QueryWindows, ref: TrackerRef,
+                 op_id: int, ranges: dict[int, int] | None = None
+                 ) -> tuple[Any, tuple[TypedAgg, ...], dict[str, str]]:
+    """(the (key, window)s each micro-batch changes, with their values as
+    :class:`ChangelogLogic` reads them, the window's aggregates, the input's fields):
+    Spark's aggregation in update mode (:func:`.window_plan.build_window_plan`; with
+    ``ranges``, each row also has its rows' key ranges), whose hold joins
+    ``windows.holds``, which the query moves."""
     from pyspark.sql import functions as F
 
-    from lowtide.spark.operators.speculative_driver import ChangelogStore, DriverChangelog
-    from lowtide.spark.operators.state_processor import build_keyed
     from lowtide.spark.operators.window_hold import WatermarkHold
-
     assert windows.checkpoint is not None
-    w, delta = spec.window, ref.grid.delta_ms
-    hold = WatermarkHold(ref, spec.name, op_id, windows.checkpoint)
-    values = build_window_plan(df, w, ref, op_id, hold, None).drop(TRACK_COL)
+    delta = ref.grid.delta_ms
+    hold = WatermarkHold(ref, w.name, op_id, windows.checkpoint)
+    values = build_window_plan(df, w, ref, op_id, hold, None, ranges).drop(TRACK_COL)
     fields = {f.name: f.dataType.simpleString() for f in df.schema.fields
               if f.name not in (*TRACKING_COLS, WM_COL)}
     aggs, _ = bind_aggs(w.name, w.aggs, fields)
@@ -227,13 +233,31 @@ def build_speculative_plan(df: Any, spec: SpeculativeSpec, windows: QueryWindows
     last = F.floor(F.unix_millis(F.col("window_end")) / F.lit(delta)).cast("long") - 1
     prepared = input_columns(values, outs, {a.agg.out: a.out_type() for a in aggs}).select(
         *[F.col(f"`{k}`") for k in w.keys], last.alias(SLOT_COL),
-        key_json(w.keys, fields, null_if_null=False).alias(KEY_COL), *helper_columns(outs))
+        key_json(w.keys, fields, null_if_null=False).alias(KEY_COL), *helper_columns(outs),
+        *[F.col(c) for c in (RANGE_LO, RANGE_HI) if ranges is not None])
     windows.holds.append(hold)
-    logic = ChangelogLogic(aggs, w.size_ms // delta, delta, spec.every_ms, w.keys)
+    return prepared, aggs, fields
+
+
+def keys_ddl(keys: tuple[str, ...], fields: dict[str, str]) -> str:
+    return ", ".join(f"`{k}` {fields[k]}" for k in keys)
+
+
+def build_speculative_plan(df: Any, spec: SpeculativeSpec, windows: QueryWindows,
+                           ref: TrackerRef, out_segment: str, op_id: int) -> Any:
+    """The DataFrame of a speculative window planned in the JVM (see the module
+    docstring); its hold joins ``windows.holds``, which the query moves."""
+    from lowtide.spark.operators.speculative_driver import ChangelogStore, DriverChangelog
+    from lowtide.spark.operators.state_processor import build_keyed
+
+    assert windows.checkpoint is not None
+    w = spec.window
+    prepared, aggs, fields = changed_rows(df, w, windows, ref, op_id)
+    logic = ChangelogLogic(aggs, w.size_ms // ref.grid.delta_ms, ref.grid.delta_ms,
+                           spec.every_ms, w.keys)
     if windows.driver_step == spec.name and ChangelogStore.usable(windows.checkpoint,
                                                                   spec.name):
-        ddl = f"{', '.join(f'`{k}` {fields[k]}' for k in w.keys)}, " \
-              f"{changelog_schema(w, aggs)}, {TRACK_COL} long"
+        ddl = f"{keys_ddl(w.keys, fields)}, {changelog_schema(w, aggs)}, {TRACK_COL} long"
         windows.changelogs.append(DriverChangelog(spec.name, logic, ddl, ref,
                                                   out_segment, op_id, windows.checkpoint,
                                                   eager=spec.every_ms > 0))

@@ -2,8 +2,9 @@
 (partial aggregation before the shuffle, state in the state store), made exact by
 driving its watermark from the window's inbound segment ``S_in``; lowtide handles only
 the acks, the stamps and one hold. The description is :mod:`.windows`; the runtime for
-what this plan cannot do (``apply(fn)``, ``key_ranges``, a window in a query with
-another stateful step) is :mod:`.window_state`.
+what this plan cannot do (``apply(fn)``, a window in a query with another stateful
+step, ``key_ranges`` but as the query's last step) is :mod:`.window_state`; a window
+with ``key_ranges`` as the last step is :mod:`.window_ranges`.
 
 ::
 
@@ -60,19 +61,22 @@ from lowtide.spark.tracking.column import (
     AckAccumulator,
     reference_slot,
 )
+from lowtide.spark.tracking.key_ranges import RANGE_COL as FRONT_COL
+from lowtide.spark.tracking.key_ranges import RANGE_HI, RANGE_LO
 from lowtide.spark.tracking.receive import WM_COL
 from lowtide.spark.tracking.transport import TrackerRef
 
 TS_COL = "lt_ts"  # the row's global time (timestamp)
 ORDER_COL = "lt_order"  # (slot, ack id): first / last
 WINDOW_COL = "lt_window"
+RANGE_COL = "lt_range"  # a row's key range (rule 15)
 EMIT_PREFIX = "<emit>"
 #: session confs a query with a JVM window starts with (each query keeps its own copy)
 WATERMARK_CONFS = (("spark.sql.streaming.multipleWatermarkPolicy", "max"),
                    ("spark.sql.streaming.statefulOperator.allowMultiple", "false"))
 #: ``lt_ts``'s own watermark: far enough back never to be the maximum
 TS_DELAY = "3650 days"
-NAMES = (TS_COL, ORDER_COL, WINDOW_COL)
+NAMES = (TS_COL, ORDER_COL, WINDOW_COL, RANGE_COL, RANGE_LO, RANGE_HI)
 #: DataFrame steps a window may absorb a ``where`` across
 ONE_TO_ONE_OR_WHERE = ("where", "select", "select_expr", "drop", "rename", "with_column")
 
@@ -136,13 +140,16 @@ def wheres_in_front(stream: Any) -> dict[str, str]:
     return out
 
 
-def fallback_reason(spec: WindowSpec, stateful_steps: int, loop: bool = False) -> str | None:
-    """Why a window needs the ``transformWithState`` runtime (None: it does not)."""
+def fallback_reason(spec: WindowSpec, stateful_steps: int, loop: bool = False,
+                    on_driver: bool = False) -> str | None:
+    """Why a window needs the ``transformWithState`` runtime (None: it does not);
+    ``on_driver``: its key ranges' finals may come from the sink's ``foreachBatch``
+    (:mod:`.window_ranges`)."""
     if loop:  # a retry step sends into the window without the senders' stamps
         return "its query has a retry loop, whose step does not stamp the rows it sends"
     if spec.fn is not None:
         return "apply(fn) runs a Python function over each window's rows"
-    if spec.key_ranges:
+    if spec.key_ranges and not on_driver:
         return "key_ranges: each range's windows come out once that range is complete"
     if stateful_steps > 1:
         return "its query has another stateful step (Spark's watermark is global)"
@@ -165,6 +172,15 @@ def slot_column(track: Any, ref_slot: int) -> Any:
     return F.when(far, F.raise_error(F.lit(
         "a row's slot is too far from the slot this window's plan was built at (the "
         "tracking column holds slots modulo 2**32): restart the query"))).otherwise(slot)
+
+
+def range_column(ranges: dict[int, int]) -> Any:
+    """A row's key range, from its ``front`` column through ``ranges`` (front ->
+    range): null for a front not listed (its rows fail their receive step first)."""
+    from pyspark.sql import functions as F
+
+    pairs = [F.lit(x) for f, r in sorted(ranges.items()) for x in (f, r)]
+    return F.try_element_at(F.create_map(*pairs), F.col(FRONT_COL).cast("long"))
 
 
 def agg_column(a: TypedAgg, col: Any) -> Any:
@@ -216,6 +232,9 @@ class QueryWindows:
     #: the speculative window whose changelog step may run on the driver (the query's
     #: last step, its sink's ``foreachBatch`` runs it: :mod:`.speculative_driver`)
     driver_step: str | None = None
+    #: the window with key ranges whose finals may come on the driver, likewise
+    #: (:mod:`.window_ranges`)
+    driver_window: str | None = None
     changelogs: list[Any] = field(default_factory=list)  # their driver steps
 
     @classmethod
@@ -225,8 +244,10 @@ class QueryWindows:
 
         last = stream.steps[-1] if stream.steps else None
         driver = last.name if on_driver and isinstance(last, SpeculativeSpec) else None
+        ranged = last.name if on_driver and isinstance(last, WindowSpec) and \
+            last.key_ranges and last.fn is None else None
         return cls(checkpoint, stateful_steps(stream), has_loop(stream),
-                   wheres=wheres_in_front(stream), driver_step=driver)
+                   wheres=wheres_in_front(stream), driver_step=driver, driver_window=ranged)
 
     def window_of(self, segment: str) -> str | None:
         """The window planned in the JVM whose senders send into ``segment`` (its
@@ -265,8 +286,14 @@ class QueryWindows:
         return out
 
     def in_jvm(self, spec: WindowSpec) -> bool:
-        return self.checkpoint is not None and fallback_reason(
-            spec, len(self.stateful), self.loop) is None
+        if self.checkpoint is None or fallback_reason(spec, len(self.stateful), self.loop,
+                                                      self.driver_window == spec.name):
+            return False
+        if not spec.key_ranges:
+            return True
+        from lowtide.spark.operators.speculative_driver import ChangelogStore
+
+        return ChangelogStore.usable(self.checkpoint, spec.name)
 
     def ends_in_window(self, stream: Any) -> bool:
         """Does ``stream`` end in a window planned in the JVM (whose emit step can ack
@@ -276,10 +303,13 @@ class QueryWindows:
 
 
 def build_window_plan(df: Any, spec: WindowSpec, ref: TrackerRef, op_id: int, hold: Any,
-                      emit: Callable[[Iterator[Any]], Iterator[Any]] | None) -> Any:
+                      emit: Callable[[Iterator[Any]], Iterator[Any]] | None,
+                      ranges: dict[int, int] | None = None) -> Any:
     """The DataFrame of a window step planned in the JVM (see the module docstring).
     Unknown columns and unsupported types raise here, before the query starts; then
-    ``hold`` (a :class:`.window_hold.WatermarkHold`) is prepared."""
+    ``hold`` (a :class:`.window_hold.WatermarkHold`) is prepared. ``ranges``: front ->
+    key range, for a window with key ranges: each result row also has the least and
+    the greatest range of its rows (:data:`RANGE_LO`, :data:`RANGE_HI`)."""
     from pyspark.sql import functions as F
 
     fields = {f.name: f.dataType.simpleString() for f in df.schema.fields
@@ -300,8 +330,9 @@ def build_window_plan(df: Any, spec: WindowSpec, ref: TrackerRef, op_id: int, ho
     if WM_COL not in df.columns:
         raise ValueError(f"{what}: a step before it dropped the column {WM_COL!r} its "
                          "senders add: keep it (like lt_track)")
-    rows = df.select(*picked, *extra, F.timestamp_millis(slot * F.lit(delta)).alias(TS_COL),
-                     F.col(WM_COL))
+    ranged = [] if ranges is None else [range_column(ranges).alias(RANGE_COL)]
+    rows = df.select(*picked, *extra, *ranged,
+                     F.timestamp_millis(slot * F.lit(delta)).alias(TS_COL), F.col(WM_COL))
     hold.prepare()
     clock = clock_frame(df.sparkSession, ref, spec.name, spec.slide_ms,
                         (op_id, hold.checkpoint))
@@ -310,12 +341,15 @@ def build_window_plan(df: Any, spec: WindowSpec, ref: TrackerRef, op_id: int, ho
              .withWatermark(WM_COL, "0 seconds").withWatermark(TS_COL, TS_DELAY))
     window = F.window(TS_COL, f"{spec.size_ms} milliseconds", f"{spec.slide_ms} milliseconds")
     keys = [F.col(f"`{k}`") for k in spec.keys]
+    bounds = [] if ranges is None else [F.min(RANGE_COL).alias(RANGE_LO),
+                                        F.max(RANGE_COL).alias(RANGE_HI)]
     grouped = timed.groupBy(*keys, window.alias(WINDOW_COL)).agg(
         *[agg_column(a, None if a.source is None else F.col(f"`{columns[a.source]}`"))
-          for a in aggs])
+          for a in aggs], *bounds)
     w = F.col(WINDOW_COL)
     out = grouped.select(*keys, w.start.alias("window_start"), w.end.alias("window_end"),
                          *[F.col(f"`{a.agg.out}`") for a in aggs],
+                         *[F.col(c) for c in (RANGE_LO, RANGE_HI) if ranges is not None],
                          result_track(keys, w, op_id, delta).alias(TRACK_COL))
     return out if emit is None else out.mapInArrow(emit, out.schema)
 

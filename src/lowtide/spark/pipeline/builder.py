@@ -360,7 +360,8 @@ class Pipeline:
         writer = writer.format("noop") if fn is None else writer.foreachBatch(fn)
         # a query takes its session's confs when it starts: JVM windows need theirs then
         confs = WATERMARK_CONFS if built.holds else ()
-        if update_mode(QueryWindows.of(stream, checkpoint)):  # a speculative window's
+        # a speculative window's aggregation, or one whose results a driver step emits
+        if built.changelog is not None or update_mode(QueryWindows.of(stream, checkpoint)):
             writer, confs = writer.outputMode("update"), SPECULATIVE_CONFS
         with session_confs(self.spark, confs):
             query = writer.start()

@@ -27,6 +27,7 @@ from lowtide.spark.operators.state_processor import build_keyed
 from lowtide.spark.operators.tracked import OpRuntime, OpSpec, operator_id, task_function
 from lowtide.spark.operators.window_input import receiving_task, with_stamp
 from lowtide.spark.operators.window_plan import QueryWindows
+from lowtide.spark.operators.window_ranges import build_ranged_window
 from lowtide.spark.operators.windows import WindowSpec
 from lowtide.spark.pipeline.dag import PipelineShapeError
 from lowtide.spark.pipeline.describe import described
@@ -78,6 +79,9 @@ def plan_steps(df: Any, group: list[Step | EntrySpec], to: Targets, null_sink: b
         out = spark_step(step.name, lambda: step.fn(df))
         check_added(df, out, step.name)
         return out
+    if isinstance(step, WindowSpec) and step.key_ranges and to.windows.in_jvm(step):
+        return described(lambda: build_ranged_window(df, step, to.windows, ref, out_segment,
+                                                     operator_id(step.name)))
     if isinstance(step, WindowSpec):
         return described(lambda: to.windows.plan(df, step, ref, out_segment,
                                                  operator_id(step.name), null_sink))

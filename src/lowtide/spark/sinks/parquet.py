@@ -110,7 +110,17 @@ class ParquetSink:
 
     def __call__(self, df: Any, batch_id: int) -> None:
         query = query_id(df.sparkSession.sparkContext)
-        tasks = df.mapInArrow(self._stage, STAGED).collect()
+        self._commit(df.mapInArrow(self._stage, STAGED).collect(), query, batch_id)
+
+    def write_local(self, batch: Any, query: str, batch_id: int) -> None:
+        """A batch whose rows the driver holds (an Arrow record batch with ``lt_track``,
+        or None: no rows; a driver step's: :mod:`lowtide.spark.operators.
+        speculative_driver`), written and acked as a task would, with no Spark job."""
+        staged = next(self._stage(iter([] if batch is None else [batch])))
+        self._commit(staged.to_pylist(), query, batch_id)
+
+    def _commit(self, tasks: list[Any], query: str, batch_id: int) -> None:
+        """Publish the tasks' files (:data:`STAGED` rows) and send their receipts."""
         staged = [(Path(t["staged"]), f"{t['partition']:05d}") for t in tasks if t["staged"]]
         try:
             acc = AckAccumulator()

@@ -27,6 +27,9 @@ from lowtide.core.graph import SegmentGraph
 
 # the column a row's key range comes from: its front's
 RANGE_COL = "front"
+#: the least and the greatest key range of a (key, window)'s rows, where Spark's JVM
+#: aggregates a window with key ranges (lowtide.spark.operators.window_ranges)
+RANGE_LO, RANGE_HI = "lt_range_lo", "lt_range_hi"
 
 
 def source_ranges(graph: SegmentGraph, s: int) -> dict[int, int]:
@@ -97,6 +100,21 @@ def by_range(graph: SegmentGraph, in_idx: int, out_idx: int, batch: Any, step: S
         _check_kept(graph, in_idx, out, r)
         outs.append(out)
     return pa.concat_batches(outs)
+
+
+def range_cells(graph: SegmentGraph, idx: int, batch: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(the cell of each row of ``batch`` in segment ``idx``: its key range's where the
+    segment is split, else the segment's; the cells present, ascending)."""
+    if not graph.ranges_of(idx) or not batch.num_rows:
+        cells = np.full(batch.num_rows, idx, np.int64)
+        return cells, np.unique(cells)
+    names = batch.schema.names
+    if RANGE_COL not in names:
+        raise ValueError(f"{graph.names[idx]!r} is split into key ranges but its rows "
+                         f"have no {RANGE_COL!r} column")
+    ranges = row_ranges(graph, idx, batch.column(names.index(RANGE_COL)).to_numpy())
+    cells = graph.cell(idx, 0) + ranges
+    return cells, np.unique(cells)
 
 
 def _check_kept(graph: SegmentGraph, in_idx: int, out: Any, r: int) -> None:

@@ -52,6 +52,7 @@ import numpy as np
 
 from lowtide.core.time import TimeGrid
 from lowtide.spark.tracking.column import TRACK_COL, AckAccumulator, reference_slot
+from lowtide.spark.tracking.key_ranges import range_cells
 from lowtide.spark.tracking.task_errors import answered_within
 from lowtide.spark.tracking.transport import TrackerRef, connect
 
@@ -103,9 +104,12 @@ def stamped(ref: TrackerRef, segment: str, key: str, batches: Iterable[Any],
     ref_slot = reference_slot(ref.grid)
     last = None
     for batch in batches:
-        packed = batch.column(batch.schema.get_field_index(TRACK_COL)).to_numpy(
-            zero_copy_only=False)
-        acc.add_packed(idx, np.asarray(packed, np.int64), ref_slot, -1)
+        packed = np.asarray(batch.column(batch.schema.get_field_index(TRACK_COL)).to_numpy(
+            zero_copy_only=False), np.int64)
+        cells, present = range_cells(ref.graph, idx, batch)
+        for cell in present.tolist():  # a segment split into key ranges: each its range's
+            acc.add_packed(cell, packed if len(present) == 1 else packed[cells == cell],
+                           ref_slot, -1)
         if last is not None:
             yield last.append_column(WM_COL, pa.array(np.zeros(last.num_rows, np.int64)))
         last = batch
