@@ -1,7 +1,8 @@
-"""``lowtide bench chaos --spark``'s speculative window fault kinds on the shared
-session: task failures before the window and after its changelog step (or, with the
-step on the driver, the sink failing after the step's acks went out), a lagging front
-and a restart from the checkpoint find nothing premature and nothing lost."""
+"""``lowtide bench chaos --spark``'s speculative and key-range window fault kinds on
+the shared session: task failures before the window and after its changelog step (or,
+with the step on the driver, the sink failing after the step's acks went out), a
+lagging front and a restart from the checkpoint find nothing premature and nothing
+lost."""
 
 from __future__ import annotations
 
@@ -28,3 +29,14 @@ def test_a_speculative_window_under_failures_and_a_restart(spark, tmp_path: Path
     assert run.rows["batch"].nunique() > 3 and run.claimed_ms > run.t0
     if on_driver:
         assert run.reruns >= 1  # the batch whose sink failed ran again
+
+
+@pytest.mark.slow  # ~1-2 min; the same faults by default: test_key_ranges_e2e.py
+def test_a_key_range_window_on_the_driver_under_failures_and_a_restart(
+        spark, tmp_path: Path) -> None:
+    from lowtide.bench.chaos.ranges_fault import ranges_run
+
+    result = ranges_run(spark, tmp_path)
+    figures = chaos.summary([result])
+    assert (figures["premature"], figures["lost"]) == (0, 0), (result.premature, result.notes)
+    assert "batches written again" in result.notes[0] and " 0 batches" not in result.notes[0]

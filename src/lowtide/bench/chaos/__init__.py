@@ -21,7 +21,8 @@ adds the fault kinds that need real Spark queries and files (:mod:`.spark_faults
 reruns from a new checkpoint into every file sink, two writers of one Delta table, rows
 lost in a step and replayed by time, a retry loop under a task failure and a restart:
 :mod:`.retry_fault`, a speculative window under task failures and a restart, and one
-on the driver under a sink failure: :mod:`.speculative_fault`, a standalone tracker
+on the driver under a sink failure: :mod:`.speculative_fault`, a key-range window on
+the driver under the same: :mod:`.ranges_fault`, a standalone tracker
 hung under a sink: :mod:`.hung_fault`),
 a few minutes more; ``--only`` picks among both groups.
 """
@@ -78,6 +79,7 @@ SPARK_SCENARIOS = ("rerun from a new checkpoint", "two writers of one table",
                    "retry loop under task failures and a restart",
                    "speculative window under task failures and a restart",
                    "speculative window on the driver under a sink failure and a restart",
+                   "key-range window on the driver under a sink failure and a restart",
                    "tracker hung under a sink", "tracker hung under a task")
 
 

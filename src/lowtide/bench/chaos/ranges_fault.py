@@ -1,0 +1,142 @@
+"""The fault kind "key-range window on the driver under a sink failure and a restart"
+(``lowtide bench chaos --spark``): a window with ``key_ranges=4`` (rule 15) as the
+query's last step, so that Spark aggregates it and the driver emits each range's
+windows (:mod:`lowtide.spark.operators.window_ranges`), over four generated fronts, one
+lagging, each front its own key and range. A sender task fails once (after its acks
+went out); the sink's function fails once after the driver step sent a batch's acks
+(the query stops, is started again from its checkpoint and runs the batch again);
+later the query is stopped and started again. Ground truth: the generator's rows,
+recomputed as a batch (:func:`lowtide.bench.keys.batch_windows`).
+
+* ``premature``: a window written while its range's min time was still at or below
+  its end (the sink asks the tracker as it writes); a window written twice; the
+  sink's min time announced while a window below it was missing or wrong (sampled
+  while it runs);
+* ``lost``: windows below the final min time missing or wrong at the end.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from lowtide.bench.chaos.run import Result
+from lowtide.bench.chaos.speculative_fault import FAIL_BEFORE, MAX_FAILURES, ByBatch, sample
+from lowtide.bench.chaos.task_failures import fail_once
+from lowtide.bench.keys import WINDOW, batch_windows
+from lowtide.bench.spark.speculative import GRID, wait_for_t0
+from lowtide.spark import Pipeline
+from lowtide.spark.pipeline import QueryFailed
+from lowtide.spark.sources import GeneratorSpec
+
+RANGES_DRIVER = "key-range window on the driver under a sink failure and a restart"
+LAG_MS = 2_000
+SPEC = GeneratorSpec(fronts=4, rate=200.0, payload_bytes=4, lag_ms={3: LAG_MS})
+TRIGGER = "300 milliseconds"
+RESTART_AFTER_MS, RUN_MS = 4_000, 10_000  # of generated time, from t0
+FAIL_SINK_AT = 6
+
+
+class RangeChecked(ByBatch):
+    """:class:`ByBatch` that also notes each window written while its range's min time
+    was at or below its end (``pipe``: the pipeline, whose tracker it asks)."""
+
+    def __init__(self, pipe: Any, fail_at: int) -> None:
+        super().__init__(fail_at)
+        self.pipe = pipe
+        self.early: list[str] = []
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        from lowtide.service import wall_ms
+
+        now = wall_ms()
+        rows = df.toPandas()
+        for front, end in zip(rows["front"], rows["window_end"], strict=True):
+            end_slot = GRID.slot_of(int(end.timestamp() * 1000))
+            done = int(self.pipe.tracker.agent.min_time_at(f"win#{int(front)}", now))
+            if done < end_slot:
+                self.early.append(f"front {front} window ending {end} written at range "
+                                  f"min time {done} < {end_slot}")
+        super().__call__(df, batch_id)
+
+
+def wrong_ranges(rows: Any, t0: int, below_ms: int) -> list[str]:
+    """Windows ending at or below ``below_ms`` missing, wrong or extra in ``rows``."""
+    expected = batch_windows(replace(SPEC, t0_ms=t0), below_ms).set_index(["user", "end_ms"])
+    expected = expected[expected.index.get_level_values("end_ms") <= below_ms]
+    got = expected.iloc[:0] if not len(rows) else rows.rename(columns={"front": "user"}) \
+        .set_index(["user", "end_ms"])[["n", "total"]]
+    both = expected[["n", "total"]].join(got, rsuffix="_out", how="left")
+    bad = both[(both["n"] != both["n_out"]) | (both["total"] != both["total_out"])]
+    ends = got.index.get_level_values("end_ms")
+    extra = got[(ends <= below_ms) & ~got.index.isin(expected.index)]
+    return [f"front {u} window ending {e}" for u, e in [*bad.index, *extra.index]]
+
+
+def ranges_run(spark: Any, tmp: Path, timeout_s: float = 300.0) -> Result:
+    """One run of the fault kind (see the module docstring), judged."""
+    pipe = Pipeline(spark, "chaos-ranges", stuck_after_ms=120_000)
+    sink = RangeChecked(pipe, FAIL_SINK_AT)
+    marks = str(tmp / "failed")
+    stream = (pipe.generate(SPEC)
+              .transform(lambda d: d.mapInArrow(fail_once(FAIL_BEFORE, marks), d.schema))
+              .window(WINDOW, key="front", key_ranges=4, name="win")
+              .agg(n="count", total=("seq", "sum")))
+    ckpt, current, failures, early = str(tmp / "ckpt"), [], [0], []
+
+    def start() -> Any:
+        current.append(stream.foreach_batch(sink, checkpoint=ckpt, trigger=TRIGGER))
+        return current[-1]
+
+    def run_to(ms: int) -> None:
+        while True:
+            try:
+                current[-1].wait_for_min_time(GRID.slot_of(ms), "sink", timeout_s)
+                return
+            except QueryFailed:
+                failures[0] += 1
+                if failures[0] > MAX_FAILURES:
+                    raise
+                start()
+
+    stop = threading.Event()
+    try:
+        t0 = wait_for_t0(ckpt, start().query, timeout_s)
+        sampler = threading.Thread(target=sample, args=(current, sink, t0, early, stop,
+                                                        wrong_ranges), daemon=True)
+        sampler.start()
+        run_to(t0 + RESTART_AFTER_MS)
+        current[-1].stop()
+        start()
+        run_to(t0 + RUN_MS)
+        while sink.fail_at is not None:  # the sink's failure is yet to come: run on
+            run_to(current[-1].min_time("sink") * GRID.delta_ms + 1000)
+        stop.set()
+        sampler.join()
+        current[-1].stop()
+        claimed_ms = current[-1].min_time("sink") * GRID.delta_ms
+    finally:
+        stop.set()
+        pipe.close()
+    return judged(sink, t0, claimed_ms, early, failures[0])
+
+
+def judged(sink: RangeChecked, t0: int, claimed_ms: int, early: list[str],
+           failures: int) -> Result:
+    result = Result(RANGES_DRIVER, faults=3)
+    result.premature += (sink.early + early)[:3]
+    rows = sink.rows()
+    twice = rows[["front", "end_ms"]].duplicated() if len(rows) else []
+    if len(twice) and twice.any():
+        result.premature.append(f"{int(twice.sum())} windows written twice")
+    result.lost = len(wrong_ranges(rows, t0, claimed_ms))
+    lagging = int((rows["front"] == 3).sum()) if len(rows) else 0
+    result.notes.append(f"{len(rows)} windows ({lagging} of the lagging range), "
+                        f"{sink.calls - len(sink.batches)} batches written again, "
+                        f"{failures} query failures restarted")
+    return result
+
+
+__all__ = ["RANGES_DRIVER", "ranges_run"]
