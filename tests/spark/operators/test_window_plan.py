@@ -24,7 +24,7 @@ from lowtide.spark.operators.window_hold import (
     hops,
     move_acks,
 )
-from lowtide.spark.operators.window_plan import fallback_reason
+from lowtide.spark.operators.window_plan import QueryWindows, fallback_reason
 from lowtide.spark.operators.windows import Agg, WindowSpec
 from lowtide.spark.sources.clock import clock_offset
 from lowtide.spark.tracking.receive import STAMP_MAX_MS, stamp_ms
@@ -164,9 +164,37 @@ def test_the_fallback_is_chosen_where_the_pipeline_is_described() -> None:
     # a window per key range: each range's windows come out when that range completes
     ranged = WindowSpec("w", ("k",), 1000, 1000, (Agg("n", "count", None),), key_ranges=4)
     assert "key_ranges" in str(fallback_reason(ranged, 1))
+    assert fallback_reason(ranged, 1, on_driver=True) is None  # its finals on the driver
     # a retry step sends into the window without the senders' stamps (its e2e test failed
     # with "dropped the column 'lt_wm'")
     assert "retry loop" in str(fallback_reason(agg, 1, loop=True))
+
+
+def test_which_plan_a_key_range_window_gets(tmp_path: Path) -> None:
+    """On the driver (Spark aggregates, the sink's foreachBatch emits each range's
+    windows) only as the query's last step, started by lowtide's sink, from a new
+    checkpoint or one that ran that plan; otherwise the keyed runtime."""
+    from lowtide.spark.pipeline import Pipeline
+
+    pipe = Pipeline(spark=None, grid=TimeGrid(10))
+    last = (pipe.generate(fronts=2, rate=10.0)
+            .window("1 second", key="front", key_ranges=2, name="win").agg(n="count"))
+    after = last.transform(lambda df: df, name="after")
+    spec = last.steps[-1]
+
+    def on_driver(stream: Any, ckpt: Path | None, started: bool = True) -> bool:
+        return QueryWindows.of(stream, None if ckpt is None else str(ckpt),
+                               started).in_jvm(spec)
+
+    assert on_driver(last, tmp_path / "new")
+    assert (tmp_path / "new" / "lowtide" / "changelog-win").is_dir()
+    assert not on_driver(after, tmp_path / "a")  # steps after it run on its rows
+    assert not on_driver(last, tmp_path / "b", started=False)  # build(): a caller's sink
+    assert not on_driver(last, None)  # no checkpoint
+    old = tmp_path / "old"  # a checkpoint that ran the keyed runtime keeps it
+    (old / "offsets").mkdir(parents=True)
+    (old / "offsets" / "0").write_text("v1\n{}\n")
+    assert not on_driver(last, old)
 
 
 def test_a_stopped_query_moves_no_hold(agent: Any, tmp_path: Path) -> None:

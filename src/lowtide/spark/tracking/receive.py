@@ -39,6 +39,11 @@ it; the stamp is still the window's segment's min time. A task whose stamped row
 are all dropped moves no watermark; the clock source's stamp does
 (:mod:`lowtide.spark.sources.clock`).
 
+A segment split into key ranges (rule 15; a window with ``key_ranges`` planned in the
+JVM: :mod:`lowtide.spark.operators.window_ranges`) has each row's receipt acked in its
+range's cell (its front's range); the stamp is still the whole segment's min time, the
+least of its ranges'.
+
 Attempts may read different stamps: each is a min time of ``S_in``, at most the true
 one, and Spark records each batch's watermark in its offset log before the batch runs.
 """
