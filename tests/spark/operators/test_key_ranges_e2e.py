@@ -38,6 +38,8 @@ def batch_by(rows: pd.DataFrame, key: str) -> pd.DataFrame:
             .agg(n=("seq", "size"), total=("seq", "sum")).reset_index())
 
 
+@pytest.mark.slow  # ~31 s, the keyed runtime's ranges; by default on the driver:
+# test_ranges_on_the_driver_under_failures_and_restarts
 def test_a_range_is_emitted_before_a_lagging_range_and_all_equal_batch(
         spark, tmp_path: Path) -> None:
     # front 3 lags longer than a micro-batch on a loaded machine
@@ -149,7 +151,7 @@ def batch_windows(rows: pd.DataFrame) -> pd.DataFrame:
     return by_k(rows[rows["seq"] % 3 != 0])
 
 
-@pytest.mark.slow  # ~30 s; key ranges e2e by default: test_a_range_is_emitted_before_...
+@pytest.mark.slow  # ~30 s; key ranges e2e by default: test_ranges_on_the_driver_...
 def test_ranges_through_where_and_map_emit_early_and_equal_batch(spark, tmp_path: Path) -> None:
     spec = GeneratorSpec(fronts=4, rate=160.0, payload_bytes=4, lag_ms={3: 20_000})
     pipe = lowtide.Pipeline(spark, "win-ranges-steps", grid=GRID, stuck_after_ms=STUCK_MS)
@@ -200,7 +202,7 @@ def by_k(rows: pd.DataFrame) -> pd.DataFrame:
     return batch_by(rows.assign(k=lambda d: d["front"] * 10 + d["seq"] % 2), "k")
 
 
-@pytest.mark.slow  # ~17 s; key ranges e2e by default: test_a_range_is_emitted_before_...
+@pytest.mark.slow  # ~17 s; key ranges e2e by default: test_ranges_on_the_driver_...
 def test_buckets_of_mixed_ranges_survive_a_task_failure_and_a_restart(
         spark, tmp_path: Path) -> None:
     # two keys per front, 8 keys in 2 buckets (one per shuffle partition): each bucket
