@@ -60,15 +60,21 @@ def test_a_range_is_emitted_before_a_lagging_range_and_all_equal_batch(
     try:
         t0 = t0_of_checkpoint(ckpt, query, timeout_s=240)
         query.wait_for_min_time(GRID.slot_of(t0) + 8 * SIZE, timeout_s=240)
-        assert not query.stuck()
-        assert_ahead_of_lagging(pipe.tracker.agent, out, "front != 3")
-        final = query.min_time()
+        final = final_ahead_of_lagging(query, pipe, out, "front != 3")
     finally:
         query.stop()
         pipe.close()
     got = assert_equals_batch(out, "front", final,
                               lambda horizon: batch_by(all_input(spec, t0, horizon), "front"))
     assert {3} < set(got.index.get_level_values("front"))
+
+
+def final_ahead_of_lagging(query: Any, pipe: Any, out: Path, fast: str) -> int:
+    """The sink's min time, once :func:`assert_ahead_of_lagging` holds and nothing is
+    stuck."""
+    assert not query.stuck()
+    assert_ahead_of_lagging(pipe.tracker.agent, out, fast)
+    return int(query.min_time())
 
 
 def assert_ahead_of_lagging(agent: Any, out: Path, fast: str) -> None:
@@ -202,6 +208,29 @@ def by_k(rows: pd.DataFrame) -> pd.DataFrame:
     return batch_by(rows.assign(k=lambda d: d["front"] * 10 + d["seq"] % 2), "k")
 
 
+def by_k_windows(pipe: Any, spec: GeneratorSpec, before: Callable[[Any], Any] | None = None
+                 ) -> Any:
+    """Per-``k`` 500 ms windows (count, sum of ``seq``) with 4 key ranges, ``before``
+    (a DataFrame transform) between the keys' map and the window."""
+    keyed = pipe.generate(spec).map(with_k, "front int, seq long, k long", name="addk")
+    keyed = keyed if before is None else keyed.transform(before)
+    return (keyed.window("500 milliseconds", key="k", key_ranges=4, name="win")
+            .agg(n="count", total=("seq", "sum")))
+
+
+def parquet_runs(stream: Any, tmp_path: Path) -> tuple[Path, Path, Callable[[], Any]]:
+    """(the output folder, the checkpoint, a function that starts ``stream`` into them)."""
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    return out, ckpt, lambda: stream.write_parquet(str(out), checkpoint=str(ckpt),
+                                                   trigger="200 milliseconds")
+
+
+def assert_by_k_equals_batch(out: Path, final: int, spec: GeneratorSpec, t0: int) -> None:
+    got = assert_equals_batch(out, "k", final,
+                              lambda horizon: by_k(all_input(spec, t0, horizon)))
+    assert {30, 31} < set(got.index.get_level_values("k"))  # the lagging front's too
+
+
 @pytest.mark.slow  # ~17 s; key ranges e2e by default: test_ranges_on_the_driver_...
 def test_buckets_of_mixed_ranges_survive_a_task_failure_and_a_restart(
         spark, tmp_path: Path) -> None:
@@ -210,16 +239,8 @@ def test_buckets_of_mixed_ranges_survive_a_task_failure_and_a_restart(
     spec = GeneratorSpec(fronts=4, rate=160.0, payload_bytes=4, lag_ms={3: 3_000})
     pipe = lowtide.Pipeline(spark, "win-ranges-restart", grid=GRID, stuck_after_ms=STUCK_MS)
     after = fail_once(lambda b, p: b % 4 == 2)  # the window's task, after its acks
-    stream = (pipe.generate(spec)
-              .map(with_k, "front int, seq long, k long", name="addk")
-              .window("500 milliseconds", key="k", key_ranges=4, name="win")
-              .agg(n="count", total=("seq", "sum"))
-              .transform(lambda df: df.mapInArrow(after, df.schema)))
-    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
-
-    def start() -> Any:
-        return stream.write_parquet(str(out), checkpoint=str(ckpt), trigger="200 milliseconds")
-
+    stream = by_k_windows(pipe, spec).transform(lambda df: df.mapInArrow(after, df.schema))
+    out, ckpt, start = parquet_runs(stream, tmp_path)
     query = start()
     try:
         t0 = t0_of_checkpoint(ckpt, query, timeout_s=240)
@@ -227,15 +248,11 @@ def test_buckets_of_mixed_ranges_survive_a_task_failure_and_a_restart(
         query.stop()  # every range has windows pending in the buckets' state
         query = start()
         query.wait_for_min_time(query.min_time() + 6 * SIZE, timeout_s=240)
-        assert not query.stuck()
-        assert_ahead_of_lagging(pipe.tracker.agent, out, "k // 10 != 3")
-        final = query.min_time()
+        final = final_ahead_of_lagging(query, pipe, out, "k // 10 != 3")
     finally:
         query.stop()
         pipe.close()
-    got = assert_equals_batch(out, "k", final,
-                              lambda horizon: by_k(all_input(spec, t0, horizon)))
-    assert {30, 31} < set(got.index.get_level_values("k"))
+    assert_by_k_equals_batch(out, final, spec, t0)
 
 
 # the window as the query's last step: Spark aggregates, the driver emits each range's
@@ -254,11 +271,7 @@ def test_ranges_on_the_driver_under_failures_and_restarts(
     spec = GeneratorSpec(fronts=4, rate=160.0, payload_bytes=4, lag_ms={3: 2_000})
     pipe = lowtide.Pipeline(spark, "win-ranges-driver", grid=GRID, stuck_after_ms=STUCK_MS)
     before = fail_once(lambda b, p: b % 5 == 3 and p == 0)  # a sender's task
-    stream = (pipe.generate(spec)
-              .map(with_k, "front int, seq long, k long", name="addk")
-              .transform(lambda df: df.mapInArrow(before, df.schema))
-              .window("500 milliseconds", key="k", key_ranges=4, name="win")
-              .agg(n="count", total=("seq", "sum")))
+    stream = by_k_windows(pipe, spec, lambda df: df.mapInArrow(before, df.schema))
     publish, failed = ParquetSink._publish, []
 
     def fails_once(self: Any, staged: Any, query: str, batch_id: int, digest: str) -> None:
@@ -268,11 +281,7 @@ def test_ranges_on_the_driver_under_failures_and_restarts(
         publish(self, staged, query, batch_id, digest)
 
     monkeypatch.setattr(ParquetSink, "_publish", fails_once)
-    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
-
-    def start() -> Any:
-        return stream.write_parquet(str(out), checkpoint=str(ckpt), trigger="200 milliseconds")
-
+    out, ckpt, start = parquet_runs(stream, tmp_path)
     query = start()
     try:
         t0 = t0_of_checkpoint(ckpt, query, timeout_s=240)
@@ -282,13 +291,9 @@ def test_ranges_on_the_driver_under_failures_and_restarts(
         query.wait_for_min_time(GRID.slot_of(t0 + 2_000) + 4 * SIZE, timeout_s=240)
         query.wait_for_min_time(query.min_time() + SIZE, timeout_s=240)  # a batch's progress
         assert len(state_operators(query)) == 1, state_operators(query)
-        assert not query.stuck()
-        assert_ahead_of_lagging(pipe.tracker.agent, out, "k // 10 != 3")
-        final = query.min_time()
+        final = final_ahead_of_lagging(query, pipe, out, "k // 10 != 3")
     finally:
         query.stop()
         pipe.close()
     assert failed and (ckpt / "lowtide" / "changelog-win").is_dir()
-    got = assert_equals_batch(out, "k", final,
-                              lambda horizon: by_k(all_input(spec, t0, horizon)))
-    assert {30, 31} < set(got.index.get_level_values("k"))
+    assert_by_k_equals_batch(out, final, spec, t0)

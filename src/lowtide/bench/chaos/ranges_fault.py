@@ -17,24 +17,21 @@ recomputed as a batch (:func:`lowtide.bench.keys.batch_windows`).
 
 from __future__ import annotations
 
-import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from lowtide.bench.chaos.run import Result
-from lowtide.bench.chaos.speculative_fault import FAIL_BEFORE, MAX_FAILURES, ByBatch, sample
+from lowtide.bench.chaos.speculative_fault import FAIL_BEFORE, ByBatch, drive
 from lowtide.bench.chaos.task_failures import fail_once
 from lowtide.bench.keys import WINDOW, batch_windows
-from lowtide.bench.spark.speculative import GRID, wait_for_t0
+from lowtide.bench.spark.speculative import GRID
 from lowtide.spark import Pipeline
-from lowtide.spark.pipeline import QueryFailed
 from lowtide.spark.sources import GeneratorSpec
 
 RANGES_DRIVER = "key-range window on the driver under a sink failure and a restart"
 LAG_MS = 2_000
 SPEC = GeneratorSpec(fronts=4, rate=200.0, payload_bytes=4, lag_ms={3: LAG_MS})
-TRIGGER = "300 milliseconds"
 RESTART_AFTER_MS, RUN_MS = 4_000, 10_000  # of generated time, from t0
 FAIL_SINK_AT = 6
 
@@ -84,43 +81,9 @@ def ranges_run(spark: Any, tmp: Path, timeout_s: float = 300.0) -> Result:
               .transform(lambda d: d.mapInArrow(fail_once(FAIL_BEFORE, marks), d.schema))
               .window(WINDOW, key="front", key_ranges=4, name="win")
               .agg(n="count", total=("seq", "sum")))
-    ckpt, current, failures, early = str(tmp / "ckpt"), [], [0], []
-
-    def start() -> Any:
-        current.append(stream.foreach_batch(sink, checkpoint=ckpt, trigger=TRIGGER))
-        return current[-1]
-
-    def run_to(ms: int) -> None:
-        while True:
-            try:
-                current[-1].wait_for_min_time(GRID.slot_of(ms), "sink", timeout_s)
-                return
-            except QueryFailed:
-                failures[0] += 1
-                if failures[0] > MAX_FAILURES:
-                    raise
-                start()
-
-    stop = threading.Event()
-    try:
-        t0 = wait_for_t0(ckpt, start().query, timeout_s)
-        sampler = threading.Thread(target=sample, args=(current, sink, t0, early, stop,
-                                                        wrong_ranges), daemon=True)
-        sampler.start()
-        run_to(t0 + RESTART_AFTER_MS)
-        current[-1].stop()
-        start()
-        run_to(t0 + RUN_MS)
-        while sink.fail_at is not None:  # the sink's failure is yet to come: run on
-            run_to(current[-1].min_time("sink") * GRID.delta_ms + 1000)
-        stop.set()
-        sampler.join()
-        current[-1].stop()
-        claimed_ms = current[-1].min_time("sink") * GRID.delta_ms
-    finally:
-        stop.set()
-        pipe.close()
-    return judged(sink, t0, claimed_ms, early, failures[0])
+    run = drive(pipe, stream, sink, str(tmp / "ckpt"), (RESTART_AFTER_MS, RUN_MS),
+                timeout_s, wrong_ranges)
+    return judged(sink, run.t0, run.claimed_ms, run.early, run.failures)
 
 
 def judged(sink: RangeChecked, t0: int, claimed_ms: int, early: list[str],

@@ -97,10 +97,9 @@ class SpeculativeRun:
 def speculative_run(spark: Any, tmp: Path, timeout_s: float = 300.0,
                     on_driver: bool = False) -> SpeculativeRun:
     """One run of the fault kind; ``on_driver``: the driver step's (see the module
-    docstring). A query that fails (a task's failure where Spark does not retry tasks,
-    as ``local[2]``; the sink's) is started again from its checkpoint."""
+    docstring)."""
     pipe = Pipeline(spark, "chaos-speculative", stuck_after_ms=120_000)
-    sink, run = ByBatch(FAIL_SINK_AT if on_driver else None), SpeculativeRun()
+    sink = ByBatch(FAIL_SINK_AT if on_driver else None)
     marks = str(tmp / "failed")  # each injected task failure happens once in the run
     stream = (user_columns(pipe.generate(SPEC), KEYS)
               .transform(lambda d: d.mapInArrow(fail_once(FAIL_BEFORE, marks), d.schema))
@@ -109,7 +108,22 @@ def speculative_run(spark: Any, tmp: Path, timeout_s: float = 300.0,
     if not on_driver:
         stream = stream.transform(lambda d: d.mapInArrow(fail_once(FAIL_AFTER, marks),
                                                          d.schema))
-    ckpt, current = str(tmp / "ckpt"), []
+    run = drive(pipe, stream, sink, str(tmp / "ckpt"), (RESTART_AFTER_MS, RUN_MS), timeout_s)
+    run.rows, run.reruns = sink.rows(), sink.calls - len(sink.batches)
+    return run
+
+
+def drive(pipe: Any, stream: Any, sink: ByBatch, ckpt: str, at_ms: tuple[int, int],
+          timeout_s: float, wrong: Callable[[Any, int, int], list[str]] | None = None
+          ) -> SpeculativeRun:
+    """Write ``stream`` into ``sink`` (``foreach_batch`` from ``ckpt``) and close
+    ``pipe``: stopped and started again once the sink is ``at_ms[0]`` past t0, run to
+    ``at_ms[1]`` past t0 and on until the sink's failure has come; a query that fails
+    (a task's failure where Spark retries no task, as ``local[2]``; the sink's) is
+    started again from its checkpoint, a bounded number of times. A sampler notes the
+    sink's min time announced over windows ``wrong`` finds (default
+    :func:`wrong_finals`) missing or wrong."""
+    run, current = SpeculativeRun(), []
 
     def start() -> Any:
         current.append(stream.foreach_batch(sink, checkpoint=ckpt, trigger=TRIGGER))
@@ -128,15 +142,14 @@ def speculative_run(spark: Any, tmp: Path, timeout_s: float = 300.0,
 
     stop = threading.Event()
     try:
-        query = start()
-        run.t0 = wait_for_t0(ckpt, query.query, timeout_s)
-        sampler = threading.Thread(target=sample, args=(current, sink, run.t0, run.early,
-                                                        stop), daemon=True)
+        run.t0 = wait_for_t0(ckpt, start().query, timeout_s)
+        sampler = threading.Thread(target=sample, args=(
+            current, sink, run.t0, run.early, stop, wrong or wrong_finals), daemon=True)
         sampler.start()
-        run_to(run.t0 + RESTART_AFTER_MS)
+        run_to(run.t0 + at_ms[0])
         current[-1].stop()
         start()
-        run_to(run.t0 + RUN_MS)
+        run_to(run.t0 + at_ms[1])
         while sink.fail_at is not None:  # the sink's failure is yet to come: run on
             run_to(current[-1].min_time("sink") * GRID.delta_ms + 1000)
         stop.set()
@@ -146,7 +159,6 @@ def speculative_run(spark: Any, tmp: Path, timeout_s: float = 300.0,
     finally:
         stop.set()
         pipe.close()
-    run.rows, run.reruns = sink.rows(), sink.calls - len(sink.batches)
     return run
 
 
@@ -213,5 +225,5 @@ def result_of(run: SpeculativeRun, name: str = SPECULATIVE) -> Result:
     return result
 
 
-__all__ = ["SPECULATIVE", "SPECULATIVE_DRIVER", "ByBatch", "result_of", "sample",
+__all__ = ["SPECULATIVE", "SPECULATIVE_DRIVER", "ByBatch", "drive", "result_of", "sample",
            "speculative_run", "wrong_windows"]
