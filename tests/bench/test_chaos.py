@@ -120,6 +120,7 @@ def test_a_leader_killed_or_partitioned_loses_nothing(kafka_broker) -> None:  # 
 
 
 @pytest.mark.spark
+@pytest.mark.slow  # ~24 s; the same rerun by default: tests/spark/sinks/test_reruns.py
 def test_a_spark_fault_kind_finds_nothing_premature_and_nothing_lost(spark, tmp_path: Path) -> None:
     """One of ``--spark``'s scenarios on the shared session: a Parquet table rerun from a
     new checkpoint (its rows were skipped, yet acked, before issue 29)."""
