@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from lowtide.bench.chaos.run import Result
-from lowtide.bench.chaos.speculative_fault import FAIL_BEFORE, ByBatch, drive
+from lowtide.bench.chaos.speculative_fault import FAIL_BEFORE, ByBatch, drive, mismatched
 from lowtide.bench.chaos.task_failures import fail_once
 from lowtide.bench.keys import WINDOW, batch_windows
 from lowtide.bench.spark.speculative import GRID
@@ -50,26 +50,22 @@ class RangeChecked(ByBatch):
 
         now = wall_ms()
         rows = df.toPandas()
-        for front, end in zip(rows["front"], rows["window_end"], strict=True):
+        done = {f: int(self.pipe.tracker.agent.min_time_at(f"win#{f}", now))
+                for f in rows["front"].astype(int).unique().tolist()}
+        for front, end in zip(rows["front"].astype(int), rows["window_end"], strict=True):
             end_slot = GRID.slot_of(int(end.timestamp() * 1000))
-            done = int(self.pipe.tracker.agent.min_time_at(f"win#{int(front)}", now))
-            if done < end_slot:
+            if done[front] < end_slot:
                 self.early.append(f"front {front} window ending {end} written at range "
-                                  f"min time {done} < {end_slot}")
+                                  f"min time {done[front]} < {end_slot}")
         super().__call__(df, batch_id)
 
 
 def wrong_ranges(rows: Any, t0: int, below_ms: int) -> list[str]:
     """Windows ending at or below ``below_ms`` missing, wrong or extra in ``rows``."""
-    expected = batch_windows(replace(SPEC, t0_ms=t0), below_ms).set_index(["user", "end_ms"])
-    expected = expected[expected.index.get_level_values("end_ms") <= below_ms]
-    got = expected.iloc[:0] if not len(rows) else rows.rename(columns={"front": "user"}) \
-        .set_index(["user", "end_ms"])[["n", "total"]]
-    both = expected[["n", "total"]].join(got, rsuffix="_out", how="left")
-    bad = both[(both["n"] != both["n_out"]) | (both["total"] != both["total_out"])]
-    ends = got.index.get_level_values("end_ms")
-    extra = got[(ends <= below_ms) & ~got.index.isin(expected.index)]
-    return [f"front {u} window ending {e}" for u, e in [*bad.index, *extra.index]]
+    index, cols = ["user", "end_ms"], ["n", "total"]
+    expected = batch_windows(replace(SPEC, t0_ms=t0), below_ms).set_index(index)[cols]
+    got = rows.rename(columns={"front": "user"}).set_index(index)[cols] if len(rows) else None
+    return mismatched(expected, got, below_ms)
 
 
 def ranges_run(spark: Any, tmp: Path, timeout_s: float = 300.0) -> Result:

@@ -166,7 +166,13 @@ def wrong_windows(got: Any, t0: int, below_ms: int) -> list[str]:
     """Windows ending at or below ``below_ms`` whose row in ``got`` ((user, end_ms) ->
     n, total; None: no rows) is missing or is not the batch recomputation's, and rows
     of windows the batch has not."""
-    expected = batch_windows(t0, below_ms, KEYS, SPEC)
+    return mismatched(batch_windows(t0, below_ms, KEYS, SPEC), got, below_ms)
+
+
+def mismatched(expected: Any, got: Any, below_ms: int) -> list[str]:
+    """The windows ending at or below ``below_ms`` whose row in ``got`` is missing or
+    differs from ``expected``'s (each (user, end_ms) -> n, total; ``got`` None: no
+    rows), and rows of ``got`` that ``expected`` has not."""
     expected = expected[expected.index.get_level_values("end_ms") <= below_ms]
     got = expected.iloc[:0] if got is None else got
     both = expected.join(got, rsuffix="_out", how="left")
@@ -225,5 +231,14 @@ def result_of(run: SpeculativeRun, name: str = SPECULATIVE) -> Result:
     return result
 
 
-__all__ = ["SPECULATIVE", "SPECULATIVE_DRIVER", "ByBatch", "drive", "result_of", "sample",
-           "speculative_run", "wrong_windows"]
+__all__ = [
+    "SPECULATIVE",
+    "SPECULATIVE_DRIVER",
+    "ByBatch",
+    "drive",
+    "mismatched",
+    "result_of",
+    "sample",
+    "speculative_run",
+    "wrong_windows",
+]

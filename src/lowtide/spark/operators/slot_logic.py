@@ -182,6 +182,14 @@ def key_in_two_ranges(ranges: Ranges) -> tuple[Any, list[int]] | None:
     return None
 
 
+def two_ranges(what: str, key: Any, ranges: list[int], key_ranges: int) -> ValueError:
+    """The one-line refusal of a key of step ``what`` whose rows came from two key
+    ranges (its window could be emitted before the other range's rows)."""
+    return ValueError(f"{what}: key {key} has rows of key ranges {ranges}; with "
+                      f"key_ranges={key_ranges} each key's rows must come from fronts of "
+                      "one range")
+
+
 def _check(at: np.ndarray, before: np.ndarray, after: np.ndarray, arrived: np.ndarray,
            done: int, state: Any) -> None:
     """Fail closed on a logic that breaks its contract (see the module docstring)."""

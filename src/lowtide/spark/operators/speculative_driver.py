@@ -62,6 +62,7 @@ from lowtide.spark.operators.slot_logic import (
     key_in_two_ranges,
     range_order,
     step_ranges,
+    two_ranges,
 )
 from lowtide.spark.operators.state_clock import StateClock, key_hash, range_parent
 from lowtide.spark.operators.state_processor import (
@@ -136,10 +137,14 @@ class ChangelogStore:
         return below[-1], state
 
     def save(self, batch_id: int, state: State, read: int) -> None:
+        """Batch ``batch_id``'s state, which read ``read``'s: the states below that, and
+        the min times of the batches before this one (committed), are read no more."""
         self._write(str(batch_id), state)
-        for p in self.dir.iterdir():
-            name = p.name.removeprefix(DONE_PREFIX)
-            if name.isdigit() and int(name) < (read if name == p.name else batch_id):
+        for i in self._ids():
+            if i < read:
+                (self.dir / str(i)).unlink(missing_ok=True)
+        for p in self.dir.glob(f"{DONE_PREFIX}*"):
+            if int(p.name.removeprefix(DONE_PREFIX)) < batch_id:
                 p.unlink(missing_ok=True)
 
     def done(self, batch_id: int, ask: Callable[[], dict[int | None, int]]
@@ -187,9 +192,7 @@ class DriverChangelog:
                                   NoParts(), now_ms, self.eager)
         twice = key_in_two_ranges(kept) if self.key_ranges else None
         if twice is not None:
-            raise ValueError(f"window {self.window!r}: key {twice[0]} has rows of key "
-                             f"ranges {twice[1]}; with key_ranges={self.key_ranges} each "
-                             "key's rows must come from fronts of one range")
+            raise two_ranges(f"window {self.window!r}", twice[0], twice[1], self.key_ranges)
         base, frames = key_hash(("lowtide driver changelog", self.window)), list[Any]()
         for r, s in steps:
             parent = base if r is None else range_parent(base, r)
@@ -211,10 +214,8 @@ class DriverChangelog:
         lo, hi = new[RANGE_LO].to_numpy(np.int64), new[RANGE_HI].to_numpy(np.int64)
         if (lo != hi).any():
             i = int(np.flatnonzero(lo != hi)[0])
-            raise ValueError(f"window {self.window!r}: a window of key "
-                             f"{new[KEY_COL].iloc[i]} has rows of key ranges "
-                             f"{[int(lo[i]), int(hi[i])]}; with key_ranges={self.key_ranges} "
-                             "each key's rows must come from fronts of one range")
+            raise two_ranges(f"window {self.window!r}", new[KEY_COL].iloc[i],
+                             [int(lo[i]), int(hi[i])], self.key_ranges)
         return {r: new[lo == r].reset_index(drop=True)
                 for r in sorted(np.unique(lo).tolist(), key=range_order)}
 
@@ -268,14 +269,20 @@ class DriverChangelog:
         return _parse_datatype_string(self.schema)
 
     def _arrow(self, rows: Any) -> Any:
-        """``rows`` as the Arrow record batch Spark would hand a task (timestamps in
-        the session's time zone, UTC: :mod:`lowtide.spark.session`)."""
+        """``rows`` as the Arrow record batch Spark would hand a task."""
         import pyarrow as pa
+
+        batch = pa.RecordBatch.from_pandas(rows, schema=self._arrow_schema,
+                                           preserve_index=False)
+        return batch.replace_schema_metadata(None)  # no pandas index in the files
+
+    @cached_property
+    def _arrow_schema(self) -> Any:
+        """The output's Arrow schema (timestamps in the session's time zone, UTC:
+        :mod:`lowtide.spark.session`)."""
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        schema = to_arrow_schema(self._struct, timezone="UTC")
-        batch = pa.RecordBatch.from_pandas(rows, schema=schema, preserve_index=False)
-        return batch.replace_schema_metadata(None)  # no pandas index in the files
+        return to_arrow_schema(self._struct, timezone="UTC")
 
     @cached_property
     def _names(self) -> list[str]:

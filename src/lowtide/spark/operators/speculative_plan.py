@@ -271,10 +271,12 @@ def build_speculative_plan(df: Any, spec: SpeculativeSpec, windows: QueryWindows
 
 
 def update_mode(windows: QueryWindows) -> bool:
-    """Does a query whose windows are ``windows`` hold a speculative window planned in
-    the JVM (its aggregation runs in update mode, with :data:`SPECULATIVE_CONFS`)?"""
-    return any(isinstance(s, SpeculativeSpec) and s.jvm and windows.in_jvm(s.window)
-               for s in windows.stateful)
+    """Does a query whose windows ``windows`` planned hold a speculative window planned
+    in the JVM, or a window whose results a driver step emits (its aggregation runs in
+    update mode, with :data:`SPECULATIVE_CONFS`)?"""
+    return bool(windows.changelogs) or any(
+        isinstance(s, SpeculativeSpec) and s.jvm and windows.in_jvm(s.window)
+        for s in windows.stateful)
 
 
 def on_keyed_runtime(stream: Any) -> Any:

@@ -44,6 +44,7 @@ from lowtide.spark.operators.slot_logic import (
     key_in_two_ranges,
     range_order,
     step_ranges,
+    two_ranges,
 )
 from lowtide.spark.operators.state_clock import (
     StateClock,
@@ -250,10 +251,8 @@ class SlotProcessor(StatefulProcessor):  # type: ignore[misc]
         spec = self.rt.spec
         twice = key_in_two_ranges(ranges) if spec.key_ranges else None
         if twice is not None:
-            raise ValueError(
-                f"{spec.what} {spec.name!r}: key {twice[0]} has rows of key ranges "
-                f"{twice[1]}; with key_ranges={spec.key_ranges} each key's rows must come "
-                "from fronts of one range")
+            raise two_ranges(f"{spec.what} {spec.name!r}", twice[0], twice[1],
+                             spec.key_ranges)
 
     def _rows(self, rec: GroupRecord, step: GroupStep, packed: np.ndarray,
               early: np.ndarray | None) -> Iterator[Any]:

@@ -69,14 +69,14 @@ from lowtide.spark.tracking.transport import TrackerRef
 TS_COL = "lt_ts"  # the row's global time (timestamp)
 ORDER_COL = "lt_order"  # (slot, ack id): first / last
 WINDOW_COL = "lt_window"
-RANGE_COL = "lt_range"  # a row's key range (rule 15)
+ROW_RANGE_COL = "lt_range"  # a row's key range (rule 15)
 EMIT_PREFIX = "<emit>"
 #: session confs a query with a JVM window starts with (each query keeps its own copy)
 WATERMARK_CONFS = (("spark.sql.streaming.multipleWatermarkPolicy", "max"),
                    ("spark.sql.streaming.statefulOperator.allowMultiple", "false"))
 #: ``lt_ts``'s own watermark: far enough back never to be the maximum
 TS_DELAY = "3650 days"
-NAMES = (TS_COL, ORDER_COL, WINDOW_COL, RANGE_COL, RANGE_LO, RANGE_HI)
+NAMES = (TS_COL, ORDER_COL, WINDOW_COL, ROW_RANGE_COL, RANGE_LO, RANGE_HI)
 #: DataFrame steps a window may absorb a ``where`` across
 ONE_TO_ONE_OR_WHERE = ("where", "select", "select_expr", "drop", "rename", "with_column")
 
@@ -330,7 +330,7 @@ def build_window_plan(df: Any, spec: WindowSpec, ref: TrackerRef, op_id: int, ho
     if WM_COL not in df.columns:
         raise ValueError(f"{what}: a step before it dropped the column {WM_COL!r} its "
                          "senders add: keep it (like lt_track)")
-    ranged = [] if ranges is None else [range_column(ranges).alias(RANGE_COL)]
+    ranged = [] if ranges is None else [range_column(ranges).alias(ROW_RANGE_COL)]
     rows = df.select(*picked, *extra, *ranged,
                      F.timestamp_millis(slot * F.lit(delta)).alias(TS_COL), F.col(WM_COL))
     hold.prepare()
@@ -341,8 +341,8 @@ def build_window_plan(df: Any, spec: WindowSpec, ref: TrackerRef, op_id: int, ho
              .withWatermark(WM_COL, "0 seconds").withWatermark(TS_COL, TS_DELAY))
     window = F.window(TS_COL, f"{spec.size_ms} milliseconds", f"{spec.slide_ms} milliseconds")
     keys = [F.col(f"`{k}`") for k in spec.keys]
-    bounds = [] if ranges is None else [F.min(RANGE_COL).alias(RANGE_LO),
-                                        F.max(RANGE_COL).alias(RANGE_HI)]
+    bounds = [] if ranges is None else [F.min(ROW_RANGE_COL).alias(RANGE_LO),
+                                        F.max(ROW_RANGE_COL).alias(RANGE_HI)]
     grouped = timed.groupBy(*keys, window.alias(WINDOW_COL)).agg(
         *[agg_column(a, None if a.source is None else F.col(f"`{columns[a.source]}`"))
           for a in aggs], *bounds)

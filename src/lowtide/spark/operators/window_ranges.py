@@ -43,7 +43,7 @@ from lowtide.spark.operators.window_plan import QueryWindows
 from lowtide.spark.operators.window_state import output_schema
 from lowtide.spark.operators.windows import WindowSpec
 from lowtide.spark.tracking.column import TRACK_COL
-from lowtide.spark.tracking.key_ranges import RANGE_COL, source_ranges
+from lowtide.spark.tracking.key_ranges import require_front, source_ranges
 from lowtide.spark.tracking.transport import TrackerRef
 
 
@@ -54,9 +54,7 @@ def build_ranged_window(df: Any, spec: WindowSpec, windows: QueryWindows, ref: T
     from lowtide.spark.operators.speculative_driver import DriverChangelog
 
     assert windows.checkpoint is not None
-    if RANGE_COL not in df.columns:
-        raise ValueError(f"window {spec.name!r}: key_ranges needs the rows' {RANGE_COL!r} "
-                         "column (a row's key range is its front's)")
+    require_front(f"window {spec.name!r}", df.columns)
     ranges = source_ranges(ref.graph, ref.graph.index(spec.name))
     prepared, aggs, fields = changed_rows(df, spec, windows, ref, op_id, ranges)
     delta = ref.grid.delta_ms

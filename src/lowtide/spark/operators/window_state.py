@@ -54,7 +54,7 @@ from lowtide.spark.operators.window_aggs import (
 )
 from lowtide.spark.operators.windows import WindowSpec
 from lowtide.spark.tracking.column import TRACK_COL, TRACKING_COLS
-from lowtide.spark.tracking.key_ranges import RANGE_COL
+from lowtide.spark.tracking.key_ranges import RANGE_COL, require_front
 from lowtide.spark.tracking.transport import TrackerRef
 
 
@@ -245,9 +245,8 @@ def build_window(df: Any, spec: WindowSpec, ref: TrackerRef, out_segment: str,
     delta = ref.grid.delta_ms
     logic = WindowLogic(spec.size_ms // delta, spec.slide_ms // delta, delta, aggs, spec.fn,
                         tuple(fields))
-    if spec.key_ranges and RANGE_COL not in fields:
-        raise ValueError(f"window {spec.name!r}: key_ranges needs the rows' {RANGE_COL!r} "
-                         "column (a row's key range is its front's)")
+    if spec.key_ranges:
+        require_front(f"window {spec.name!r}", fields)
     prepared = input_columns(df, columns, fields)
     if spec.fn is None:  # the logic reads only these: fewer columns cross to pandas
         ranged = [RANGE_COL] if spec.key_ranges and RANGE_COL not in spec.keys else []

@@ -32,7 +32,6 @@ from lowtide.service.progress import RowRates
 from lowtide.spark.operators.joins import JoinSpec, join_input
 from lowtide.spark.operators.speculative_plan import SPECULATIVE_CONFS, update_mode
 from lowtide.spark.operators.tracked import OpSpec
-from lowtide.spark.operators.window_input import FORMAT
 from lowtide.spark.operators.window_plan import WATERMARK_CONFS, QueryWindows, session_confs
 from lowtide.spark.pipeline.batches import BatchReporter, announce_queries
 from lowtide.spark.pipeline.dag import (
@@ -43,7 +42,7 @@ from lowtide.spark.pipeline.dag import (
     refuse_fan_out,
     source_key,
 )
-from lowtide.spark.pipeline.data_sources import register_sources, source_schema
+from lowtide.spark.pipeline.data_sources import register_sources
 from lowtide.spark.pipeline.describe import described
 from lowtide.spark.pipeline.handle import TrackerHandle, TrackerOptions, operating_options
 from lowtide.spark.pipeline.monitoring import ProgressMetrics
@@ -56,13 +55,13 @@ from lowtide.spark.pipeline.step_plans import (
     Targets,
     ends_in_arrow_map,
     plan_steps,
+    read_source,
     union_by_name,
 )
 from lowtide.spark.pipeline.stream import Stream
 from lowtide.spark.pipeline.stream_sinks import sink_function
 from lowtide.spark.sources.generator import GeneratorSpec
 from lowtide.spark.sources.joins import release_join
-from lowtide.spark.sources.log_replay import RANGE_OPTION
 from lowtide.spark.sources.log_source import parse_fronts
 from lowtide.spark.sources.read_stream import check_labelled, entry_of
 from lowtide.spark.sources.retention import release_consumer
@@ -75,13 +74,15 @@ class Built:
     tracker; ``holds``: the holds of its windows planned in the JVM, which its query
     moves (:mod:`lowtide.spark.operators.window_hold`); ``changelog``: the changelog
     step its sink's ``foreachBatch`` runs first, if any
-    (:mod:`lowtide.spark.operators.speculative_driver`)."""
+    (:mod:`lowtide.spark.operators.speculative_driver`); ``update``: its query runs in
+    update mode (:func:`lowtide.spark.operators.speculative_plan.update_mode`)."""
 
     df: Any
     graph: SegmentGraph
     ref: TrackerRef
     holds: tuple[Any, ...] = ()
     changelog: Any = None
+    update: bool = False
 
 
 class TrackerNotStarted(LowtideError, RuntimeError):
@@ -275,7 +276,7 @@ class Pipeline:
         df = self._plan_stream(stream, Targets(handle.ref, after, sink_name, windows),
                                null_sink, trace_file)
         return Built(df, plan.graph, handle.ref, tuple(windows.holds),
-                     windows.changelogs[0] if windows.changelogs else None)
+                     windows.changelogs[0] if windows.changelogs else None, update_mode(windows))
 
     def _plan_stream(self, stream: Stream, to: Targets, null_sink: bool,
                      trace_file: str | None) -> Any:
@@ -288,7 +289,7 @@ class Pipeline:
             df = src.frame
             steps.insert(0, entry_of(source_key(src), src.options))
         elif stream.source is not None:
-            df = self._read(stream.source, to)
+            df = read_source(self.spark, stream.source, to)
         elif steps and isinstance(steps[0], JoinSpec):
             left, right = (self._plan_stream(s, to, False, None) for s in stream.inputs)
             spec = steps[0]
@@ -307,28 +308,6 @@ class Pipeline:
             last = null_sink and not steps
             df = plan_steps(df, group, to, last, trace_file if last else None)
         return df
-
-    def _read(self, src: SourceSpec, to: Targets) -> Any:
-        """The streaming DataFrame of ``src``, sending into its receiver's segment."""
-        opts = dict(src.options)
-        opts["lowtide.tracker"] = to.ref.to_option()
-        out = to.after[source_key(src)]
-        if src.kind == "log":
-            fmt = "lowtide_log_replay" if RANGE_OPTION in opts else "lowtide_log"
-            opts["lowtide.segment"] = source_key(src)
-            opts["lowtide.out"] = out
-        else:
-            fmt = "lowtide_gen"
-            opts["lowtide.segment"] = out
-        window = to.windows.window_of(out)
-        if window is not None:  # a window planned in the JVM receives in its tasks
-            opts.update({"lowtide.inner": fmt, "lowtide.receive": window,
-                         "lowtide.receive_from": out, "lowtide.sender": source_key(src)})
-            fmt = FORMAT
-        # the schema given: Spark would start a Python process to ask the source for it
-        # (seconds of a query's start-up on a busy machine)
-        schema = source_schema(fmt, opts)
-        return self.spark.readStream.format(fmt).options(**opts).schema(schema).load()
 
     def _start(self, stream: Stream, sink: tuple[Any, ...], sink_name: str, checkpoint: str,
                trigger: str | None, query_name: str | None) -> TrackedQuery:
@@ -360,8 +339,7 @@ class Pipeline:
         writer = writer.format("noop") if fn is None else writer.foreachBatch(fn)
         # a query takes its session's confs when it starts: JVM windows need theirs then
         confs = WATERMARK_CONFS if built.holds else ()
-        # a speculative window's aggregation, or one whose results a driver step emits
-        if built.changelog is not None or update_mode(QueryWindows.of(stream, checkpoint)):
+        if built.update:
             writer, confs = writer.outputMode("update"), SPECULATIVE_CONFS
         with session_confs(self.spark, confs):
             query = writer.start()

@@ -1,7 +1,8 @@
-"""The DataFrame plan of a pipeline's steps: one step, or tracked Arrow steps chained
-into one ``mapInArrow``, on top of the DataFrame before it; and the union of a stream's
-inputs. :class:`~lowtide.spark.pipeline.builder.Pipeline` decides which steps go
-together and where each one's senders send."""
+"""The DataFrame plan of a pipeline's sources and steps: a source's streaming
+DataFrame, one step, or tracked Arrow steps chained into one ``mapInArrow``, on top of
+the DataFrame before it; and the union of a stream's inputs.
+:class:`~lowtide.spark.pipeline.builder.Pipeline` decides which steps go together and
+where each one's senders send."""
 
 from __future__ import annotations
 
@@ -25,13 +26,16 @@ from lowtide.spark.operators.speculative import SpeculativeSpec
 from lowtide.spark.operators.speculative_plan import build_speculative_plan
 from lowtide.spark.operators.state_processor import build_keyed
 from lowtide.spark.operators.tracked import OpRuntime, OpSpec, operator_id, task_function
-from lowtide.spark.operators.window_input import receiving_task, with_stamp
+from lowtide.spark.operators.window_input import FORMAT, receiving_task, with_stamp
 from lowtide.spark.operators.window_plan import QueryWindows
 from lowtide.spark.operators.window_ranges import build_ranged_window
 from lowtide.spark.operators.windows import WindowSpec
-from lowtide.spark.pipeline.dag import PipelineShapeError
+from lowtide.spark.pipeline.dag import PipelineShapeError, source_key
+from lowtide.spark.pipeline.data_sources import source_schema
 from lowtide.spark.pipeline.describe import described
+from lowtide.spark.pipeline.sources import SourceSpec
 from lowtide.spark.pipeline.stream import Step, TransformSpec
+from lowtide.spark.sources.log_replay import RANGE_OPTION
 from lowtide.spark.sources.read_stream import EntrySpec, entry_schema
 from lowtide.spark.tracking.column import TRACK_COL
 from lowtide.spark.tracking.key_ranges import RANGE_COL
@@ -147,6 +151,30 @@ def check_range_col(ref: TrackerRef, segment: str, df: Any) -> None:
                                  f"their front, but have no {RANGE_COL!r} column: keep it "
                                  f"(in select, in a map's schema), or add each row's front "
                                  f"as {RANGE_COL!r} (read_stream)")
+
+
+def read_source(spark: Any, src: SourceSpec, to: Targets) -> Any:
+    """The streaming DataFrame of source ``src``, sending into its receiver's segment
+    (a window planned in the JVM in front of it receives in the source's tasks)."""
+    opts = dict(src.options)
+    opts["lowtide.tracker"] = to.ref.to_option()
+    out = to.after[source_key(src)]
+    if src.kind == "log":
+        fmt = "lowtide_log_replay" if RANGE_OPTION in opts else "lowtide_log"
+        opts["lowtide.segment"] = source_key(src)
+        opts["lowtide.out"] = out
+    else:
+        fmt = "lowtide_gen"
+        opts["lowtide.segment"] = out
+    window = to.windows.window_of(out)
+    if window is not None:  # a window planned in the JVM receives in its tasks
+        opts.update({"lowtide.inner": fmt, "lowtide.receive": window,
+                     "lowtide.receive_from": out, "lowtide.sender": source_key(src)})
+        fmt = FORMAT
+    # the schema given: Spark would start a Python process to ask the source for it
+    # (seconds of a query's start-up on a busy machine)
+    schema = source_schema(fmt, opts)
+    return spark.readStream.format(fmt).options(**opts).schema(schema).load()
 
 
 def keyed_plan(df: Any, step: StatefulSpec, ref: TrackerRef, out_segment: str, name: str) -> Any:

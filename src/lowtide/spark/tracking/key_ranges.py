@@ -88,11 +88,7 @@ def by_range(graph: SegmentGraph, in_idx: int, out_idx: int, batch: Any, step: S
     n = graph.ranges_of(in_idx)
     if not n or not batch.num_rows:
         return step(batch, in_idx, out_idx)
-    names = batch.schema.names
-    if RANGE_COL not in names:
-        raise ValueError(f"{graph.names[in_idx]!r} is split into key ranges but its rows "
-                         f"have no {RANGE_COL!r} column")
-    ranges = row_ranges(graph, in_idx, batch.column(names.index(RANGE_COL)).to_numpy())
+    ranges = batch_ranges(graph, in_idx, batch)
     outs = []
     for r in np.unique(ranges).tolist():
         out_code = graph.cell(out_idx, r) if graph.ranges_of(out_idx) == n else out_idx
@@ -102,19 +98,32 @@ def by_range(graph: SegmentGraph, in_idx: int, out_idx: int, batch: Any, step: S
     return pa.concat_batches(outs)
 
 
+def batch_ranges(graph: SegmentGraph, idx: int, batch: Any) -> np.ndarray:
+    """The key range of each row of an Arrow ``batch`` of segment ``idx`` (split into
+    key ranges), from its ``front`` column."""
+    names = batch.schema.names
+    if RANGE_COL not in names:
+        raise ValueError(f"{graph.names[idx]!r} is split into key ranges but its rows "
+                         f"have no {RANGE_COL!r} column")
+    return row_ranges(graph, idx, batch.column(names.index(RANGE_COL)).to_numpy())
+
+
 def range_cells(graph: SegmentGraph, idx: int, batch: Any) -> tuple[np.ndarray, np.ndarray]:
     """(the cell of each row of ``batch`` in segment ``idx``: its key range's where the
     segment is split, else the segment's; the cells present, ascending)."""
     if not graph.ranges_of(idx) or not batch.num_rows:
         cells = np.full(batch.num_rows, idx, np.int64)
-        return cells, np.unique(cells)
-    names = batch.schema.names
-    if RANGE_COL not in names:
-        raise ValueError(f"{graph.names[idx]!r} is split into key ranges but its rows "
-                         f"have no {RANGE_COL!r} column")
-    ranges = row_ranges(graph, idx, batch.column(names.index(RANGE_COL)).to_numpy())
-    cells = graph.cell(idx, 0) + ranges
+    else:
+        cells = graph.cell(idx, 0) + batch_ranges(graph, idx, batch)
     return cells, np.unique(cells)
+
+
+def require_front(what: str, columns: Any) -> None:
+    """A step split into key ranges (``what``, e.g. "window 'w'") reads each row's range
+    from its ``front`` column: refused where the query is described without it."""
+    if RANGE_COL not in columns:
+        raise ValueError(f"{what}: key_ranges needs the rows' {RANGE_COL!r} column (a "
+                         "row's key range is its front's)")
 
 
 def _check_kept(graph: SegmentGraph, in_idx: int, out: Any, r: int) -> None:
