@@ -1,4 +1,4 @@
-"""``lowtide bench chaos --spark``'s speculative and key-range window fault kinds on
+"""``lowtide bench chaos --spark``'s speculative and driver-window fault kinds on
 the shared session: task failures before the window and after its changelog step (or,
 with the step on the driver, the sink failing after the step's acks went out), a
 lagging front and a restart from the checkpoint find nothing premature and nothing
@@ -31,12 +31,13 @@ def test_a_speculative_window_under_failures_and_a_restart(spark, tmp_path: Path
         assert run.reruns >= 1  # the batch whose sink failed ran again
 
 
-@pytest.mark.slow  # ~1-2 min; the same faults by default: test_key_ranges_e2e.py
-def test_a_key_range_window_on_the_driver_under_failures_and_a_restart(
-        spark, tmp_path: Path) -> None:
+@pytest.mark.slow  # ~1-2 min each; the same faults by default: test_key_ranges_e2e.py
+@pytest.mark.parametrize("key_ranges", [4, 0], ids=["key-ranges", "whole-window"])
+def test_a_window_on_the_driver_under_failures_and_a_restart(
+        spark, tmp_path: Path, key_ranges: int) -> None:
     from lowtide.bench.chaos.ranges_fault import ranges_run
 
-    result = ranges_run(spark, tmp_path)
+    result = ranges_run(spark, tmp_path, key_ranges=key_ranges)
     figures = chaos.summary([result])
     assert (figures["premature"], figures["lost"]) == (0, 0), (result.premature, result.notes)
     assert "batches written again" in result.notes[0] and " 0 batches" not in result.notes[0]

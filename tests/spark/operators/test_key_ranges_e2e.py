@@ -262,7 +262,7 @@ def test_buckets_of_mixed_ranges_survive_a_task_failure_and_a_restart(
 def test_ranges_on_the_driver_under_failures_and_restarts(
         spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A key-range window as the query's last step (:mod:`lowtide.spark.operators.
-    window_ranges`): Spark's aggregation is its one state operator, the driver emits
+    window_driver`): Spark's aggregation is its one state operator, the driver emits
     each range's windows once that range is complete. A sender task fails once; the
     Parquet sink fails once after the driver sent a batch's acks, and the query is
     started again from its checkpoint, with windows of every range open. A fast

@@ -21,9 +21,9 @@ from lowtide.spark.operators.speculative_driver import (
     DriverChangelog,
     batch_timestamp_ms,
 )
-from lowtide.spark.operators.speculative_plan import ChangelogLogic
 from lowtide.spark.operators.state_clock import StateClock
 from lowtide.spark.operators.window_aggs import VALID_PREFIX, VALUE_PREFIX, bind_aggs
+from lowtide.spark.operators.window_finals import WindowFinals
 from lowtide.spark.operators.windows import Agg
 from lowtide.spark.pipeline import Pipeline
 from lowtide.spark.tracking.key_ranges import RANGE_HI, RANGE_LO
@@ -80,7 +80,7 @@ def ranged_step() -> tuple[DriverChangelog, StateClock]:
               .window("100 ms", key="front", key_ranges=2, name="win").agg(n="count"))
     ref = TrackerRef("memory://x", stream.graph(), TimeGrid(10))
     aggs, _ = bind_aggs("win", (Agg("n", "count", None),), {"front": "bigint"})
-    logic = ChangelogLogic(aggs, 10, 10, 0, ("front",), finals_only=True)
+    logic = WindowFinals(aggs, 10, 10, ("front",))
     step = DriverChangelog("win", logic, "front bigint, window_start timestamp, window_end "
                            "timestamp, n bigint, lt_track long", ref, "sink", 7, str(tmp),
                            key_ranges=2)
@@ -97,13 +97,14 @@ def changed(rows: list[tuple[int, int, int, int]]) -> pd.DataFrame:
 
 def test_each_key_range_emits_its_windows_once_it_is_complete() -> None:
     """Rule 15 on the driver: range 0 complete past slot 9 emits front 0's window
-    [0, 10) while range 1, behind, keeps front 1's; each final once, version 1."""
+    [0, 10) while range 1, behind, keeps front 1's; each result once."""
     step, clock = ranged_step()
     state, frames = step.step(changed([(0, 9, 3, 0), (1, 9, 2, 1)]), {}, {0: 12, 1: 5},
                               1000, clock)
     assert len(frames) == 1 and frames[0]["front"].tolist() == [0]
     assert frames[0]["n"].tolist() == [3]
-    assert frames[0][["op", "version", "is_final"]].values.tolist() == [["insert", 1, True]]
+    assert frames[0]["window_end"].tolist() == [pd.Timestamp("1970-01-01 00:00:00.1", tz="UTC")]
+    assert "op" not in frames[0]  # results, not a changelog
     assert sorted(state) == [1]  # range 0 has nothing open
     state, frames = step.step(None, state, {0: 12, 1: 11}, 1100, clock)
     assert [f["front"].tolist() for f in frames] == [[1]] and state == {}

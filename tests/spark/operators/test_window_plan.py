@@ -197,6 +197,37 @@ def test_which_plan_a_key_range_window_gets(tmp_path: Path) -> None:
     assert not on_driver(last, old)
 
 
+def test_which_plan_a_window_without_key_ranges_gets(tmp_path: Path) -> None:
+    """Always Spark's aggregation; its results from the driver as the query's last step
+    into a sink that runs ``foreachBatch`` anyway (Parquet, a table, a function), from a
+    new checkpoint or one that ran that plan; otherwise (the null sink, steps after it,
+    a caller's sink, a checkpoint that ran the emit step) the emit step in the JVM."""
+    from lowtide.spark.pipeline import Pipeline
+
+    pipe = Pipeline(spark=None, grid=TimeGrid(10))
+    last = pipe.generate(fronts=2, rate=10.0).window("1 second", key="front",
+                                                    name="win").agg(n="count")
+    after = last.transform(lambda df: df, name="after")
+    spec = last.steps[-1]
+
+    def plan(stream: Any, ckpt: Path, started: bool = True, null: bool = False) -> str:
+        qw = QueryWindows.of(stream, str(ckpt), started, null)
+        assert qw.in_jvm(spec)
+        return "driver" if qw.on_driver(spec) else "emit"
+
+    assert plan(last, tmp_path / "new") == "driver"
+    assert QueryWindows.of(last, str(tmp_path / "new"), True).ends_in_window(last) is False
+    assert plan(last, tmp_path / "null", null=True) == "emit"
+    assert QueryWindows.of(last, str(tmp_path / "null"), True, True).ends_in_window(last)
+    assert plan(after, tmp_path / "a") == "emit"
+    assert plan(last, tmp_path / "b", started=False) == "emit"
+    old = tmp_path / "old"  # a checkpoint that ran the emit step keeps it
+    (old / "offsets").mkdir(parents=True)
+    (old / "offsets" / "0").write_text("v1\n{}\n")
+    assert plan(last, old) == "emit"
+    assert plan(last, tmp_path / "new") == "driver"  # its restarts keep the plan
+
+
 def test_a_stopped_query_moves_no_hold(agent: Any, tmp_path: Path) -> None:
     """After its query stopped, a late progress event moves nothing: its tracker may
     be closed next, and a move blocked on it would hold up the session's listeners."""

@@ -80,6 +80,7 @@ SPARK_SCENARIOS = ("rerun from a new checkpoint", "two writers of one table",
                    "speculative window under task failures and a restart",
                    "speculative window on the driver under a sink failure and a restart",
                    "key-range window on the driver under a sink failure and a restart",
+                   "window on the driver under a sink failure and a restart",
                    "tracker hung under a sink", "tracker hung under a task")
 
 

@@ -11,8 +11,8 @@ files (rule 14), each against a known ground truth (every record a producer wrot
 * a retry loop under task failures and a restart (:mod:`.retry_fault`), a
   speculative window under task failures and a restart, and one whose changelog step
   runs on the driver under a sink failure and a restart (:mod:`.speculative_fault`), a
-  key-range window whose ranges' results come from the driver, under the same
-  (:mod:`.ranges_fault`),
+  window whose results come from the driver, with key ranges and without, under the
+  same (:mod:`.ranges_fault`),
   and a standalone tracker hung (SIGSTOP) while a sink sends its acks
   (:mod:`.hung_fault`).
 
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from lowtide.bench.chaos.hung_fault import HUNG, HUNG_TASK, hung_sink_run, hung_task_run
-from lowtide.bench.chaos.ranges_fault import RANGES_DRIVER, ranges_run
+from lowtide.bench.chaos.ranges_fault import RANGES_DRIVER, WINDOW_DRIVER, ranges_run
 from lowtide.bench.chaos.replay_fault import lost_and_replayed, result_of
 from lowtide.bench.chaos.retry_fault import RETRY_LOOP, retry_loop_run
 from lowtide.bench.chaos.retry_fault import result_of as retry_result
@@ -239,6 +239,9 @@ def run_spark(names: list[str] | None = None, spark: Any = None) -> list[Result]
                     Path(tmp) / "speculative-driver"))
             if not names or RANGES_DRIVER in names:
                 results.append(timed(lambda t: ranges_run(spark, t), Path(tmp) / "ranges"))
+            if not names or WINDOW_DRIVER in names:
+                results.append(timed(lambda t: ranges_run(spark, t, key_ranges=0),
+                                     Path(tmp) / "window"))
             if not names or HUNG in names:
                 results.append(timed(lambda t: hung_sink_run(spark, t), Path(tmp) / "hung"))
             if not names or HUNG_TASK in names:

@@ -24,7 +24,7 @@ run again after a restart reads the same state, the same batch timestamp (the of
 log's) and the same min times, and emits the same rows with the same acks (rules 5
 and 6).
 
-The min times (``S_in``'s, or each of its key ranges': :mod:`.window_ranges`) are read
+The min times (``S_in``'s, or each of its key ranges': :mod:`.window_driver`) are read
 once the batch's changed rows are collected, so once its tasks have received their
 rows, and written down (``done-<batch>``) before they are used; a batch run again uses
 those. A window they complete comes out in this very batch: every row below them was
@@ -190,7 +190,9 @@ class DriverChangelog:
         it and the output frames (with ``lt_track``), the acks in ``clock``."""
         kept, steps = step_ranges(self.logic, (), state, self._by_range(new), done,
                                   NoParts(), now_ms, self.eager)
-        twice = key_in_two_ranges(kept) if self.key_ranges else None
+        # a window's ranges keep frames (:class:`.window_finals.WindowFinals`): their keys
+        twice = key_in_two_ranges({r: (w, dict.fromkeys(s[KEY_COL])) for r, (w, s)
+                                   in kept.items()}) if self.key_ranges else None
         if twice is not None:
             raise two_ranges(f"window {self.window!r}", twice[0], twice[1], self.key_ranges)
         base, frames = key_hash(("lowtide driver changelog", self.window)), list[Any]()

@@ -140,9 +140,6 @@ class ChangelogLogic:
     delta_ms: int
     every_ms: int = 0
     keys: tuple[str, ...] = ("k",)
-    #: the finals alone (an exact window's results: :mod:`.window_ranges`), each once,
-    #: as version 1 with no tombstone before it
-    finals_only: bool = False
 
     def step(self, key: tuple[Any, ...], state: KeyVersions | None, new: Any, done: int,
              parts: RowParts, now_ms: int = 0) -> LogicStep:
@@ -194,7 +191,7 @@ class ChangelogLogic:
         for last, values in new:
             latest[last + 1 - self.size] = (last + 1, values)
         shown, out, early = changelog_step(
-            {s: end for s, (end, _) in latest.items() if end <= done or not self.finals_only},
+            {s: end for s, (end, _) in latest.items()},
             lambda s: latest[s][1], state.shown if state else {}, done, now_ms, self.every_ms)
         latest = {s: v for s, v in latest.items() if v[0] > done}
         return (Versions(latest, shown) if latest else None), out, early

@@ -3,8 +3,11 @@
 driving its watermark from the window's inbound segment ``S_in``; lowtide handles only
 the acks, the stamps and one hold. The description is :mod:`.windows`; the runtime for
 what this plan cannot do (``apply(fn)``, a window in a query with another stateful
-step, ``key_ranges`` but as the query's last step) is :mod:`.window_state`; a window
-with ``key_ranges`` as the last step is :mod:`.window_ranges`.
+step, ``key_ranges`` but as the query's last step) is :mod:`.window_state`. A window
+that is its query's last step into a sink that runs ``foreachBatch`` has its results
+from the driver (:mod:`.window_driver`): the same aggregation in update mode, no emit
+step, each window out in the batch that completes it. The plan below is the emit
+step's: into the null sink, after other steps, or into a caller's sink.
 
 ::
 
@@ -144,7 +147,7 @@ def fallback_reason(spec: WindowSpec, stateful_steps: int, loop: bool = False,
                     on_driver: bool = False) -> str | None:
     """Why a window needs the ``transformWithState`` runtime (None: it does not);
     ``on_driver``: its key ranges' finals may come from the sink's ``foreachBatch``
-    (:mod:`.window_ranges`)."""
+    (:mod:`.window_driver`)."""
     if loop:  # a retry step sends into the window without the senders' stamps
         return "its query has a retry loop, whose step does not stamp the rows it sends"
     if spec.fn is not None:
@@ -232,22 +235,26 @@ class QueryWindows:
     #: the speculative window whose changelog step may run on the driver (the query's
     #: last step, its sink's ``foreachBatch`` runs it: :mod:`.speculative_driver`)
     driver_step: str | None = None
-    #: the window with key ranges whose finals may come on the driver, likewise
-    #: (:mod:`.window_ranges`)
+    #: the window whose results may come from the driver, likewise
+    #: (:mod:`.window_driver`)
     driver_window: str | None = None
     changelogs: list[Any] = field(default_factory=list)  # their driver steps
 
     @classmethod
-    def of(cls, stream: Any, checkpoint: str | None, on_driver: bool = False
-           ) -> QueryWindows:
+    def of(cls, stream: Any, checkpoint: str | None, on_driver: bool = False,
+           null_sink: bool = False) -> QueryWindows:
+        """``on_driver``: the sink's ``foreachBatch`` may run a last step's driver step;
+        ``null_sink``: the rows go to the null sink, which runs nothing on the driver
+        (a window without key ranges keeps its emit step there: no ``foreachBatch``,
+        whose call costs each batch more than the driver step saves)."""
         from lowtide.spark.operators.speculative import SpeculativeSpec
 
         last = stream.steps[-1] if stream.steps else None
         driver = last.name if on_driver and isinstance(last, SpeculativeSpec) else None
-        ranged = last.name if on_driver and isinstance(last, WindowSpec) and \
-            last.key_ranges and last.fn is None else None
+        window = last.name if on_driver and isinstance(last, WindowSpec) and \
+            last.fn is None and (last.key_ranges or not null_sink) else None
         return cls(checkpoint, stateful_steps(stream), has_loop(stream),
-                   wheres=wheres_in_front(stream), driver_step=driver, driver_window=ranged)
+                   wheres=wheres_in_front(stream), driver_step=driver, driver_window=window)
 
     def window_of(self, segment: str) -> str | None:
         """The window planned in the JVM whose senders send into ``segment`` (its
@@ -295,11 +302,20 @@ class QueryWindows:
 
         return ChangelogStore.usable(self.checkpoint, spec.name)
 
+    def on_driver(self, spec: WindowSpec) -> bool:
+        """Do the results of window ``spec`` come from the sink's ``foreachBatch``
+        (:mod:`.window_driver`): it may (:attr:`driver_window`), it is planned in the
+        JVM, and its checkpoint ran no other plan (chosen once per checkpoint)?"""
+        from lowtide.spark.operators.speculative_driver import ChangelogStore
+
+        return self.driver_window == spec.name and self.in_jvm(spec) and \
+            ChangelogStore.usable(str(self.checkpoint), spec.name)
+
     def ends_in_window(self, stream: Any) -> bool:
-        """Does ``stream`` end in a window planned in the JVM (whose emit step can ack
-        the null sink's receipts)?"""
-        return bool(stream.steps) and isinstance(stream.steps[-1], WindowSpec) and \
-            self.in_jvm(stream.steps[-1])
+        """Does ``stream`` end in a window planned in the JVM whose emit step can ack
+        the null sink's receipts (not one whose results come from the driver)?"""
+        last = stream.steps[-1] if stream.steps else None
+        return isinstance(last, WindowSpec) and self.in_jvm(last) and not self.on_driver(last)
 
 
 def build_window_plan(df: Any, spec: WindowSpec, ref: TrackerRef, op_id: int, hold: Any,

@@ -264,7 +264,7 @@ class Pipeline:
         ``transformWithState``; see docs/spark.md, "How exact windows work").
         ``changelog_on_driver``: a speculative window as the last step leaves its
         changelog step to the sink's ``foreachBatch`` (``Built.changelog``)."""
-        windows = QueryWindows.of(stream, checkpoint, changelog_on_driver)
+        windows = QueryWindows.of(stream, checkpoint, changelog_on_driver, null_sink)
         if null_sink and not (stream.ends_in_operator() or windows.ends_in_window(stream)):
             raise PipelineShapeError("the null sink acks from the last step: a tracked "
                                      "operator")
@@ -311,9 +311,10 @@ class Pipeline:
 
     def _start(self, stream: Stream, sink: tuple[Any, ...], sink_name: str, checkpoint: str,
                trigger: str | None, query_name: str | None) -> TrackedQuery:
+        null = sink[0] == "foreach" and sink[1] is None
         acks_last = stream.ends_in_operator() or QueryWindows.of(
-            stream, checkpoint).ends_in_window(stream)
-        null_sink = sink[0] == "foreach" and sink[1] is None and acks_last
+            stream, checkpoint, on_driver=True, null_sink=null).ends_in_window(stream)
+        null_sink = null and acks_last
         built = self.build(stream, sink_name, null_sink, sink[3] if null_sink else None,
                            checkpoint, changelog_on_driver=True)
         df, graph, ref = built.df, built.graph, built.ref

@@ -26,9 +26,9 @@ from lowtide.spark.operators.speculative import SpeculativeSpec
 from lowtide.spark.operators.speculative_plan import build_speculative_plan
 from lowtide.spark.operators.state_processor import build_keyed
 from lowtide.spark.operators.tracked import OpRuntime, OpSpec, operator_id, task_function
+from lowtide.spark.operators.window_driver import build_driver_window
 from lowtide.spark.operators.window_input import FORMAT, receiving_task, with_stamp
 from lowtide.spark.operators.window_plan import QueryWindows
-from lowtide.spark.operators.window_ranges import build_ranged_window
 from lowtide.spark.operators.windows import WindowSpec
 from lowtide.spark.pipeline.dag import PipelineShapeError, source_key
 from lowtide.spark.pipeline.data_sources import source_schema
@@ -83,8 +83,8 @@ def plan_steps(df: Any, group: list[Step | EntrySpec], to: Targets, null_sink: b
         out = spark_step(step.name, lambda: step.fn(df))
         check_added(df, out, step.name)
         return out
-    if isinstance(step, WindowSpec) and step.key_ranges and to.windows.in_jvm(step):
-        return described(lambda: build_ranged_window(df, step, to.windows, ref, out_segment,
+    if isinstance(step, WindowSpec) and to.windows.on_driver(step):
+        return described(lambda: build_driver_window(df, step, to.windows, ref, out_segment,
                                                      operator_id(step.name)))
     if isinstance(step, WindowSpec):
         return described(lambda: to.windows.plan(df, step, ref, out_segment,

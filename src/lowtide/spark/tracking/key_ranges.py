@@ -28,7 +28,7 @@ from lowtide.core.graph import SegmentGraph
 # the column a row's key range comes from: its front's
 RANGE_COL = "front"
 #: the least and the greatest key range of a (key, window)'s rows, where Spark's JVM
-#: aggregates a window with key ranges (lowtide.spark.operators.window_ranges)
+#: aggregates a window with key ranges (lowtide.spark.operators.window_driver)
 RANGE_LO, RANGE_HI = "lt_range_lo", "lt_range_hi"
 
 

@@ -40,7 +40,7 @@ are all dropped moves no watermark; the clock source's stamp does
 (:mod:`lowtide.spark.sources.clock`).
 
 A segment split into key ranges (rule 15; a window with ``key_ranges`` planned in the
-JVM: :mod:`lowtide.spark.operators.window_ranges`) has each row's receipt acked in its
+JVM: :mod:`lowtide.spark.operators.window_driver`) has each row's receipt acked in its
 range's cell (its front's range); the stamp is still the whole segment's min time, the
 least of its ranges'.
 
