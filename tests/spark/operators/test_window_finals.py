@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -40,6 +41,8 @@ def test_the_worked_example() -> None:
     assert then.out["window_end"].tolist() == [pd.Timestamp("1970-01-01 00:00:00.1", tz="UTC")]
     assert then.wakes.tolist() == [19] and then.state["k"].tolist() == ["b"]
     assert logic.step((), then.state, None, 20, NoParts()).state is None
+    with pytest.raises(ValueError, match="new checkpoint"):  # a dev build's state
+        logic.step((), {'{"k0":"a"}': ((), None)}, None, 20, NoParts())
 
 
 def test_results_at_a_slot_come_in_key_order_whatever_the_input_order() -> None:
