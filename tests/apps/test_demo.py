@@ -42,8 +42,9 @@ def test_demo_is_clean_and_its_json_line_says_where_the_time_goes(tmp_path: Path
     assert doc["first_window_s"] == lt["first_window_s"] and wm["first_window_s"] > 0
     assert lt["late_dropped"] == 0 and lt["differ_from_batch"] == 0
     assert lt["windows"] > 0 and wm["windows"] > 0
-    # each window out in the micro-batch right after the one that read its last rows
-    assert lt["batches_after_input_p50"] == lt["batches_after_input_max"] == 1
+    # each window out in the micro-batch that read its last rows (its results come
+    # from the driver, which reads the min time after the batch's tasks)
+    assert lt["batches_after_input_p50"] == lt["batches_after_input_max"] == 0
     for q in (lt, wm):  # where the time goes: start-up phases in order, batch times
         phases = [q["startup"][k] for k in ("query_started_s", "first_batch_planned_s",
                                             "first_batch_done_s")]

@@ -67,3 +67,14 @@ def test_dropped_late_sums_the_state_operators() -> None:
                                     {"numRowsDroppedByWatermark": 4}]},
                 {"stateOperators": []}, {}]
     assert dropped_late(progress) == 7
+
+
+def test_the_window_shape_writes_to_parquet_on_request_and_only_it() -> None:
+    from lowtide.bench.spark import main
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    assert p.parse_args(["--shape", "window"]).sink == "null"
+    assert p.parse_args(["--shape", "window", "--sink", "parquet"]).sink == "parquet"
+    with pytest.raises(SystemExit, match="--sink parquet is for --shape window"):
+        main(p.parse_args(["--shape", "join", "--sink", "parquet"]))

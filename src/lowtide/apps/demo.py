@@ -22,9 +22,8 @@ start, first micro-batches); each query's own beside its delays;
 window after ``t0``, plus the lag), two micro-batches before it can come out. Where the time goes
 (:mod:`lowtide.apps.demo_batches`): ``session_s``, each query's ``startup`` phases,
 ``batch_p50_ms`` and ``phases_p50_ms`` (Spark's ``durationMs`` of a micro-batch, phase
-by phase, the median once warm), and lowtide's ``batches_after_input_p50`` and ``_max`` over every
-window (1: a window comes out in the micro-batch right after the one that read its
-last rows).
+by phase, the median once warm), and lowtide's ``batches_after_input_p50`` and ``_max``
+over every window (0: a window comes out in the micro-batch that read its last rows).
 """
 
 from __future__ import annotations

@@ -107,6 +107,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "an exact interval join vs Spark's watermark stream-stream join; "
                    "speculative: early results then finals vs exact-only and Spark's update "
                    "mode")
+    p.add_argument("--sink", choices=("null", "parquet"), default=d.sink,
+                   help="window: both sides to the null sink (default) or to Parquet files")
     p.add_argument("--keys", type=int, default=d.keys,
                    help="speculative: distinct keys of the window (each changed key is "
                    "a changelog row per micro-batch)")
@@ -127,7 +129,10 @@ def main(args: argparse.Namespace) -> int:
         seconds=args.seconds, warmup_batches=args.warmup_batches, rounds=args.rounds,
         master=args.master, freeze_gc=args.freeze_gc, min_batches=args.min_batches,
         variants=tuple(v for v in args.variants.split(",") if v), keys=args.keys,
+        sink=args.sink,
     )
+    if args.sink != "null" and args.shape != "window":
+        raise SystemExit(f"lowtide bench spark: --sink {args.sink} is for --shape window")
     unknown = set(cfg.variants) - set(VARIANTS)
     if unknown:
         raise SystemExit(f"unknown variants {sorted(unknown)}; choose from {VARIANTS}")

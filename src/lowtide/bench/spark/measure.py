@@ -36,6 +36,7 @@ class BenchConfig:
     variants: tuple[str, ...] = ("tracked",)
     freeze_gc: bool = True  # Pipeline(freeze_gc=...)
     keys: int = 8  # the speculative shape's distinct keys (users)
+    sink: str = "null"  # the window shape's sinks: "null" (noop) or "parquet" (files)
 
 
 def user_map(batch: Any) -> Any:
@@ -309,11 +310,13 @@ def measure_query(query: Any, cfg: BenchConfig) -> Measured:
         stop_between_batches(query, stop_wait_s(query))
 
 
-def measure_pipeline(pipe: Any, stream: Any, cfg: BenchConfig, workdir: str) -> Measured:
-    """:func:`_measure` ``stream`` of ``pipe`` written to the tracked null sink, then
-    stop it and close the pipeline."""
+def measure_pipeline(pipe: Any, stream: Any, cfg: BenchConfig, workdir: str,
+                     start: Callable[[Any, str], Any] | None = None) -> Measured:
+    """:func:`_measure` ``stream`` of ``pipe`` written to the tracked null sink (or
+    ``start(stream, checkpoint)``'s sink), then stop it and close the pipeline."""
     try:
-        query = stream.to_null(checkpoint=tempfile.mkdtemp(dir=workdir))
+        ckpt = tempfile.mkdtemp(dir=workdir)
+        query = stream.to_null(checkpoint=ckpt) if start is None else start(stream, ckpt)
         try:
             return _measure(query.query, cfg)
         finally:

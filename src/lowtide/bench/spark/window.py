@@ -7,10 +7,13 @@ count, sum of the decimal, max of the long, min of the string, max of the timest
 Spark: ``withWatermark("ts", "1 second").groupBy("user", "region", window("ts",
 "1 second")).agg(...)`` to the ``noop`` sink (append mode). lowtide: the same columns
 as ``with_column`` steps, ``window("1 second", key=["user", "region"]).agg(...)`` and
-the tracked null sink. Both use the RocksDB state store. Rounds alternate the two; the
-first warms up and is not counted. Throughput is input rows per second of batch time
-after warm-up, CPU rows per CPU second of the whole process tree (see
-:mod:`.measure`); the ratios are lowtide / Spark, median over rounds.
+the tracked null sink. With ``--sink parquet`` both write Parquet files instead (Spark's
+``format("parquet")``, lowtide's ``write_parquet``: its window's results then come from
+the driver, docs/spark.md "Results from the driver"). Both use the RocksDB state
+store. Rounds alternate the two; the first warms up and is not counted. Throughput is
+input rows per second of batch time after warm-up, CPU rows per CPU second of the
+whole process tree (see :mod:`.measure`); the ratios are lowtide / Spark, median over
+rounds.
 """
 
 from __future__ import annotations
@@ -60,8 +63,10 @@ def spark_query(spark: Any, cfg: BenchConfig, checkpoint: str) -> Any:
               .agg(F.count(F.lit(1)).alias("n"), F.sum("amount").alias("total"),
                    F.max("big").alias("top"), F.min("name").alias("first_name"),
                    F.max("ts").alias("last_ts")))
-    return (result.writeStream.outputMode("append").format("noop")
-            .option("checkpointLocation", checkpoint).start())
+    writer = result.writeStream.outputMode("append").option("checkpointLocation", checkpoint)
+    if cfg.sink == "parquet":
+        return writer.format("parquet").option("path", f"{checkpoint}-out").start()
+    return writer.format("noop").start()
 
 
 def run_spark(spark: Any, cfg: BenchConfig, workdir: str) -> Measured:
@@ -78,9 +83,11 @@ def run_lowtide(spark: Any, cfg: BenchConfig, workdir: str) -> Measured:
     stream = stream.window(WINDOW, key=list(KEYS), name="window").agg(
         n="count", total=("amount", "sum"), top=("big", "max"),
         first_name=("name", "min"), last_ts=("ts", "max"))
-    return measure_pipeline(pipe, stream, cfg, workdir)
+    to_files = None if cfg.sink == "null" else (
+        lambda s, ckpt: s.write_parquet(f"{ckpt}-out", checkpoint=ckpt))
+    return measure_pipeline(pipe, stream, cfg, workdir, to_files)
 
 
 def run(cfg: BenchConfig) -> dict[str, Any]:
-    return versus(cfg, "window", ("Spark watermark window", run_spark),
-                  ("lowtide exact window", run_lowtide))
+    return {**versus(cfg, "window", ("Spark watermark window", run_spark),
+                     ("lowtide exact window", run_lowtide)), "sink": cfg.sink}
