@@ -102,7 +102,7 @@ def judged(sink: RangeChecked, t0: int, claimed_ms: int, early: list[str],
         result.premature.append(f"{int(twice.sum())} windows written twice")
     result.lost = len(wrong_ranges(rows, t0, claimed_ms))
     lagging = int((rows["front"] == 3).sum()) if len(rows) else 0
-    result.notes.append(f"{len(rows)} windows ({lagging} of the lagging range), "
+    result.notes.append(f"{len(rows)} windows ({lagging} of the lagging front), "
                         f"{sink.calls - len(sink.batches)} batches written again, "
                         f"{failures} query failures restarted")
     return result
