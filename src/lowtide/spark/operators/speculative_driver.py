@@ -190,7 +190,7 @@ class DriverChangelog:
         it and the output frames (with ``lt_track``), the acks in ``clock``."""
         kept, steps = step_ranges(self.logic, (), state, self._by_range(new), done,
                                   NoParts(), now_ms, self.eager)
-        # a window's ranges keep frames (:class:`.window_finals.WindowFinals`): their keys
+        # a window's ranges keep columns (:class:`.window_finals.WindowFinals`): their keys
         twice = key_in_two_ranges({r: (w, dict.fromkeys(s[KEY_COL])) for r, (w, s)
                                    in kept.items()}) if self.key_ranges else None
         if twice is not None:

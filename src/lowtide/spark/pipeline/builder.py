@@ -262,8 +262,9 @@ class Pipeline:
         :meth:`Stream.to_null`; a path every executor can append to). ``checkpoint``:
         the query's, for windows planned in Spark's JVM (without it they run on
         ``transformWithState``; see docs/spark.md, "How exact windows work").
-        ``changelog_on_driver``: a speculative window as the last step leaves its
-        changelog step to the sink's ``foreachBatch`` (``Built.changelog``)."""
+        ``changelog_on_driver``: a speculative window, or an exact one (not into the
+        null sink), as the last step leaves its driver step to the sink's
+        ``foreachBatch`` (``Built.changelog``)."""
         windows = QueryWindows.of(stream, checkpoint, changelog_on_driver, null_sink)
         if null_sink and not (stream.ends_in_operator() or windows.ends_in_window(stream)):
             raise PipelineShapeError("the null sink acks from the last step: a tracked "
