@@ -1,5 +1,6 @@
 """A speculative window's changelog step on the driver, in the sink's ``foreachBatch``
-(rule 13): Spark aggregates, the driver versions.
+(rule 13): Spark aggregates, the driver versions. An exact window's results come from
+the same step with another logic (:mod:`.window_driver`).
 
 ::
 
@@ -168,10 +169,11 @@ class ChangelogStore:
 
 @dataclass(frozen=True)
 class DriverChangelog:
-    """The changelog step of speculative window ``window`` (its inbound segment) on
-    the driver; ``logic``: a :class:`.speculative_plan.ChangelogLogic` over every key;
-    ``schema``: the changelog's DDL (keys, window, aggregates, changelog columns and
-    ``lt_track``)."""
+    """The driver step of window ``window`` (its inbound segment): ``logic`` is a
+    :class:`.speculative_plan.ChangelogLogic` over every key (a speculative window's
+    changelog) or a :class:`.window_finals.WindowFinals` (an exact window's results,
+    :mod:`.window_driver`); ``schema``: the output's DDL (keys, window, aggregates,
+    the changelog's columns if any, and ``lt_track``)."""
 
     window: str
     logic: Any
