@@ -53,6 +53,14 @@ def _lowtide_jar_settings() -> dict[str, str]:
     return {key: conf[key] for key in keys if key in conf}
 
 
+def _driver_java_options() -> str:
+    """As lowtide's sessions: a deep stack, and the class archive `make setup` wrote."""
+    from lowtide.spark.session import class_archive_file, read_archive_options
+
+    archive = class_archive_file()
+    return "-Xss32m" + (f" {read_archive_options(archive)}" if archive else "")
+
+
 @pytest.fixture(autouse=True)
 def _no_agent_dials_a_dead_tracker() -> Iterator[None]:
     """After each test, close this process's agents whose tracker is gone (a test's
@@ -83,7 +91,7 @@ def spark() -> Iterator[Any]:
         .config("spark.driver.memory", "1g")
         .config("spark.sql.streaming.stopTimeout", "30s")
         .config("spark.python.worker.reuse", "true")
-        .config("spark.driver.extraJavaOptions", "-Xss32m")
+        .config("spark.driver.extraJavaOptions", _driver_java_options())
         # as lowtide's own sessions (SessionConfig.worker_timeout_s): a loaded machine
         .config("spark.python.authenticate.socketTimeout", "120s")
         # as lowtide's local sessions: renames without a `readlink` process each

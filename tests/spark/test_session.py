@@ -104,3 +104,25 @@ def test_without_the_jar_hadoops_file_system_stays(
         conf = SessionConfig().settings()
     assert FS_IMPL not in conf and "spark.jars" not in conf
     assert "make setup" in caplog.text
+
+
+def test_the_driver_starts_from_the_class_archive_setup_wrote(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where `make setup` wrote the class archive, the driver's JVM (only it: executors
+    of a cluster run other jars) maps it, quietly; ``class_archive=False`` or no archive
+    leaves the options as they were; more driver options come after lowtide's."""
+    from lowtide.spark.session import CLASS_ARCHIVE
+
+    folder = _jars(tmp_path / "jars dir", CLASS_ARCHIVE)
+    monkeypatch.setenv("LOWTIDE_JARS", str(folder))
+    archive = f"'-XX:SharedArchiveFile={folder / CLASS_ARCHIVE}'"  # quoted: a space
+    for master in ("local[2]", "spark://head:7077"):
+        conf = SessionConfig(master=master, driver_java_options="-Dx=1").settings()
+        driver = conf["spark.driver.extraJavaOptions"]
+        assert archive in driver and "-Xlog:cds=off" in driver
+        assert driver.startswith("-Xss32m") and driver.endswith("-Dx=1")
+        assert "Archive" not in conf["spark.executor.extraJavaOptions"]
+    off = SessionConfig(class_archive=False).settings()["spark.driver.extraJavaOptions"]
+    (folder / CLASS_ARCHIVE).unlink()
+    absent = SessionConfig().settings()["spark.driver.extraJavaOptions"]
+    assert "Archive" not in off and off == absent

@@ -1,4 +1,5 @@
-"""``lowtide demo``, ``lowtide spark demo`` and ``lowtide spark status``."""
+"""``lowtide demo``, ``lowtide spark demo``, ``lowtide spark status`` and
+``lowtide spark class-archive``."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ PROG = "lowtide spark status"
 
 
 def register(subparsers: Any, bench_subparsers: Any) -> None:
-    from lowtide.apps import demo, progress_demo
+    from lowtide.apps import class_archive, demo, progress_demo
 
     top = subparsers.add_parser(
         "demo", help="exact windows vs a withWatermark query, live view, then JSON"
@@ -23,6 +24,9 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     sub = spark.add_subparsers(dest="spark_command", metavar="COMMAND")
     progress_demo.add_arguments(
         sub.add_parser("demo", help="run a tracked generator pipeline and show progress"))
+
+    class_archive.add_arguments(sub.add_parser(
+        "class-archive", help="write the driver JVM's class archive (make setup runs it)"))
 
     status = sub.add_parser("status", help="segments, lag, rows/s, stalled fronts, losses")
     status.add_argument("--url", default="tcp://127.0.0.1:7433")

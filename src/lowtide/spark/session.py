@@ -13,6 +13,10 @@ so ``setLogLevel`` after ``getOrCreate`` comes too late for the start-up warning
 and executors' JVMs with ``-Dlog4j2.configurationFile``, quiets py4j's Python logger
 and Python warnings in the workers, and mutes what Spark's Python runners print
 through the JVM's stderr (:mod:`lowtide.spark.quiet`).
+
+A session starts sooner from the class archive ``make setup`` writes
+(:data:`CLASS_ARCHIVE`, :mod:`lowtide.apps.class_archive`): the driver's JVM maps the
+classes a training run loaded instead of loading and verifying each from its jar.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import shlex
 import sys
 import tempfile
 import threading
@@ -35,8 +40,9 @@ from lowtide.spark.quiet import (
     mute_reported_errors,
 )
 
-__all__ = ["QUIET_LOG4J2", "JarsMissing", "SessionConfig", "driver_loads_fs", "fs_jar",
-           "jars_dir", "prewarm", "quiet_log4j2_file", "session_jars"]
+__all__ = ["QUIET_LOG4J2", "JarsMissing", "SessionConfig", "class_archive_file",
+           "driver_loads_fs", "fs_jar", "jars_dir", "prewarm", "quiet_log4j2_file",
+           "read_archive_options", "session_jars", "write_archive_options"]
 
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 # Spark's default checkpoint manager goes through Hadoop's FileContext, whose local file
@@ -51,6 +57,11 @@ FS_CHECKPOINTS = ("org.apache.spark.sql.execution.streaming.checkpointing."
 FS_NO_FORK = "dev.lowtide.hadoop.NoForkLocalFileSystem"
 FS_JAR = "lowtide-fs.jar"
 FS_IMPL = "spark.hadoop.fs.file.impl"
+#: the driver JVM's class archive (Java's AppCDS), beside the jars ``make setup`` fetched
+CLASS_ARCHIVE = "lowtide-classes.jsa"
+#: the JVM says nothing about its archive: a stale one (other jars, another JDK) is
+#: skipped, the session starts as it would without
+_QUIET_CDS = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 JARS_ENV = "LOWTIDE_JARS"
 # Pinned in jars/spark/pom.xml; the names a user passes to --packages on a cluster.
 KAFKA_PACKAGE = "org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0"
@@ -166,6 +177,22 @@ def _add_fs_jar(out: dict[str, str], jar: Path, master: str | None) -> None:
         out[key] = sep.join(filter(None, (out.get(key), str(jar))))
 
 
+def class_archive_file(folder: Path | None = None) -> Path | None:
+    """The class archive ``make setup`` wrote, or None."""
+    path = (folder or jars_dir()) / CLASS_ARCHIVE
+    return path if path.is_file() else None
+
+
+def read_archive_options(archive: Path) -> str:
+    """Driver JVM options that map the classes in ``archive``."""
+    return f"{shlex.quote(f'-XX:SharedArchiveFile={archive}')} -Xshare:auto {_QUIET_CDS}"
+
+
+def write_archive_options(archive: Path) -> str:
+    """Driver JVM options that write the classes it loaded to ``archive`` as it exits."""
+    return f"{shlex.quote(f'-XX:ArchiveClassesAtExit={archive}')} {_QUIET_CDS}"
+
+
 def driver_loads_fs() -> bool:
     """Whether the driver's JVM will load :data:`FS_NO_FORK`: yes if the build starts
     it (the jar goes on its class path); a JVM already up (spark-submit's, a stopped
@@ -197,6 +224,11 @@ class SessionConfig:
     #: Python workers forked from :mod:`lowtide.spark.worker_daemon`, which imported
     #: pyarrow, pandas and lowtide's task modules once (each worker would import them)
     warm_daemon: bool = True
+    #: the driver's JVM starts from :data:`CLASS_ARCHIVE` where ``make setup`` wrote it
+    #: (about 2 s sooner on 2 cores; BENCHMARKS.md, "Start-up")
+    class_archive: bool = True
+    #: more options for the driver's JVM, after lowtide's
+    driver_java_options: str = ""
     #: how long a Python worker may take to authenticate once it connected back
     #: (``spark.python.authenticate.socketTimeout``, Spark's default 15 s): long enough
     #: for a loaded machine; Spark 4.2's 10 s for a worker to connect back is fixed
@@ -225,7 +257,10 @@ class SessionConfig:
             java += f" -Dlog4j2.configurationFile=file:{quiet_log4j2_file()}"
             out["spark.executor.extraJavaOptions"] = java
             out["spark.executorEnv.PYTHONWARNINGS"] = "ignore"
-        out["spark.driver.extraJavaOptions"] = java
+        archive = class_archive_file() if self.class_archive else None
+        driver = [java, read_archive_options(archive) if archive else "",
+                  self.driver_java_options]
+        out["spark.driver.extraJavaOptions"] = " ".join(filter(None, driver))
         if self.driver_memory:
             out["spark.driver.memory"] = self.driver_memory
         if (self.master or "").startswith("local"):  # checkpoints on the local disk

@@ -1,0 +1,53 @@
+"""`lowtide spark class-archive` (what `make setup` runs) writes the driver JVM's class
+archive, and a session started afterwards loads its classes from it: thousands of
+classes come from the archive ("shared objects file (top)" in the JVM's class log),
+none without it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lowtide.spark.session import CLASS_ARCHIVE, FS_JAR, jars_dir
+
+pytestmark = pytest.mark.spark
+
+SESSION = """
+import sys
+from lowtide.spark import SessionConfig
+spark = SessionConfig(ui=False, driver_java_options=f"-Xlog:class+load=info:file={sys.argv[1]}")
+print(spark.build().range(3).count())
+"""
+FROM_ARCHIVE = "shared objects file (top)"
+
+
+def _classes_from_archive(env: dict[str, str], log: Path) -> int:
+    done = subprocess.run([sys.executable, "-c", SESSION, str(log)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "3", done.stderr[-2000:]
+    assert "cds" not in done.stderr  # a session says nothing about its archive
+    return sum(FROM_ARCHIVE in line for line in log.read_text().splitlines())
+
+
+@pytest.mark.slow  # ~60 s: a training run of the demo's queries, then a session
+def test_a_session_starts_from_the_archive_setup_wrote(tmp_path: Path) -> None:
+    fs_jar = jars_dir() / FS_JAR
+    if not fs_jar.is_file():
+        pytest.skip("run `make setup`: the class path holds lowtide's file system jar")
+    folder = tmp_path / "jars"
+    folder.mkdir()
+    (folder / FS_JAR).symlink_to(fs_jar)
+    env = {**os.environ, "LOWTIDE_JARS": str(folder)}
+    assert _classes_from_archive(env, tmp_path / "before.log") == 0
+
+    done = subprocess.run([sys.executable, "-m", "lowtide.cli", "spark", "class-archive"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 2 and lines[-1].startswith(f"lowtide: wrote {folder / CLASS_ARCHIVE}")
+    assert not done.stderr.strip()
+    assert _classes_from_archive(env, tmp_path / "after.log") > 5_000
