@@ -6,7 +6,7 @@ starts and plans its first query: most of the 5 s a session takes on 2 cores, an
 of each first micro-batch. This command runs the demo's two queries (lowtide's exact
 window, Spark's watermark window) for a few micro-batches in a JVM started with
 ``-XX:ArchiveClassesAtExit``; the JVM writes every class it loaded to
-:data:`~lowtide.spark.session.CLASS_ARCHIVE` as it exits, and
+``jars/spark/lib/lowtide-classes.jsa`` (:func:`~lowtide.spark.class_archive_path`) as it exits, and
 :class:`~lowtide.spark.SessionConfig` maps it into each later driver
 (``-XX:SharedArchiveFile``). The archive holds what this JDK and these jars gave: run it
 again after either changes (``make setup`` does); a stale archive is skipped by the
@@ -35,13 +35,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from lowtide.spark.session import CLASS_ARCHIVE, jars_dir
+    from lowtide.spark import class_archive_path
 
-    target = jars_dir() / CLASS_ARCHIVE
+    target = class_archive_path()
     if not target.parent.is_dir():
         print(f"lowtide: no jars folder at {target.parent}: run `make setup` first")
         return 1
-    partial = target.with_name(f".{CLASS_ARCHIVE}.{os.getpid()}")
+    partial = target.with_name(f".{target.name}.{os.getpid()}")
     print("lowtide: writing the driver JVM's class archive from a short run of the "
           "demo's queries (about 40 s) ...", flush=True)
     started = time.monotonic()
@@ -66,8 +66,7 @@ def _train(master: str, archive: Path) -> None:
     from lowtide.apps import demo
     from lowtide.apps.startup import prepare
     from lowtide.service import wall_ms
-    from lowtide.spark import SessionConfig
-    from lowtide.spark.session import write_archive_options
+    from lowtide.spark import SessionConfig, write_archive_options
 
     spark = SessionConfig(master=master, app_name="lowtide-class-archive", class_archive=False,
                           driver_java_options=write_archive_options(archive)).build()

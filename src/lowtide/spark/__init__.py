@@ -19,9 +19,11 @@ __all__ = [
     "SessionConfig",
     "Stream",
     "TrackedQuery",
+    "class_archive_path",
     "complete_below",
     "read_complete",
     "stop_between_batches",
+    "write_archive_options",
 ]
 
 __getattr__ = lazy_exports(__name__, {
@@ -33,7 +35,9 @@ __getattr__ = lazy_exports(__name__, {
     "SessionConfig": "lowtide.spark.session",
     "Stream": "lowtide.spark.pipeline.stream",
     "TrackedQuery": "lowtide.spark.pipeline.query",
+    "class_archive_path": "lowtide.spark.session",
     "complete_below": "lowtide.spark.sinks.completeness",
     "read_complete": "lowtide.spark.sinks.cuts",
     "stop_between_batches": "lowtide.spark.pipeline.query",
+    "write_archive_options": "lowtide.spark.session",
 })

@@ -41,6 +41,7 @@ from lowtide.spark.quiet import (
 )
 
 __all__ = ["QUIET_LOG4J2", "JarsMissing", "SessionConfig", "class_archive_file",
+           "class_archive_path",
            "driver_loads_fs", "fs_jar", "jars_dir", "prewarm", "quiet_log4j2_file",
            "read_archive_options", "session_jars", "write_archive_options"]
 
@@ -177,9 +178,14 @@ def _add_fs_jar(out: dict[str, str], jar: Path, master: str | None) -> None:
         out[key] = sep.join(filter(None, (out.get(key), str(jar))))
 
 
+def class_archive_path(folder: Path | None = None) -> Path:
+    """Where ``make setup`` writes the driver JVM's class archive."""
+    return (folder or jars_dir()) / CLASS_ARCHIVE
+
+
 def class_archive_file(folder: Path | None = None) -> Path | None:
     """The class archive ``make setup`` wrote, or None."""
-    path = (folder or jars_dir()) / CLASS_ARCHIVE
+    path = class_archive_path(folder)
     return path if path.is_file() else None
 
 
