@@ -1,7 +1,7 @@
 """``lowtide spark class-archive``: write the driver JVM's class archive (Java's AppCDS)
 that every later session starts from (``make setup`` runs it).
 
-A session's driver JVM loads and verifies some 15,000 classes from Spark's jars while it
+A session's driver JVM loads and verifies some 17,000 classes from Spark's jars while it
 starts and plans its first query: most of the 5 s a session takes on 2 cores, and part
 of each first micro-batch. This command runs the demo's two queries (lowtide's exact
 window, Spark's watermark window) for a few micro-batches in a JVM started with
