@@ -51,3 +51,20 @@ def test_a_session_starts_from_the_archive_setup_wrote(tmp_path: Path) -> None:
     assert len(lines) == 2 and lines[-1].startswith(f"lowtide: wrote {folder / CLASS_ARCHIVE}")
     assert not done.stderr.strip()
     assert _classes_from_archive(env, tmp_path / "after.log") > 5_000
+
+
+@pytest.mark.slow  # ~30 s: the training query fails, `make setup` goes on
+def test_a_failed_training_run_writes_nothing_and_lets_setup_go_on(tmp_path: Path) -> None:
+    broken = tmp_path / "python"
+    broken.write_text("#!/bin/sh\nexit 3\n")
+    broken.chmod(0o755)
+    folder = tmp_path / "jars"
+    folder.mkdir()
+    env = {**os.environ, "LOWTIDE_JARS": str(folder), "PYSPARK_PYTHON": str(broken)}
+    done = subprocess.run([sys.executable, "-m", "lowtide.cli", "spark", "class-archive"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    lines = done.stdout.strip().splitlines()
+    assert done.returncode == 0 and not done.stderr.strip(), done.stderr[-2000:]
+    assert len(lines) == 2 and lines[-1].startswith("lowtide: no class archive written (")
+    assert lines[-1].endswith("sessions start without one")
+    assert list(folder.iterdir()) == []
