@@ -25,7 +25,7 @@ from typing import Any
 
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
-from lowtide.spark.pipeline.progress_delivery import ProgressPublisher, figure_column
+from lowtide.spark.pipeline.progress_delivery import ProgressPublisher, figure_columns
 from lowtide.spark.pipeline.status import PipelineStatus
 from lowtide.spark.tracking.transport import TrackerRef
 
@@ -75,10 +75,10 @@ class ProgressMetrics:
         """``df`` with lowtide's figures as its observed metrics ``name`` (a string,
         or a ``pyspark.sql.Observation`` for a batch DataFrame); ``build(pipeline)
         .start()`` the publisher that feeds them (a :class:`TrackedQuery` does)."""
-        spark = df.sparkSession
-        late = figure_column(self, spark, "late")
-        return df.observe(name, *[figure_column(self, spark, f).try_cast("long").alias(f)
-                                  for f in self.figures()[:-1]], late.alias("late"))
+        *numbers, late = self.figures()
+        *columns, late_column = figure_columns(self, df.sparkSession, (*numbers, late))
+        longs = [c.try_cast("long").alias(f) for c, f in zip(columns, numbers, strict=True)]
+        return df.observe(name, *longs, late_column.alias(late))
 
     def values(self, status: PipelineStatus) -> dict[str, Any]:
         """The figures of a tracker status (a figure it lacks is left out); ``late``:

@@ -2,7 +2,7 @@
 (:class:`~lowtide.spark.pipeline.monitoring.ProgressMetrics`): a driver thread copies
 them into a map in the driver's JVM (:class:`ProgressPublisher`), and each metric reads
 its figure from that map where Spark computes the metrics: on the driver
-(:func:`figure_column`).
+(:func:`figure_columns`).
 
 Spark evaluates an observation's aggregates in the tasks, row by row, but the
 expressions over them (and a metric without any aggregate is one) on the driver only,
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from lowtide.spark.operators.window_plan import session_confs
@@ -48,10 +49,11 @@ def figures_map(metrics: ProgressMetrics, spark: Any) -> Any:
         return _maps[key]
 
 
-def figure_column(metrics: ProgressMetrics, spark: Any, figure: str) -> Any:
-    """A string column of ``figure``'s latest text (null: not published yet), read
+def figure_columns(metrics: ProgressMetrics, spark: Any, figures: Iterable[str]) -> list[Any]:
+    """A string column per figure: its latest text (null: not published yet), read
     from :func:`figures_map` where it is evaluated (outside an aggregate: on the
-    driver)."""
+    driver). One UDF serves them all: each is some 30 Py4J calls to make, which a
+    query's start waits for."""
     from pyspark.sql import functions as F
     from pyspark.sql.classic.column import Column, _to_seq
 
@@ -61,7 +63,7 @@ def figure_column(metrics: ProgressMetrics, spark: Any, figure: str) -> Any:
     with session_confs(spark, ((UNTYPED_UDF, "true"),)):
         udf = jvm.org.apache.spark.sql.functions.udf(
             lookup, jvm.org.apache.spark.sql.types.DataTypes.StringType)
-    return Column(udf.apply(_to_seq(spark.sparkContext, [F.lit(figure)._jc])))
+    return [Column(udf.apply(_to_seq(spark.sparkContext, [F.lit(f)._jc]))) for f in figures]
 
 
 class ProgressPublisher:
