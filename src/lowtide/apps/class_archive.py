@@ -6,8 +6,8 @@ starts and plans its first query: most of the 5 s a session takes on 2 cores, an
 of each first micro-batch. This command runs the demo's two queries (lowtide's exact
 window, Spark's watermark window) for a few micro-batches in a JVM started with
 ``-XX:ArchiveClassesAtExit``; the JVM writes every class it loaded to
-``jars/spark/lib/lowtide-classes.jsa`` (:func:`~lowtide.spark.class_archive_path`) as it exits, and
-:class:`~lowtide.spark.SessionConfig` maps it into each later driver
+``jars/spark/lib/lowtide-classes.jsa`` (:func:`~lowtide.spark.class_archive_path`) as
+it exits, and :class:`~lowtide.spark.SessionConfig` maps it into each later driver
 (``-XX:SharedArchiveFile``). The archive holds what this JDK and these jars gave: run it
 again after either changes (``make setup`` does); a stale archive is skipped by the
 JVM, never wrong.
@@ -46,7 +46,8 @@ def main(args: argparse.Namespace) -> int:
     started = time.monotonic()
     try:
         _train(partial)
-        if partial.is_file():
+        written = partial.is_file()
+        if written:
             partial.replace(target)
     except Exception as err:  # the archive only makes sessions start sooner: go on
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
@@ -54,7 +55,7 @@ def main(args: argparse.Namespace) -> int:
         return 0
     finally:
         partial.unlink(missing_ok=True)
-    if not target.is_file():
+    if not written:
         print("lowtide: this JVM wrote no class archive; sessions start without one")
         return 0
     print(f"lowtide: wrote {target} ({target.stat().st_size / 1e6:.0f} MB) in "

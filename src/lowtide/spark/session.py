@@ -41,9 +41,9 @@ from lowtide.spark.quiet import (
 )
 
 __all__ = ["QUIET_LOG4J2", "JarsMissing", "SessionConfig", "class_archive_file",
-           "class_archive_path",
-           "driver_loads_fs", "fs_jar", "jars_dir", "prewarm", "quiet_log4j2_file",
-           "read_archive_options", "session_jars", "write_archive_options"]
+           "class_archive_path", "driver_loads_fs", "fs_jar", "jars_dir", "prewarm",
+           "quiet_log4j2_file", "read_archive_options", "session_jars",
+           "write_archive_options"]
 
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 # Spark's default checkpoint manager goes through Hadoop's FileContext, whose local file
