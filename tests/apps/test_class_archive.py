@@ -1,7 +1,7 @@
 """`lowtide spark class-archive` (what `make setup` runs) writes the driver JVM's class
 archive, and a session started afterwards loads its classes from it: thousands of
 classes come from the archive ("shared objects file (top)" in the JVM's class log),
-none without it."""
+none without it, none from a damaged one (which the JVM skips without a word)."""
 
 from __future__ import annotations
 
@@ -68,3 +68,17 @@ def test_a_failed_training_run_writes_nothing_and_lets_setup_go_on(tmp_path: Pat
     assert len(lines) == 2 and lines[-1].startswith("lowtide: no class archive written (")
     assert lines[-1].endswith("sessions start without one")
     assert list(folder.iterdir()) == []
+
+
+def test_a_damaged_archive_is_skipped_silently(tmp_path: Path) -> None:
+    """An archive of other jars, another JDK or cut short: the JVM maps none of it,
+    says nothing, and the session runs as it would without one."""
+    fs_jar = jars_dir() / FS_JAR
+    if not fs_jar.is_file():
+        pytest.skip("run `make setup`: the class path holds lowtide's file system jar")
+    folder = tmp_path / "jars"
+    folder.mkdir()
+    (folder / FS_JAR).symlink_to(fs_jar)
+    (folder / CLASS_ARCHIVE).write_bytes(os.urandom(1 << 20))
+    env = {**os.environ, "LOWTIDE_JARS": str(folder)}
+    assert _classes_from_archive(env, tmp_path / "damaged.log") == 0
