@@ -66,9 +66,16 @@ def test_the_daemon_hands_over_to_pysparks_daemon() -> None:
 
 
 def test_sessions_name_the_daemon_unless_told_not_to() -> None:
-    assert (SessionConfig().settings()["spark.python.daemon.module"]
-            == "lowtide.spark.worker_daemon")
-    assert "spark.python.daemon.module" not in SessionConfig(warm_daemon=False).settings()
+    """Local masters fork warm workers; a cluster's executors may not have lowtide
+    installed (only the job's ``--py-files``, added after the daemon starts), so
+    only ``warm_daemon=True`` names it there."""
+    key, daemon = "spark.python.daemon.module", "lowtide.spark.worker_daemon"
+    for master in ("local[2]", "local-cluster[2,1,1024]"):
+        assert SessionConfig(master=master).settings()[key] == daemon
+    for master in (None, "spark://head:7077"):
+        assert key not in SessionConfig(master=master).settings()
+        assert SessionConfig(master=master, warm_daemon=True).settings()[key] == daemon
+    assert key not in SessionConfig(warm_daemon=False).settings()
 
 
 def _worker_facts(batches):  # runs in a Spark Python worker

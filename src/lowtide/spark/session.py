@@ -228,8 +228,11 @@ class SessionConfig:
     #: Python workers to start in the background once the session is up (:func:`prewarm`)
     prewarm_workers: int = 0
     #: Python workers forked from :mod:`lowtide.spark.worker_daemon`, which imported
-    #: pyarrow, pandas and lowtide's task modules once (each worker would import them)
-    warm_daemon: bool = True
+    #: pyarrow, pandas and lowtide's task modules once (each worker would import them).
+    #: None: on a local master only, whose workers run this interpreter; elsewhere the
+    #: executors' Python must import lowtide before a task adds ``--py-files``, so a
+    #: cluster with lowtide installed on every node says True
+    warm_daemon: bool | None = None
     #: the driver's JVM starts from :data:`CLASS_ARCHIVE` where ``make setup`` wrote it
     #: (about 2 s sooner on 2 cores; BENCHMARKS.md, "Start-up")
     class_archive: bool = True
@@ -257,7 +260,8 @@ class SessionConfig:
             "spark.python.worker.reuse": "true",
             "spark.python.authenticate.socketTimeout": f"{self.worker_timeout_s}s",
         }
-        if self.warm_daemon:
+        local = (self.master or "").startswith("local")
+        if self.warm_daemon or (self.warm_daemon is None and local):
             out["spark.python.daemon.module"] = "lowtide.spark.worker_daemon"
         if self.quiet:
             java += f" -Dlog4j2.configurationFile=file:{quiet_log4j2_file()}"
@@ -269,7 +273,7 @@ class SessionConfig:
         out["spark.driver.extraJavaOptions"] = " ".join(filter(None, driver))
         if self.driver_memory:
             out["spark.driver.memory"] = self.driver_memory
-        if (self.master or "").startswith("local"):  # checkpoints on the local disk
+        if local:  # checkpoints on the local disk
             out["spark.sql.streaming.checkpointFileManagerClass"] = FS_CHECKPOINTS
         jars = session_jars(kafka=self.kafka, delta=self.delta)
         if jars:
