@@ -54,11 +54,11 @@ def _lowtide_jar_settings() -> dict[str, str]:
 
 
 def _driver_java_options() -> str:
-    """As lowtide's sessions: a deep stack, and the class archive `make setup` wrote."""
-    from lowtide.spark.session import class_archive_file, read_archive_options
+    """As lowtide's sessions (a deep stack, the class archive `make setup` wrote), with
+    Spark's own log configuration: the suite sets its level itself."""
+    from lowtide.spark.session import SessionConfig
 
-    archive = class_archive_file()
-    return "-Xss32m" + (f" {read_archive_options(archive)}" if archive else "")
+    return str(SessionConfig(quiet=False).settings(fs=False)["spark.driver.extraJavaOptions"])
 
 
 @pytest.fixture(autouse=True)

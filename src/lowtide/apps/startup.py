@@ -29,10 +29,11 @@ def _import_all(names: tuple[str, ...]) -> None:
 def make_session(master: str, app: str, prewarm_workers: int = 0) -> Any:
     """The demos' session; the driver's modules are imported meanwhile (this process
     mostly waits while the JVM starts)."""
-    import pyspark.sql  # noqa: F401  before the thread: two threads importing pyspark's
+    # before the thread: two threads importing pyspark's package at once can see it
+    # half initialised (a circular ImportError)
+    import pyspark.sql  # noqa: F401
 
     from lowtide.spark import SessionConfig
-    # package at once can see it half initialised (a circular ImportError)
 
     importing = threading.Thread(target=_import_all, args=(DRIVER_MODULES,),
                                  name="lowtide-imports", daemon=True)

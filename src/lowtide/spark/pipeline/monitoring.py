@@ -75,8 +75,8 @@ class ProgressMetrics:
         """``df`` with lowtide's figures as its observed metrics ``name`` (a string,
         or a ``pyspark.sql.Observation`` for a batch DataFrame); ``build(pipeline)
         .start()`` the publisher that feeds them (a :class:`TrackedQuery` does)."""
-        *numbers, late = self.figures()
-        *columns, late_column = figure_columns(self, df.sparkSession, (*numbers, late))
+        *numbers, late = figures = self.figures()
+        *columns, late_column = figure_columns(self, df.sparkSession, figures)
         longs = [c.try_cast("long").alias(f) for c, f in zip(columns, numbers, strict=True)]
         return df.observe(name, *longs, late_column.alias(late))
 
