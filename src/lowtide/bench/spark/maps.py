@@ -291,6 +291,7 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
         "rows_per_cpu_s_tracked": tr.get("rows_per_cpu_s", float("nan")),
         "rows_per_cpu_s_untracked": round(un.cpu_rate(), 1),
         "cpu_ratio": tr.get("cpu_ratio", float("nan")),
+        "cpu_ratio_without_jit": tr.get("cpu_ratio_without_jit", float("nan")),
         "rows_per_s_tracked": tr.get("rows_per_s", float("nan")),
         "rows_per_s_untracked": round(un.rate(), 1),
         "notify_p50_ms": round(p50, 2),

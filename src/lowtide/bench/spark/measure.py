@@ -69,7 +69,12 @@ def _spec(cfg: BenchConfig) -> GeneratorSpec:
 
 
 #: what :func:`cpu_by_process` splits a run's CPU into
-PROCESSES = ("driver", "JVM tasks", "JVM other", "Python workers")
+PROCESSES = ("driver", "JVM tasks", "JVM compiler", "JVM other", "Python workers")
+#: a JVM's threads by the name the kernel keeps (15 characters): its tasks, and its JIT
+#: compiler with the code cache's sweeper (a large share of a short run's CPU, and of
+#: what a bigger plan costs per micro-batch: BENCHMARKS.md, 2026-11-28)
+TASK_THREADS = ("Executor task",)
+COMPILER_THREADS = ("C1 CompilerThre", "C2 CompilerThre", "Sweeper thread")
 
 
 def _stat(path: str) -> tuple[str, list[str]] | None:
@@ -90,9 +95,9 @@ def cpu_by_process() -> dict[str, float]:
     """CPU time (user + system) of this process (the driver's Python, the embedded
     tracker) and all its descendants, by :data:`PROCESSES`: a JVM's task threads
     (``Executor task launch worker``: in local mode the tasks run in the driver's JVM)
-    apart from its other threads (planning, scheduling, listeners), every other
-    descendant as a Python worker. A cost measure that other load on the machine
-    does not inflate."""
+    and its JIT compiler apart from its other threads (planning, scheduling,
+    listeners, GC), every other descendant as a Python worker. A cost measure that
+    other load on the machine does not inflate."""
     tick = os.sysconf("SC_CLK_TCK")
     procs: dict[int, tuple[int, str, float]] = {}  # pid -> (parent, name, cpu s)
     for entry in os.listdir("/proc"):
@@ -113,23 +118,29 @@ def cpu_by_process() -> dict[str, float]:
         if pid == me:
             out["driver"] += cpu
         elif name == "java" and mine(pid):
-            tasks = _task_threads_s(pid, tick)
+            tasks, compiler = _jvm_threads_s(pid, tick)
             out["JVM tasks"] += tasks
-            out["JVM other"] += cpu - tasks
+            out["JVM compiler"] += compiler
+            out["JVM other"] += cpu - tasks - compiler
         elif mine(pid):
             out["Python workers"] += cpu
     return out
 
 
-def _task_threads_s(pid: int, tick: int) -> float:
-    """CPU time of a JVM's task threads (their names start ``Executor task``)."""
-    total = 0.0
+def _jvm_threads_s(pid: int, tick: int) -> tuple[float, float]:
+    """CPU time of a JVM's task threads and of its compiler threads
+    (:data:`TASK_THREADS`, :data:`COMPILER_THREADS`)."""
+    tasks = compiler = 0.0
     with contextlib.suppress(OSError):
         for tid in os.listdir(f"/proc/{pid}/task"):
             stat = _stat(f"/proc/{pid}/task/{tid}/stat")
-            if stat is not None and stat[0].startswith("Executor task"):
-                total += _cpu_s(stat[1], tick)
-    return total
+            if stat is None:
+                continue
+            if stat[0].startswith(TASK_THREADS):
+                tasks += _cpu_s(stat[1], tick)
+            elif stat[0].startswith(COMPILER_THREADS):
+                compiler += _cpu_s(stat[1], tick)
+    return tasks, compiler
 
 
 def cpu_seconds() -> float:
@@ -238,6 +249,19 @@ class _ByProcess:
     def us_per_row(self) -> dict[str, float]:
         return {k: round(v * 1e6 / max(self.rows, 1.0), 3) for k, v in self.cpu_s.items()}
 
+    def rows_per_cpu_s_without_jit(self) -> float:
+        """Rows per CPU second of everything but the JVM's compiler threads."""
+        return self.rows / max(sum(self.cpu_s.values()) - self.cpu_s["JVM compiler"], 1e-9)
+
+
+def without_jit_ratio(side: _ByProcess, base: _ByProcess) -> float:
+    """``side``'s CPU ratio to ``base`` leaving out the JIT compiler: both run in one
+    JVM, and it compiles what either side warmed whenever it gets to it, whichever
+    run that is (1.3 against 0.7 us per row in two runs of a minute)."""
+    if not base.rows or not side.rows:
+        return float("nan")
+    return round(side.rows_per_cpu_s_without_jit() / base.rows_per_cpu_s_without_jit(), 4)
+
 
 @dataclass
 class _Tally:
@@ -282,6 +306,7 @@ def _summary(t: _Tally, base: _Tally) -> dict[str, Any]:
         "round_ratios": [round(r, 3) for r in t.ratios],
         "cpu_ratio": round(t.cpu_rate() / base.cpu_rate(), 4) if base.cpu_s else float("nan"),
         "round_cpu_ratios": [round(r, 3) for r in t.cpu_ratios],
+        "cpu_ratio_without_jit": without_jit_ratio(t.by_process, base.by_process),
         "rows_per_s": round(t.rate(), 1),
         "rows_per_cpu_s": round(t.cpu_rate(), 1),
         "us_per_row_by_process": t.by_process.us_per_row(),
@@ -370,6 +395,7 @@ def versus(cfg: BenchConfig, shape: str, spark_side: tuple[str, Runner],
         "cpu_ratio": round(float(np.median(ratios[:, 1])), 4),
         "round_ratios": [round(float(x), 3) for x in ratios[:, 0]],
         "round_cpu_ratios": [round(float(x), 3) for x in ratios[:, 1]],
+        "cpu_ratio_without_jit": without_jit_ratio(by_process["lowtide"], by_process["spark"]),
         "rows_per_s_lowtide": round(float(lt[:, 0].mean()), 1),
         "rows_per_s_spark": round(float(sp[:, 0].mean()), 1),
         "rows_per_cpu_s_lowtide": round(float(lt[:, 1].mean()), 1),
@@ -396,7 +422,9 @@ def report_versus(result: dict[str, Any]) -> None:
     print(f"lowtide / Spark: throughput {result['throughput_ratio']:.3f} (rounds "
           f"{result['round_ratios']}), CPU {result['cpu_ratio']:.3f} (rounds "
           f"{result['round_cpu_ratios']}); medians over the counted rounds, each run "
-          f"at least {result.get('min_batches', 1)} micro-batches after warm-up")
+          f"at least {result.get('min_batches', 1)} micro-batches after warm-up; CPU "
+          f"without the JIT compiler {result.get('cpu_ratio_without_jit', float('nan')):.3f}"
+          " (over the counted rounds)")
     by = result.get("us_per_row_by_process")
     if by:
         print(f"{'CPU us per input row':<{width}} " + " ".join(f"{k:>14}" for k in PROCESSES))
