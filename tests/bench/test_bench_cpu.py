@@ -58,7 +58,7 @@ def test_a_jvms_compiler_threads_are_counted_apart_from_its_tasks() -> None:
         ready = threading.Event()
         threads.append(threading.Thread(target=burn, args=(name, ready, stop)))
         threads[-1].start()
-        ready.wait(10)
+        assert ready.wait(10), f"thread {name!r} did not start"
     try:
         deadline = time.monotonic() + 60
         while min(a - b for a, b in zip(_jvm_threads_s(os.getpid(), tick), before,
