@@ -1,6 +1,6 @@
 """A Spark bench's CPU per process: this process is the driver, its other descendants
 count as Python workers (JVMs are split into task threads, compiler threads and the
-rest), measured on real processes."""
+rest), measured on real processes; processes and threads that end inside a run."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from lowtide.bench.spark.measure import PROCESSES, cpu_by_process, cpu_seconds
+from lowtide.bench.spark.cpu import PROCESSES, CpuSample, cpu_by_process, cpu_seconds
 
 BUSY = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass\n" \
        "time.sleep(30)"
@@ -16,20 +16,20 @@ BUSY = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.
 
 def test_a_child_counts_as_a_worker_and_this_process_as_the_driver() -> None:
     before = cpu_by_process()
-    assert set(before) == set(PROCESSES)
+    assert set(before.totals) == set(PROCESSES)
     child = subprocess.Popen([sys.executable, "-c", BUSY])
     try:
         t = time.process_time()
         while time.process_time() - t < 0.2:  # the driver's own share
             pass
         deadline = time.monotonic() + 60
-        while cpu_by_process()["Python workers"] - before["Python workers"] < 0.35:
+        while cpu_by_process().since(before)["Python workers"] < 0.35:
             assert time.monotonic() < deadline, "the busy child's CPU was not counted"
             time.sleep(0.05)
-        after = cpu_by_process()
-        assert after["driver"] - before["driver"] >= 0.15
-        assert after["JVM tasks"] == before["JVM tasks"]  # no JVM here
-        assert abs(cpu_seconds() - sum(cpu_by_process().values())) < 0.05
+        after = cpu_by_process().since(before)
+        assert after["driver"] >= 0.15
+        assert after["JVM tasks"] == 0.0  # no JVM here
+        assert abs(cpu_seconds() - cpu_by_process().total_s()) < 0.05
     finally:
         child.kill()
         child.wait()
@@ -41,7 +41,7 @@ def test_a_jvms_compiler_threads_are_counted_apart_from_its_tasks() -> None:
     import os
     import threading
 
-    from lowtide.bench.spark.measure import _jvm_threads_s
+    from lowtide.bench.spark.cpu import jvm_threads
 
     def burn(name: str, ready: threading.Event, stop: threading.Event) -> None:
         with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as f:
@@ -51,7 +51,13 @@ def test_a_jvms_compiler_threads_are_counted_apart_from_its_tasks() -> None:
             sum(range(1000))
 
     tick = os.sysconf("SC_CLK_TCK")
-    before = _jvm_threads_s(os.getpid(), tick)
+
+    def by_kind() -> tuple[float, float]:
+        threads = jvm_threads(os.getpid(), tick).values()
+        return (sum(c for k, c in threads if k == "compiler"),
+                sum(c for k, c in threads if k == "task"))
+
+    before = by_kind()
     stop = threading.Event()
     threads = []
     for name in ("C2 CompilerThre", "Executor task l"):
@@ -61,14 +67,54 @@ def test_a_jvms_compiler_threads_are_counted_apart_from_its_tasks() -> None:
         assert ready.wait(10), f"thread {name!r} did not start"
     try:
         deadline = time.monotonic() + 60
-        while min(a - b for a, b in zip(_jvm_threads_s(os.getpid(), tick), before,
-                                        strict=True)) < 0.1:
+        while min(a - b for a, b in zip(by_kind(), before, strict=True)) < 0.1:
             assert time.monotonic() < deadline, "the named threads' CPU was not counted"
             time.sleep(0.05)
     finally:
         stop.set()
         for t in threads:
             t.join()
+
+
+def test_a_worker_that_ends_inside_a_run_counts_what_it_spent_in_it() -> None:
+    """PySpark stops a Python worker idle for a minute: one that ends between the two
+    samples of a run still counts (its parent reaped it), and what it spent before the
+    run is not taken off the run's CPU."""
+    burn = ("import sys, time\n"
+            "def burn(s):\n t = time.process_time()\n"
+            " while time.process_time() - t < s: pass\n"
+            "burn(0.4); print('ready', flush=True); sys.stdin.readline(); burn(0.3)")
+    child = subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        before = cpu_by_process()
+        assert child.stdin is not None
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        child.wait(60)  # ended and reaped: its CPU is in this process's children's
+        spent = cpu_by_process().since(before)
+        assert 0.25 <= spent["Python workers"] + spent["driver"] < 1.0
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_jvm_thread_counts_from_the_start_sample_and_an_ended_one_stays_in_other() -> None:
+    """Threads matched by id: task thread 10 ended inside the run (its 5 s before the
+    run are not taken off the tasks' share), 11 ran 0.5 s more, 12 started in the run;
+    the JVM spent 3 s in all."""
+    start = CpuSample({**dict.fromkeys(PROCESSES, 0.0), "JVM other": 20.0},
+                      {(1, 10): ("task", 5.0), (1, 11): ("task", 1.0),
+                       (1, 20): ("compiler", 2.0)})
+    end = CpuSample({**dict.fromkeys(PROCESSES, 0.0), "JVM other": 23.0},
+                    {(1, 11): ("task", 1.5), (1, 12): ("task", 0.3),
+                     (1, 20): ("compiler", 2.25)})
+    spent = end.since(start)
+    assert spent["JVM tasks"] == 0.8
+    assert spent["JVM compiler"] == 0.25
+    assert round(spent["JVM other"], 9) == 1.95  # 3 - 0.8 - 0.25: thread 10's last part too
+    assert round(sum(spent.values()), 9) == 3.0
 
 
 def test_the_ratio_without_jit_leaves_out_only_the_compiler() -> None:

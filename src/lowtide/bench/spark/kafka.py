@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from lowtide.bench.spark.measure import cpu_seconds
+from lowtide.bench.spark.cpu import cpu_seconds
 from lowtide.core.time import TimeGrid
 
 VALUE_SCHEMA = "k STRING, v BIGINT"

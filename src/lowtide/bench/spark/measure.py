@@ -3,8 +3,6 @@ generator spec, and measuring rows per second and per CPU second over whole batc
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shutil
 import tempfile
 import time
@@ -14,6 +12,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from lowtide.bench.spark.cpu import PROCESSES, cpu_by_process
 from lowtide.spark.pipeline import last_batch_id
 from lowtide.spark.sources import GeneratorSpec
 
@@ -48,6 +47,11 @@ def user_map(batch: Any) -> Any:
     return batch.set_column(i, pa.field("event_ms", pa.int64()), pc.add(batch.column(i), 1))
 
 
+#: a run counts every batch's progress (``counted_progress``); Spark keeps 100 by
+#: default, fewer than a long run of the window shape finishes
+PROGRESS_KEPT = ("spark.sql.streaming.numRecentProgressUpdates", "100000")
+
+
 def session(cfg: BenchConfig) -> Any:
     from lowtide.spark import SessionConfig
 
@@ -55,7 +59,7 @@ def session(cfg: BenchConfig) -> Any:
         master=cfg.master, app_name="lowtide-bench-spark", shuffle_partitions=cfg.partitions,
         # RR-100's plans (100 Python stages) overflow the default 1 GiB heap
         driver_memory="4g", ui=False,
-        conf=(("spark.sql.execution.arrow.maxRecordsPerBatch", "20000"),),
+        conf=(("spark.sql.execution.arrow.maxRecordsPerBatch", "20000"), PROGRESS_KEPT),
     ).build()
 
 
@@ -66,86 +70,6 @@ def _spec(cfg: BenchConfig) -> GeneratorSpec:
     # (and the sink's min time) forward.
     return GeneratorSpec(fronts=cfg.fronts, rate=per_front * cfg.fronts * 20.0,
                          payload_bytes=cfg.payload_bytes, max_rows_per_batch=per_front)
-
-
-#: what :func:`cpu_by_process` splits a run's CPU into
-PROCESSES = ("driver", "JVM tasks", "JVM compiler", "JVM other", "Python workers")
-#: a JVM's threads by the name the kernel keeps (15 characters): its tasks, and its JIT
-#: compiler with the code cache's sweeper (a large share of a short run's CPU, and of
-#: what a bigger plan costs per micro-batch: BENCHMARKS.md, 2026-11-28)
-TASK_THREADS = ("Executor task",)
-COMPILER_THREADS = ("C1 CompilerThre", "C2 CompilerThre", "Sweeper thread")
-
-
-def _stat(path: str) -> tuple[str, list[str]] | None:
-    """A /proc ``stat`` file: the command name and the fields after it."""
-    try:
-        with open(path) as f:
-            head, tail = f.read().rsplit(")", 1)
-    except OSError:
-        return None
-    return head.split("(", 1)[1], tail.split()
-
-
-def _cpu_s(fields: list[str], tick: int) -> float:
-    return (int(fields[11]) + int(fields[12])) / tick
-
-
-def cpu_by_process() -> dict[str, float]:
-    """CPU time (user + system) of this process (the driver's Python, the embedded
-    tracker) and all its descendants, by :data:`PROCESSES`: a JVM's task threads
-    (``Executor task launch worker``: in local mode the tasks run in the driver's JVM)
-    and its JIT compiler apart from its other threads (planning, scheduling,
-    listeners, GC), every other descendant as a Python worker. A cost measure that
-    other load on the machine does not inflate."""
-    tick = os.sysconf("SC_CLK_TCK")
-    procs: dict[int, tuple[int, str, float]] = {}  # pid -> (parent, name, cpu s)
-    for entry in os.listdir("/proc"):
-        stat = _stat(f"/proc/{entry}/stat") if entry.isdigit() else None
-        if stat is not None:
-            procs[int(entry)] = (int(stat[1][1]), stat[0], _cpu_s(stat[1], tick))
-    me = os.getpid()
-
-    def mine(pid: int) -> bool:
-        while pid > 1:
-            if pid == me:
-                return True
-            pid = procs[pid][0] if pid in procs else 1
-        return False
-
-    out = dict.fromkeys(PROCESSES, 0.0)
-    for pid, (_, name, cpu) in procs.items():
-        if pid == me:
-            out["driver"] += cpu
-        elif name == "java" and mine(pid):
-            tasks, compiler = _jvm_threads_s(pid, tick)
-            out["JVM tasks"] += tasks
-            out["JVM compiler"] += compiler
-            out["JVM other"] += cpu - tasks - compiler
-        elif mine(pid):
-            out["Python workers"] += cpu
-    return out
-
-
-def _jvm_threads_s(pid: int, tick: int) -> tuple[float, float]:
-    """CPU time of a JVM's task threads and of its compiler threads
-    (:data:`TASK_THREADS`, :data:`COMPILER_THREADS`)."""
-    tasks = compiler = 0.0
-    with contextlib.suppress(OSError):
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            stat = _stat(f"/proc/{pid}/task/{tid}/stat")
-            if stat is None:
-                continue
-            if stat[0].startswith(TASK_THREADS):
-                tasks += _cpu_s(stat[1], tick)
-            elif stat[0].startswith(COMPILER_THREADS):
-                compiler += _cpu_s(stat[1], tick)
-    return tasks, compiler
-
-
-def cpu_seconds() -> float:
-    """CPU time of this process and all its descendants (:func:`cpu_by_process`)."""
-    return sum(cpu_by_process().values())
 
 
 CPU: dict[str, float] = {}
@@ -196,15 +120,37 @@ def _measure(query: Any, cfg: BenchConfig) -> Measured:
         why = (f"the query finished {last - first} micro-batches after warm-up in 300 s, "
                f"fewer than {cfg.min_batches}: no ratio from this run")
         last = _next_batch(query, last, deadline, why)
-    by = cpu_by_process()
+    by = cpu_by_process().since(cpu0)
     BY_PROCESS.clear()
-    BY_PROCESS.update({k: by[k] - cpu0[k] for k in PROCESSES})
+    BY_PROCESS.update(by)
     CPU["last"] = sum(BY_PROCESS.values())
-    progress = [p for p in query.recentProgress if first < p["batchId"] <= last]
+    progress = counted_progress(query.recentProgress, first, last)
     rows = sum(int(p["numInputRows"]) for p in progress)
     CPU["rows"] = float(rows)
     ms = sum(int(p["durationMs"].get("triggerExecution", 0)) for p in progress)
     return Measured(rows, ms / 1000.0, len(progress), first, last, dropped_late(progress))
+
+
+def counted_progress(progress: list[Any], first: int, last: int) -> list[Any]:
+    """The progress of every batch ``first < id <= last``: the CPU was measured over
+    all of them, so a missing one (Spark keeps the last
+    ``spark.sql.streaming.numRecentProgressUpdates``) would count their CPU against
+    fewer rows. Raises instead.
+
+    >>> counted_progress([{"batchId": b} for b in range(2, 6)], 2, 5)
+    [{'batchId': 3}, {'batchId': 4}, {'batchId': 5}]
+    >>> counted_progress([{"batchId": b} for b in range(4, 6)], 2, 5)
+    Traceback (most recent call last):
+    ...
+    RuntimeError: the query kept the progress of 2 of the 3 micro-batches measured (3 to 5): no ratio from this run; raise spark.sql.streaming.numRecentProgressUpdates
+    """  # noqa: E501
+    kept = [p for p in progress if first < p["batchId"] <= last]
+    if len(kept) != last - first:
+        raise RuntimeError(
+            f"the query kept the progress of {len(kept)} of the {last - first} micro-batches "
+            f"measured ({first + 1} to {last}): no ratio from this run; raise "
+            f"{PROGRESS_KEPT[0]}")
+    return kept
 
 
 def dropped_late(progress: list[Any]) -> int:
