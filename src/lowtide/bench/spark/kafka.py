@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from lowtide.bench.spark.cpu import cpu_seconds
+from lowtide.bench.spark.measure import PROGRESS_KEPT
 from lowtide.core.time import TimeGrid
 
 VALUE_SCHEMA = "k STRING, v BIGINT"
@@ -203,7 +204,7 @@ def run(cfg: KafkaBenchConfig) -> dict[str, Any]:
     from lowtide.spark import SessionConfig
 
     spark = SessionConfig(master=cfg.master, kafka=True, conf=(
-        ("spark.sql.execution.arrow.maxRecordsPerBatch", "20000"),)).build()
+        ("spark.sql.execution.arrow.maxRecordsPerBatch", "20000"), PROGRESS_KEPT)).build()
     tmp = Path(tempfile.mkdtemp(prefix="lowtide-bench-kafka-"))
     broker = None if cfg.bootstrap else KafkaBrokerConfig(tmp / "broker").build()
     bootstrap = cfg.bootstrap or broker.bootstrap  # type: ignore[union-attr]
