@@ -103,7 +103,7 @@ def test_a_worker_that_ends_inside_a_run_counts_what_it_spent_in_it() -> None:
 def test_a_jvm_thread_counts_from_the_start_sample_and_an_ended_one_stays_in_other() -> None:
     """Threads matched by id: task thread 10 ended inside the run (its 5 s before the
     run are not taken off the tasks' share), 11 ran 0.5 s more, 12 started in the run;
-    the JVM spent 3 s in all."""
+    the JVM spent 3 s in all. A thread with less CPU than its id had is a new one."""
     start = CpuSample({**dict.fromkeys(PROCESSES, 0.0), "JVM other": 20.0},
                       {(1, 10): ("task", 5.0), (1, 11): ("task", 1.0),
                        (1, 20): ("compiler", 2.0)})
@@ -112,6 +112,8 @@ def test_a_jvm_thread_counts_from_the_start_sample_and_an_ended_one_stays_in_oth
                      (1, 20): ("compiler", 2.25)})
     spent = end.since(start)
     assert spent["JVM tasks"] == 0.8
+    reused = CpuSample(end.totals, {**end.jvm_threads, (1, 10): ("task", 0.1)})
+    assert round(reused.since(start)["JVM tasks"], 9) == 0.9  # 10's id, a new thread
     assert spent["JVM compiler"] == 0.25
     assert round(spent["JVM other"], 9) == 1.95  # 3 - 0.8 - 0.25: thread 10's last part too
     assert round(sum(spent.values()), 9) == 3.0

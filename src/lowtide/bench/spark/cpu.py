@@ -77,7 +77,8 @@ class CpuSample:
         out = {k: self.totals[k] - start.totals[k] for k in PROCESSES}
         # the JVMs' own totals were put under "JVM other": move their threads' out
         for key, (kind, cpu) in self.jvm_threads.items():
-            spent = cpu - start.jvm_threads.get(key, (kind, 0.0))[1]
+            before = start.jvm_threads.get(key, (kind, 0.0))[1]
+            spent = cpu - before if cpu >= before else cpu  # less: a new thread, its id reused
             out[THREAD_SHARES[kind]] += spent
             out["JVM other"] -= spent
         return out
