@@ -110,6 +110,8 @@ class FrontTable:
         self._done: set[int] = set()  # unregistered or retired: a declaration is moot
         self._seen: dict[int, tuple[int, bool]] = {}  # live front -> (ms, by a keyed batch)
         self._dead: dict[int, tuple[int, int]] = {}  # retired as dead -> (segment, owner)
+        #: counts every change of a bound's inputs (MinTimes steps only after one)
+        self.version = 0
 
     def __len__(self) -> int:
         return len(self._time)
@@ -128,6 +130,7 @@ class FrontTable:
             self.check_heartbeat(front, time, owner, what="register")
             self.holders.claim(front, session, now_ms)
             self._time[front] = time
+            self.version += 1
             self.touch(front, now_ms)
             return
         declared = self._declared.get(front)
@@ -147,6 +150,7 @@ class FrontTable:
         self._time[front] = time
         self._owner[front] = owner
         self._live[segment].add(front)
+        self.version += 1
         self.holders.claim(front, session, now_ms)
         self.touch(front, now_ms)
         for d in list(self._declared.values()):  # the segment's start is known now
@@ -169,6 +173,7 @@ class FrontTable:
             time = self.bound(segment)  # where the segment's fronts are now
         hold = time if time == AT_START else max(time, floor)
         self._declared[front] = Declared(front, segment, hold, owner, retire_at_ms)
+        self.version += 1
 
     def retire(self, front: int, owner: int = 0) -> None:
         """The declaring owner gives up on a declared front that never registered."""
@@ -183,6 +188,7 @@ class FrontTable:
     def _retire(self, front: int) -> None:
         del self._declared[front]
         self._done.add(front)
+        self.version += 1
 
     def expire(self, now_ms: int) -> list[Declared]:
         """Retire the declared fronts whose ``retire_at_ms`` has passed; returns them."""
@@ -221,6 +227,7 @@ class FrontTable:
         if front in self._dead:
             return
         self._time[front] = time
+        self.version += 1
         self.holders.seen(front, session, now_ms)
         self.touch(front, now_ms, by_batch=session is None)
 
@@ -233,6 +240,7 @@ class FrontTable:
 
     def _drop(self, front: int) -> None:
         """Unregister ``front`` (its owner asked, or it was retired as dead)."""
+        self.version += 1
         self.holders.drop(front)
         self._seen.pop(front, None)
         del self._owner[front]
@@ -268,6 +276,7 @@ class FrontTable:
         registers or is declared (it registers at or above its start)."""
         self._live += [set() for _ in starts]
         self._done_bound += starts
+        self.version += 1
 
     def detach(self, segment: int) -> None:
         """A detached segment's fronts stop bounding anything (rule 16)."""
@@ -311,6 +320,7 @@ class FrontTable:
             self._live[segment].add(front)
         self._declared = {d.front: d for d in declared}
         self._done = set(done_fronts)
+        self.version += 1
 
     def live(self) -> dict[int, tuple[int, int]]:
         """front -> (segment, latest heartbeat), for status views."""

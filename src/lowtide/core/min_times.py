@@ -44,12 +44,17 @@ class MinTimes:
         self.range_limits = [[0] * graph.ranges_of(s) for s in range(n)]
         self.global_min = 0
         self._attached: Sequence[int] = range(n)
+        # the inputs' versions after the last step: a step is a function of the table,
+        # the fronts and the graph, and moves every segment as far as they allow, so a
+        # second one with none of them changed moves nothing (an idle tracker's ticks)
+        self._stepped: tuple[int, int] | None = None
 
     def grow(self, graph: SegmentGraph, starts: list[int]) -> None:
         """Take the next generation of the graph (rule 16): attached segments start at
         ``starts`` (window boundaries); detached ones keep their last min time, are no
         longer stepped and no longer count for the global min time."""
         self.graph = graph
+        self._stepped = None
         self.mins += starts
         self.limits += [t // self._w for t in starts]
         self.range_mins += [[] for _ in starts]
@@ -57,8 +62,11 @@ class MinTimes:
         self._attached = [s for s in range(len(graph)) if not graph.is_detached(s)]
 
     def step(self) -> list[MinTimeUpdate]:
-        """Advance every segment as far as its bound and its checksums allow."""
+        """Advance every segment as far as its bound and its checksums allow; nothing
+        to do when neither the checksums nor the fronts changed since the last step."""
         updates: list[MinTimeUpdate] = []
+        if self._stepped == (self._table.version, self._fronts.version):
+            return updates
         if self.graph.simple:
             for s in self._attached:
                 limit = self.bound(s) // self._w
@@ -69,6 +77,7 @@ class MinTimes:
         if low != self.global_min:
             self.global_min = low
             updates.append(MinTimeUpdate(None, low))
+        self._stepped = (self._table.version, self._fronts.version)  # after its releases
         return updates
 
     def _advance(self, cell: int, limit: int) -> int:
@@ -160,6 +169,7 @@ class MinTimes:
     def restore(self, min_times: tuple[int, ...], global_min: int) -> None:
         """Announced min times from a snapshot (its table loaded already)."""
         self.mins, self.global_min = list(min_times), global_min
+        self._stepped = None
         # a central tracker released each key range up to its announced min time
         self.range_mins = [[self._table.base(self.graph.cell(s, r)) * self._w
                             for r in range(len(rm))] for s, rm in enumerate(self.range_mins)]

@@ -73,6 +73,8 @@ class ChecksumTable:
         self._base = np.zeros(n_segments, np.int64)  # compressed windows
         # [base, max(base, clean)) is all zero (compressed windows)
         self._clean = np.zeros(n_segments, np.int64)
+        #: counts every change of contents or bases (MinTimes steps only after one)
+        self.version = 0
 
     # ------------------------------------------------- real <-> compressed windows
     def _up(self, window: int) -> int:
@@ -158,6 +160,7 @@ class ChecksumTable:
         in between (saves validating twice); ``bounds`` as for :meth:`check`."""
         if len(windows) == 0:
             return
+        self.version += 1
         cbounds = self._cbounds(windows, bounds)
         if checked is None:
             compressed = self._compress(segments, windows)
@@ -221,6 +224,7 @@ class ChecksumTable:
         span = min(target, base + self._cap) - start
         hit = self._first_nonzero(segment, start, span) if span > 0 else -1
         self._base[segment] = target if hit < 0 else start + hit
+        self.version += 1
 
     def add_rows(self, bases: list[int]) -> None:
         """Append empty rows (attached segments, rule 16), each starting at its base
@@ -231,11 +235,13 @@ class ChecksumTable:
         new = np.array([self._up(b) for b in bases], np.int64)
         self._base = np.concatenate((self._base, new))
         self._clean = np.concatenate((self._clean, new))
+        self.version += 1
 
     def clear(self, segment: int) -> None:
         """Forget every window of a detached segment's row (rule 16)."""
         self._xor[segment] = 0
         self._count[segment] = 0
+        self.version += 1
 
     def entries(self) -> tuple[I64, U64, I64, I32]:
         """Every non-zero cell as (windows, xors, counts, segments): a sparse snapshot."""
@@ -261,6 +267,7 @@ class ChecksumTable:
         self._xor[:] = 0
         self._count[:] = 0
         self._clean = self._base.copy()
+        self.version += 1
         self.apply(segments, windows, xors, counts)
 
     def _first_nonzero(self, segment: int, start: int, n: int) -> int:
