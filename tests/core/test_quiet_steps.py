@@ -1,7 +1,8 @@
-"""A min-time step with nothing changed since the last one is skipped (an idle tracker's
-ticks): worked examples, and the property that skipping never changes what is
-announced (QUIET: a tracker that skips announces exactly what one that always walks
-its table does, step for step)."""
+"""What a step leaves out when it can: the min-time walk when nothing changed since
+the last one (an idle tracker's ticks), with worked examples and the property that
+skipping never changes what is announced (QUIET: a tracker that skips announces
+exactly what one that always walks its table does, step for step); and the look for
+stuck windows, every tenth of ``stuck_after_ms``."""
 
 from __future__ import annotations
 
@@ -121,3 +122,20 @@ def test_quiet_skipping_announces_what_a_full_walk_does(history: list[tuple[str,
     walks._times._stepped = None
     assert updates(skips, now) == updates(walks, now)
     assert skips.min_times() == walks.min_times()
+
+
+def test_stuck_windows_are_looked_for_every_tenth_of_stuck_after_ms() -> None:
+    """Each look walks every open window: a tenth of ``stuck_after_ms`` (100 ms to
+    1 s) reports a window at most 10% late, not ten looks a second."""
+    every = [TrackerConfig(GRAPH, stuck_after_ms=ms).stuck_check_every_ms
+             for ms in (300, 5_000, 600_000)]
+    assert every == [100, 500, 1_000]
+    assert TrackerConfig(GRAPH, stuck_after_ms=5_000, stuck_check_ms=10).stuck_check_every_ms == 10
+    t = TrackerConfig(GRAPH, stuck_after_ms=2_000).build()
+    t.register_front(RegisterFront(1, "src", 0))
+    looks = []
+    observe = t._stuck.observe
+    t._stuck.observe = lambda now, *a: looks.append(now) or observe(now, *a)  # type: ignore[method-assign]
+    for now_ms in range(0, 1_000, 50):
+        t.step(now_ms)
+    assert looks == [0, 200, 400, 600, 800]

@@ -77,7 +77,10 @@ class TrackerConfig:
     initial_windows: int = 1024
     max_windows: int = 1 << 20
     stuck_after_ms: int = 5_000
-    stuck_check_ms: int = 100
+    #: how often steps look for stuck windows (None: a tenth of ``stuck_after_ms``,
+    #: 100 ms to 1 s: a window is reported at most 10% late, and a busy tracker's
+    #: ticks do not walk every open window ten times a second)
+    stuck_check_ms: int | None = None
     #: how long a silent session keeps its front from another session of its owner
     #: (:mod:`lowtide.core.holders`); 0: a successor takes over at once
     front_lease_ms: int = 0
@@ -85,6 +88,12 @@ class TrackerConfig:
     front_timeout: FrontTimeout | None = None
     #: a query's driver silent this long no longer holds stuck windows as waiting
     batch_forget_ms: int = 30_000
+
+    @property
+    def stuck_check_every_ms(self) -> int:
+        if self.stuck_check_ms is not None:
+            return self.stuck_check_ms
+        return min(1_000, max(100, self.stuck_after_ms // 10))
 
     def build(self) -> Tracker:
         return Tracker(self)
@@ -435,7 +444,7 @@ class Tracker:
         due = self._next_stuck_check_ms
         if due is not None and now_ms < due:
             return []
-        self._next_stuck_check_ms = now_ms + self.config.stuck_check_ms
+        self._next_stuck_check_ms = now_ms + self.config.stuck_check_every_ms
         g, w = self.graph, self._w
         rows = [(g.names[s], s, self._times.mins[s], self._times.limits[s]) for s in range(len(g))
                 if not g.ranges_of(s)]
