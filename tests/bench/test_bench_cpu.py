@@ -114,6 +114,9 @@ def test_a_jvm_thread_counts_from_the_start_sample_and_an_ended_one_stays_in_oth
     assert spent["JVM tasks"] == 0.8
     reused = CpuSample(end.totals, {**end.jvm_threads, (1, 10): ("task", 0.1)})
     assert round(reused.since(start)["JVM tasks"], 9) == 0.9  # 10's id, a new thread
+    named = CpuSample(start.totals, {**start.jvm_threads, (1, 13): ("other", 4.0)})
+    renamed = CpuSample(end.totals, {**end.jvm_threads, (1, 13): ("task", 4.5)})
+    assert round(renamed.since(named)["JVM tasks"], 9) == 1.3  # 13 became a task thread
     assert spent["JVM compiler"] == 0.25
     assert round(spent["JVM other"], 9) == 1.95  # 3 - 0.8 - 0.25: thread 10's last part too
     assert round(sum(spent.values()), 9) == 3.0

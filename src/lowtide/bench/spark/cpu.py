@@ -51,20 +51,21 @@ def _reaped_s(fields: list[str], tick: int) -> float:
     return (int(fields[13]) + int(fields[14])) / tick
 
 
-def thread_kind(name: str) -> str | None:
-    """"task", "compiler" or None (another thread) from a JVM thread's kernel name."""
+def thread_kind(name: str) -> str:
+    """"task", "compiler" or "other" from a JVM thread's kernel name."""
     if name.startswith(TASK_THREADS):
         return "task"
     if name.startswith(COMPILER_THREADS):
         return "compiler"
-    return None
+    return "other"
 
 
 @dataclass(frozen=True)
 class CpuSample:
     """One moment's CPU seconds so far: per :data:`PROCESSES` share, the process
     totals (with their reaped children's, a JVM's own all under "JVM other"); per JVM
-    thread of a kind (:func:`thread_kind`), ``(pid, tid) -> (kind, seconds)``."""
+    thread, ``(pid, tid) -> (kind, seconds)`` (:func:`thread_kind`: a thread renamed
+    since the start sample still has its CPU then)."""
 
     totals: dict[str, float]
     jvm_threads: dict[tuple[int, int], tuple[str, float]] = field(default_factory=dict)
@@ -77,6 +78,8 @@ class CpuSample:
         out = {k: self.totals[k] - start.totals[k] for k in PROCESSES}
         # the JVMs' own totals were put under "JVM other": move their threads' out
         for key, (kind, cpu) in self.jvm_threads.items():
+            if kind not in THREAD_SHARES:
+                continue
             before = start.jvm_threads.get(key, (kind, 0.0))[1]
             spent = cpu - before if cpu >= before else cpu  # less: a new thread, its id reused
             out[THREAD_SHARES[kind]] += spent
@@ -124,7 +127,7 @@ def cpu_by_process() -> CpuSample:
 
 
 def jvm_threads(pid: int, tick: int) -> dict[tuple[int, int], tuple[str, float]]:
-    """CPU seconds of a JVM's task and compiler threads (:func:`thread_kind`), by
+    """CPU seconds and kind (:func:`thread_kind`) of a JVM's threads, by
     ``(pid, tid)``."""
     out = {}
     try:
@@ -133,9 +136,8 @@ def jvm_threads(pid: int, tick: int) -> dict[tuple[int, int], tuple[str, float]]
         return {}
     for tid in tids:
         stat = _stat(f"/proc/{pid}/task/{tid}/stat")
-        kind = None if stat is None else thread_kind(stat[0])
-        if stat is not None and kind is not None:
-            out[(pid, int(tid))] = (kind, _cpu_s(stat[1], tick))
+        if stat is not None:
+            out[(pid, int(tid))] = (thread_kind(stat[0]), _cpu_s(stat[1], tick))
     return out
 
 
