@@ -80,14 +80,29 @@ OpenWindows = Mapping[str, tuple[I64, U64, I64]]
 
 
 class StuckDetector:
-    def __init__(self, threshold_ms: int) -> None:
+    """``check_every_ms``: how often a step looks (:meth:`due`); None: a tenth of
+    ``threshold_ms``, 100 ms to 1 s, so a window is reported at most 10% late and a
+    busy tracker does not walk every open window ten times a second."""
+
+    def __init__(self, threshold_ms: int, check_every_ms: int | None = None) -> None:
         if threshold_ms < 0:
             raise ValueError("threshold_ms must be >= 0")
         self.threshold_ms = threshold_ms
+        self.every_ms = (check_every_ms if check_every_ms is not None
+                         else min(1_000, max(100, threshold_ms // 10)))
+        self._next_ms: int | None = None
         # when each window became overdue, and the batches that may still deliver it
         self._since: dict[tuple[str, int], tuple[int, dict[str, int]]] = {}
         self._current: dict[tuple[str, int], StuckWindow] = {}
         self._waiting: dict[tuple[str, int], WaitingWindow] = {}
+
+    def due(self, now_ms: int) -> bool:
+        """Whether a step at ``now_ms`` looks for stuck windows (then the next look is
+        ``every_ms`` later)."""
+        if self._next_ms is not None and now_ms < self._next_ms:
+            return False
+        self._next_ms = now_ms + self.every_ms
+        return True
 
     def observe(
         self, now_ms: int, open_windows: OpenWindows, window_slots: int,

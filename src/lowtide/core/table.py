@@ -160,7 +160,6 @@ class ChecksumTable:
         in between (saves validating twice); ``bounds`` as for :meth:`check`."""
         if len(windows) == 0:
             return
-        self.version += 1
         cbounds = self._cbounds(windows, bounds)
         if checked is None:
             compressed = self._compress(segments, windows)
@@ -183,6 +182,7 @@ class ChecksumTable:
         np.add.at(self._count.reshape(-1), flat, counts)
         if clo < int(self._clean.max()):  # some rows may be below a clean mark
             np.minimum.at(self._clean, segments, np.require(compressed, np.int64, "A"))
+        self.version += 1
 
     def first_open(self, segment: int, limit: int) -> int:
         """First window in [base, limit) whose XOR or count is non-zero, else the first

@@ -78,8 +78,7 @@ class TrackerConfig:
     max_windows: int = 1 << 20
     stuck_after_ms: int = 5_000
     #: how often steps look for stuck windows (None: a tenth of ``stuck_after_ms``,
-    #: 100 ms to 1 s: a window is reported at most 10% late, and a busy tracker's
-    #: ticks do not walk every open window ten times a second)
+    #: 100 ms to 1 s: :class:`~lowtide.core.diagnostics.StuckDetector`)
     stuck_check_ms: int | None = None
     #: how long a silent session keeps its front from another session of its owner
     #: (:mod:`lowtide.core.holders`); 0: a successor takes over at once
@@ -88,12 +87,6 @@ class TrackerConfig:
     front_timeout: FrontTimeout | None = None
     #: a query's driver silent this long no longer holds stuck windows as waiting
     batch_forget_ms: int = 30_000
-
-    @property
-    def stuck_check_every_ms(self) -> int:
-        if self.stuck_check_ms is not None:
-            return self.stuck_check_ms
-        return min(1_000, max(100, self.stuck_after_ms // 10))
 
     def build(self) -> Tracker:
         return Tracker(self)
@@ -173,12 +166,11 @@ class Tracker:
         #: the graph's generation (rule 16): how many changes made it
         self.generation = 0
         self._mark_cells()
-        self._stuck = StuckDetector(config.stuck_after_ms)
+        self._stuck = StuckDetector(config.stuck_after_ms, config.stuck_check_ms)
         self._dead = DeadFronts(config.front_timeout)
         #: the queries' open batches (their drivers report them): what may still deliver
         self.batches = QueryBatches(config.batch_forget_ms)
         self.now_ms = 0  # the clock of the latest step
-        self._next_stuck_check_ms: int | None = None
 
     def _mark_cells(self) -> None:
         """Which checksum rows are split by key range, or detached (rule 16)."""
@@ -441,10 +433,8 @@ class Tracker:
             latest[hb.front] = hb.time
 
     def _check_stuck(self, now_ms: int) -> list[StuckWindow]:
-        due = self._next_stuck_check_ms
-        if due is not None and now_ms < due:
+        if not self._stuck.due(now_ms):
             return []
-        self._next_stuck_check_ms = now_ms + self.config.stuck_check_every_ms
         g, w = self.graph, self._w
         rows = [(g.names[s], s, self._times.mins[s], self._times.limits[s]) for s in range(len(g))
                 if not g.ranges_of(s)]
