@@ -17,6 +17,7 @@ from lowtide.service.engine.coordinator import CoordinatorEngine
 from lowtide.service.engine.shard import ShardEngine
 from lowtide.service.freshness import Sla
 from lowtide.service.ha.config import HaConfig
+from lowtide.service.server.ticker import CENTRAL_TICK_MS, FAST_TICK_MS
 from lowtide.service.server.tracker_server import TrackerServer
 
 
@@ -34,7 +35,8 @@ class ServerConfig:
     snapshot_every_ms: int = 30_000
     secret: bytes | None = None
     limits: net.Limits = net.Limits()
-    tick_ms: int = 50
+    #: how often the state task wakes with no request (None: by role, see tick_every_ms)
+    tick_ms: int | None = None
     metrics_every_ms: int = 1_000
     stuck_after_ms: int = 5_000
     max_windows: int = 1 << 20
@@ -84,6 +86,15 @@ class ServerConfig:
                                     or self.shard_urls):
             raise ValueError("--ha keeps the state in the group's Kafka topic: drop "
                              "--state-dir and --shards")
+
+    def tick_every_ms(self) -> int:
+        """``tick_ms``, else: a shard, a coordinator and a group's trackers every
+        FAST_TICK_MS, a central tracker every CENTRAL_TICK_MS (and at its questions'
+        times: lowtide.service.server.ticker)."""
+        if self.tick_ms is not None:
+            return self.tick_ms
+        fast = self.shard is not None or bool(self.shard_urls) or self.ha is not None
+        return FAST_TICK_MS if fast else CENTRAL_TICK_MS
 
     def sla(self) -> Sla | None:
         return None if self.sla_ms is None else Sla(self.sla_ms, self.sla_window_ms)

@@ -80,6 +80,8 @@ class MinTimeQuestions(Generic[A]):
     >>> q = MinTimeQuestions[str]()
     >>> q.ask("a", MinTimeAt(1, None, 200)); q.ask("b", MinTimeAt(2, None, 100))
     >>> q.ask("a", MinTimeAt(3, None, 900))
+    >>> q.next_due_ms()
+    101
     >>> [(who, r.req) for who, r in q.answer(201, MinTimeHistory())], q.forget("a"), len(q)
     ([('b', 2), ('a', 1)], 1, 0)
     """
@@ -90,6 +92,10 @@ class MinTimeQuestions(Generic[A]):
 
     def __len__(self) -> int:
         return len(self._waiting)
+
+    def next_due_ms(self) -> int | None:
+        """The clock at which the earliest question is answered (None: none waits)."""
+        return self._waiting[0][0] + 1 if self._waiting else None
 
     def ask(self, asker: A, question: MinTimeAt) -> None:
         heapq.heappush(self._waiting, (question.at_ms, next(self._order), asker, question))

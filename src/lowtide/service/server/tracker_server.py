@@ -44,6 +44,7 @@ from lowtide.service.server.shard_watch import ShardWatch
 from lowtide.service.server.standing import StandingRequests
 from lowtide.service.server.status_doc import status_document
 from lowtide.service.server.step_log import log_step
+from lowtide.service.server.ticker import Ticker
 from lowtide.service.server.welcome import check_version, welcome
 from lowtide.service.web.app import WebApp
 from lowtide.service.web.view import WebView
@@ -89,6 +90,7 @@ class TrackerServer:
         self.metrics = ServerMetrics(config.pipeline)
         self._inbox: asyncio.Queue[Item] = asyncio.Queue(INBOX)
         self._standing = StandingRequests(config.limits)
+        self._ticker = Ticker(config.tick_every_ms(), self.clock)
         self._watchers: set[Peer] = set()
         self._posted: set[asyncio.Task[None]] = set()
         self._wal: StateLog | LeaderLog | None = None
@@ -176,7 +178,8 @@ class TrackerServer:
             web, self.web_port = await net.serve_http(cfg.web_host, cfg.web_port,
                                                       self.web.respond)
             self._servers.append(web)
-        self._tasks += [loop.create_task(self._state_loop()), loop.create_task(self._ticker())]
+        self._tasks += [loop.create_task(self._state_loop()),
+                        loop.create_task(self._ticker.run(lambda: self._inbox.put(Tick())))]
         self.leading.set()
         limits = self._conns.gate.limits
         log.info("serving", extra={"url": self.url, "state_dir": str(cfg.state_dir or ""),
@@ -249,11 +252,6 @@ class TrackerServer:
         return welcome(hello, graph, self.engine, self.config)
 
     # ------------------------------------------------------------ state task
-    async def _ticker(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.tick_ms / 1000)
-            await self._inbox.put(Tick())
-
     async def _state_loop(self) -> None:
         inbox = self._inbox
         while True:
@@ -311,6 +309,7 @@ class TrackerServer:
             self._wal.mark(now)  # a retirement in a step with no request: replay it too
         self._history.observe(now, step.updates)
         self._send(self._standing.answers(now, self._history))
+        self._ticker.expect(self._standing.questions.next_due_ms())
         self._publish(step)
         if ticked:
             self._tick(engine, now)
