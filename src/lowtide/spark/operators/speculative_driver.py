@@ -56,7 +56,7 @@ from typing import Any
 
 import numpy as np
 
-from lowtide.spark.collect import collect_pandas
+from lowtide.spark.collect import Collector
 from lowtide.spark.operators.joins import KEY_COL
 from lowtide.spark.operators.slot_logic import (
     Ranges,
@@ -228,6 +228,7 @@ class DriverChangelog:
         """The query's ``foreachBatch`` function: this step, then ``sink`` (a tracked
         sink's function; the null sink acks the rows' tracking column, no Spark job)."""
         store = ChangelogStore(self.checkpoint, self.window)
+        collectors: list[Collector] = []  # the first batch's: every batch has its schema
 
         def run(df: Any, batch_id: int) -> None:
             import pandas as pd
@@ -240,7 +241,8 @@ class DriverChangelog:
             now_ms = batch_timestamp_ms(self.checkpoint, batch_id)
             # not toPandas: a third of its CPU (lowtide.spark.collect), and no warning
             # with the JVM's stack trace when a task failed for good
-            changed = collect_pandas(df)
+            collectors[:] = collectors or [Collector.of(df)]
+            changed = collectors[0](df)
             # read once this batch's tasks are done: every row received below them is
             # in this batch's changed rows or an earlier one's (no later batch ran)
             done = store.done(batch_id, lambda: clock.complete_below(wall_ms(), self.ranges()))
