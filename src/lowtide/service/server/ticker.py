@@ -9,9 +9,9 @@ first: a window's hold and a receive stamp ask about "now", and must not wait a 
 for their answer. A coordinator releases min times on its ticks, a shard reports to
 it and a group's leader renews its lease: they tick every :data:`FAST_TICK_MS`.
 
-Each wake-up costs CPU beyond the work it does, more on a VM whose idle cores sleep
-(measured on the 2-core VM, an idle embedded tracker's thread: 20 ms a second at 50 ms
-ticks, 2-5 at 250; BENCHMARKS.md).
+Each wake-up costs CPU beyond the work it does, more on a VM whose idle cores sleep:
+on the 2-core VM the 250 ms tick saves an embedded tracker's thread about 5 ms of CPU
+a second (docs/operating.md, "Ticks").
 """
 
 from __future__ import annotations
