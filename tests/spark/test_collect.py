@@ -1,11 +1,11 @@
-"""collect_pandas returns the frame toPandas does: values and dtypes, every Spark type."""
+"""A Collector returns the frame toPandas does: values and dtypes, every Spark type."""
 
 from typing import Any
 
 import pandas as pd
 import pytest
 
-from lowtide.spark.collect import collect_pandas
+from lowtide.spark.collect import Collector
 
 pytestmark = pytest.mark.spark
 
@@ -30,6 +30,10 @@ def _frame(spark: Any, rows: int) -> Any:
                               for c in typed.columns])
 
 
+def _collect(df: Any) -> pd.DataFrame:
+    return Collector.of(df)(df)
+
+
 def _same(left: pd.DataFrame, right: pd.DataFrame) -> None:
     assert list(left.columns) == list(right.columns)
     assert left.dtypes.tolist() == right.dtypes.tolist()
@@ -39,12 +43,12 @@ def _same(left: pd.DataFrame, right: pd.DataFrame) -> None:
 
 def test_every_type_matches_to_pandas(spark: Any) -> None:
     df = _frame(spark, 5)
-    _same(collect_pandas(df), df.toPandas())
+    _same(_collect(df), df.toPandas())
 
 
 def test_an_empty_result_has_the_same_columns_and_dtypes(spark: Any) -> None:
     df = _frame(spark, 5).where("id < 0")
-    got = collect_pandas(df)
+    got = _collect(df)
     assert len(got) == 0
     _same(got, df.toPandas())
 
@@ -55,6 +59,6 @@ def test_repeated_names_and_a_session_time_zone(spark: Any) -> None:
     old = spark.conf.get("spark.sql.session.timeZone")
     spark.conf.set("spark.sql.session.timeZone", "America/Los_Angeles")
     try:
-        _same(collect_pandas(df), df.toPandas())
+        _same(_collect(df), df.toPandas())
     finally:
         spark.conf.set("spark.sql.session.timeZone", old)

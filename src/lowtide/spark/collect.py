@@ -77,8 +77,3 @@ class Collector:
             pdf[name] = convert(pdf[name])
         pdf.columns = self.schema.names
         return pdf
-
-
-def collect_pandas(df: Any) -> Any:
-    """``df.toPandas()`` (a batch DataFrame, collected through Arrow)."""
-    return Collector.of(df)(df)

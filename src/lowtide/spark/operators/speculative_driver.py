@@ -228,9 +228,10 @@ class DriverChangelog:
         """The query's ``foreachBatch`` function: this step, then ``sink`` (a tracked
         sink's function; the null sink acks the rows' tracking column, no Spark job)."""
         store = ChangelogStore(self.checkpoint, self.window)
-        collectors: list[Collector] = []  # the first batch's: every batch has its schema
+        collector: Collector | None = None  # the first batch's: every batch has its schema
 
         def run(df: Any, batch_id: int) -> None:
+            nonlocal collector
             import pandas as pd
 
             from lowtide.service.clock import wall_ms
@@ -241,8 +242,8 @@ class DriverChangelog:
             now_ms = batch_timestamp_ms(self.checkpoint, batch_id)
             # not toPandas: a third of its CPU (lowtide.spark.collect), and no warning
             # with the JVM's stack trace when a task failed for good
-            collectors[:] = collectors or [Collector.of(df)]
-            changed = collectors[0](df)
+            collector = collector or Collector.of(df)
+            changed = collector(df)
             # read once this batch's tasks are done: every row received below them is
             # in this batch's changed rows or an earlier one's (no later batch ran)
             done = store.done(batch_id, lambda: clock.complete_below(wall_ms(), self.ranges()))
