@@ -5,6 +5,7 @@ and which windows take the fallback."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +141,29 @@ def test_a_move_cut_short_by_a_crash_is_finished_once(agent: Any, tmp_path: Path
     assert again.record.hold == 1_800 and again.record.pending is None
     agent.tracker.heartbeat(Heartbeat(0, 5_000))
     assert agent.step()["out"] == 1_800  # one hold, at 1_800: not released twice
+
+
+def test_a_move_is_written_down_durably_before_it_is_sent(
+        agent: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the write-ahead is fsynced: a completion lost in a machine crash leaves the
+    move pending, and the restart re-sends it (the test above)."""
+    hold = _hold(tmp_path)
+    hold.prepare()
+    hold.ensure_open()
+    synced: list[dict[str, Any]] = []
+    fsync = os.fsync
+
+    def watched(fd: int) -> None:
+        fsync(fd)
+        synced.append(json.loads(Path(f"{hold.path}.{os.getpid()}.tmp").read_text()))
+
+    monkeypatch.setattr(os, "fsync", watched)
+    sent = agent.send_batch
+    monkeypatch.setattr(agent, "send_batch", lambda *a, **k: (
+        synced.append({"sent": True}), sent(*a, **k))[1])
+    hold.advance(1_500 * 10)
+    assert [(s.get("pending"), s.get("sent")) for s in synced] == [(1_500, None), (None, True)]
+    assert json.loads(Path(hold.path).read_text())["hold"] == 1_500
 
 
 def test_the_first_hold_waits_for_a_front(tmp_path: Path) -> None:

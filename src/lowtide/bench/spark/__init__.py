@@ -12,11 +12,11 @@ a map over Arrow batches, then a sink. Untracked: plain ``mapInArrow`` and the J
 ``noop`` sink, no tracking columns. Tracked: the same user function as a tracked map
 (acks, tracking columns, one idempotent ack batch per task) and the tracked null sink
 (Spark's ``noop``, acked by the last map's tasks). Both run in the same SparkSession,
-alternating, ``rounds`` times.
+alternating, ``rounds`` times, which one runs first rotated each round.
 
 Throughput is rows / batch time over the batches after warm-up (triggers run back to
 back). The first round warms the JVM up and is not counted. The reported ratio is the
-median of the per-round ratios (tracked / the untracked run just before it), which
+median of the per-round ratios (tracked / the untracked run of the same round), which
 holds up when other load on the machine drifts between rounds; the pooled ratio
 (all tracked rows/s over all untracked rows/s) is printed too.
 

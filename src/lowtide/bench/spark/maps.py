@@ -23,6 +23,7 @@ from lowtide.bench.spark.measure import (
     _spec,
     _summary,
     _Tally,
+    round_order,
     session,
     user_map,
 )
@@ -232,17 +233,18 @@ def _run_variant(
 
 def _rounds(spark: Any, cfg: BenchConfig, workdir: str,
             fewest: dict[str, int]) -> dict[str, _Tally]:
-    """Run every variant once per round, untracked first; round 1 warms the JVM up.
-    ``fewest``: per variant, the batches of its counted run that had the fewest."""
+    """Run every variant once per round, in an order rotated each round
+    (:func:`round_order`); round 1 warms the JVM up. ``fewest``: per variant, the
+    batches of its counted run that had the fewest."""
     tally = {v: _Tally() for v in ("untracked", *cfg.variants) if v}
     for r in range(cfg.rounds):
-        base = (0.0, 0.0)
-        for variant in tally:
+        counted = r > 0 or cfg.rounds == 1
+        rates: dict[str, tuple[float, float]] = {}
+        for variant in round_order(tuple(tally), r):
             gcs = len(FULL_GCS.ms)
             m, d = _run_variant(spark, cfg, workdir, variant)
             rows, secs, n = m.rows, m.secs, m.batches
-            rate, cpu_rate = rows / max(secs, 1e-9), CPU["rows"] / max(CPU["last"], 1e-9)
-            counted = r > 0 or cfg.rounds == 1
+            rates[variant] = rows / max(secs, 1e-9), CPU["rows"] / max(CPU["last"], 1e-9)
             if counted:
                 t = tally[variant]
                 t.rows, t.secs, t.batches = t.rows + rows, t.secs + secs, t.batches + n
@@ -251,14 +253,15 @@ def _rounds(spark: Any, cfg: BenchConfig, workdir: str,
                 t.add_delays(m, d, f"round {r + 1}")
                 t.full_gcs_ms += FULL_GCS.ms[gcs:]
                 fewest[variant] = min(fewest.get(variant, n), n)
-                if variant == "untracked":
-                    base = (rate, cpu_rate)
-                elif base[0] > 0:
-                    t.ratios.append(rate / base[0])
-                    t.cpu_ratios.append(cpu_rate / base[1])
             note = "" if counted else "  (warm-up, not counted)"
-            print(f"round {r + 1} {variant:>12}: {rate:>10,.0f} rows/s {cpu_rate:>9,.0f} rows"
-                  f" per CPU s  ({n} batches, {rows:,} rows){note}", flush=True)
+            print(f"round {r + 1} {variant:>12}: {rates[variant][0]:>10,.0f} rows/s "
+                  f"{rates[variant][1]:>9,.0f} rows per CPU s  ({n} batches, {rows:,} rows)"
+                  f"{note}", flush=True)
+        base = rates["untracked"]
+        for variant, (rate, cpu_rate) in rates.items():
+            if counted and variant != "untracked" and base[0] > 0:
+                tally[variant].ratios.append(rate / base[0])
+                tally[variant].cpu_ratios.append(cpu_rate / base[1])
     return tally
 
 

@@ -244,6 +244,17 @@ class _Tally:
         return self.cpu_rows / max(self.cpu_s, 1e-9)
 
 
+def round_order(sides: tuple[str, ...], r: int) -> tuple[str, ...]:
+    """The order the sides run in round ``r``: rotated each round, so that none always
+    runs first (the JIT compiling shared code, garbage another run left) or last.
+
+    >>> round_order(("a", "b"), 0), round_order(("a", "b"), 1), round_order(("a", "b", "c"), 4)
+    (('a', 'b'), ('b', 'a'), ('b', 'c', 'a'))
+    """
+    k = r % len(sides)
+    return sides[k:] + sides[:k]
+
+
 def _summary(t: _Tally, base: _Tally) -> dict[str, Any]:
     return {
         # median of the per-round ratios: robust to load that drifts between rounds
@@ -302,10 +313,10 @@ Runner = Callable[[Any, BenchConfig, str], Measured]
 def versus(cfg: BenchConfig, shape: str, spark_side: tuple[str, Runner],
            lowtide_side: tuple[str, Runner]) -> dict[str, Any]:
     """Spark's own query against lowtide's on the same shape, in one SparkSession
-    (RocksDB state store): rounds alternate the two, the first warms up and is not
-    counted. Throughput: input rows per second of batch time after warm-up; CPU: rows
-    per CPU second of the process tree; the ratios are lowtide / Spark, medians over
-    the counted rounds."""
+    (RocksDB state store): rounds alternate the two, which one runs first too
+    (:func:`round_order`); the first round warms up and is not counted. Throughput:
+    input rows per second of batch time after warm-up; CPU: rows per CPU second of the
+    process tree; the ratios are lowtide / Spark, medians over the counted rounds."""
     from lowtide.spark.operators import ROCKSDB
     from lowtide.spark.pipeline import register_sources
 
@@ -317,9 +328,10 @@ def versus(cfg: BenchConfig, shape: str, spark_side: tuple[str, Runner],
     dropped = {"spark": 0, "lowtide": 0}
     by_process = {"spark": _ByProcess(), "lowtide": _ByProcess()}
     try:
+        runners = {"spark": spark_side[1], "lowtide": lowtide_side[1]}
         for r in range(cfg.rounds):
-            for name, (_, runner) in (("spark", spark_side), ("lowtide", lowtide_side)):
-                m = runner(spark, cfg, workdir)
+            for name in round_order(("spark", "lowtide"), r):
+                m = runners[name](spark, cfg, workdir)
                 rate, cpu_rate = m.rows / max(m.secs, 1e-9), CPU["rows"] / max(CPU["last"], 1e-9)
                 counted = r > 0 or cfg.rounds == 1
                 if counted:

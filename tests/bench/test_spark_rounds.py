@@ -1,0 +1,36 @@
+"""``lowtide bench spark``'s rounds without Spark: the sides take turns at running
+first, and each ratio pairs the runs of one round, whatever their order."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from lowtide.bench.spark import maps
+from lowtide.bench.spark.measure import BY_PROCESS, CPU, BenchConfig, Measured
+
+
+def test_maps_rounds_rotate_and_pair_runs_of_one_round(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    order: list[tuple[int, str]] = []
+    rate = {"untracked": 100.0, "tracked": 90.0}  # per second of batch time and of CPU
+
+    def fake_run(_spark: Any, _cfg: BenchConfig, _workdir: str,
+                 variant: str) -> tuple[Measured, dict[int, float]]:
+        r = len(order) // 2
+        order.append((r, variant))
+        # every round slower than the last: a pairing across rounds would show it
+        rows = int(rate[variant] * 10 / (r + 1))
+        CPU.update(rows=rows, last=10.0)
+        BY_PROCESS.clear()
+        return Measured(rows, 10.0, 3, 0, 2), {}
+
+    monkeypatch.setattr(maps, "_run_variant", fake_run)
+    cfg = BenchConfig(rounds=4, variants=("tracked",))
+    tally = maps._rounds(None, cfg, "", {})
+    assert [v for _, v in order] == ["untracked", "tracked", "tracked", "untracked",
+                                     "untracked", "tracked", "tracked", "untracked"]
+    # round 1 warms up; rounds 2-4 counted, each tracked run against its round's own
+    assert tally["tracked"].ratios == pytest.approx([0.9, 0.9, 0.9], abs=0.01)
+    assert tally["tracked"].cpu_ratios == pytest.approx([0.9, 0.9, 0.9], abs=0.01)
