@@ -248,9 +248,10 @@ def throughput(spark: Any, cfg: BenchConfig, workdir: str
                ) -> tuple[list[dict[str, tuple[float, float]]], dict[str, tuple[float, float]]]:
     """Input rows per second and per CPU second of the query's processes of each of
     :data:`VARIANTS` (backlogged input, the tracked null sink) after a warm-up run, two
-    rounds alternating: (each round's figures by variant; per variant the median of
-    its rounds' ratios to the exact-only window's, for rows/s and rows per CPU s)."""
-    from lowtide.bench.spark.measure import CPU, measure_pipeline
+    rounds alternating, the order rotated: (each round's figures by variant; per
+    variant the median of its rounds' ratios to the exact-only window's, for rows/s and
+    rows per CPU s)."""
+    from lowtide.bench.spark.measure import CPU, measure_pipeline, round_order
     from lowtide.spark.operators import on_keyed_runtime
 
     def window(variant: str) -> tuple[float, float]:
@@ -267,7 +268,7 @@ def throughput(spark: Any, cfg: BenchConfig, workdir: str
         return rate, CPU["rows"] / CPU["last"] if CPU["last"] else 0.0
 
     window("exact")  # warm-up
-    rounds = [{v: window(v) for v in VARIANTS} for _ in range(2)]
+    rounds = [{v: window(v) for v in round_order(VARIANTS, r)} for r in range(2)]
 
     def ratio(v: str, i: int) -> float:
         return float(np.median([r[v][i] / r["exact"][i] for r in rounds if r["exact"][i]]

@@ -10,10 +10,10 @@ as ``with_column`` steps, ``window("1 second", key=["user", "region"]).agg(...)`
 the tracked null sink. With ``--sink parquet`` both write Parquet files instead (Spark's
 ``format("parquet")``, lowtide's ``write_parquet``: its window's results then come from
 the driver, docs/spark.md "Results from the driver"). Both use the RocksDB state
-store. Rounds alternate the two; the first warms up and is not counted. Throughput is
-input rows per second of batch time after warm-up, CPU rows per CPU second of the
-whole process tree (see :mod:`.measure`); the ratios are lowtide / Spark, median over
-rounds.
+store. Rounds alternate the two (which runs first rotated each round); the first warms
+up and is not counted. Throughput is input rows per second of batch time after warm-up,
+CPU rows per CPU second of the whole process tree (see :mod:`.measure`); the ratios are
+lowtide / Spark, median over rounds.
 """
 
 from __future__ import annotations
