@@ -3,9 +3,9 @@ Kafka source, tracked and untracked reading the same topic in one run.
 
 Per round: a fresh topic of ``--fronts`` partitions, filled by one ``lowtide.Front``
 and the Kafka helper per partition (``--records`` rows of ``{"k", "v"}`` JSON, labels
-in the headers) for a pipeline with its own embedded tracker; then, untracked first,
-both queries drain it from the earliest offset, ``--rows-per-batch`` per micro-batch
-(``maxOffsetsPerTrigger``):
+in the headers) for a pipeline with its own embedded tracker; then both queries drain it
+from the earliest offset (which one first rotated each round), ``--rows-per-batch`` per
+micro-batch (``maxOffsetsPerTrigger``):
 
 * untracked: Kafka -> parse the JSON and the label headers -> ``mapInArrow(user
   function)`` -> Spark's ``noop`` sink;
@@ -151,7 +151,9 @@ def untracked(spark: Any, frame: Any, ckpt: str, cfg: KafkaBenchConfig) -> Any:
 
 
 def one_round(spark: Any, bootstrap: str, tmp: Path, r: int, cfg: KafkaBenchConfig) -> dict:
-    """Fill a topic, drain it untracked then tracked; both measurements."""
+    """Fill a topic, drain it untracked and tracked, which first rotated each round
+    (:func:`~lowtide.bench.spark.measure.round_order`); both measurements."""
+    from lowtide.bench.spark.measure import round_order
     from lowtide.spark.pipeline import Pipeline
 
     topic = f"lowtide-bench-{int(time.time())}-{r}"
@@ -161,19 +163,27 @@ def one_round(spark: Any, bootstrap: str, tmp: Path, r: int, cfg: KafkaBenchConf
                   .map(user_fn, VALUE_SCHEMA, name="map"))
         pipe.start_tracker(stream.graph())
         promised = fill_topic(bootstrap, topic, pipe.tracker_ref, cfg)
-        base = untracked(spark, labelled_frame(spark, bootstrap, topic, cfg.rows_per_batch),
-                         str(tmp / f"u{r}"), cfg)
-        query = stream.to_null(checkpoint=str(tmp / f"t{r}"), query_name="tracked")
-        try:
-            tracked = drain(query.query, cfg.records // cfg.fronts * cfg.fronts,
-                            cfg.warmup_batches, cfg.min_batches)
-            # every record received once: the sink completes through the last promise
-            query.wait_for_min_time(promised, timeout_s=120)
-        finally:
-            query.stop()
+
+        def run_untracked() -> Any:
+            return untracked(spark, labelled_frame(spark, bootstrap, topic,
+                                                   cfg.rows_per_batch), str(tmp / f"u{r}"), cfg)
+
+        def run_tracked() -> Any:
+            query = stream.to_null(checkpoint=str(tmp / f"t{r}"), query_name="tracked")
+            try:
+                measured = drain(query.query, cfg.records // cfg.fronts * cfg.fronts,
+                                 cfg.warmup_batches, cfg.min_batches)
+                # every record received once: the sink completes through the last promise
+                query.wait_for_min_time(promised, timeout_s=120)
+                return measured
+            finally:
+                query.stop()
+
+        runs = {"untracked": run_untracked, "tracked": run_tracked}
+        out = {side: runs[side]() for side in round_order(tuple(runs), r)}
     finally:
         pipe.close()
-    return {"untracked": base, "tracked": tracked}
+    return out
 
 
 def summary(rounds: list[dict]) -> dict[str, Any]:
