@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from lowtide.bench.spark import maps
-from lowtide.bench.spark.measure import BY_PROCESS, CPU, BenchConfig, Measured
+from lowtide.bench.spark.measure import BenchConfig, Measured
 
 
 def test_maps_rounds_rotate_and_pair_runs_of_one_round(
@@ -22,10 +22,12 @@ def test_maps_rounds_rotate_and_pair_runs_of_one_round(
         order.append((r, variant))
         # every round slower than the last: a pairing across rounds would show it
         rows = int(rate[variant] * 10 / (r + 1))
-        CPU.update(rows=rows, last=10.0)
-        BY_PROCESS.clear()
+        maps.CPU.update(rows=rows, last=10.0)
         return Measured(rows, 10.0, 3, 0, 2), {}
 
+    # the run's figures go to the module's own dicts: fresh ones, left behind by none
+    monkeypatch.setattr(maps, "CPU", {})
+    monkeypatch.setattr(maps, "BY_PROCESS", {})
     monkeypatch.setattr(maps, "_run_variant", fake_run)
     cfg = BenchConfig(rounds=4, variants=("tracked",))
     tally = maps._rounds(None, cfg, "", {})

@@ -158,9 +158,13 @@ def test_a_move_is_written_down_durably_before_it_is_sent(
         synced.append(json.loads(Path(f"{hold.path}.{os.getpid()}.tmp").read_text()))
 
     monkeypatch.setattr(os, "fsync", watched)
-    sent = agent.send_batch
-    monkeypatch.setattr(agent, "send_batch", lambda *a, **k: (
-        synced.append({"sent": True}), sent(*a, **k))[1])
+    send = agent.send_batch
+
+    def sent(*args: Any, **kwargs: Any) -> Any:
+        synced.append({"sent": True})
+        return send(*args, **kwargs)
+
+    monkeypatch.setattr(agent, "send_batch", sent)
     hold.advance(1_500 * 10)
     assert [(s.get("pending"), s.get("sent")) for s in synced] == [(1_500, None), (None, True)]
     assert json.loads(Path(hold.path).read_text())["hold"] == 1_500

@@ -56,5 +56,7 @@ class Ticker:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._replan.wait(), (self._wake_ms - now) / 1000)
                 continue  # an earlier time came in: plan again
+            # the tick's group names the next time (expect), even one that comes
+            # while tick() waits for room in the inbox
+            self._due_ms = None
             await tick()
-            self._due_ms = None  # the tick's group names the next one (expect)
