@@ -13,18 +13,25 @@ step's: into the null sink, after other steps, or into a caller's sink.
 
     rows, received and stamped by their senders: lt_wm      (window_input)
          ∪ clock rows (lt_wm only)                           (the idle clock source)
-         .withWatermark(lt_wm, 0).withWatermark(lt_ts, 3650 days)
+         .withWatermark(lt_wm, 0), lt_ts marked an event-time column
          .groupBy(keys, window(lt_ts)).agg(...)              (append mode)
          --emit--> results into the outbound segment         (mapInArrow, few rows)
 
 The query runs with ``multipleWatermarkPolicy=max`` and ``allowMultiple=false``
 (:data:`WATERMARK_CONFS`, set only while it starts): the global watermark is then the
-largest stamp of the batches so far (``lt_ts``'s own watermark, ten years back, never
-wins); Spark emits a window when its end is at or below the watermark and drops a row
+largest stamp of the batches so far; Spark emits a window when its end is at or below the watermark and drops a row
 only if its window's end is. The stamps' argument (no row dropped, no window emitted
 before its last row) is in :mod:`lowtide.spark.tracking.receive`. ``lt_ts`` is the
 row's global time (``slot * delta_ms``), unwrapped in the JVM against the batch's
 timestamp; the window's bounds are those of today's windows (multiples of the slide).
+
+``lt_ts`` is marked an event-time column by its metadata alone (what ``withWatermark``
+writes on its column), after the stamps' watermark node: Spark's append mode and its
+state eviction look for that mark on the window's time column, and its watermark is
+that of the one ``EventTimeWatermark`` node, the stamps'. A second node on ``lt_ts``
+(ten years back, never the maximum) did the same and cost every row its event-time
+statistics outside generated code: about a tenth of a µs a row in the tasks
+(BENCHMARKS.md).
 
 Acks (rules 1, 5, 6): the receive step acks each row out of ``S_in``; each result row is
 sent into the outbound segment at slot ``end - 1`` with the id ``xxhash64(keys, start,
@@ -77,8 +84,11 @@ EMIT_PREFIX = "<emit>"
 #: session confs a query with a JVM window starts with (each query keeps its own copy)
 WATERMARK_CONFS = (("spark.sql.streaming.multipleWatermarkPolicy", "max"),
                    ("spark.sql.streaming.statefulOperator.allowMultiple", "false"))
-#: ``lt_ts``'s own watermark: far enough back never to be the maximum
-TS_DELAY = "3650 days"
+#: the column metadata by which Spark knows an event-time column (an
+#: ``EventTimeWatermark``'s delay, ms)
+WATERMARK_DELAY_KEY = "spark.watermarkDelayMs"
+#: ``lt_ts``'s delay: marked as an event-time column with no watermark node of its own
+TS_DELAY_MS = 3650 * 86_400_000
 NAMES = (TS_COL, ORDER_COL, WINDOW_COL, ROW_RANGE_COL, RANGE_LO, RANGE_HI)
 #: DataFrame steps a window may absorb a ``where`` across
 ONE_TO_ONE_OR_WHERE = ("where", "select", "select_expr", "drop", "rename", "with_column")
@@ -354,7 +364,8 @@ def build_window_plan(df: Any, spec: WindowSpec, ref: TrackerRef, op_id: int, ho
                         (op_id, hold.checkpoint))
     timed = (rows.unionByName(clock, allowMissingColumns=True)
              .withColumn(WM_COL, F.timestamp_millis(F.col(WM_COL)))
-             .withWatermark(WM_COL, "0 seconds").withWatermark(TS_COL, TS_DELAY))
+             .withWatermark(WM_COL, "0 seconds")
+             .withMetadata(TS_COL, {WATERMARK_DELAY_KEY: TS_DELAY_MS}))
     window = F.window(TS_COL, f"{spec.size_ms} milliseconds", f"{spec.slide_ms} milliseconds")
     keys = [F.col(f"`{k}`") for k in spec.keys]
     bounds = [] if ranges is None else [F.min(ROW_RANGE_COL).alias(RANGE_LO),
