@@ -108,7 +108,7 @@ def test_a_jvm_closing_its_accumulator_socket_ends_without_a_traceback(
     assert "Traceback" not in capsys.readouterr().err
 
 
-def test_py4j_logs_a_user_functions_error_but_not_a_lowtide_one(
+def test_py4j_logs_a_user_functions_error_but_not_a_lowtide_one_or_a_stop(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     mute_reported_errors()
@@ -117,7 +117,12 @@ def test_py4j_logs_a_user_functions_error_but_not_a_lowtide_one(
     assert len(log.filters) == 1
     in_task = RuntimeError("PythonException: Traceback (most recent call last):\n"
                            "lowtide.spark.tracking.task_errors.TaskAcksFailed: one line\n")
-    for error in (LowtideError("the query reports this line"), in_task,
+    stopped = RuntimeError("An error occurred while calling o1.getResult.\n: org.apache."
+                           "spark.SparkException: Exception thrown in awaitResult: \n"
+                           "Caused by: org.apache.spark.SparkException: [SPARK_JOB_CANCELLED] "
+                           "Job 303 cancelled Query [id = b1a0, runId = 1709] was stopped "
+                           "SQLSTATE: XXKDA")
+    for error in (LowtideError("the query reports this line"), in_task, stopped,
                   ValueError("a user's bug")):
         try:
             raise error

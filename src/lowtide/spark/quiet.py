@@ -15,8 +15,10 @@ in an ``EOFError`` traceback from ``socketserver``. :func:`mute_accumulator_hang
 makes that end quiet; nothing was lost, every update before it was applied. And py4j
 logs each error a ``foreachBatch`` function raises, with its traceback: for lowtide's
 own errors (a sink's acks the tracker did not confirm, or a task's, which fails the
-job the function ran), which the query reports as one line, :func:`mute_reported_errors`
-drops that log record; a user function's error is logged as before.
+job the function ran), which the query reports as one line, and for a job the query's
+stop cancelled (a window's hold that failed closed stops its query mid-batch),
+:func:`mute_reported_errors` drops that log record; a user function's error is logged
+as before.
 
 :func:`filtered_jvm_stderr` launches the JVM with its stderr on a pipe; a thread
 copies each line to the real stderr, in order, except what :class:`NoiseFilter`
@@ -172,13 +174,32 @@ def mute_accumulator_hangups() -> None:
     handler._lowtide_quiet = True  # type: ignore[attr-defined]
 
 
+#: Spark's error for a job cancelled because its query was stopped (by its user, or by
+#: lowtide failing closed: a window's hold the tracker did not confirm)
+_STOPPED = re.compile(r"SPARK_JOB_CANCELLED\].*Query \[id = [^\]]*\] was stopped")
+
+
+def stopped_under(error: BaseException | None) -> bool:
+    """Was ``error`` a ``foreachBatch`` function's job cancelled by its query's stop?
+
+    >>> stopped_under(RuntimeError("[SPARK_JOB_CANCELLED] Job 3 cancelled Query [id = a, "
+    ...                            "runId = b] was stopped SQLSTATE: XXKDA"))
+    True
+    >>> stopped_under(RuntimeError("[SPARK_JOB_CANCELLED] Job 3 cancelled by the user"))
+    False
+    """
+    return error is not None and _STOPPED.search(str(error)) is not None
+
+
 class _ReportedErrors(logging.Filter):
     """Drops a log record of a lowtide error, raised in the function or in a task of
     the job it ran (Spark's error then carries the task's line): its query reports it
-    as one line."""
+    as one line; and of a function whose job its query's stop cancelled (the stop
+    is what the user asked for, or lowtide's one line says why)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.exc_info and raised_in_task(record.exc_info[1]) is not None)
+        error = record.exc_info[1] if record.exc_info else None
+        return not (raised_in_task(error) is not None or stopped_under(error))
 
 
 def mute_reported_errors() -> None:
