@@ -30,8 +30,8 @@ writes on its column), after the stamps' watermark node: Spark's append mode and
 state eviction look for that mark on the window's time column, and its watermark is
 that of the one ``EventTimeWatermark`` node, the stamps'. A second node on ``lt_ts``
 (ten years back, never the maximum) did the same and cost every row its event-time
-statistics outside generated code: about a tenth of a µs a row in the tasks
-(BENCHMARKS.md).
+statistics outside generated code: 0.03 µs a row of the tasks' 1.37, about one
+point of the window's CPU (an A/B run of the two plans, BENCHMARKS.md).
 
 Acks (rules 1, 5, 6): the receive step acks each row out of ``S_in``; each result row is
 sent into the outbound segment at slot ``end - 1`` with the id ``xxhash64(keys, start,
