@@ -96,7 +96,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="micro-batches each run counts after warm-up, at the least (a run "
                    "lasts longer than --seconds until it has them)")
     p.add_argument("--rounds", type=int, default=d.rounds,
-                   help="untracked/tracked pairs; the first one warms up and is not counted")
+                   help="untracked/tracked pairs; the first one warms up and is not counted, "
+                   "and each side runs first in turn: an odd number gives each as many "
+                   "first runs (the earlier run of a round pays more of the JIT's warm-up)")
     p.add_argument("--master", default=d.master)
     p.add_argument("--no-freeze-gc", dest="freeze_gc", action="store_false",
                    help="the tracked pipeline does not gc.freeze() the driver's objects")
