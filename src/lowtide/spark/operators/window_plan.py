@@ -19,9 +19,10 @@ step's: into the null sink, after other steps, or into a caller's sink.
 
 The query runs with ``multipleWatermarkPolicy=max`` and ``allowMultiple=false``
 (:data:`WATERMARK_CONFS`, set only while it starts): the global watermark is then the
-largest stamp of the batches so far; Spark emits a window when its end is at or below the watermark and drops a row
-only if its window's end is. The stamps' argument (no row dropped, no window emitted
-before its last row) is in :mod:`lowtide.spark.tracking.receive`. ``lt_ts`` is the
+largest stamp of the batches so far; Spark emits a window when its end is at or below
+the watermark and drops a row only if its window's end is. The stamps' argument (no
+row dropped, no window emitted before its last row) is in
+:mod:`lowtide.spark.tracking.receive`. ``lt_ts`` is the
 row's global time (``slot * delta_ms``), unwrapped in the JVM against the batch's
 timestamp; the window's bounds are those of today's windows (multiples of the slide).
 
