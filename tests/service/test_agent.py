@@ -406,3 +406,37 @@ def test_an_agent_whose_first_handshake_is_cut_dials_again_for_a_front_operation
     finally:
         proxy.close()
     assert proxy.hung_up == 1
+
+
+def test_closing_an_agent_ends_a_call_that_waits_on_it(
+    graph: SegmentGraph, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A thread's call still waiting when another closes the agent (a producer's flush
+    during a tracker outage) ends with a one-line ConnectionLost, not a hang, and
+    asyncio reports no task destroyed pending or error never retrieved."""
+    import gc
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on: the call waits to connect
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    a = Agent.connect(f"tcp://127.0.0.1:{port}", graph, connect_timeout_s=0.2)
+    ended: list[BaseException] = []
+
+    def flush() -> None:
+        try:
+            a.flush(timeout_s=30.0)
+        except BaseException as exc:  # what the caller sees, whatever it is
+            ended.append(exc)
+
+    waiter = threading.Thread(target=flush, daemon=True)
+    waiter.start()
+    time.sleep(0.3)
+    with caplog.at_level("ERROR", logger="asyncio"):
+        a.close(timeout_s=0.5)
+        waiter.join(5.0)
+        gc.collect()
+    assert not waiter.is_alive()
+    assert len(ended) == 1 and isinstance(ended[0], ConnectionLost), ended
+    assert "closed" in str(ended[0])
+    assert not [r for r in caplog.records if r.name == "asyncio"]

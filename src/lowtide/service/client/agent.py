@@ -30,6 +30,18 @@ from lowtide.service.client.subscription import AsyncSubscription, Subscription
 T = TypeVar("T")
 
 
+async def _cancel_others() -> None:
+    """Cancel every other task of the running loop and wait for them: a call another
+    thread still waits on ends (its caller raises ConnectionLost) rather than be
+    destroyed pending with the loop, its error never retrieved and its caller waiting
+    for ever."""
+    me = asyncio.current_task()
+    others = [t for t in asyncio.all_tasks() if t is not me]
+    for task in others:
+        task.cancel()
+    await asyncio.gather(*others, return_exceptions=True)
+
+
 class Agent(BaseAgent):
     """An agent whose event loop always runs, on a thread of its own: besides the
     calls every agent makes, it buffers acks and heartbeats (flushed within
@@ -48,6 +60,7 @@ class Agent(BaseAgent):
 
     def _stop_loop(self, timeout_s: float) -> None:
         asyncio.run_coroutine_threadsafe(self._state.close(), self._loop).result(timeout_s)
+        asyncio.run_coroutine_threadsafe(_cancel_others(), self._loop).result(timeout_s)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout_s)
         if not self._thread.is_alive():  # an unclosed loop warns when it is collected

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
 import logging
 import os
 import secrets
@@ -160,6 +161,9 @@ class BaseAgent(ABC):
             return fut.result()
         except TimeoutError as exc:
             raise TimeoutError(f"{exc} ({self._state.describe()})") from None
+        except (concurrent.futures.CancelledError, asyncio.CancelledError):
+            raise ConnectionLost(f"{self.url}: the agent was closed while this call "
+                                 "waited") from None
 
     def _call(self, coro: Awaitable[T], timeout_s: float) -> T:
         return self._result(self._spawn(coro, timeout_s))
