@@ -145,8 +145,8 @@ def test_a_move_cut_short_by_a_crash_is_finished_once(agent: Any, tmp_path: Path
 
 def test_a_move_is_written_down_durably_before_it_is_sent(
         agent: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Only the write-ahead is fsynced: a completion lost in a machine crash leaves the
-    move pending, and the restart re-sends it (the test above)."""
+    """The write-ahead is synced before the move is sent, its completion after: an
+    unsynced rename could leave an empty file after a machine crash (rule 14)."""
     hold = _hold(tmp_path)
     hold.prepare()
     hold.ensure_open()
@@ -166,7 +166,9 @@ def test_a_move_is_written_down_durably_before_it_is_sent(
 
     monkeypatch.setattr(agent, "send_batch", sent)
     hold.advance(1_500 * 10)
-    assert [(s.get("pending"), s.get("sent")) for s in synced] == [(1_500, None), (None, True)]
+    # write-ahead synced, sent, completion synced
+    assert [(s.get("pending"), s.get("sent")) for s in synced] == [
+        (1_500, None), (None, True), (None, None)]
     assert json.loads(Path(hold.path).read_text())["hold"] == 1_500
 
 

@@ -166,18 +166,17 @@ class WatermarkHold:
         except FileNotFoundError:
             return None
 
-    def _save(self, record: HoldRecord, durable: bool = True) -> None:
-        """Write ``record`` (atomically: a rename); ``durable``: on disk before this
-        returns. A move's write-ahead must be: it is sent next. Its completion need
-        not: lost in a machine crash, the file says the move is pending, and the
-        restart sends it again, a duplicate the tracker confirms (rule 6)."""
+    def _save(self, record: HoldRecord) -> None:
+        """Write ``record`` atomically and durably: synced, then renamed over the file.
+        The completion too: a rename whose data was not synced may leave, after a
+        machine crash, an empty file in place of the write-ahead it replaced, and the
+        restart nothing to start from (rule 14)."""
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         tmp = f"{self.path}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
             json.dump(asdict(record), f)
-            if durable:
-                f.flush()
-                os.fsync(f.fileno())
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, self.path)
         self.record = record
 
@@ -193,7 +192,7 @@ class WatermarkHold:
         agent.send_batch(batch_key(self.record.key, new, HOLD_PREFIX + self.window, 0), acks,
                          timeout_s=timeout_s)
         self._save(replace(self.record, opened=True, hold=None if new == END else new,
-                           pending=None), durable=False)
+                           pending=None))
 
     def prepare(self) -> None:
         """Before the query starts: make the file, or finish a move a crash cut short;

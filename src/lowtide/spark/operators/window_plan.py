@@ -22,9 +22,9 @@ The query runs with ``multipleWatermarkPolicy=max`` and ``allowMultiple=false``
 largest stamp of the batches so far; Spark emits a window when its end is at or below
 the watermark and drops a row only if its window's end is. The stamps' argument (no
 row dropped, no window emitted before its last row) is in
-:mod:`lowtide.spark.tracking.receive`. ``lt_ts`` is the
-row's global time (``slot * delta_ms``), unwrapped in the JVM against the batch's
-timestamp; the window's bounds are those of today's windows (multiples of the slide).
+:mod:`lowtide.spark.tracking.receive`. ``lt_ts`` is the row's global time (``slot *
+delta_ms``), unwrapped in the JVM against the batch's timestamp; the window's bounds
+are those of today's windows (multiples of the slide).
 
 ``lt_ts`` is marked an event-time column by its metadata alone (what ``withWatermark``
 writes on its column), after the stamps' watermark node: Spark's append mode and its
