@@ -54,6 +54,7 @@ from lowtide.spark.pipeline.status import PipelineStatus, status_of
 from lowtide.spark.pipeline.step_plans import (
     Targets,
     ends_in_arrow_map,
+    fixed_plan_confs,
     plan_steps,
     read_source,
     union_by_name,
@@ -343,7 +344,7 @@ class Pipeline:
         confs = WATERMARK_CONFS if built.holds else ()
         if built.update:
             writer, confs = writer.outputMode("update"), SPECULATIVE_CONFS
-        with session_confs(self.spark, confs):
+        with session_confs(self.spark, (*confs, *fixed_plan_confs(self.spark))):
             query = writer.start()
         listeners = [h.listener(str(query.id), self._tracker_options.hold_wait_s, fail)
                      for h in built.holds]

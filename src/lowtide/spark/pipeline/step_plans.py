@@ -43,6 +43,20 @@ from lowtide.spark.tracking.receive import WM_COL
 from lowtide.spark.tracking.transport import TrackerRef
 
 
+#: Spark 4.1 and later re-plan a stateless streaming query's stages in every micro-batch
+#: from the statistics of the stages before (adaptive execution). A lowtide query runs
+#: the plan it was given instead: its tasks are what acks are keyed by (rule 5), and
+#: the re-planning cost the tracked maps about three points of CPU, against none to
+#: two for the same maps untracked (BENCHMARKS.md, twenty-second session).
+FIXED_PLAN_CONFS = (("spark.sql.adaptive.streaming.stateless.enabled", "false"),)
+
+
+def fixed_plan_confs(spark: Any) -> tuple[tuple[str, str], ...]:
+    """:data:`FIXED_PLAN_CONFS` but those the session sets itself: a user who turned
+    adaptive execution on for stateless streaming queries keeps it."""
+    return tuple((k, v) for k, v in FIXED_PLAN_CONFS if spark.conf.get(k, None) is None)
+
+
 @dataclass(frozen=True)
 class Targets:
     """Where a plan's senders send: ``after`` maps each tracked step and source to

@@ -1,0 +1,68 @@
+"""A lowtide query runs the plan it was given: Spark's adaptive execution, which
+re-plans a stateless streaming query's stages in each micro-batch, is off for it
+unless the session turned it on itself (``step_plans.FIXED_PLAN_CONFS``)."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+import lowtide
+from lowtide.spark.pipeline import register_sources
+from lowtide.spark.pipeline.step_plans import FIXED_PLAN_CONFS
+from lowtide.spark.sources.generator import UNTRACKED_SCHEMA, GeneratorSpec
+
+pytestmark = pytest.mark.spark
+
+SPEC = GeneratorSpec(fronts=2, rate=200.0)
+KEY = FIXED_PLAN_CONFS[0][0]
+
+
+def plus_one(b: pa.RecordBatch) -> pa.RecordBatch:
+    return b
+
+
+def executed_plan(query: Any) -> str:
+    deadline = time.monotonic() + 300
+    while query.lastProgress is None:
+        assert time.monotonic() < deadline, "no batch in 300 s"
+        time.sleep(0.1)
+    return str(query._jsq.streamingQuery().lastExecution().executedPlan().toString())
+
+
+def tracked_plan(spark: Any) -> str:
+    with lowtide.Pipeline(spark, "fixed", stuck_after_ms=600_000) as pipe:
+        stream = pipe.generate(SPEC).repartition(2).map(
+            plus_one, UNTRACKED_SCHEMA, name="m")
+        query = stream.to_null(checkpoint=tempfile.mkdtemp())
+        try:
+            return executed_plan(query.query)
+        finally:
+            query.stop()
+
+
+def test_a_tracked_query_runs_a_fixed_plan_where_spark_would_adapt(spark) -> None:
+    register_sources(spark)
+    df = (spark.readStream.format("lowtide_gen").option("tracking", "false")
+          .option("spec", SPEC.to_json()).load().repartition(2))
+    query = df.writeStream.format("noop").option("checkpointLocation",
+                                                 tempfile.mkdtemp()).start()
+    try:
+        assert "AdaptiveSparkPlan" in executed_plan(query)  # Spark's default
+    finally:
+        query.stop()
+    assert "AdaptiveSparkPlan" not in tracked_plan(spark)
+    assert spark.conf.get(KEY, None) is None  # set only while the query started
+
+
+def test_a_session_that_turns_adaptive_execution_on_keeps_it(spark) -> None:
+    spark.conf.set(KEY, "true")
+    try:
+        assert "AdaptiveSparkPlan" in tracked_plan(spark)
+        assert spark.conf.get(KEY) == "true"
+    finally:
+        spark.conf.unset(KEY)
