@@ -42,7 +42,6 @@ from lowtide.spark.tracking.key_ranges import RANGE_COL
 from lowtide.spark.tracking.receive import WM_COL
 from lowtide.spark.tracking.transport import TrackerRef
 
-
 #: Spark 4.1 and later re-plan a stateless streaming query's stages in every micro-batch
 #: from the statistics of the stages before (adaptive execution). A lowtide query runs
 #: the plan it was given instead: its tasks are what acks are keyed by (rule 5), and
