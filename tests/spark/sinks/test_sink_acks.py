@@ -80,3 +80,38 @@ def test_a_tables_feed_into_its_readers_waits_the_same(hung: Any, tmp_path: Any)
                      np.array([7], np.uint64), np.array([1], np.int64))
     assert hung.waits_s == [1.5] and failures == [raised.value]
     assert str(raised.value).startswith("table sink 'sink''s feeds: the tracker at")
+
+
+class StoppingBatch:
+    """A micro-batch's DataFrame whose query is stopping: its clean-up is interrupted."""
+
+    def __init__(self) -> None:
+        self.sparkSession = self
+        self.sparkContext = self
+        self.unpersisted = 0
+
+    def getLocalProperty(self, key: str) -> str:
+        return "query-1"
+
+    def persist(self) -> StoppingBatch:
+        return self
+
+    def drop(self, column: str) -> StoppingBatch:
+        return self
+
+    def unpersist(self) -> None:
+        self.unpersisted += 1
+        raise RuntimeError("java.lang.InterruptedException")
+
+
+def test_a_failed_ack_is_the_batchs_error_though_the_stop_interrupts_its_clean_up(
+        hung: Any) -> None:
+    """The failed ack stops the query, whose stop interrupts the sink's ``unpersist``:
+    the batch still ends with the one-line ack error, not the interruption (py4j
+    printed that one's traceback, `bench chaos --spark`, "tracker hung under a sink")."""
+    sink = TrackedForeachBatch(lambda df, batch_id: None, REF, "sink", wait_s=1.0)
+    sink.acks_of = lambda df: one_slot()  # type: ignore[method-assign]
+    batch = StoppingBatch()
+    with pytest.raises(SinkAcksFailed, match="did not confirm the acks of batch 5"):
+        sink(batch, 5)
+    assert batch.unpersisted == 1

@@ -7,6 +7,7 @@ tracking columns."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -137,8 +138,13 @@ class TrackedForeachBatch:
                        else cached.drop(TRACK_COL))
             self.fn(user_df, batch_id)
             self._ack(query, batch_id, acc)
-        finally:
-            cached.unpersist()
+        except BaseException:
+            # the error in flight is the batch's: a failed ack stops the query, and the
+            # stop may interrupt this clean-up (an InterruptedException through py4j)
+            with contextlib.suppress(Exception):
+                cached.unpersist()
+            raise
+        cached.unpersist()
 
     def _ack(self, query: str, batch_id: int, acc: AckAccumulator) -> None:
         started_ns = time.time_ns()
