@@ -326,3 +326,12 @@ def wait_batches(query: Any, n: int, timeout_s: float = 90) -> None:
         assert query.exception() is None, query.exception()
         assert time.monotonic() < deadline, f"fewer than {n} batches"
         time.sleep(0.1)
+
+
+def executed_plan(query: Any, timeout_s: float = 300.0) -> str:
+    """The physical plan of ``query``'s last micro-batch, once it ran one."""
+    deadline = time.monotonic() + timeout_s
+    while query.lastProgress is None:
+        assert time.monotonic() < deadline, f"no batch in {timeout_s:.0f} s"
+        time.sleep(0.1)
+    return str(query._jsq.streamingQuery().lastExecution().executedPlan().toString())

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import tempfile
-import time
 from typing import Any
 
 import pyarrow as pa
@@ -19,6 +18,7 @@ import pytest
 import lowtide
 from lowtide.spark.pipeline import register_sources
 from lowtide.spark.sources.generator import GeneratorSpec
+from tests.spark.helpers import executed_plan
 
 pytestmark = pytest.mark.spark
 
@@ -32,12 +32,7 @@ PYTHON_NODES = re.compile(r"^[\s:+\-!*()\d]*(MapInArrow|MapInPandas|ArrowEvalPyt
 
 def crossings(query: Any) -> list[str]:
     """The Python nodes of ``query``'s last executed plan (once it ran a batch)."""
-    deadline = time.monotonic() + 300
-    while query.lastProgress is None:
-        assert time.monotonic() < deadline, "no batch in 300 s"
-        time.sleep(0.1)
-    plan = query._jsq.streamingQuery().lastExecution().executedPlan().toString()
-    return [m.group(1).split(" ")[0] for m in PYTHON_NODES.finditer(plan)]
+    return [m.group(1).split(" ")[0] for m in PYTHON_NODES.finditer(executed_plan(query))]
 
 
 def planned(df: Any) -> list[str]:

@@ -5,7 +5,6 @@ unless the session turned it on itself (``step_plans.FIXED_PLAN_CONFS``)."""
 from __future__ import annotations
 
 import tempfile
-import time
 from typing import Any
 
 import pyarrow as pa
@@ -15,6 +14,7 @@ import lowtide
 from lowtide.spark.pipeline import register_sources
 from lowtide.spark.pipeline.step_plans import FIXED_PLAN_CONFS
 from lowtide.spark.sources.generator import UNTRACKED_SCHEMA, GeneratorSpec
+from tests.spark.helpers import executed_plan
 
 pytestmark = pytest.mark.spark
 
@@ -22,22 +22,14 @@ SPEC = GeneratorSpec(fronts=2, rate=200.0)
 KEY = FIXED_PLAN_CONFS[0][0]
 
 
-def plus_one(b: pa.RecordBatch) -> pa.RecordBatch:
+def unchanged(b: pa.RecordBatch) -> pa.RecordBatch:
     return b
-
-
-def executed_plan(query: Any) -> str:
-    deadline = time.monotonic() + 300
-    while query.lastProgress is None:
-        assert time.monotonic() < deadline, "no batch in 300 s"
-        time.sleep(0.1)
-    return str(query._jsq.streamingQuery().lastExecution().executedPlan().toString())
 
 
 def tracked_plan(spark: Any) -> str:
     with lowtide.Pipeline(spark, "fixed", stuck_after_ms=600_000) as pipe:
         stream = pipe.generate(SPEC).repartition(2).map(
-            plus_one, UNTRACKED_SCHEMA, name="m")
+            unchanged, UNTRACKED_SCHEMA, name="m")
         query = stream.to_null(checkpoint=tempfile.mkdtemp())
         try:
             return executed_plan(query.query)

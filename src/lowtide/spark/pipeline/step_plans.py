@@ -44,9 +44,10 @@ from lowtide.spark.tracking.transport import TrackerRef
 
 #: Spark 4.1 and later re-plan a stateless streaming query's stages in every micro-batch
 #: from the statistics of the stages before (adaptive execution). A lowtide query runs
-#: the plan it was given instead: its tasks are what acks are keyed by (rule 5), and
-#: the re-planning cost the tracked maps about three points of CPU, against none to
-#: two for the same maps untracked (BENCHMARKS.md, twenty-second session).
+#: the plan it was given instead, for the cost: the re-planning cost the tracked maps
+#: about three points of CPU, against none to two for the same maps untracked
+#: (BENCHMARKS.md, twenty-second session). Its tasks, which key its acks (rule 5),
+#: then stay as planned.
 FIXED_PLAN_CONFS = (("spark.sql.adaptive.streaming.stateless.enabled", "false"),)
 
 
