@@ -78,23 +78,39 @@ def test_sessions_name_the_daemon_unless_told_not_to() -> None:
     assert key not in SessionConfig(warm_daemon=False).settings()
 
 
+def test_the_daemon_freezes_what_it_imported_so_per_task_collections_skip_it() -> None:
+    """PySpark's daemon collects after every task of a reused worker: frozen, the
+    imported modules' objects are not walked again (the module's docstring)."""
+    code = ("import gc; from lowtide.spark.worker_daemon import preload, freeze_preloaded; "
+            f"preload({TASK_WORKER!r}); frozen = freeze_preloaded(); "
+            "print(frozen, len(gc.get_objects()))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120)
+    frozen, walked = map(int, out.stdout.split())
+    assert frozen > 50_000  # pyarrow, pandas, pyspark's worker and lowtide's task modules
+    assert walked < frozen // 20  # what a collection still walks
+
+
 def _worker_facts(batches):  # runs in a Spark Python worker
+    import gc
     import sys
 
     parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().replace(b"\0", b" ")
     for b in batches:
         yield pa.record_batch({
             "parent": [parent.decode()] * b.num_rows,
-            "warm": [all(m in sys.modules for m in TASK_MODULES)] * b.num_rows})
+            "warm": [all(m in sys.modules for m in TASK_MODULES)] * b.num_rows,
+            "frozen": [gc.get_freeze_count() > 50_000] * b.num_rows})
 
 
 @pytest.mark.spark
 def test_the_suites_workers_are_forked_warm(spark) -> None:
     """The suite's session names the daemon (as SessionConfig does): every worker is
-    forked from it with the task modules imported; every tracked query of the suite
-    (tests/apps/test_demo.py: the demo's exact windows) runs on such workers."""
+    forked from it with the task modules imported and frozen; every tracked query of the
+    suite (tests/apps/test_demo.py: the demo's exact windows) runs on such workers."""
     assert spark.conf.get("spark.python.daemon.module") == "lowtide.spark.worker_daemon"
-    facts = (spark.range(0, 8, 1, 4).mapInArrow(_worker_facts, "parent string, warm boolean")
+    facts = (spark.range(0, 8, 1, 4)
+             .mapInArrow(_worker_facts, "parent string, warm boolean, frozen boolean")
              .distinct().collect())
     assert {r.parent.split()[2] for r in facts} == {"lowtide.spark.worker_daemon"}
-    assert all(r.warm for r in facts)
+    assert all(r.warm and r.frozen for r in facts)
