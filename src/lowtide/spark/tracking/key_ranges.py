@@ -108,14 +108,11 @@ def batch_ranges(graph: SegmentGraph, idx: int, batch: Any) -> np.ndarray:
     return row_ranges(graph, idx, batch.column(names.index(RANGE_COL)).to_numpy())
 
 
-def range_cells(graph: SegmentGraph, idx: int, batch: Any) -> tuple[np.ndarray, np.ndarray]:
-    """(the cell of each row of ``batch`` in segment ``idx``: its key range's where the
-    segment is split, else the segment's; the cells present, ascending)."""
-    if not graph.ranges_of(idx) or not batch.num_rows:
-        cells = np.full(batch.num_rows, idx, np.int64)
-    else:
-        cells = graph.cell(idx, 0) + batch_ranges(graph, idx, batch)
-    return cells, np.unique(cells)
+def range_cells(graph: SegmentGraph, idx: int, batch: Any) -> np.ndarray:
+    """The cell of each row of ``batch`` in segment ``idx``, split into key ranges: its
+    key range's. (A segment not split has one cell, its own: callers ack it whole, with
+    no pass over the rows.)"""
+    return graph.cell(idx, 0) + batch_ranges(graph, idx, batch)
 
 
 def require_front(what: str, columns: Any) -> None:

@@ -105,16 +105,21 @@ def stamped(ref: TrackerRef, segment: str, key: str, batches: Iterable[Any],
     from lowtide.spark.sources.log_source import submit_task_batch
 
     idx = ref.graph.index(out_of or segment)
+    split = bool(ref.graph.ranges_of(idx))
     acc = AckAccumulator()
     ref_slot = reference_slot(ref.grid)
     last = None
     for batch in batches:
         packed = np.asarray(batch.column(batch.schema.get_field_index(TRACK_COL)).to_numpy(
             zero_copy_only=False), np.int64)
-        cells, present = range_cells(ref.graph, idx, batch)
-        for cell in present.tolist():  # a segment split into key ranges: each its range's
-            acc.add_packed(cell, packed if len(present) == 1 else packed[cells == cell],
-                           ref_slot, -1)
+        if not split:
+            acc.add_packed(idx, packed, ref_slot, -1)
+        elif batch.num_rows:  # a segment split into key ranges: each row in its range's
+            cells = range_cells(ref.graph, idx, batch)
+            present = np.unique(cells)
+            for cell in present.tolist():
+                acc.add_packed(cell, packed if len(present) == 1 else packed[cells == cell],
+                               ref_slot, -1)
         if last is not None:
             yield last.append_column(WM_COL, pa.array(np.zeros(last.num_rows, np.int64)))
         last = batch
