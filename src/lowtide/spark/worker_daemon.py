@@ -36,6 +36,7 @@ TASK_MODULES = (
     "pyarrow",
     "pyarrow.compute",
     "pandas",
+    "lowtide.spark.tracking.kernels",  # compiled once here, not in every worker
     "lowtide.spark.sources.generator",
     "lowtide.spark.sources.clock",
     "lowtide.spark.operators.tracked",

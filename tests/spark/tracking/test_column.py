@@ -26,8 +26,13 @@ from lowtide.spark.tracking import (
     with_ids,
     xor_by_time,
 )
+from lowtide.spark.tracking.kernels import DENSE_SPAN
 
 NOW_SLOT = 178_000_000_000  # 2026 at delta_ms=10
+
+#: slot offsets scaled by 1 stay inside the compiled kernels' dense table (a micro-batch);
+#: by 20,000 a batch spans more than DENSE_SPAN (a backlog) and numpy groups it
+SPREADS = pytest.mark.parametrize("spread", [1, 20_000], ids=["dense", "backlog"])
 
 
 def _reference(times: list[int], acks: list[int]) -> dict[int, tuple[int, int]]:
@@ -132,6 +137,31 @@ def test_grouping_packed_rows_equals_grouping_their_slots(
     assert got == _reference(slots.tolist(), ack_ids(packed).tolist())
 
 
+@SPREADS
+@pytest.mark.parametrize("edge", [0, 2**31, 2**32 - 3],
+                         ids=["slot 0 mod 2**32", "2**31 mod 2**32", "across the wrap"])
+@given(rows=st.lists(st.tuples(st.integers(-3, 3), st.integers(0, 2**64 - 1)), max_size=100))
+def test_the_accumulator_sums_rows_per_slot_like_a_plain_loop(
+    spread: int, edge: int, rows: list[tuple[int, int]]
+) -> None:
+    """``add`` (full slots) and ``add_packed`` (a tracking column, whose wrapped slot
+    bits run past 2**32 - 1 to 0 "across the wrap") give the plain loop's per-slot XORs
+    and counts, signed: sends positive, receipts negative."""
+    base = (NOW_SLOT // WRAP_SLOTS + 1) * WRAP_SLOTS + edge
+    slots = np.array([base + t * spread for t, _ in rows], np.int64)
+    acks = np.array([a for _, a in rows], np.uint64)
+    packed = pack(slots, acks, base)
+    acc = AckAccumulator()
+    acc.add(0, slots, acks, +1)
+    acc.add_packed(1, packed, base, -1)
+    got = acc.build(window_slots=1)
+    want = {(0, t): (x, c) for t, (x, c) in _reference(slots.tolist(), acks.tolist()).items()}
+    want |= {(1, t): (x, -c) for t, (x, c) in
+             _reference(slots.tolist(), ack_ids(packed).tolist()).items()}
+    assert {(int(g), int(t)): (int(x), int(c)) for g, t, x, c in
+            zip(got.segment, got.time, got.xor, got.count, strict=True)} == want
+
+
 @given(st.lists(st.integers(0, 2**32 - 1), unique=True, max_size=300), st.integers(0, 2**32 - 1))
 def test_child_ids_are_distinct_for_distinct_parents_and_never_zero(
     parents: list[int], salt: int
@@ -149,16 +179,19 @@ def test_child_ids_are_distinct_for_distinct_parents_and_never_zero(
         assert not np.array_equal(c, child_ids(p, salt, np.ones(len(p), np.int64)))
 
 
+@SPREADS
 @pytest.mark.parametrize("kind", ["map", "filter", "flat_map"])
 @given(rows=st.lists(st.tuples(st.integers(-6, 6), st.integers(1, 2**32 - 1), st.integers(0, 2)),
                      max_size=120))
 def test_track_children_equals_a_row_by_row_reference(
-    kind: str, rows: list[tuple[int, int, int]]
+    spread: int, kind: str, rows: list[tuple[int, int, int]]
 ) -> None:
-    """The vectorised kernel of the tracked operators against a plain loop: per slot,
-    the XOR and count of the parents' ids (received) and of the children's ids (sent),
-    and the children's tracking column (their parent's slot, child_ids)."""
-    slots = np.array([NOW_SLOT + d for d, _i, _k in rows], np.int64)
+    """The tracked operators' kernels (compiled, or numpy for a backlog) against a plain
+    loop: per slot, the XOR and count of the parents' ids (received) and of the
+    children's ids (sent), and the children's tracking column (their parent's slot,
+    child_ids)."""
+    assert 12 * 20_000 > DENSE_SPAN > 12
+    slots = np.array([NOW_SLOT + d * spread for d, _i, _k in rows], np.int64)
     packed = pack(slots, np.array([i for _d, i, _k in rows], np.uint64), NOW_SLOT)
     ids = ack_ids(packed).astype(np.uint32)
     if kind == "map":

@@ -9,11 +9,12 @@ count. Full slots come back by unwrapping against a reference slot, any slot wit
 batch's timestamp. Sources refuse rows more than 2**30 slots from their clock
 (:func:`pack`), later tasks rows more than 1.5 * 2**30 from theirs (:func:`unwrap`).
 
-Nothing in this module loops over rows in Python: ids are XOR-reduced per time with
-``np.bitwise_xor.reduceat`` over runs of equal times. Rows a source emits are grouped
-by time already (no sort); rows after a repartition are shuffled, but a micro-batch
-spans few slots, so a radix sort of 16-bit time offsets groups them
-(:class:`TimeGroups`).
+Nothing in this module loops over rows in Python. A micro-batch spans few slots, so
+the ids of a batch are XOR-reduced per time in one compiled pass into a table indexed
+by each row's offset from the earliest slot (:mod:`.kernels`). A batch spanning more
+(a backlog) is grouped in numpy: by a radix sort of 16-bit time offsets, or by sorting
+the times themselves (:class:`TimeGroups`), then ``np.bitwise_xor.reduceat`` over runs
+of equal times.
 
 >>> import numpy as np
 >>> t = np.array([5, 5, 6, 5], np.int64); a = np.array([1, 2, 4, 8], np.uint64)
@@ -212,6 +213,27 @@ class TimeGroups:
         return out
 
 
+_NO_VALUES = np.empty(0, np.uint64)
+_KEEP_ALL = np.empty(0, np.bool_)
+
+
+def _kernels() -> Any:
+    """The compiled kernels, imported on first use: numba's import and its cache's
+    load (about 0.25 s) are paid by the task workers (lowtide's worker daemon imports
+    the kernels before it forks them), not by a driver that only plans a pipeline."""
+    from lowtide.spark.tracking import kernels
+
+    return kernels
+
+
+def _dense(keys: I64, shift: int) -> tuple[int, int] | None:
+    """(first key, span) of non-empty ``keys >> shift`` (unsigned) where the kernels'
+    dense table covers them, else None."""
+    k = _kernels()
+    lo, hi = k.key_span(keys, shift)
+    return (lo, hi - lo + 1) if 0 <= hi - lo < k.DENSE_SPAN else None
+
+
 _FMIX1 = np.uint32(0x85EBCA6B)
 _FMIX2 = np.uint32(0xC2B2AE35)
 _GOLDEN32 = np.uint32(0x9E3779B9)
@@ -258,9 +280,21 @@ def track_children(
 
     ``children``: None, one child per row (a map); a boolean mask, the rows kept (a
     filter); or indices, the parent row of each child (a flat_map)."""
-    u = as_u64(packed)
+    p = np.ascontiguousarray(packed, np.int64)
+    dense = _dense(p, ID_BITS) if len(p) else None
+    if dense is not None and (children is None or children.dtype == np.bool_):
+        keep = _KEEP_ALL if children is None else np.ascontiguousarray(children, np.bool_)
+        c_packed, recv, sent, parents, kids = _kernels().children(p, np.uint64(salt), keep, *dense)
+        present = np.flatnonzero(parents)
+        times = unwrap(dense[0] + present, ref_slot)
+        acc.add_reduced(segments[0], times, recv[present], -parents[present])
+        some = kids[present] > 0
+        acc.add_reduced(segments[1], times[some], sent[present][some], kids[present][some])
+        out: I64 = c_packed
+        return out
+    u = as_u64(p)
     ids = u.astype(np.uint32)  # the low 32 bits
-    groups = TimeGroups.of_packed(packed, ref_slot)
+    groups = TimeGroups.of_packed(p, ref_slot)
     if children is None or children.dtype == np.bool_:
         child = child_ids(ids, salt)
         sent = child if children is None else np.where(children, child, np.uint32(0))
@@ -333,15 +367,30 @@ class AckAccumulator:
 
     def add(self, segment: int, times: I64, acks: U64, sign: int) -> None:
         """Send (sign=+1) or receive (sign=-1) the rows ``(times, acks)`` in ``segment``."""
-        if len(times) == 0:
+        t = np.ascontiguousarray(times, np.int64)
+        if len(t) == 0:
             return
-        self.add_grouped(segment, TimeGroups.of(times), acks, sign)
+        dense = _dense(t, 0)
+        if dense is None:
+            self.add_grouped(segment, TimeGroups.of(t), acks, sign)
+            return
+        xors, counts = _kernels().xor_sums(t, 0, np.ascontiguousarray(acks, np.uint64), *dense)
+        present = np.flatnonzero(counts)
+        self.add_reduced(segment, dense[0] + present, xors[present], counts[present] * sign)
 
     def add_packed(self, segment: int, packed: I64, ref_slot: int, sign: int) -> None:
         """Like :meth:`add`, for rows given by their tracking column."""
-        if len(packed) == 0:
+        p = np.ascontiguousarray(packed, np.int64)
+        if len(p) == 0:
             return
-        self.add_grouped(segment, TimeGroups.of_packed(packed, ref_slot), ack_ids(packed), sign)
+        dense = _dense(p, ID_BITS)
+        if dense is None:
+            self.add_grouped(segment, TimeGroups.of_packed(p, ref_slot), ack_ids(p), sign)
+            return
+        xors, counts = _kernels().xor_sums(p, ID_BITS, _NO_VALUES, *dense)
+        present = np.flatnonzero(counts)
+        self.add_reduced(segment, unwrap(dense[0] + present, ref_slot), xors[present],
+                         counts[present] * sign)
 
     def add_grouped(self, segment: int, groups: TimeGroups, acks: U64, sign: int) -> None:
         """Like :meth:`add`, for rows whose times are already grouped."""

@@ -1,0 +1,109 @@
+"""Compiled one-pass kernels of the tracking column (numba).
+
+A tracked task's ack arithmetic per Arrow batch is: group the rows by time, XOR their
+ids per time, count them, and for a map or filter derive each child's id. In numpy
+that is a dozen passes over temporary arrays (a radix sort of the shuffled rows' time
+codes, gathers, the hash's rounds); here it is one pass that reads each row's tracking
+column once and keeps the per-time sums in a small dense table indexed by the row's
+offset from the batch's earliest slot. A micro-batch spans few slots, so the table is
+tiny; a batch spanning more than :data:`DENSE_SPAN` slots (a backlog) is left to the
+numpy path (:class:`~lowtide.spark.tracking.column.TimeGroups`), which sorts.
+
+The functions are compiled when this module is imported (eager signatures, cached on
+disk by numba), so a Spark worker forked from lowtide's warm daemon starts with them
+compiled. They compute exactly what the numpy path computes (``tests/core`` compares
+the two on random batches): the ids are a pure function of the rows (rule 5)."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, types
+
+#: the widest span of slots (last minus first, plus one) a batch's dense table covers
+DENSE_SPAN = 1 << 16
+
+_MASK32 = np.uint64(0xFFFFFFFF)
+_SLOTS = np.uint64(0xFFFFFFFF00000000)
+
+# inputs are read-only (Arrow's zero-copy arrays are; a writable array converts)
+_I64, _U64, _BOOL = (types.Array(t, 1, "C", readonly=True)
+                     for t in (types.int64, types.uint64, types.boolean))
+_OUT_I64, _OUT_U64 = types.Array(types.int64, 1, "C"), types.Array(types.uint64, 1, "C")
+_SPAN_SIG = types.UniTuple(types.int64, 2)(_I64, types.int64)
+_SUMS_SIG = types.Tuple((_OUT_U64, _OUT_I64))(_I64, types.int64, _U64, types.int64, types.int64)
+_CHILD_SIG = types.Tuple((_OUT_I64, _OUT_U64, _OUT_U64, _OUT_I64, _OUT_I64))(
+    _I64, types.uint64, _BOOL, types.int64, types.int64)
+_OPTS = {"cache": True, "nogil": True, "boundscheck": False}
+
+
+@njit(_SPAN_SIG, **_OPTS)
+def key_span(keys, shift):  # type: ignore[no-untyped-def]
+    """(smallest, largest) of ``keys >> shift``, the keys read as unsigned 64-bit
+    (``shift`` 32 on a tracking column: its wrapped slots)."""
+    lo = np.uint64(0xFFFFFFFFFFFFFFFF)
+    hi = np.uint64(0)
+    s = np.uint64(shift)
+    for i in range(keys.shape[0]):
+        k = np.uint64(keys[i]) >> s
+        lo = min(lo, k)
+        hi = max(hi, k)
+    return np.int64(lo), np.int64(hi)
+
+
+@njit(_SUMS_SIG, **_OPTS)
+def xor_sums(keys, shift, values, lo, span):  # type: ignore[no-untyped-def]
+    """Per key offset ``(keys >> shift) - lo`` in ``range(span)``: the XOR of the rows'
+    ``values`` and their count. Empty ``values``: the keys' low 32 bits (the ids of a
+    tracking column)."""
+    xors = np.zeros(span, np.uint64)
+    counts = np.zeros(span, np.int64)
+    s = np.uint64(shift)
+    own = values.shape[0] == 0
+    for i in range(keys.shape[0]):
+        u = np.uint64(keys[i])
+        k = np.int64(u >> s) - lo
+        xors[k] ^= (u & _MASK32) if own else values[i]
+        counts[k] += 1
+    return xors, counts
+
+
+@njit(_CHILD_SIG, **_OPTS)
+def children(packed, salt, keep, lo, span):  # type: ignore[no-untyped-def]
+    """A map's or filter's pass over a tracking column: the children's column (one
+    child per row, or per kept row where ``keep`` is not empty) with ids
+    ``child_ids(parent id, salt)`` (murmur3's 32-bit finaliser, never 0), and per
+    wrapped-slot offset the parents' XOR, the kept children's XOR, the parents'
+    count and the children's count."""
+    n = packed.shape[0]
+    masked = keep.shape[0] > 0
+    m = n
+    if masked:
+        m = 0
+        for i in range(n):
+            m += keep[i]
+    out = np.empty(m, np.int64)
+    recv = np.zeros(span, np.uint64)
+    sent = np.zeros(span, np.uint64)
+    parents = np.zeros(span, np.int64)
+    kids = np.zeros(span, np.int64)
+    j = 0
+    for i in range(n):
+        u = np.uint64(packed[i])
+        k = np.int64(u >> np.uint64(32)) - lo
+        x = u & _MASK32
+        recv[k] ^= x
+        parents[k] += 1
+        if masked and not keep[i]:
+            continue
+        x ^= salt
+        x ^= x >> np.uint64(16)
+        x = (x * np.uint64(0x85EBCA6B)) & _MASK32
+        x ^= x >> np.uint64(13)
+        x = (x * np.uint64(0xC2B2AE35)) & _MASK32
+        x ^= x >> np.uint64(16)
+        x = max(x, np.uint64(1))
+        sent[k] ^= x
+        kids[k] += 1
+        out[j] = np.int64((u & _SLOTS) | x)
+        j += 1
+    return out, recv, sent, parents, kids
