@@ -50,21 +50,35 @@ def key_span(keys, shift):  # type: ignore[no-untyped-def]
     return np.int64(lo), np.int64(hi)
 
 
+#: per-slot tables kept LANES times over, row i summed into lane i % LANES: rows of one
+#: slot in a row (a source's, in label order) otherwise wait on each other's store
+_LANES = 4
+
+
+@njit(inline="always")
+def _xor_lanes(table):  # type: ignore[no-untyped-def]
+    out = table[0].copy()
+    for lane in range(1, table.shape[0]):
+        out ^= table[lane]
+    return out
+
+
 @njit(_SUMS_SIG, **_OPTS)
 def xor_sums(keys, shift, values, lo, span):  # type: ignore[no-untyped-def]
     """Per key offset ``(keys >> shift) - lo`` in ``range(span)``: the XOR of the rows'
     ``values`` and their count. Empty ``values``: the keys' low 32 bits (the ids of a
     tracking column)."""
-    xors = np.zeros(span, np.uint64)
-    counts = np.zeros(span, np.int64)
+    xors = np.zeros((_LANES, span), np.uint64)
+    counts = np.zeros((_LANES, span), np.int64)
     s = np.uint64(shift)
     own = values.shape[0] == 0
     for i in range(keys.shape[0]):
         u = np.uint64(keys[i])
         k = np.int64(u >> s) - lo
-        xors[k] ^= (u & _MASK32) if own else values[i]
-        counts[k] += 1
-    return xors, counts
+        lane = i % _LANES
+        xors[lane, k] ^= (u & _MASK32) if own else values[i]
+        counts[lane, k] += 1
+    return _xor_lanes(xors), counts.sum(axis=0)
 
 
 @njit(_CHILD_SIG, **_OPTS)
@@ -73,15 +87,11 @@ def children(packed, salt, keep, lo, span):  # type: ignore[no-untyped-def]
     child per row, or per kept row where ``keep`` is not empty) with ids
     ``child_ids(parent id, salt)`` (murmur3's 32-bit finaliser, never 0), and per
     wrapped-slot offset the parents' XOR, the kept children's XOR, the parents'
-    count and the children's count."""
+    count and the children's count. (The hash, not the tables, is what a row costs
+    here: lanes as in :func:`xor_sums` gained nothing.)"""
     n = packed.shape[0]
     masked = keep.shape[0] > 0
-    m = n
-    if masked:
-        m = 0
-        for i in range(n):
-            m += keep[i]
-    out = np.empty(m, np.int64)
+    out = np.empty(keep.sum() if masked else n, np.int64)
     recv = np.zeros(span, np.uint64)
     sent = np.zeros(span, np.uint64)
     parents = np.zeros(span, np.int64)
