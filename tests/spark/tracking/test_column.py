@@ -221,3 +221,13 @@ def test_track_children_equals_a_row_by_row_reference(
     assert slots_of(out, NOW_SLOT).tolist() == [int(slots[p]) for p in parents]
     assert ack_ids(out).tolist() == kids
     assert acc.rows_received == len(rows) and acc.rows_sent == len(parents)
+
+
+def test_the_compiled_path_refuses_arrays_of_other_lengths() -> None:
+    """The kernels check no bounds, so their callers refuse what would read past an
+    array: one ack per row, one mask entry per input row."""
+    with pytest.raises(ValueError, match="one ack per row"):
+        AckAccumulator().add(0, np.array([NOW_SLOT, NOW_SLOT]), np.array([1], np.uint64), +1)
+    packed = pack(np.array([NOW_SLOT] * 3, np.int64), np.array([1, 2, 3], np.uint64), NOW_SLOT)
+    with pytest.raises(ValueError, match="mask has 2 rows, its input 3"):
+        track_children(AckAccumulator(), (0, 1), packed, NOW_SLOT, 7, np.array([True, False]))

@@ -284,6 +284,8 @@ def track_children(
     dense = _dense(p, ID_BITS) if len(p) else None
     if dense is not None and (children is None or children.dtype == np.bool_):
         keep = _KEEP_ALL if children is None else np.ascontiguousarray(children, np.bool_)
+        if children is not None and len(keep) != len(p):
+            raise ValueError(f"a filter's mask has {len(keep)} rows, its input {len(p)}")
         c_packed, recv, sent, parents, kids = _kernels().children(p, np.uint64(salt), keep, *dense)
         present = np.flatnonzero(parents)
         times = unwrap(dense[0] + present, ref_slot)
@@ -374,7 +376,10 @@ class AckAccumulator:
         if dense is None:
             self.add_grouped(segment, TimeGroups.of(t), acks, sign)
             return
-        xors, counts = _kernels().xor_sums(t, 0, np.ascontiguousarray(acks, np.uint64), *dense)
+        a = np.ascontiguousarray(acks, np.uint64)
+        if len(a) != len(t):
+            raise ValueError(f"{len(t)} times and {len(a)} acks: one ack per row")
+        xors, counts = _kernels().xor_sums(t, 0, a, *dense)
         present = np.flatnonzero(counts)
         self.add_reduced(segment, dense[0] + present, xors[present], counts[present] * sign)
 
