@@ -370,32 +370,32 @@ class AckAccumulator:
     def add(self, segment: int, times: I64, acks: U64, sign: int) -> None:
         """Send (sign=+1) or receive (sign=-1) the rows ``(times, acks)`` in ``segment``."""
         t = np.ascontiguousarray(times, np.int64)
-        if len(t) == 0:
-            return
-        dense = _dense(t, 0)
-        if dense is None:
-            self.add_grouped(segment, TimeGroups.of(t), acks, sign)
-            return
         a = np.ascontiguousarray(acks, np.uint64)
         if len(a) != len(t):
             raise ValueError(f"{len(t)} times and {len(a)} acks: one ack per row")
-        xors, counts = _kernels().xor_sums(t, 0, a, *dense)
-        present = np.flatnonzero(counts)
-        self.add_reduced(segment, dense[0] + present, xors[present], counts[present] * sign)
+        if len(t) and not self._add_dense(segment, t, 0, a, sign, None):
+            self.add_grouped(segment, TimeGroups.of(t), a, sign)
 
     def add_packed(self, segment: int, packed: I64, ref_slot: int, sign: int) -> None:
         """Like :meth:`add`, for rows given by their tracking column."""
         p = np.ascontiguousarray(packed, np.int64)
-        if len(p) == 0:
-            return
-        dense = _dense(p, ID_BITS)
-        if dense is None:
+        if len(p) and not self._add_dense(segment, p, ID_BITS, _NO_VALUES, sign, ref_slot):
             self.add_grouped(segment, TimeGroups.of_packed(p, ref_slot), ack_ids(p), sign)
-            return
-        xors, counts = _kernels().xor_sums(p, ID_BITS, _NO_VALUES, *dense)
+
+    def _add_dense(self, segment: int, keys: I64, shift: int, values: U64, sign: int,
+                   ref_slot: int | None) -> bool:
+        """Rows summed per slot in one compiled pass (:func:`kernels.xor_sums`), if the
+        kernels' table covers their span; ``ref_slot``: the keys are a tracking column,
+        whose wrapped slots are unwrapped against it."""
+        dense = _dense(keys, shift)
+        if dense is None:
+            return False
+        xors, counts = _kernels().xor_sums(keys, shift, values, *dense)
         present = np.flatnonzero(counts)
-        self.add_reduced(segment, unwrap(dense[0] + present, ref_slot), xors[present],
-                         counts[present] * sign)
+        times = dense[0] + present
+        self.add_reduced(segment, times if ref_slot is None else unwrap(times, ref_slot),
+                         xors[present], counts[present] * sign)
+        return True
 
     def add_grouped(self, segment: int, groups: TimeGroups, acks: U64, sign: int) -> None:
         """Like :meth:`add`, for rows whose times are already grouped."""
