@@ -124,17 +124,28 @@ def test_a_clock_front_whose_clock_the_segment_passed_starts_at_its_min_time(
     """Fronts started together race: another front's heartbeat may pass a front's
     clock reading before it registers (a CI run under load: FrontBehind). A clock
     front has labelled nothing, so it starts at the segment's min time, and labels
-    there: never behind what was announced."""
+    there: never behind what was announced. From there its clock counts on: a clock
+    60 s slow (a producer machine's) does not hold the segment for 60 s at the slot
+    it started at (before, its heartbeats stayed there until its clock caught up)."""
     ref = TrackerRef(service.url, GRAPH, GRID)
     with Agent.connect(service.url, GRAPH) as consumer:
         ahead = Front(None, 1, ref, segment="src", heartbeat_ms=5)
         floor = wait_for_min(consumer, 0, wall_ms() // GRID.delta_ms)
-        behind = Front(None, 2, ref, segment="src", heartbeat_ms=None,
-                       clock=ManualClock(wall_ms() - 60_000))  # read 60 s ago
+        slow = ManualClock(wall_ms() - 60_000)  # read 60 s ago
+        behind = Front(None, 2, ref, segment="src", heartbeat_ms=None, clock=slow)
         batch = produce(behind, events(0, 0))
         assert int(batch.times.min()) >= floor
         consume(consumer, batch.times, batch.acks)  # never AckBehindHead
         assert consumer.status()["front_events"]["behind"] >= 1  # the first try, seen
+        top = int(batch.times.max())
+        slow.advance(50)  # five slots later by its own clock
+        assert behind.heartbeat() == top + 5
+        later = produce(behind, events(0, 0))
+        assert int(later.times.min()) == top + 5  # labels count on from there too
+        consume(consumer, later.times, later.acks)
+        slow.advance(10)
+        behind.heartbeat()
+        assert wait_for_min(consumer, 0, top + 5) > top + 5  # the segment passes both
         for f in (ahead, behind):
             f.close()
 

@@ -75,6 +75,7 @@ SCENARIOS = (
 )
 #: with --spark (lowtide.bench.chaos.spark_faults: real Spark queries and files)
 SPARK_SCENARIOS = ("rerun from a new checkpoint", "two writers of one table",
+                   "a producer's clock 12 minutes slow",
                    "rows lost in a step, replayed",
                    "retry loop under task failures and a restart",
                    "speculative window under task failures and a restart",

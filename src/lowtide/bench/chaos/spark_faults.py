@@ -6,6 +6,8 @@ files (rule 14), each against a known ground truth (every record a producer wrot
   folder, as a user does after an upgrade; Spark's batch ids start at 0 again;
 * ``two writers of one table``: two tracked queries append to one Delta table, one
   writer's records 2 s behind the other's;
+* ``a producer's clock 12 minutes slow``: a second front joins a segment that passed
+  its clock, and must not hold it until the clock catches up;
 * ``rows lost in a step, replayed``: a step drops rows once, the sink's windows are
   repaired by a replay by time (:mod:`.replay_fault`);
 * a retry loop under task failures and a restart (:mod:`.retry_fault`), a
@@ -49,6 +51,8 @@ from lowtide.spark.sources import FilesProducerConfig
 SCHEMA = "rid long, lt_time long, lt_ack long"
 TRIGGER = "300 milliseconds"
 LAG_MS = 2_000  # the slower writer's records, behind the clock
+SLOW_MS = 12 * 60_000  # a producer machine's clock that far slow
+SLOW_CLOCK = "a producer's clock 12 minutes slow"
 
 
 class Behind:
@@ -79,15 +83,21 @@ class Producer:
         return int(batch.times.max())
 
 
-def produce(producers: list[Any], ground: Producer, rounds: int) -> list[int]:
+def produce(producers: list[Any], ground: Producer, rounds: int,
+            timeout_s: float = 300) -> list[int]:
     """``rounds`` batches of 20 records per producer, 0.3 s apart; returns, per
-    producer, a slot its front's heartbeat has passed, above all it labelled."""
+    producer, a slot its front's heartbeat has passed, above all it labelled (or
+    TimeoutError when one never passes it within ``timeout_s``)."""
     last = [0] * len(producers)
     for _ in range(rounds):
         last = [ground.write(p, 20) for p in producers]
         time.sleep(0.3)
+    deadline = time.monotonic() + timeout_s
     for p, top in zip(producers, last, strict=True):
         while p.front.heartbeat() <= top:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"front {p.front.front}'s heartbeats stayed at its "
+                                   f"last label {top} for {timeout_s:g} s")
             time.sleep(0.05)
     return [top + 1 for top in last]
 
@@ -197,6 +207,48 @@ def two_writers(spark: Any, tmp: Path) -> Result:
     return result
 
 
+def slow_clock(spark: Any, tmp: Path) -> Result:
+    """A second producer whose clock is 12 minutes slow joins one segment after the
+    first moved on: it starts where the segment stands and counts on from there. The
+    segment's windows must complete within a minute (before, its labels and heartbeats
+    stayed at that slot until its clock caught up: 12 minutes)."""
+    result = Result(SLOW_CLOCK, faults=1)
+    folder, out, ground = tmp / "in", tmp / "out", Producer()
+    folder.mkdir(parents=True)
+    pipe = Pipeline(spark, "chaos-slow-clock", stuck_after_ms=120_000)
+    fronts: list[Front] = []
+    try:
+        stream = pipe.read_stream(spark.readStream.schema(SCHEMA).parquet(str(folder)))
+        pipe.start_tracker(stream.graph())
+        fronts.append(Front(None, 1, pipe.tracker_ref))
+        query = stream.write_parquet(str(out), checkpoint=str(tmp / "c"), trigger=TRIGGER,
+                                     keep_tracking_columns=True)
+        try:
+            producers = [FilesProducerConfig(folder).build(fronts[0])]
+            produce(producers, ground, rounds=2)
+            fronts.append(Front(None, 2, pipe.tracker_ref, clock=Behind(SLOW_MS)))
+            producers.append(FilesProducerConfig(folder).build(fronts[1]))
+            end = max(produce(producers, ground, rounds=3, timeout_s=60))
+            query.wait_for_min_time(end, "sink", timeout_s=120)
+        except TimeoutError as stuck:
+            result.notes.append(str(stuck))
+        finally:
+            claimed = query.min_time("sink")
+            query.stop()
+        missing = early(claimed, ground.written, rows_of(out))
+        if missing:
+            result.premature.append(f"min time {claimed} announced, {len(missing)} "
+                                    "records below it not in the output")
+        # records the sink never announced complete count as lost: they wait for good
+        result.lost = sum(1 for t in ground.written.values() if t >= claimed)
+    finally:
+        for f in fronts:
+            f.close()
+        pipe.close()
+    result.lost += len(set(ground.written) - set(rows_of(out)))
+    return result
+
+
 def sinks() -> dict[str, Callable[[Any, Path, str], Any]]:
     return {
         "write_parquet": lambda s, out, ckpt: s.write_parquet(
@@ -224,6 +276,8 @@ def run_spark(names: list[str] | None = None, spark: Any = None) -> list[Result]
                     results.append(timed(rerun, spark, Path(tmp) / f"r{k}", sink, label))
             if not names or "two writers of one table" in names:
                 results.append(timed(two_writers, spark, Path(tmp) / "w"))
+            if not names or SLOW_CLOCK in names:
+                results.append(timed(slow_clock, spark, Path(tmp) / "slow"))
             if not names or "rows lost in a step, replayed" in names:
                 results.append(timed(lambda t: result_of(lost_and_replayed(spark, t)),
                                      Path(tmp) / "lost"))

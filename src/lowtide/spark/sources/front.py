@@ -171,6 +171,7 @@ class Front:
         self._late_sent, self._late_due = (0, 0, 0, 0), 0.0  # the last late report
         self._closed = False
         self._follow_due, self._follow_error = 0.0, ""
+        self._skew_slots = 0  # a clock front's clock behind where it registered
         last = self._writer.last_time if self._writer is not None else -1
         start = max(last, self._now_slot())
         self._feeds.answer_given(self._next_seq, start)
@@ -222,9 +223,14 @@ class Front:
 
     def _register(self, slot: int) -> None:
         """Register (or, as the successor of a previous run, resume) the front at
-        ``slot`` on each of its segments."""
-        self._last_beat = self._feeds.register(slot, self.owner, self.grid,
-                                               clock=self.time_from is None)
+        ``slot`` on each of its segments. A clock front registered ahead of its clock
+        (its segment passed the clock, a predecessor promised more) counts on from
+        there: else it labels at that slot and holds it until the clock catches up
+        (a producer's clock minutes slow). Rule 3 holds: labels and beats never go back."""
+        clock = self.time_from is None
+        self._last_beat = self._feeds.register(slot, self.owner, self.grid, clock=clock)
+        if clock:
+            self._skew_slots += max(self._last_beat - self._now_slot(), 0)
 
     @property
     def registered(self) -> bool:
@@ -236,7 +242,7 @@ class Front:
         return self._next_seq
 
     def _now_slot(self) -> int:
-        return self.grid.slot_of(self._clock.now_ms())
+        return self.grid.slot_of(self._clock.now_ms()) + self._skew_slots
 
     def _current_slot(self) -> int:
         """Where the front stands: its clock, or (event time) its newest label minus
