@@ -150,6 +150,33 @@ def test_a_clock_front_whose_clock_the_segment_passed_starts_at_its_min_time(
             f.close()
 
 
+def test_a_restarted_front_whose_clock_is_slow_counts_on_from_its_promise(
+    service: TrackerService,
+) -> None:
+    """A producer with a slow clock restarts (close(end=False), a successor with the
+    same owner): the successor resumes at its predecessor's promise, ahead of its
+    clock, and counts on from there instead of holding that slot."""
+    ref = TrackerRef(service.url, GRAPH, GRID)
+    with Agent.connect(service.url, GRAPH) as consumer:
+        ahead = Front(None, 1, ref, segment="src", heartbeat_ms=5)
+        wait_for_min(consumer, 0, wall_ms() // GRID.delta_ms)
+        slow = ManualClock(wall_ms() - 60_000)
+        first = Front(None, 2, ref, segment="src", heartbeat_ms=None, clock=slow, owner="p")
+        batch = produce(first, events(0, 0))
+        consume(consumer, batch.times, batch.acks)
+        promised = first.close(end=False)
+        successor = Front(None, 2, ref, segment="src", heartbeat_ms=None, clock=slow,
+                          owner="p")
+        later = produce(successor, events(0, 0))
+        top = int(later.times.max())
+        assert top >= promised
+        consume(consumer, later.times, later.acks)
+        slow.advance(30)
+        assert successor.heartbeat() == top + 3
+        for f in (ahead, successor):
+            f.close()
+
+
 class RacedTracker:
     """A tracker whose segment's min time another front's heartbeat moves on right
     after each of the first ``races`` reads of it: a register at the min time read is
