@@ -122,8 +122,13 @@ def test_py4j_logs_a_user_functions_error_but_not_a_lowtide_one_or_a_stop(
                            "Caused by: org.apache.spark.SparkException: [SPARK_JOB_CANCELLED] "
                            "Job 303 cancelled Query [id = b1a0, runId = 1709] was stopped "
                            "SQLSTATE: XXKDA")
+    # the stop interrupted the function's Arrow collect (a window's results from the
+    # driver, its hold failed closed): py4j's error, from the JVM's getResult
+    interrupted = RuntimeError("An error occurred while calling o21886.getResult.\n"
+                               ": java.lang.InterruptedException\n\tat java.base/java.util."
+                               "concurrent.locks.AbstractQueuedSynchronizer")
     for error in (LowtideError("the query reports this line"), in_task, stopped,
-                  ValueError("a user's bug")):
+                  interrupted, ValueError("a user's bug")):
         try:
             raise error
         except Exception:

@@ -16,7 +16,8 @@ makes that end quiet; nothing was lost, every update before it was applied. And 
 logs each error a ``foreachBatch`` function raises, with its traceback: for lowtide's
 own errors (a sink's acks the tracker did not confirm, or a task's, which fails the
 job the function ran), which the query reports as one line, and for a job the query's
-stop cancelled (a window's hold that failed closed stops its query mid-batch),
+stop cancelled or a call into the JVM it interrupted (a window's hold that failed
+closed stops its query mid-batch),
 :func:`mute_reported_errors` drops that log record; a user function's error is logged
 as before.
 
@@ -177,18 +178,26 @@ def mute_accumulator_hangups() -> None:
 #: Spark's error for a job cancelled because its query was stopped (by its user, or by
 #: lowtide failing closed: a window's hold the tracker did not confirm)
 _STOPPED = re.compile(r"SPARK_JOB_CANCELLED\].*Query \[id = [^\]]*\] was stopped")
+#: a py4j call of the function (an Arrow collect waiting for its result) that the stop
+#: interrupted: Spark's stop interrupts the query's thread, on which the function runs
+_INTERRUPTED = re.compile(r"^: java\.lang\.InterruptedException", re.MULTILINE)
 
 
 def stopped_under(error: BaseException | None) -> bool:
-    """Was ``error`` a ``foreachBatch`` function's job cancelled by its query's stop?
+    """Was ``error`` a ``foreachBatch`` function's job cancelled by its query's stop,
+    or its call into the JVM interrupted by it?
 
     >>> stopped_under(RuntimeError("[SPARK_JOB_CANCELLED] Job 3 cancelled Query [id = a, "
     ...                            "runId = b] was stopped SQLSTATE: XXKDA"))
     True
+    >>> stopped_under(RuntimeError("An error occurred while calling o7.getResult.\\n"
+    ...                            ": java.lang.InterruptedException\\n\\tat java.base"))
+    True
     >>> stopped_under(RuntimeError("[SPARK_JOB_CANCELLED] Job 3 cancelled by the user"))
     False
     """
-    return error is not None and _STOPPED.search(str(error)) is not None
+    text = "" if error is None else str(error)
+    return bool(_STOPPED.search(text) or _INTERRUPTED.search(text))
 
 
 class _ReportedErrors(logging.Filter):
