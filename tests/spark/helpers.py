@@ -109,9 +109,12 @@ class CoreAgent:
         return self.graph
 
     def status(self, timeout_s: float = 10.0) -> dict[str, Any]:
-        """The fronts, as the service's status has them (a successor resumes there)."""
+        """The fronts (a successor resumes there) and the segments' min times (a clock
+        front refused as behind starts there), as the service's status has them."""
         with self.lock:
-            return {"fronts": {str(f): list(v) for f, v in self.tracker.fronts().items()}}
+            return {"fronts": {str(f): list(v) for f, v in self.tracker.fronts().items()},
+                    "segments": [{"segment": n, "min_time": self.tracker.min_time(n)}
+                                 for n in self.graph.names]}
 
     def step(self) -> dict[str | None, int]:
         with self.lock:
