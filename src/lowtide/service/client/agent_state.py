@@ -58,9 +58,17 @@ T = TypeVar("T")
 
 async def timed(coro: Awaitable[T], timeout_s: float) -> T:
     try:
-        return await asyncio.wait_for(coro, timeout_s)
+        if _timeout is None:  # Python 3.10
+            return await asyncio.wait_for(coro, timeout_s)
+        # a deadline on this task: wait_for ran the call as a task of its own, one more
+        # task and two more turns of the loop per call (a Spark task makes one per batch)
+        async with _timeout(timeout_s):
+            return await coro
     except TimeoutError:
         raise TimeoutError(f"no answer from the tracker within {timeout_s} s") from None
+
+
+_timeout = getattr(asyncio, "timeout", None)
 
 
 def _check(reply: Reply) -> Reply:
