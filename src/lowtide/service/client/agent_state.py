@@ -54,21 +54,19 @@ from lowtide.wire.messages import (
 log = logging.getLogger("lowtide.service.agent")
 
 T = TypeVar("T")
+_timeout = getattr(asyncio, "timeout", None)  # Python 3.11
 
 
 async def timed(coro: Awaitable[T], timeout_s: float) -> T:
     try:
-        if _timeout is None:  # Python 3.10
+        if _timeout is None:
             return await asyncio.wait_for(coro, timeout_s)
-        # a deadline on this task: wait_for ran the call as a task of its own, one more
-        # task and two more turns of the loop per call (a Spark task makes one per batch)
+        # a deadline on this task: wait_for runs the call as one more task (two more
+        # turns of the loop per call; a Spark task makes one per batch)
         async with _timeout(timeout_s):
             return await coro
     except TimeoutError:
         raise TimeoutError(f"no answer from the tracker within {timeout_s} s") from None
-
-
-_timeout = getattr(asyncio, "timeout", None)
 
 
 def _check(reply: Reply) -> Reply:
