@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -267,3 +268,30 @@ def test_a_stopped_query_moves_no_hold(agent: Any, tmp_path: Path) -> None:
     hold.close()
     hold.advance(1_500 * 10)
     assert hold.record.hold == 1_000 and agent.step()["out"] == 1_000
+
+
+def test_a_window_planned_again_an_hour_later_reuses_its_compiled_code(
+        spark: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The window's unwrap of ``lt_track`` is generated code with the plan's reference
+    slot in it: a query planned an hour later (a restart, the next run of a bench) has
+    the same code, and Spark compiles nothing again."""
+    from pyspark.sql import functions as F
+
+    from lowtide.spark.operators.window_plan import slot_column
+    from lowtide.spark.tracking import column, pack, plan_reference_slot
+
+    metrics = spark.sparkContext._jvm.org.apache.spark.metrics.source.CodegenMetrics
+    grid = TimeGrid(10)
+    compiled = []
+    for ms in (1_779_999_000_000, 1_780_003_600_000):
+        monkeypatch.setattr(column, "wall_ms", lambda ms=ms: ms)
+        now = grid.slot_of(ms)
+        packed = pack(np.full(10, now, np.int64), np.arange(1, 11, dtype=np.uint64), now)
+        path = str(tmp_path / str(ms))
+        spark.createDataFrame([(int(p),) for p in packed], "lt_track long").write.parquet(path)
+        before = metrics.METRIC_COMPILATION_TIME().getCount()
+        df = spark.read.parquet(path).select(
+            slot_column(F.col("lt_track"), plan_reference_slot(grid)).alias("s"))
+        assert {r.s for r in df.collect()} == {now}
+        compiled.append(metrics.METRIC_COMPILATION_TIME().getCount() - before)
+    assert compiled[0] > 0 and compiled[1] == 0

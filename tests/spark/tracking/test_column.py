@@ -21,6 +21,7 @@ from lowtide.spark.tracking import (
     child_ids,
     child_index,
     pack,
+    plan_reference_slot,
     slots_of,
     track_children,
     with_ids,
@@ -110,6 +111,27 @@ def test_pack_and_unwrap_refuse_rows_out_of_range() -> None:
             pack(np.array([NOW_SLOT, bad], np.int64), np.zeros(2, np.uint64), NOW_SLOT)
     with pytest.raises(ValueError, match="cannot be tracked"):
         slots_of(p, NOW_SLOT + HELD_RANGE)  # the oldest row, read 186 days later
+
+
+def test_plans_built_hours_apart_share_their_reference_slot(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A planned unwrap's reference is part of the stage's generated code: queries
+    planned an hour apart get the same one (Spark compiles their code once), always
+    within 2**23 slots of the clock, so rows unwrap as against the clock itself."""
+    from lowtide.core.time import TimeGrid
+    from lowtide.spark.tracking import column
+
+    grid = TimeGrid(10)
+    seen = []
+    for ms in (1_779_999_000_000, 1_780_003_600_000):  # an hour apart
+        monkeypatch.setattr(column, "wall_ms", lambda ms=ms: ms)
+        ref = plan_reference_slot(grid)
+        assert abs(ref - grid.slot_of(ms)) <= 1 << 23
+        ok = np.array([grid.slot_of(ms) - PACK_RANGE + 1, grid.slot_of(ms)], np.int64)
+        assert slots_of(pack(ok, np.zeros(2, np.uint64), grid.slot_of(ms)), ref).tolist() \
+            == ok.tolist()
+        seen.append(ref)
+    assert seen[0] == seen[1]
 
 
 def test_children_keep_their_parents_slots_and_ids_are_never_zero() -> None:

@@ -70,6 +70,7 @@ from lowtide.spark.tracking.column import (
     UNWRAP_RANGE,
     WRAP_SLOTS,
     AckAccumulator,
+    plan_reference_slot,
     reference_slot,
 )
 from lowtide.spark.tracking.key_ranges import RANGE_COL as FRONT_COL
@@ -174,10 +175,10 @@ def fallback_reason(spec: WindowSpec, stateful_steps: int, loop: bool = False,
 
 def slot_column(track: Any, ref_slot: int) -> Any:
     """The full slot of ``lt_track`` (:func:`lowtide.spark.tracking.unwrap` in the JVM),
-    against ``ref_slot``, fixed when the plan is built: a literal that changed with every
-    micro-batch (its timestamp) would make Spark generate and compile the stage's code
-    again in every batch. Rows further than HELD_RANGE from it fail the query, with
-    what to do."""
+    against ``ref_slot``, fixed when the plan is built (:func:`plan_reference_slot`): a
+    literal that changed with every micro-batch (its timestamp) would make Spark generate
+    and compile the stage's code again in every batch. Rows further than HELD_RANGE from
+    it fail the query, with what to do."""
     from pyspark.sql import functions as F
 
     base = F.lit(ref_slot - UNWRAP_RANGE)
@@ -349,7 +350,7 @@ def build_window_plan(df: Any, spec: WindowSpec, ref: TrackerRef, op_id: int, ho
     aggs, columns = bind_aggs(spec.name, spec.aggs, fields)
     delta = ref.grid.delta_ms
     track = F.col(TRACK_COL)
-    slot = slot_column(track, reference_slot(ref.grid))
+    slot = slot_column(track, plan_reference_slot(ref.grid))
     picked = [F.col(f"`{c}`") for c in dict.fromkeys([*spec.keys, *columns])]
     extra = [F.struct(slot.alias("slot"), track.bitwiseAND(F.lit(int(ID_MASK))).alias("ack")
                       ).alias(ORDER_COL)] if any(a.agg.fn in ("first", "last") for a in aggs) \

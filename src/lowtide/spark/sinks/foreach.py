@@ -24,6 +24,7 @@ from lowtide.spark.tracking.column import (
     UNWRAP_RANGE,
     AckAccumulator,
     as_u64,
+    plan_reference_slot,
     reference_slot,
     unwrap,
 )
@@ -134,8 +135,8 @@ class TrackedForeachBatch:
         cached = df.persist()
         try:
             acc = self.acks_of(cached)
-            user_df = (unpacked_columns(cached, reference_slot(self.ref.grid)) if self.keep
-                       else cached.drop(TRACK_COL))
+            user_df = (unpacked_columns(cached, plan_reference_slot(self.ref.grid))
+                       if self.keep else cached.drop(TRACK_COL))
             self.fn(user_df, batch_id)
             self._ack(query, batch_id, acc)
         except BaseException:
