@@ -23,7 +23,7 @@ from lowtide.spark.pipeline.monitoring import (
     SegmentStuck,
     WindowComplete,
 )
-from lowtide.spark.pipeline.progress_delivery import figures_map
+from lowtide.spark.pipeline.progress_delivery import FIGURES_KEY, figures_map, figures_text
 from lowtide.spark.sources.generator import GeneratorSpec
 from lowtide.spark.tracking.transport import TrackerRef
 from tests.service import lost
@@ -135,6 +135,8 @@ def test_the_figures_come_from_the_tracker_through_the_driver(spark) -> None:
         metrics = ProgressMetrics(TrackerRef(svc.url, lost.graph(), GRID), "sink")
         tracker = SimpleNamespace(status=svc.status, grid=GRID, graph=lost.graph())
         metrics.build(SimpleNamespace(tracker=tracker, spark=spark)).publish()
+        # one entry, every figure in it: a publication is one Py4J call, not one a figure
+        assert list(figures_map(metrics, spark).keySet()) == [FIGURES_KEY]
         seen = Observation("lowtide")
         df = spark.createDataFrame([(t,) for t in range(300)], "lt_track long").repartition(3)
         assert metrics.observe(df, seen).count() == 300
@@ -176,8 +178,8 @@ def test_the_rows_pay_nothing_for_the_figures(spark) -> None:
     assert not any(f in plan for f in ("max(", "max_by(", "reflect(", "java_method("))
     try:
         for run, value in enumerate((7, 8)):
-            figures.put("sink_min_time", str(value))
-            figures.put("late", "{}")
+            figures.put(FIGURES_KEY, figures_text(metrics.figures(),
+                                                  {"sink_min_time": value, "late": "{}"}))
             assert observed[run].count() == 1000
             got = seen[run].get
             assert got["sink_min_time"] == value and got["late"] == "{}"

@@ -12,17 +12,21 @@ nothing for them (before: 14 aggregates a row, and on a cluster an Arrow UDF tha
 every row into Python), and the figures are the driver's in local mode and on a
 cluster alike.
 
-Spark's analyzer allows only deterministic expressions outside an aggregate, so a
-figure is read by a deterministic UDF whose function is the map itself (a Scala view
-of a ``java.util.concurrent.ConcurrentHashMap``: a ``Function1`` from the figure's
-name to its text): a lookup in the JVM, no call into Python. Spark builds such an
-untyped UDF only under ``spark.sql.legacy.allowUntypedScalaUDF``, set while it is made
-(its input is a string literal and its output a string: nothing to type).
+Spark's analyzer allows only deterministic expressions outside an aggregate, so the
+figures are read by a deterministic UDF whose function is the map itself (a Scala view
+of a ``java.util.concurrent.ConcurrentHashMap``: a ``Function1`` from a key to its
+text): a lookup in the JVM, no call into Python. Spark builds such an untyped UDF only
+under ``spark.sql.legacy.allowUntypedScalaUDF``, set while it is made (its input is a
+string literal and its output a string: nothing to type). The map holds one entry, all
+the figures as one JSON array (:data:`FIGURES_KEY`), and each metric takes its element
+(``get_json_object``): a publication that changed anything is one Py4J call, where a
+call per figure cost the driver about 0.5 ms a micro-batch (BENCHMARKS.md).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -37,6 +41,8 @@ if TYPE_CHECKING:
 _maps: dict[tuple[int, str, str], Any] = {}
 _maps_lock = threading.Lock()
 UNTYPED_UDF = "spark.sql.legacy.allowUntypedScalaUDF"
+#: the map's one key: every figure, a JSON array in ``ProgressMetrics.figures()`` order
+FIGURES_KEY = "figures"
 
 
 def figures_map(metrics: ProgressMetrics, spark: Any) -> Any:
@@ -47,6 +53,16 @@ def figures_map(metrics: ProgressMetrics, spark: Any) -> Any:
         if key not in _maps:
             _maps[key] = jvm.java.util.concurrent.ConcurrentHashMap()
         return _maps[key]
+
+
+def figures_text(figures: Iterable[str], values: dict[str, Any]) -> str:
+    """What :func:`figures_map` holds under :data:`FIGURES_KEY`: ``values`` in the order
+    of ``figures`` (a figure without a value: null).
+
+    >>> figures_text(["a", "b", "late"], {"a": 7, "late": "{}"})
+    '[7, null, "{}"]'
+    """
+    return json.dumps([values.get(f) for f in figures])
 
 
 def figure_columns(metrics: ProgressMetrics, spark: Any, figures: Iterable[str]) -> list[Any]:
@@ -63,7 +79,9 @@ def figure_columns(metrics: ProgressMetrics, spark: Any, figures: Iterable[str])
     with session_confs(spark, ((UNTYPED_UDF, "true"),)):
         udf = jvm.org.apache.spark.sql.functions.udf(
             lookup, jvm.org.apache.spark.sql.types.DataTypes.StringType)
-    return [Column(udf.apply(_to_seq(spark.sparkContext, [F.lit(f)._jc]))) for f in figures]
+    text = Column(udf.apply(_to_seq(spark.sparkContext, [F.lit(FIGURES_KEY)._jc])))
+    elements = [F.get_json_object(text, f"$[{i}]") for i, _ in enumerate(figures)]
+    return [F.when(e != F.lit("null"), e) for e in elements]  # a JSON null: no value
 
 
 class ProgressPublisher:
@@ -75,19 +93,17 @@ class ProgressPublisher:
         self._pipeline = pipeline
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._published: dict[str, Any] = {}
+        self._published: str | None = None
 
     def publish(self) -> None:
-        """Copy the tracker's current figures once: those that changed (each is a
-        Py4J call: 40-60 us of the driver's Python CPU, measured)."""
+        """Copy the tracker's current figures once, if any changed: one Py4J call (30 us
+        of the driver's Python CPU and 44 of its JVM's, measured)."""
         handle = self._pipeline.tracker
         status = status_of(handle.status(), handle.grid, graph=handle.graph)
-        figures = self.metrics.values(status)
-        target = figures_map(self.metrics, self._pipeline.spark)
-        for figure, value in figures.items():
-            if self._published.get(figure) != value:
-                target.put(figure, str(value))
-                self._published[figure] = value
+        text = figures_text(self.metrics.figures(), self.metrics.values(status))
+        if text != self._published:
+            figures_map(self.metrics, self._pipeline.spark).put(FIGURES_KEY, text)
+            self._published = text
 
     def start(self) -> ProgressPublisher:
         self._thread = threading.Thread(target=self._run, name="lowtide-progress", daemon=True)
