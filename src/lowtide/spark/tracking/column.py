@@ -93,7 +93,7 @@ def plan_reference_slot(grid: TimeGrid) -> int:
     is part of the code Spark generates for the stage; rounded, every query planned
     within those hours has the same code, which Spark's code cache compiles once and
     the JIT keeps compiled (each new query otherwise compiles its stages again). It is
-    at most 2**23 slots from the clock, 0.4% of HELD_RANGE.
+    at most 2**23 slots from the clock, 0.5% of HELD_RANGE.
 
     >>> g = TimeGrid(10)
     >>> ref = plan_reference_slot(g)
