@@ -164,8 +164,9 @@ def test_figures_nobody_published_are_null(spark) -> None:
 
 def test_the_rows_pay_nothing_for_the_figures(spark) -> None:
     """The metrics hold no aggregate and read nothing per row: each is its figure's
-    lookup in the driver's map, evaluated where Spark computes the metrics; a figure
-    published after the query was planned shows in its next observation."""
+    element of the one text in the driver's map, evaluated where Spark computes the
+    metrics; a figure published after the query was planned shows in its next
+    observation."""
     from pyspark.sql import Observation
 
     ref = TrackerRef("tcp://127.0.0.1:1", lost.graph(), GRID)
