@@ -19,8 +19,9 @@ text): a lookup in the JVM, no call into Python. Spark builds such an untyped UD
 under ``spark.sql.legacy.allowUntypedScalaUDF``, set while it is made (its input is a
 string literal and its output a string: nothing to type). The map holds one entry, all
 the figures as one JSON array (:data:`FIGURES_KEY`), and each metric takes its element
-(``get_json_object``): a publication that changed anything is one Py4J call, where a
-call per figure cost the driver about 0.5 ms a micro-batch (BENCHMARKS.md).
+(``get_json_object``): a publication that changed anything is one Py4J call, where it
+was one per changed figure, six to eight (each about 75 us of the driver's CPU, Python
+and JVM: BENCHMARKS.md).
 """
 
 from __future__ import annotations
