@@ -20,6 +20,7 @@ from lowtide.core.time import TimeGrid
 from lowtide.core.tracker import TrackerConfig
 from lowtide.spark.operators.window_hold import (
     END,
+    HoldListener,
     HoldRecord,
     WatermarkHold,
     hold_target,
@@ -268,6 +269,21 @@ def test_a_stopped_query_moves_no_hold(agent: Any, tmp_path: Path) -> None:
     hold.close()
     hold.advance(1_500 * 10)
     assert hold.record.hold == 1_000 and agent.step()["out"] == 1_000
+
+
+def test_a_listener_bound_after_its_query_ran_moves_to_the_last_watermark() -> None:
+    """Registered before its query starts, the listener keeps each query's last
+    watermark until it learns its own query's id; then it moves the hold there once,
+    and afterwards hears only its own query."""
+    moved: list[int] = []
+    hold: Any = type("Hold", (), {"window": "w", "advance": lambda _, wm, s: moved.append(wm)})()
+    listener = HoldListener(hold)
+    for query_id, wm in (("a", 10), ("b", 99), ("a", 30), ("a", None)):
+        assert not listener.mine(query_id, wm)  # before bind: kept, not moved
+    assert moved == []
+    listener.bind("a")
+    assert moved == [30]  # the last watermark of its query's early batches
+    assert listener.mine("a", 40) and not listener.mine("b", 120)
 
 
 def test_a_window_planned_again_an_hour_later_reuses_its_compiled_code(

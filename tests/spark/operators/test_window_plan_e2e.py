@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import lowtide
+from lowtide.bench.chaos.late_listener_fault import late_listener_run
 from lowtide.spark.sources.generator import GeneratorSpec
 from lowtide.spark.sources.ingest import IngestReader
 from tests.spark.helpers import Watcher, fail_once, t0_of_checkpoint
@@ -168,6 +169,17 @@ def test_end_of_stream_emits_every_window(spark, tmp_path: Path) -> None:
     done = expected[expected.index + 20 <= final]
     assert set(done.index) <= set(got["start"]) and len(done) >= 4
     assert got.set_index("start")["n"].to_dict() == expected[got["start"]].to_dict()
+
+
+def test_a_query_done_before_its_listener_would_be_added_releases_its_hold(
+        spark, tmp_path: Path) -> None:
+    """Every front finished before the query starts: its batches may all end before a
+    listener added after ``start()`` hears of one, and the hold would stand for good.
+    Here the session registers listeners only once the running queries ran out of
+    batches (the race at its widest): the hold's listener, added before the start,
+    still releases it, and every window is emitted (the chaos kind's own check)."""
+    result = late_listener_run(spark, tmp_path)
+    assert not result.notes and not result.premature and result.lost == 0
 
 
 # ~12 s each: the map sender in the slow tier

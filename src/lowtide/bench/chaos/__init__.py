@@ -82,7 +82,8 @@ SPARK_SCENARIOS = ("rerun from a new checkpoint", "two writers of one table",
                    "speculative window on the driver under a sink failure and a restart",
                    "key-range window on the driver under a sink failure and a restart",
                    "window on the driver under a sink failure and a restart",
-                   "tracker hung under a sink", "tracker hung under a task")
+                   "tracker hung under a sink", "tracker hung under a task",
+                   "a finished input, listeners added late")
 
 
 def run(work: Workload, names: list[str] | None = None,

@@ -16,7 +16,10 @@ files (rule 14), each against a known ground truth (every record a producer wrot
   window whose results come from the driver, with key ranges and without, under the
   same (:mod:`.ranges_fault`),
   and a standalone tracker hung (SIGSTOP) while a sink sends its acks
-  (:mod:`.hung_fault`).
+  (:mod:`.hung_fault`);
+* ``a finished input, listeners added late``: a window query that can run every batch
+  it has before a listener added after its start hears of one
+  (:mod:`.late_listener_fault`).
 
 ``premature``: a time announced complete (the sink's min time, or a version's published
 ``complete_below``) while a record below it was not in the output; ``lost``: records
@@ -33,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from lowtide.bench.chaos.hung_fault import HUNG, HUNG_TASK, hung_sink_run, hung_task_run
+from lowtide.bench.chaos.late_listener_fault import LATE_LISTENER, late_listener_run
 from lowtide.bench.chaos.ranges_fault import RANGES_DRIVER, WINDOW_DRIVER, ranges_run
 from lowtide.bench.chaos.replay_fault import lost_and_replayed, result_of
 from lowtide.bench.chaos.retry_fault import RETRY_LOOP, retry_loop_run
@@ -306,6 +310,9 @@ def run_spark(names: list[str] | None = None, spark: Any = None) -> list[Result]
                 results.append(timed(lambda t: hung_sink_run(spark, t), Path(tmp) / "hung"))
             if not names or HUNG_TASK in names:
                 results.append(timed(lambda t: hung_task_run(spark, t), Path(tmp) / "hung-task"))
+            if not names or LATE_LISTENER in names:
+                results.append(timed(lambda t: late_listener_run(spark, t),
+                                     Path(tmp) / "late-listener"))
     finally:
         if own:
             spark.stop()

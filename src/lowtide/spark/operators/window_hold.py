@@ -18,7 +18,8 @@ emitted ends after that watermark, so its result (slot ``end - 1``) is at or abo
   committed, so its windows were sent): the hold moves to the batch's watermark, in
   one keyed batch that releases the old hold and opens the new one (atomic), in hops
   the checksum table can span. A watermark at the last timestamp (every front
-  finished) releases it for good.
+  finished) releases it for good. The listener is registered before the query starts
+  (:class:`HoldListener`): no batch ends unheard.
 * A tracker that does not answer: a move waits at most the pipeline's
   ``hold_wait_s`` over all its hops; then the query stops with one line that says
   what to do (:class:`HoldFailed`), the hold stays where it was (nothing passes it),
@@ -273,7 +274,7 @@ class WatermarkHold:
         with self._lock:
             self.closed = True
 
-    def listener(self, query_id: str, wait_s: float = HOLD_WAIT_S,
+    def listener(self, query_id: str | None = None, wait_s: float = HOLD_WAIT_S,
                  on_failure: Callable[[HoldFailed], None] | None = None) -> HoldListener:
         return HoldListener(self, query_id, wait_s, on_failure)
 
@@ -302,9 +303,16 @@ class HoldListener(StreamingQueryListener):  # type: ignore[misc]
     the two figures it needs from the Java event: PySpark's own wrapper converts every
     event of every query of the session whole (each operator's and source's figures,
     each a Py4J call run on Spark's listener thread), 0.5-0.7 us per input row of a
-    window query (BENCHMARKS.md)."""
+    window query (BENCHMARKS.md).
 
-    def __init__(self, hold: WatermarkHold, query_id: str, wait_s: float = HOLD_WAIT_S,
+    Registered before its query starts, with no id (a new query's id is drawn as it
+    starts), and :meth:`bind` to the id once ``start()`` returned: a short query can run
+    every batch it has (a finished input) before that, and a listener added after them
+    would wait for a batch that never comes, its hold standing for good. Until then it
+    keeps each query's last watermark, and ``bind`` moves the hold to its query's."""
+
+    def __init__(self, hold: WatermarkHold, query_id: str | None = None,
+                 wait_s: float = HOLD_WAIT_S,
                  on_failure: Callable[[HoldFailed], None] | None = None) -> None:
         super().__init__()
         self.hold = hold
@@ -312,6 +320,27 @@ class HoldListener(StreamingQueryListener):  # type: ignore[misc]
         self.wait_s = wait_s
         self.on_failure = on_failure
         self.failed: HoldFailed | None = None
+        self._early: dict[str, int] = {}  # before bind: each query's last watermark
+        self._bind_lock = threading.Lock()
+
+    def bind(self, query_id: str) -> None:
+        """Its query started with id ``query_id``: move the hold to the watermark of
+        the batches that query ended before this call."""
+        with self._bind_lock:
+            self.query_id = query_id
+            early = self._early.pop(query_id, None)
+            self._early.clear()
+        self.advance(early)
+
+    def mine(self, query_id: str, wm: int | None) -> bool:
+        """Whether an event of ``query_id`` with watermark ``wm`` moves this hold now;
+        before :meth:`bind`, its watermark is kept for it."""
+        with self._bind_lock:
+            if self.query_id is not None:
+                return query_id == self.query_id
+            if wm is not None:
+                self._early[query_id] = max(wm, self._early.get(query_id, wm))
+            return False
 
     @property
     def _jlistener(self) -> Any:
@@ -326,8 +355,9 @@ class HoldListener(StreamingQueryListener):  # type: ignore[misc]
         pass
 
     def onQueryProgress(self, event: Any) -> None:
-        if str(event.progress.id) == self.query_id:
-            self.advance(watermark_ms(event.progress))
+        wm = watermark_ms(event.progress)
+        if self.mine(str(event.progress.id), wm):
+            self.advance(wm)
 
     def advance(self, wm: int | None) -> None:
         """Its query's batch ended with watermark ``wm`` (ms; None: none yet)."""
@@ -361,14 +391,17 @@ class ProgressCallback:
     def onQueryProgress(self, jevent: Any) -> None:
         try:
             progress = jevent.progress()
-            if progress.id().toString() != self.listener.query_id:
+            query_id = progress.id().toString()
+            if query_id != self.listener.query_id and self.listener.query_id is not None:
                 return
             text = progress.eventTime().get("watermark")
         except Exception as exc:  # the JVM going away: the hold stays where it was
             log.warning("window hold not moved", extra={
                 "window": self.listener.hold.window, "reason": repr(exc)})
             return
-        self.listener.advance(None if text is None else iso_ms(text))
+        wm = None if text is None else iso_ms(text)
+        if self.listener.mine(query_id, wm):
+            self.listener.advance(wm)
 
     def onQueryStarted(self, jevent: Any) -> None:
         pass

@@ -93,6 +93,26 @@ def startup_phase(query: Any) -> str | None:
     return f"batch 0 running: {done}/{sum(st.numTasks for st in stages)} tasks done"
 
 
+def spark_activity(query: Any, now_s: float | None = None) -> str:
+    """What Spark's query is doing, for a wait that ran out: its status message and
+    its last micro-batch, so a query that stopped running batches tells itself apart
+    from one whose batches run and whose input is missing.
+
+    >>> q = type("Q", (), {"status": {"message": "Waiting for data to arrive"},
+    ...     "lastProgress": {"batchId": 41, "timestamp": "2026-11-29T06:00:00.000Z"}})
+    >>> spark_activity(q, now_s=datetime(2026, 11, 29, 6, 0, 2, tzinfo=UTC).timestamp())
+    'Waiting for data to arrive; micro-batch 41 the last to finish, started 2.0 s before'
+    """
+    message = query.status.get("message", "")
+    last = query.lastProgress
+    if last is None:
+        return f"{message}; no micro-batch finished"
+    started = datetime.fromisoformat(last["timestamp"]).timestamp()
+    ago_s = (time.time() if now_s is None else now_s) - started
+    return (f"{message}; micro-batch {last['batchId']} the last to finish, "
+            f"started {ago_s:.1f} s before")
+
+
 class TrackedQuery:
     """A running tracked query: what Spark's ``StreamingQuery`` answers (``id``,
     ``runId``, ``name``, ``status``, ``lastProgress``, ``recentProgress``,
@@ -249,7 +269,7 @@ class TrackedQuery:
                 grid = self.pipeline.grid
                 raise TimeoutError(f"{seg!r} complete below {timestamp_of(t, grid)}, waited "
                                    f"for {timestamp_of(time_slot, grid)}; stuck: "
-                                   f"{self.stuck()}")
+                                   f"{self.stuck()}; Spark: {spark_activity(self.query)}")
             time.sleep(0.05)
 
     def stop(self, *, graceful_s: float = 10.0) -> None:
