@@ -83,7 +83,7 @@ SPARK_SCENARIOS = ("rerun from a new checkpoint", "two writers of one table",
                    "key-range window on the driver under a sink failure and a restart",
                    "window on the driver under a sink failure and a restart",
                    "tracker hung under a sink", "tracker hung under a task",
-                   "a finished input, listeners added late")
+                   "listeners added late to a finished input")
 
 
 def run(work: Workload, names: list[str] | None = None,

@@ -1,4 +1,4 @@
-"""The fault kind "a finished input, listeners added late" (``lowtide bench chaos
+"""The fault kind "listeners added late to a finished input" (``lowtide bench chaos
 --spark``): an exact window over a log whose two fronts finished before the query
 started, in a session whose listener registrations are held back until every running
 query ran out of batches (a loaded driver: Py4J and the listener bus late). Such a
@@ -32,7 +32,7 @@ from lowtide.spark.operators.window_hold import iso_ms
 from lowtide.spark.sources.ingest import IngestReader
 from lowtide.spark.tracking.receive import STAMP_MAX_MS
 
-LATE_LISTENER = "a finished input, listeners added late"
+LATE_LISTENER = "listeners added late to a finished input"
 ROUNDS, PER_ROUND = 5, 4  # records each front writes: ROUNDS sends of PER_ROUND
 WINDOW_MS = 200
 

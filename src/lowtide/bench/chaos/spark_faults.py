@@ -17,7 +17,7 @@ files (rule 14), each against a known ground truth (every record a producer wrot
   same (:mod:`.ranges_fault`),
   and a standalone tracker hung (SIGSTOP) while a sink sends its acks
   (:mod:`.hung_fault`);
-* ``a finished input, listeners added late``: a window query that can run every batch
+* ``listeners added late to a finished input``: a window query that can run every batch
   it has before a listener added after its start hears of one
   (:mod:`.late_listener_fault`).
 
