@@ -77,6 +77,46 @@ def _no_agent_dials_a_dead_tracker() -> Iterator[None]:
             agent.close(timeout_s=0.5)
 
 
+#: a Spark test still running after this long leaves thread dumps (see _stall_dumps)
+STALL_DUMP_S = float(os.environ.get("LOWTIDE_STALL_DUMP_S", "100"))
+_jvm_pid: list[int] = []  # the session's driver JVM, once it started
+
+
+@pytest.fixture(autouse=True)
+def _stall_dumps(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A Spark test that runs past STALL_DUMP_S (a query stalled: rare, on a loaded
+    machine) writes the driver JVM's threads (`jstack`) and this process's Python
+    stacks to a file and names it on stderr, shown with the test's failure: evidence
+    from the run that stalled, not from a rerun that passes."""
+    if "spark" not in request.fixturenames:
+        yield
+        return
+    import faulthandler
+    import subprocess
+    import tempfile
+    import threading
+
+    def dump() -> None:
+        fd, path = tempfile.mkstemp(prefix="lowtide-stall-", suffix=".txt")
+        with os.fdopen(fd, "w") as out:
+            out.write(f"{request.node.nodeid}: running for {STALL_DUMP_S:g} s\n")
+            if _jvm_pid:
+                out.flush()
+                subprocess.run(["jstack", str(_jvm_pid[0])], stdout=out, stderr=out,
+                               timeout=60, check=False)
+            out.flush()
+            faulthandler.dump_traceback(out, all_threads=True)
+        print(f"stalled {STALL_DUMP_S:g} s: thread dumps in {path}", file=sys.stderr)
+
+    timer = threading.Timer(STALL_DUMP_S, dump)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     os.environ["PYSPARK_PYTHON"] = PY
@@ -103,6 +143,7 @@ def spark() -> Iterator[Any]:
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
+    _jvm_pid.append(int(session.sparkContext._jvm.ProcessHandle.current().pid()))
     try:
         yield session
     finally:
