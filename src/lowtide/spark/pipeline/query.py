@@ -101,7 +101,7 @@ def spark_activity(query: Any, now_s: float | None = None) -> str:
     >>> q = type("Q", (), {"status": {"message": "Waiting for data to arrive"},
     ...     "lastProgress": {"batchId": 41, "timestamp": "2026-11-29T06:00:00.000Z"}})
     >>> spark_activity(q, now_s=datetime(2026, 11, 29, 6, 0, 2, tzinfo=UTC).timestamp())
-    'Waiting for data to arrive; micro-batch 41 the last to finish, started 2.0 s before'
+    'Waiting for data to arrive; micro-batch 41 the last to finish, started 2.0 s ago'
     """
     message = query.status.get("message", "")
     last = query.lastProgress
@@ -110,7 +110,7 @@ def spark_activity(query: Any, now_s: float | None = None) -> str:
     started = datetime.fromisoformat(last["timestamp"]).timestamp()
     ago_s = (time.time() if now_s is None else now_s) - started
     return (f"{message}; micro-batch {last['batchId']} the last to finish, "
-            f"started {ago_s:.1f} s before")
+            f"started {ago_s:.1f} s ago")
 
 
 class TrackedQuery:
