@@ -171,6 +171,42 @@ def test_end_of_stream_emits_every_window(spark, tmp_path: Path) -> None:
     assert got.set_index("start")["n"].to_dict() == expected[got["start"]].to_dict()
 
 
+def test_the_clock_alone_moves_the_watermark(spark, tmp_path: Path) -> None:
+    """The first micro-batch reads every row while the fronts still run; then they
+    finish, and no row arrives any more: only the clock's rows can move the watermark
+    (before, Spark's filter of rows without a window time, pushed below the watermark
+    node, dropped them first, and the windows waited for good)."""
+    log, out = tmp_path / "log", tmp_path / "out"
+    pipe = lowtide.Pipeline(spark, "clock", grid=GRID, stuck_after_ms=STUCK_MS)
+    stream = (pipe.read_log(str(log))
+              .map(lambda b: pa.record_batch({"user": pa.array(["u"] * b.num_rows)}),
+                   "user string", name="users")
+              .window("200 milliseconds", key="user", name="win").agg(n="count"))
+    query = None
+    try:
+        pipe.start_tracker(stream.graph())
+        fronts = [pipe.front(f, fsync="never", heartbeat_ms=10) for f in (0, 1)]
+        for _ in range(5):
+            for f in fronts:
+                f.send([b"x"] * 4)
+            time.sleep(0.05)
+        query = stream.write_parquet(str(out), checkpoint=str(tmp_path / "ckpt"),
+                                     trigger="200 milliseconds")
+        deadline = time.monotonic() + 120
+        while not any(p["numInputRows"] for p in query.recentProgress):
+            assert time.monotonic() < deadline and query.exception() is None
+            time.sleep(0.05)
+        last = min(f.close() for f in fronts)  # after a batch read the rows
+        query.wait_for_min_time(last, timeout_s=120)
+        read = [p["numInputRows"] for p in query.recentProgress]
+    finally:
+        if query is not None:
+            query.stop()
+        pipe.close()
+    assert read[0] >= 2 * 5 * 4  # every row in the first batch (and maybe a clock row)
+    assert read_results(out)["n"].sum() == 2 * 5 * 4
+
+
 def test_a_query_done_before_its_listener_would_be_added_releases_its_hold(
         spark, tmp_path: Path) -> None:
     """Every front finished before the query starts: its batches may all end before a

@@ -82,6 +82,7 @@ TS_COL = "lt_ts"  # the row's global time (timestamp)
 ORDER_COL = "lt_order"  # (slot, ack id): first / last
 WINDOW_COL = "lt_window"
 ROW_RANGE_COL = "lt_range"  # a row's key range (rule 15)
+CLOCK_COL = "lt_clock"  # true on the clock's rows, which leave after the watermark node
 EMIT_PREFIX = "<emit>"
 #: session confs a query with a JVM window starts with (each query keeps its own copy)
 WATERMARK_CONFS = (("spark.sql.streaming.multipleWatermarkPolicy", "max"),
@@ -91,7 +92,7 @@ WATERMARK_CONFS = (("spark.sql.streaming.multipleWatermarkPolicy", "max"),
 WATERMARK_DELAY_KEY = "spark.watermarkDelayMs"
 #: ``lt_ts``'s delay: marked as an event-time column with no watermark node of its own
 TS_DELAY_MS = 3650 * 86_400_000
-NAMES = (TS_COL, ORDER_COL, WINDOW_COL, ROW_RANGE_COL, RANGE_LO, RANGE_HI)
+NAMES = (TS_COL, ORDER_COL, WINDOW_COL, ROW_RANGE_COL, CLOCK_COL, RANGE_LO, RANGE_HI)
 #: DataFrame steps a window may absorb a ``where`` across
 ONE_TO_ONE_OR_WHERE = ("where", "select", "select_expr", "drop", "rename", "with_column")
 
@@ -364,9 +365,17 @@ def build_window_plan(df: Any, spec: WindowSpec, ref: TrackerRef, op_id: int, ho
     hold.prepare()
     clock = clock_frame(df.sparkSession, ref, spec.name, spec.slide_ms,
                         (op_id, hold.checkpoint))
+    # The clock's rows have a time too: the window's filter of rows without one is
+    # pushed below the watermark node, and would drop them before it saw their stamp
+    # (the watermark then moved only with data). They leave after the node, by a
+    # filter on its own column, which Spark does not push below it.
+    clock = clock.select(F.col(WM_COL), F.timestamp_millis(F.col(WM_COL)).alias(TS_COL),
+                         F.lit(True).alias(CLOCK_COL))
     timed = (rows.unionByName(clock, allowMissingColumns=True)
              .withColumn(WM_COL, F.timestamp_millis(F.col(WM_COL)))
              .withWatermark(WM_COL, "0 seconds")
+             .where(F.col(CLOCK_COL).isNull() | F.col(WM_COL).isNull())
+             .drop(CLOCK_COL)
              .withMetadata(TS_COL, {WATERMARK_DELAY_KEY: TS_DELAY_MS}))
     window = F.window(TS_COL, f"{spec.size_ms} milliseconds", f"{spec.slide_ms} milliseconds")
     keys = [F.col(f"`{k}`") for k in spec.keys]
