@@ -12,8 +12,9 @@ step's: into the null sink, after other steps, or into a caller's sink.
 ::
 
     rows, received and stamped by their senders: lt_wm      (window_input)
-         ∪ clock rows (lt_wm only)                           (the idle clock source)
-         .withWatermark(lt_wm, 0), lt_ts marked an event-time column
+         ∪ clock rows (lt_wm, lt_ts the same, lt_clock)      (the idle clock source)
+         .withWatermark(lt_wm, 0).where(not a clock row), lt_ts marked an event-time
+         column
          .groupBy(keys, window(lt_ts)).agg(...)              (append mode)
          --emit--> results into the outbound segment         (mapInArrow, few rows)
 

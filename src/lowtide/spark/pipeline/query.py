@@ -95,22 +95,26 @@ def startup_phase(query: Any) -> str | None:
 
 def spark_activity(query: Any, now_s: float | None = None) -> str:
     """What Spark's query is doing, for a wait that ran out: its status message and
-    its last micro-batch, so a query that stopped running batches tells itself apart
-    from one whose batches run and whose input is missing.
+    the last micro-batch it ran (an idle query's progress reports, every 10 s, name
+    the next batch and run none), so a query that stopped running batches tells itself
+    apart from one whose batches run and whose input is missing.
 
-    >>> q = type("Q", (), {"status": {"message": "Waiting for data to arrive"},
-    ...     "lastProgress": {"batchId": 41, "timestamp": "2026-11-29T06:00:00.000Z"}})
-    >>> spark_activity(q, now_s=datetime(2026, 11, 29, 6, 0, 2, tzinfo=UTC).timestamp())
-    'Waiting for data to arrive; micro-batch 41 the last to finish, started 2.0 s ago'
+    >>> ran = {"batchId": 41, "timestamp": "2026-11-29T06:00:00.000Z",
+    ...        "durationMs": {"addBatch": 30, "triggerExecution": 50}}
+    >>> idle = {"batchId": 42, "timestamp": "2026-11-29T06:00:10.000Z",
+    ...         "durationMs": {"latestOffset": 1, "triggerExecution": 1}}
+    >>> q = type("Q", (), {"status": {"message": "Waiting for next trigger"},
+    ...                    "recentProgress": [ran, idle]})
+    >>> spark_activity(q, now_s=datetime(2026, 11, 29, 6, 0, 12, tzinfo=UTC).timestamp())
+    'Waiting for next trigger; micro-batch 41 the last run, started 12.0 s ago'
     """
     message = query.status.get("message", "")
-    last = query.lastProgress
-    if last is None:
-        return f"{message}; no micro-batch finished"
-    started = datetime.fromisoformat(last["timestamp"]).timestamp()
+    ran = [p for p in query.recentProgress if "addBatch" in p.get("durationMs", {})]
+    if not ran:
+        return f"{message}; no micro-batch run"
+    started = datetime.fromisoformat(ran[-1]["timestamp"]).timestamp()
     ago_s = (time.time() if now_s is None else now_s) - started
-    return (f"{message}; micro-batch {last['batchId']} the last to finish, "
-            f"started {ago_s:.1f} s ago")
+    return f"{message}; micro-batch {ran[-1]['batchId']} the last run, started {ago_s:.1f} s ago"
 
 
 class TrackedQuery:
