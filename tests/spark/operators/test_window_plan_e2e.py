@@ -20,7 +20,11 @@ import pyarrow.parquet as pq
 import pytest
 
 import lowtide
-from lowtide.bench.chaos.late_listener_fault import late_listener_run
+from lowtide.bench.chaos.late_listener_fault import (
+    counting_window,
+    late_listener_run,
+    send_rounds,
+)
 from lowtide.spark.sources.generator import GeneratorSpec
 from lowtide.spark.sources.ingest import IngestReader
 from tests.spark.helpers import Watcher, fail_once, t0_of_checkpoint
@@ -130,25 +134,33 @@ def test_sink_never_passes_an_unemitted_window(spark, tmp_path: Path) -> None:
     check(results, expected, horizon, SIZE, AGG_COLS)  # once each, equal to the batch
 
 
+def counting(spark: Any, name: str, log: Path) -> tuple[Any, Any]:
+    """A pipeline counting ``log``'s records per 200 ms window, and its stream."""
+    pipe = lowtide.Pipeline(spark, name, grid=GRID, stuck_after_ms=STUCK_MS)
+    return pipe, counting_window(pipe, log)
+
+
+def two_fronts(pipe: Any, stream: Any) -> list[Any]:
+    """Start the tracker of ``stream``'s graph; two fronts writing its log."""
+    pipe.start_tracker(stream.graph())
+    return [pipe.front(f, fsync="never", heartbeat_ms=10) for f in (0, 1)]
+
+
+def write(stream: Any, tmp_path: Path) -> Any:
+    return stream.write_parquet(str(tmp_path / "out"), checkpoint=str(tmp_path / "ckpt"),
+                                trigger="200 milliseconds")
+
+
 def test_end_of_stream_emits_every_window(spark, tmp_path: Path) -> None:
     """Fronts write for a while, then only heartbeat, then finish: no row arrives in
     the last micro-batches, and the clock still brings every complete window out."""
     log, out = tmp_path / "log", tmp_path / "out"
-    pipe = lowtide.Pipeline(spark, "end", grid=GRID, stuck_after_ms=STUCK_MS)
-    stream = (pipe.read_log(str(log))
-              .map(lambda b: pa.record_batch({"user": pa.array(["u"] * b.num_rows)}),
-                   "user string", name="users")
-              .window("200 milliseconds", key="user", name="win").agg(n="count"))
+    pipe, stream = counting(spark, "end", log)
     query = None
     try:
-        pipe.start_tracker(stream.graph())
-        fronts = [pipe.front(f, fsync="never", heartbeat_ms=10) for f in (0, 1)]
-        query = stream.write_parquet(str(out), checkpoint=str(tmp_path / "ckpt"),
-                                     trigger="200 milliseconds")
-        for _ in range(15):
-            for f in fronts:
-                f.send([b"x"] * 4)
-            time.sleep(0.05)
+        fronts = two_fronts(pipe, stream)
+        query = write(stream, tmp_path)
+        send_rounds(fronts, 15)
         time.sleep(1.0)  # heartbeats only: no data, the min time moves
         time.sleep(0.03)
         last = min(f.close() for f in fronts)
@@ -177,21 +189,12 @@ def test_the_clock_alone_moves_the_watermark(spark, tmp_path: Path) -> None:
     (before, Spark's filter of rows without a window time, pushed below the watermark
     node, dropped them first, and the windows waited for good)."""
     log, out = tmp_path / "log", tmp_path / "out"
-    pipe = lowtide.Pipeline(spark, "clock", grid=GRID, stuck_after_ms=STUCK_MS)
-    stream = (pipe.read_log(str(log))
-              .map(lambda b: pa.record_batch({"user": pa.array(["u"] * b.num_rows)}),
-                   "user string", name="users")
-              .window("200 milliseconds", key="user", name="win").agg(n="count"))
+    pipe, stream = counting(spark, "clock", log)
     query = None
     try:
-        pipe.start_tracker(stream.graph())
-        fronts = [pipe.front(f, fsync="never", heartbeat_ms=10) for f in (0, 1)]
-        for _ in range(5):
-            for f in fronts:
-                f.send([b"x"] * 4)
-            time.sleep(0.05)
-        query = stream.write_parquet(str(out), checkpoint=str(tmp_path / "ckpt"),
-                                     trigger="200 milliseconds")
+        fronts = two_fronts(pipe, stream)
+        send_rounds(fronts, 5)
+        query = write(stream, tmp_path)
         deadline = time.monotonic() + 120
         while not any(p["numInputRows"] for p in query.recentProgress):
             assert time.monotonic() < deadline and query.exception() is None

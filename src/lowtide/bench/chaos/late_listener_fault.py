@@ -89,25 +89,35 @@ def written_of(log: Path, grid: TimeGrid, fronts: int) -> dict[int, int]:
     return written
 
 
+def counting_window(pipe: Pipeline, log: Path) -> Any:
+    """The scenario's query: the log's records counted per window of WINDOW_MS."""
+    return (pipe.read_log(str(log))
+            .map(lambda b: pa.record_batch({"user": pa.array(["u"] * b.num_rows)}),
+                 "user string", name="users")
+            .window(f"{WINDOW_MS} milliseconds", key="user", name="win").agg(n="count"))
+
+
+def send_rounds(fronts: list[Any], rounds: int) -> None:
+    """Each front sends PER_ROUND records a round, 50 ms apart."""
+    for _ in range(rounds):
+        for f in fronts:
+            f.send([b"x"] * PER_ROUND)
+        time.sleep(0.05)
+
+
 def late_listener_run(spark: Any, tmp: Path) -> Result:
     """Write the input, close its fronts, then start the window query with listeners
     held back; wait until the sink is complete past the input's end."""
     result = Result(LATE_LISTENER, faults=1)
     log, out = tmp / "log", tmp / "out"
     pipe = Pipeline(spark, "chaos-late-listener", stuck_after_ms=120_000)
-    stream = (pipe.read_log(str(log))
-              .map(lambda b: pa.record_batch({"user": pa.array(["u"] * b.num_rows)}),
-                   "user string", name="users")
-              .window(f"{WINDOW_MS} milliseconds", key="user", name="win").agg(n="count"))
+    stream = counting_window(pipe, log)
     query = None
     claimed = 0
     try:
         pipe.start_tracker(stream.graph())
         fronts = [pipe.front(f, fsync="never", heartbeat_ms=10) for f in (0, 1)]
-        for _ in range(ROUNDS):
-            for f in fronts:
-                f.send([b"x"] * PER_ROUND)
-            time.sleep(0.05)
+        send_rounds(fronts, ROUNDS)
         last = min(f.close() for f in fronts)
         with listeners_added_late():
             query = stream.write_parquet(str(out), checkpoint=str(tmp / "ckpt"),
