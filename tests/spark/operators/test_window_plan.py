@@ -271,19 +271,20 @@ def test_a_stopped_query_moves_no_hold(agent: Any, tmp_path: Path) -> None:
     assert hold.record.hold == 1_000 and agent.step()["out"] == 1_000
 
 
-def test_a_listener_bound_after_its_query_ran_moves_to_the_last_watermark() -> None:
-    """Registered before its query starts, the listener keeps each query's last
-    watermark until it learns its own query's id; then it moves the hold there once,
-    and afterwards hears only its own query."""
+def test_a_listener_added_after_its_query_ran_catches_up_with_its_last_progress() -> None:
+    """Added after its query started, the listener may have missed every batch (a
+    finished input): catching up with the query's last progress moves the hold to its
+    watermark; before any batch ended there is nothing to catch up with."""
+    from types import SimpleNamespace
+
     moved: list[int] = []
-    hold: Any = type("Hold", (), {"window": "w", "advance": lambda _, wm, s: moved.append(wm)})()
-    listener = HoldListener(hold)
-    for query_id, wm in (("a", 10), ("b", 99), ("a", 30), ("a", None)):
-        assert not listener.mine(query_id, wm)  # before bind: kept, not moved
+    hold: Any = SimpleNamespace(window="w", advance=lambda wm, wait_s: moved.append(wm))
+    listener = HoldListener(hold, "a")
+    listener.catch_up(None)
+    listener.catch_up(SimpleNamespace(eventTime={}))  # a batch with no watermark yet
     assert moved == []
-    listener.bind("a")
-    assert moved == [30]  # the last watermark of its query's early batches
-    assert listener.mine("a", 40) and not listener.mine("b", 120)
+    listener.catch_up(SimpleNamespace(eventTime={"watermark": "2023-11-14T22:13:20.005Z"}))
+    assert moved == [1_700_000_000_005]
 
 
 def test_a_window_planned_again_an_hour_later_reuses_its_compiled_code(

@@ -215,8 +215,9 @@ def test_a_query_done_before_its_listener_would_be_added_releases_its_hold(
     """Every front finished before the query starts: its batches may all end before a
     listener added after ``start()`` hears of one, and the hold would stand for good.
     Here the session registers listeners only once the running queries ran out of
-    batches (the race at its widest): the hold's listener, added before the start,
-    still releases it, and every window is emitted (the chaos kind's own check)."""
+    batches (the race at its widest): the hold's listener catches up with the query's
+    last progress, releases the hold, and every window is emitted (the chaos kind's
+    own check)."""
     result = late_listener_run(spark, tmp_path)
     assert not result.notes and not result.premature and result.lost == 0
 

@@ -18,8 +18,8 @@ emitted ends after that watermark, so its result (slot ``end - 1``) is at or abo
   committed, so its windows were sent): the hold moves to the batch's watermark, in
   one keyed batch that releases the old hold and opens the new one (atomic), in hops
   the checksum table can span. A watermark at the last timestamp (every front
-  finished) releases it for good. The listener is registered before the query starts
-  (:class:`HoldListener`): no batch ends unheard.
+  finished) releases it for good. Once registered, the listener catches up with the
+  query's last progress (:meth:`HoldListener.catch_up`): no batch ends unheard.
 * A tracker that does not answer: a move waits at most the pipeline's
   ``hold_wait_s`` over all its hops; then the query stops with one line that says
   what to do (:class:`HoldFailed`), the hold stays where it was (nothing passes it),
@@ -274,7 +274,7 @@ class WatermarkHold:
         with self._lock:
             self.closed = True
 
-    def listener(self, query_id: str | None = None, wait_s: float = HOLD_WAIT_S,
+    def listener(self, query_id: str, wait_s: float = HOLD_WAIT_S,
                  on_failure: Callable[[HoldFailed], None] | None = None) -> HoldListener:
         return HoldListener(self, query_id, wait_s, on_failure)
 
@@ -305,14 +305,12 @@ class HoldListener(StreamingQueryListener):  # type: ignore[misc]
     each a Py4J call run on Spark's listener thread), 0.5-0.7 us per input row of a
     window query (BENCHMARKS.md).
 
-    Registered before its query starts, with no id (a new query's id is drawn as it
-    starts), and :meth:`bind` to the id once ``start()`` returned: a short query can run
-    every batch it has (a finished input) before that, and a listener added after them
-    would wait for a batch that never comes, its hold standing for good. Until then it
-    keeps each query's last watermark, and ``bind`` moves the hold to its query's."""
+    Registered after its query started (its id is drawn then), so a short query can run
+    every batch it has (a finished input) before the listener hears of one: the caller
+    then calls :meth:`catch_up`, which reads the query's last progress, recorded before
+    Spark posts its event."""
 
-    def __init__(self, hold: WatermarkHold, query_id: str | None = None,
-                 wait_s: float = HOLD_WAIT_S,
+    def __init__(self, hold: WatermarkHold, query_id: str, wait_s: float = HOLD_WAIT_S,
                  on_failure: Callable[[HoldFailed], None] | None = None) -> None:
         super().__init__()
         self.hold = hold
@@ -320,27 +318,12 @@ class HoldListener(StreamingQueryListener):  # type: ignore[misc]
         self.wait_s = wait_s
         self.on_failure = on_failure
         self.failed: HoldFailed | None = None
-        self._early: dict[str, int] = {}  # before bind: each query's last watermark
-        self._bind_lock = threading.Lock()
 
-    def bind(self, query_id: str) -> None:
-        """Its query started with id ``query_id``: move the hold to the watermark of
-        the batches that query ended before this call."""
-        with self._bind_lock:
-            self.query_id = query_id
-            early = self._early.pop(query_id, None)
-            self._early.clear()
-        self.advance(early)
-
-    def mine(self, query_id: str, wm: int | None) -> bool:
-        """Whether an event of ``query_id`` with watermark ``wm`` moves this hold now;
-        before :meth:`bind`, its watermark is kept for it."""
-        with self._bind_lock:
-            if self.query_id is not None:
-                return query_id == self.query_id
-            if wm is not None:
-                self._early[query_id] = max(wm, self._early.get(query_id, wm))
-            return False
+    def catch_up(self, last_progress: Any) -> None:
+        """Move the hold to the watermark of the query's last progress (None: no batch
+        ended yet), read after this listener was registered: with the events it hears
+        from then on, every batch's watermark reaches the hold."""
+        self.advance(None if last_progress is None else watermark_ms(last_progress))
 
     @property
     def _jlistener(self) -> Any:
@@ -355,9 +338,8 @@ class HoldListener(StreamingQueryListener):  # type: ignore[misc]
         pass
 
     def onQueryProgress(self, event: Any) -> None:
-        wm = watermark_ms(event.progress)
-        if self.mine(str(event.progress.id), wm):
-            self.advance(wm)
+        if str(event.progress.id) == self.query_id:
+            self.advance(watermark_ms(event.progress))
 
     def advance(self, wm: int | None) -> None:
         """Its query's batch ended with watermark ``wm`` (ms; None: none yet)."""
@@ -391,17 +373,14 @@ class ProgressCallback:
     def onQueryProgress(self, jevent: Any) -> None:
         try:
             progress = jevent.progress()
-            query_id = progress.id().toString()
-            if query_id != self.listener.query_id and self.listener.query_id is not None:
+            if progress.id().toString() != self.listener.query_id:
                 return
             text = progress.eventTime().get("watermark")
         except Exception as exc:  # the JVM going away: the hold stays where it was
             log.warning("window hold not moved", extra={
                 "window": self.listener.hold.window, "reason": repr(exc)})
             return
-        wm = None if text is None else iso_ms(text)
-        if self.listener.mine(query_id, wm):
-            self.listener.advance(wm)
+        self.listener.advance(None if text is None else iso_ms(text))
 
     def onQueryStarted(self, jevent: Any) -> None:
         pass

@@ -344,25 +344,18 @@ class Pipeline:
         confs = WATERMARK_CONFS if built.holds else ()
         if built.update:
             writer, confs = writer.outputMode("update"), SPECULATIVE_CONFS
-        # the holds' listeners before the start: a short query may run every batch it
-        # has before a listener added after start() hears of one (HoldListener)
-        listeners = [h.listener(None, wait_s, fail) for h in built.holds]
+        with session_confs(self.spark, (*confs, *fixed_plan_confs(self.spark))):
+            query = writer.start()
+        listeners = [h.listener(str(query.id), wait_s, fail) for h in built.holds]
         for listener in listeners:
             self.spark.streams.addListener(listener)
         closers = [lambda x=x: self.spark.streams.removeListener(x) for x in listeners]
-        try:
-            with session_confs(self.spark, (*confs, *fixed_plan_confs(self.spark))):
-                query = writer.start()
-        except BaseException:
-            for close in closers:
-                close()
-            raise
         tq = TrackedQuery(self, query, graph, sink_name, batches, stream=stream,
                           sink_spec=sink, closers=[*closers, *(h.close for h in built.holds)])
         tracked.append(tq)
         self._queries.append(tq)
         for listener in listeners:  # after `tracked`: a failed move stops the query
-            listener.bind(str(query.id))
+            listener.catch_up(query.lastProgress)  # batches that ended unheard
         return tq
 
     # recovery (docs/operating.md)
