@@ -283,14 +283,15 @@ def generated(spark: Any, spec: GeneratorSpec, t0: int, final: int, delta_ms: in
 
 def assert_equal_below(got: Any, expected: Any, final: int, order: list[str]) -> Any:
     """The committed rows below ``final`` equal ``expected`` (pandas), as text, in
-    ``order``; returns them."""
+    ``order``; returns them. How many rows a run reaches follows its machine's speed
+    and its steps' filters, so only an empty (vacuous) comparison is refused."""
     import pandas as pd
 
     below = got[got["lt_time"] < final].drop(columns=["lt_time", "lt_ack"])
     assert list(below.columns) == list(expected.columns)
     a = below.sort_values(order).reset_index(drop=True)
     b = expected.sort_values(order).reset_index(drop=True)
-    assert len(a) > 100
+    assert len(b) > 0, "no rows below the final time: nothing was compared"
     pd.testing.assert_frame_equal(a.astype(str), b.astype(str))
     return a
 

@@ -75,10 +75,14 @@ class ProgressMetrics:
         """``df`` with lowtide's figures as its observed metrics ``name`` (a string,
         or a ``pyspark.sql.Observation`` for a batch DataFrame); ``build(pipeline)
         .start()`` the publisher that feeds them (a :class:`TrackedQuery` does)."""
+        from pyspark.sql import functions as F
+
         *numbers, late = figures = self.figures()
         *columns, late_column = figure_columns(self, df.sparkSession, figures)
+        # a figure's expressions are planned and evaluated again in every micro-batch
+        # (on the driver, as each task ends): as few as give its value and type
         longs = [c.try_cast("long").alias(f) for c, f in zip(columns, numbers, strict=True)]
-        return df.observe(name, *longs, late_column.alias(late))
+        return df.observe(name, *longs, F.when(late_column != "null", late_column).alias(late))
 
     def values(self, status: PipelineStatus) -> dict[str, Any]:
         """The figures of a tracker status (a figure it lacks is left out); ``late``:

@@ -67,10 +67,11 @@ def figures_text(figures: Iterable[str], values: dict[str, Any]) -> str:
 
 
 def figure_columns(metrics: ProgressMetrics, spark: Any, figures: Iterable[str]) -> list[Any]:
-    """A string column per figure: its latest text (null: not published yet), read
-    from :func:`figures_map` where it is evaluated (outside an aggregate: on the
-    driver). One UDF serves them all: each is some 30 Py4J calls to make, which a
-    query's start waits for."""
+    """A string column per figure: its element of the latest text, read from
+    :func:`figures_map` where it is evaluated (outside an aggregate: on the driver);
+    a figure without a value (JSON null) reads ``"null"``, which a cast to a number
+    turns into null. One UDF serves them all: each is some 30 Py4J calls to make,
+    which a query's start waits for."""
     from pyspark.sql import functions as F
     from pyspark.sql.classic.column import Column, _to_seq
 
@@ -81,8 +82,7 @@ def figure_columns(metrics: ProgressMetrics, spark: Any, figures: Iterable[str])
         udf = jvm.org.apache.spark.sql.functions.udf(
             lookup, jvm.org.apache.spark.sql.types.DataTypes.StringType)
     text = Column(udf.apply(_to_seq(spark.sparkContext, [F.lit(FIGURES_KEY)._jc])))
-    elements = [F.get_json_object(text, f"$[{i}]") for i, _ in enumerate(figures)]
-    return [F.when(e != F.lit("null"), e) for e in elements]  # a JSON null: no value
+    return [F.get_json_object(text, f"$[{i}]") for i, _ in enumerate(figures)]
 
 
 class ProgressPublisher:
