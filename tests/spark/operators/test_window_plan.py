@@ -64,6 +64,31 @@ def test_hold_targets_and_hops_worked_examples() -> None:
     assert (release, open_) == (-1, 1)
     assert move_acks(STATE, 7, None, 150).count.tolist() == [1]  # the first hold
     assert move_acks(STATE, 7, 150, END).count.tolist() == [-1]  # the last move
+    # with the window's slide (1 s): windows not emitted end at 12:00:01 or later, their
+    # results at its slot less one: the hold stands there, above the watermark's slot,
+    # until the watermark reaches 12:00:01
+    assert hold_target(1_700_000_000_005, 10, 1000) == 170_000_000_099
+    assert hold_target(1_700_000_000_999, 10, 1000) == 170_000_000_099
+    assert hold_target(1_700_000_001_000, 10, 1000) == 170_000_000_199
+    assert hold_target(STAMP_MAX_MS, 10, 1000) == END
+
+
+@settings(max_examples=300, deadline=None)
+@given(wm_ms=st.integers(0, 10**13), delta_ms=st.sampled_from([1, 5, 10, 100]),
+       slides=st.integers(1, 50))
+def test_a_hold_by_the_slide_is_safe_and_never_below_the_watermarks(
+        wm_ms: int, delta_ms: int, slides: int) -> None:
+    """Safety: the hold is at or below the slot of every result not emitted yet (a
+    window ending past the watermark, at a multiple of the slide, sends its results at
+    its end's slot less one), and it is one of them; never lower than the watermark's
+    own slot (the hold without the slide)."""
+    slide_ms = slides * delta_ms
+    target = hold_target(wm_ms, delta_ms, slide_ms)
+    first_end = (wm_ms // slide_ms + 1) * slide_ms
+    assert first_end > wm_ms and target == first_end // delta_ms - 1
+    assert all(target <= e // delta_ms - 1 for e in range(first_end, first_end + 5 * slide_ms,
+                                                            slide_ms))
+    assert target >= hold_target(wm_ms, delta_ms)
 
 
 def _tracker() -> Any:

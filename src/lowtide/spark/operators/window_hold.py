@@ -17,7 +17,9 @@ emitted ends after that watermark, so its result (slot ``end - 1``) is at or abo
 * After each micro-batch (its ``StreamingQueryProgress``, posted after its sink
   committed, so its windows were sent): the hold moves to the batch's watermark, in
   one keyed batch that releases the old hold and opens the new one (atomic), in hops
-  the checksum table can span. A watermark at the last timestamp (every front
+  the checksum table can span. A window planned in the JVM knows more: its results
+  sit at window ends less one slot, so its hold goes to the first such slot past the
+  watermark (:func:`hold_target`), higher, and moves once a slide, not once a batch. A watermark at the last timestamp (every front
   finished) releases it for good. Once registered, the listener catches up with the
   query's last progress (:meth:`HoldListener.catch_up`): no batch ends unheard.
 * A tracker that does not answer: a move waits at most the pipeline's
@@ -79,14 +81,24 @@ def hop_slots(grid: TimeGrid) -> int:
     return HOP_WINDOWS * grid.window_slots
 
 
-def hold_target(watermark_ms: int, delta_ms: int) -> int:
+def hold_target(watermark_ms: int, delta_ms: int, slide_ms: int | None = None) -> int:
     """The hold's slot for a batch's watermark (windows ending at or below it are
-    emitted); :data:`END` for the last timestamp.
+    emitted); :data:`END` for the last timestamp. ``slide_ms``, the window's slide:
+    every window not emitted yet ends past the watermark at a multiple of the slide,
+    and its results sit at its end's slot less one, so the hold goes there, at or
+    above the watermark's own slot (it moves once a slide, not once a batch, and the
+    outbound segment's min time is never lower for it). Without: the watermark's slot.
 
     >>> hold_target(1_700_000_000_005, 10), hold_target(STAMP_MAX_MS, 10) == END
     (170000000000, True)
+    >>> hold_target(1_700_000_000_005, 10, 1000), hold_target(1_700_000_001_000, 10, 1000)
+    (170000000099, 170000000199)
     """
-    return END if watermark_ms >= STAMP_MAX_MS else watermark_ms // delta_ms
+    if watermark_ms >= STAMP_MAX_MS:
+        return END
+    if slide_ms is None:
+        return watermark_ms // delta_ms
+    return (watermark_ms // slide_ms + 1) * slide_ms // delta_ms - 1
 
 
 def hops(hold: int, target: int, hop: int) -> list[int]:
@@ -148,8 +160,10 @@ class WatermarkHold:
     """One window query's hold; see the module docstring. The driver prepares it and
     moves it (:meth:`listener`); the clock source opens it (:meth:`ensure_open`)."""
 
-    def __init__(self, ref: TrackerRef, window: str, op_id: int, checkpoint: str) -> None:
+    def __init__(self, ref: TrackerRef, window: str, op_id: int, checkpoint: str,
+                 slide_ms: int | None = None) -> None:
         self.ref = ref
+        self.slide_ms = slide_ms  # hold_target's: results only at window ends
         self.window = window
         self.op_id = op_id
         self.checkpoint = checkpoint
@@ -260,7 +274,7 @@ class WatermarkHold:
                 self.record = self._load() or self.record
             if not self.record.opened or self.record.hold is None or self.record.pending:
                 return
-            target = hold_target(watermark_ms, self.ref.grid.delta_ms)
+            target = hold_target(watermark_ms, self.ref.grid.delta_ms, self.slide_ms)
             for slot in hops(self.record.hold, target, hop_slots(self.ref.grid)):
                 left_s = deadline - time.monotonic()
                 if left_s <= 0:

@@ -298,7 +298,7 @@ class QueryWindows:
             return build_window(df, spec, ref, out_segment, op_id, self.checkpoint)
         from lowtide.spark.operators.window_hold import WatermarkHold
 
-        hold = WatermarkHold(ref, spec.name, op_id, self.checkpoint)
+        hold = WatermarkHold(ref, spec.name, op_id, self.checkpoint, spec.slide_ms)
         # into the null sink, results would be sent and received in one task: no acks,
         # no Python pass; the hold alone keeps the sink from passing them
         emit = None if null_sink else emit_function(ref, spec.name, out_segment)
