@@ -19,9 +19,10 @@ emitted ends after that watermark, so its result (slot ``end - 1``) is at or abo
   one keyed batch that releases the old hold and opens the new one (atomic), in hops
   the checksum table can span. A window planned in the JVM knows more: its results
   sit at window ends less one slot, so its hold goes to the first such slot past the
-  watermark (:func:`hold_target`), higher, and moves once a slide, not once a batch. A watermark at the last timestamp (every front
-  finished) releases it for good. Once registered, the listener catches up with the
-  query's last progress (:meth:`HoldListener.catch_up`): no batch ends unheard.
+  watermark (:func:`hold_target`), higher, and moves once a slide, not once a batch.
+  A watermark at the last timestamp (every front finished) releases it for good.
+  Once registered, the listener catches up with the query's last progress
+  (:meth:`HoldListener.catch_up`): no batch ends unheard.
 * A tracker that does not answer: a move waits at most the pipeline's
   ``hold_wait_s`` over all its hops; then the query stops with one line that says
   what to do (:class:`HoldFailed`), the hold stays where it was (nothing passes it),
