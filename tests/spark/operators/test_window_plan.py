@@ -20,6 +20,7 @@ from lowtide.core.time import TimeGrid
 from lowtide.core.tracker import TrackerConfig
 from lowtide.spark.operators.window_hold import (
     END,
+    LEAD_SLOTS,
     HoldListener,
     HoldRecord,
     WatermarkHold,
@@ -71,24 +72,30 @@ def test_hold_targets_and_hops_worked_examples() -> None:
     assert hold_target(1_700_000_000_999, 10, 1000) == 170_000_000_099
     assert hold_target(1_700_000_001_000, 10, 1000) == 170_000_000_199
     assert hold_target(STAMP_MAX_MS, 10, 1000) == END
+    # a daily window's next end is up to a day ahead: the hold stays within LEAD_SLOTS
+    # of the watermark, where the tracker's checksum table takes its acks
+    assert hold_target(1_700_000_000_005, 10, 86_400_000) == 170_000_000_000 + LEAD_SLOTS
 
 
 @settings(max_examples=300, deadline=None)
 @given(wm_ms=st.integers(0, 10**13), delta_ms=st.sampled_from([1, 5, 10, 100]),
-       slides=st.integers(1, 50))
+       slides=st.one_of(st.integers(1, 50), st.integers(1, 10**7)))
 def test_a_hold_by_the_slide_is_safe_and_never_below_the_watermarks(
         wm_ms: int, delta_ms: int, slides: int) -> None:
     """Safety: the hold is at or below the slot of every result not emitted yet (a
     window ending past the watermark, at a multiple of the slide, sends its results at
-    its end's slot less one), and it is one of them; never lower than the watermark's
-    own slot (the hold without the slide)."""
+    its end's slot less one), the first of them unless that is further than LEAD_SLOTS
+    past the watermark's own slot; never lower than that slot (the hold without the
+    slide)."""
     slide_ms = slides * delta_ms
     target = hold_target(wm_ms, delta_ms, slide_ms)
     first_end = (wm_ms // slide_ms + 1) * slide_ms
-    assert first_end > wm_ms and target == first_end // delta_ms - 1
+    at = hold_target(wm_ms, delta_ms)
+    assert first_end > wm_ms
+    assert target == min(first_end // delta_ms - 1, at + LEAD_SLOTS)
     assert all(target <= e // delta_ms - 1 for e in range(first_end, first_end + 5 * slide_ms,
                                                             slide_ms))
-    assert target >= hold_target(wm_ms, delta_ms)
+    assert at <= target <= at + LEAD_SLOTS
 
 
 def _tracker() -> Any:
@@ -283,6 +290,22 @@ def test_which_plan_a_window_without_key_ranges_gets(tmp_path: Path) -> None:
     (old / "offsets" / "0").write_text("v1\n{}\n")
     assert plan(last, old) == "emit"
     assert plan(last, tmp_path / "new") == "driver"  # its restarts keep the plan
+
+
+def test_a_daily_windows_hold_stays_where_the_tracker_takes_it(agent: Any,
+                                                               tmp_path: Path) -> None:
+    """A window's hold stands at its next result slot past the watermark, but a daily
+    window's next end may be millions of slots ahead, past the tracker's checksum
+    table (2**20 windows from the segment's oldest open one): it stands at most
+    LEAD_SLOTS past the watermark's slot, and the outbound segment stays below it."""
+    hold = WatermarkHold(TrackerRef("holdtest://x", GRAPH), "w", 3, str(tmp_path),
+                         slide_ms=86_400_000)
+    hold.prepare()
+    assert hold.ensure_open() and hold.record.hold == 1_000
+    hold.advance(1_500 * 10)  # watermark at slot 1_500; the next day ends at 8_640_000
+    assert hold.record.hold == 1_500 + LEAD_SLOTS and hold.record.pending is None
+    agent.tracker.heartbeat(Heartbeat(0, 9_000_000))
+    assert agent.step()["out"] == 1_500 + LEAD_SLOTS
 
 
 def test_a_stopped_query_moves_no_hold(agent: Any, tmp_path: Path) -> None:

@@ -82,24 +82,33 @@ def hop_slots(grid: TimeGrid) -> int:
     return HOP_WINDOWS * grid.window_slots
 
 
+#: how far past the watermark's slot a hold may stand: a window's results are acked at
+#: most this far ahead of the segment's oldest open window, which the checksum table
+#: (2**20 windows) takes with room (a daily window's next end may be a day ahead)
+LEAD_SLOTS = 1 << 16
+
+
 def hold_target(watermark_ms: int, delta_ms: int, slide_ms: int | None = None) -> int:
     """The hold's slot for a batch's watermark (windows ending at or below it are
     emitted); :data:`END` for the last timestamp. ``slide_ms``, the window's slide:
     every window not emitted yet ends past the watermark at a multiple of the slide,
-    and its results sit at its end's slot less one, so the hold goes there, at or
-    above the watermark's own slot (it moves once a slide, not once a batch, and the
-    outbound segment's min time is never lower for it). Without: the watermark's slot.
+    and its results sit at its end's slot less one, so the hold goes there (at most
+    :data:`LEAD_SLOTS` past the watermark's slot): never below the watermark's own
+    slot, and it moves once a slide, not once a batch. Without: the watermark's slot.
 
     >>> hold_target(1_700_000_000_005, 10), hold_target(STAMP_MAX_MS, 10) == END
     (170000000000, True)
     >>> hold_target(1_700_000_000_005, 10, 1000), hold_target(1_700_000_001_000, 10, 1000)
     (170000000099, 170000000199)
+    >>> hold_target(1_700_000_000_005, 10, 86_400_000) - 170_000_000_000 == LEAD_SLOTS
+    True
     """
     if watermark_ms >= STAMP_MAX_MS:
         return END
+    at = watermark_ms // delta_ms
     if slide_ms is None:
-        return watermark_ms // delta_ms
-    return (watermark_ms // slide_ms + 1) * slide_ms // delta_ms - 1
+        return at
+    return min((watermark_ms // slide_ms + 1) * slide_ms // delta_ms - 1, at + LEAD_SLOTS)
 
 
 def hops(hold: int, target: int, hop: int) -> list[int]:
