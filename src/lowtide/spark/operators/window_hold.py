@@ -82,9 +82,9 @@ def hop_slots(grid: TimeGrid) -> int:
     return HOP_WINDOWS * grid.window_slots
 
 
-#: how far past the watermark's slot a hold may stand: a window's results are acked at
-#: most this far ahead of the segment's oldest open window, which the checksum table
-#: (2**20 windows) takes with room (a daily window's next end may be a day ahead)
+#: how far past the watermark's slot a hold may stand (a daily window's next end may be
+#: a day ahead): the hold's ack then stays well within the tracker's checksum table,
+#: which takes acks up to 2**20 windows past a segment's oldest open window
 LEAD_SLOTS = 1 << 16
 
 

@@ -109,12 +109,13 @@ def spark_activity(query: Any, now_s: float | None = None) -> str:
     'Waiting for next trigger; micro-batch 41 the last run, started 12.0 s ago'
     """
     message = query.status.get("message", "")
-    ran = [p for p in query.recentProgress if "addBatch" in p.get("durationMs", {})]
-    if not ran:
+    last = next((p for p in reversed(query.recentProgress)
+                 if "addBatch" in p.get("durationMs", {})), None)
+    if last is None:
         return f"{message}; no micro-batch run"
-    started = datetime.fromisoformat(ran[-1]["timestamp"]).timestamp()
+    started = datetime.fromisoformat(last["timestamp"]).timestamp()
     ago_s = (time.time() if now_s is None else now_s) - started
-    return f"{message}; micro-batch {ran[-1]['batchId']} the last run, started {ago_s:.1f} s ago"
+    return f"{message}; micro-batch {last['batchId']} the last run, started {ago_s:.1f} s ago"
 
 
 class TrackedQuery:
