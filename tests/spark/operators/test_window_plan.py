@@ -360,3 +360,35 @@ def test_a_window_planned_again_an_hour_later_reuses_its_compiled_code(
         assert {r.s for r in df.collect()} == {now}
         compiled.append(metrics.METRIC_COMPILATION_TIME().getCount() - before)
     assert compiled[0] > 0 and compiled[1] == 0
+
+
+def test_the_unwrap_fails_far_or_missing_rows_and_leaves_no_null_filter(
+        spark: Any, tmp_path: Path) -> None:
+    """``lt_ts`` cannot be null, so the window's test for a row without a time is
+    dropped (it evaluated the unwrap again below the projection); a row too far from
+    the plan's reference slot, or with no ``lt_track``, fails the query with what to do."""
+    from pyspark.errors import PySparkException
+    from pyspark.sql import functions as F
+
+    from lowtide.spark.operators.window_plan import slot_column
+    from lowtide.spark.tracking import pack, plan_reference_slot
+    from lowtide.spark.tracking.column import HELD_RANGE
+
+    grid = TimeGrid(10)
+    ref = plan_reference_slot(grid)
+
+    def frame(slot: int | None) -> Any:
+        packed = None if slot is None else int(pack(
+            np.array([slot], np.int64), np.array([7], np.uint64), slot)[0])
+        df = spark.createDataFrame([(packed,)], "lt_track long")
+        return df.select(F.timestamp_millis(slot_column(F.col("lt_track"), ref) * F.lit(10))
+                         .alias("lt_ts"))
+
+    near = frame(ref + 5)
+    assert not near.schema["lt_ts"].nullable
+    windowed = near.groupBy(F.window("lt_ts", "1 second")).count()
+    assert "isnotnull" not in windowed._jdf.queryExecution().optimizedPlan().toString()
+    assert windowed.collect()[0]["count"] == 1
+    for slot, says in ((ref + HELD_RANGE + 5, "restart the query"), (None, "lt_track")):
+        with pytest.raises(PySparkException, match=says):
+            frame(slot).collect()
