@@ -362,8 +362,7 @@ def test_a_window_planned_again_an_hour_later_reuses_its_compiled_code(
     assert compiled[0] > 0 and compiled[1] == 0
 
 
-def test_the_unwrap_fails_far_or_missing_rows_and_leaves_no_null_filter(
-        spark: Any, tmp_path: Path) -> None:
+def test_the_unwrap_fails_far_or_missing_rows_and_leaves_no_null_filter(spark: Any) -> None:
     """``lt_ts`` cannot be null, so the window's test for a row without a time is
     dropped (it evaluated the unwrap again below the projection); a row too far from
     the plan's reference slot, or with no ``lt_track``, fails the query with what to do."""
