@@ -1,9 +1,9 @@
 """The fault kinds "tracker hung under a sink" and "tracker hung under a task"
 (``lowtide bench chaos --spark``): an exact window over two generated fronts, one
-lagging, tracked by a standalone tracker (``lowtide serve``) that is SIGSTOPped in the
-query's fourth batch: by the sink's own function, before the sink sends that batch's
-acks; or by a tracked filter in front of the window, in a task, before the task sends
-its acks. The query must stop within ``hold_wait_s`` with one line (the sink's or the
+lagging, tracked by a standalone tracker (``lowtide serve``) that is SIGSTOPped from the
+query's fourth batch on: by the sink's own function, in the first such batch with rows,
+before the sink sends that batch's acks; or by a tracked filter in front of the window,
+in a task, before the task sends its acks. The query must stop within ``hold_wait_s`` with one line (the sink's or the
 task's acks, or the window's hold, unconfirmed: ``SinkAcksFailed``,
 ``TaskAcksFailed`` or ``HoldFailed``); the tracker is then resumed and the query
 restarted from its checkpoint, which runs the unacked batch again. Ground truth: the
@@ -53,8 +53,10 @@ AFTER_RESTART_MS = 3_000  # of generated time (the wall clock's), after the rest
 
 
 class StopsTracker(ByBatch):
-    """The sink's function: keeps each batch's rows, and on its ``at``-th call SIGSTOPs
-    the tracker (the sink sends the batch's acks after it returns)."""
+    """The sink's function: keeps each batch's rows, and on its first call with rows
+    from its ``at``-th on SIGSTOPs the tracker (the sink sends the batch's acks after it
+    returns; a batch without rows has none to send, commits, and would leave the stop
+    to whatever asks the tracker next: the window's hold)."""
 
     def __init__(self, pid: int, at: int) -> None:
         super().__init__()
@@ -63,7 +65,7 @@ class StopsTracker(ByBatch):
 
     def __call__(self, df: Any, batch_id: int) -> None:
         super().__call__(df, batch_id)
-        if self.calls == self.at:
+        if self.calls >= self.at and self.stopped_at is None and len(self.batches[batch_id]):
             os.kill(self.pid, signal.SIGSTOP)
             self.stopped_at = time.time()
 
