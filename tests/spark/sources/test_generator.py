@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -39,19 +40,10 @@ def test_rows_before_a_fast_front_looks_at_few_labels(rate: float, dt: int) -> N
     rows of one millisecond one at a time, 2 ms of the source's offset planning."""
     import lowtide.spark.sources.generator as gen
 
-    calls = []
-
-    def counted(*args: Any) -> Any:
-        calls.append(1)
-        return label_ms(*args)
-
     t0 = 1_700_000_000_000
-    gen.label_ms = counted  # type: ignore[assignment]
-    try:
+    with mock.patch.object(gen, "label_ms", wraps=label_ms) as spy:
         n = rows_before(t0, rate, t0 + dt)
-    finally:
-        gen.label_ms = label_ms  # type: ignore[assignment]
-    assert len(calls) <= 4
+    assert spy.call_count <= 4
     labels = label_ms(t0, rate, np.array([n - 1, n]))
     assert labels[0] <= t0 + dt < labels[1]
 

@@ -5,9 +5,9 @@ query's fourth batch on: by the sink's own function, in the first such batch wit
 before the sink sends that batch's acks; or by a tracked filter in front of the window,
 in a task, before the task sends its acks. The query must stop within ``hold_wait_s``
 with one line (the sink's or the task's acks, or the window's hold, unconfirmed:
-``SinkAcksFailed``, ``TaskAcksFailed`` or ``HoldFailed``); the tracker is then resumed and the query
-restarted from its checkpoint, which runs the unacked batch again. Ground truth: the
-generator's rows, recomputed as a batch. The first note says how the query stopped
+``SinkAcksFailed``, ``TaskAcksFailed`` or ``HoldFailed``); the tracker is then resumed
+and the query restarted from its checkpoint, which runs the unacked batch again. Ground
+truth: the generator's rows, recomputed as a batch. The first note says how the query stopped
 ("stopped in time", or what went wrong: still running, or an error other than
 lowtide's one line).
 
