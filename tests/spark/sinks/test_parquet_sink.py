@@ -65,7 +65,10 @@ def test_a_batch_rerun_after_a_restart_publishes_and_acks_once(spark, tmp_path: 
     """The last batch's commit is taken out of the checkpoint: the restarted query runs
     that batch again (the same offsets, the same rows). Its files stay as they were (not
     written twice) and its receipts, sent again under the same key, are applied once: a
-    second application would leave its windows non-zero (stuck, extra rows)."""
+    second application would leave its windows non-zero (stuck, extra rows). What attempts
+    killed with their process staged (in the re-run batch's folder, and in one of a batch
+    the query never reaches) is gone once the re-run is done and the query stopped; before,
+    a stop landing in a batch's job left its staged files in ``_tmp`` for good."""
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
     pipe = lowtide.Pipeline(spark, "pq-rerun", grid=GRID)
     query = None
@@ -78,8 +81,14 @@ def test_a_batch_rerun_after_a_restart_publishes_and_acks_once(spark, tmp_path: 
         record = json.loads(next((out / COMMITS).glob("*.json")).read_text())["batches"]
         rerun = {n: files_of(out)[n] for n in record[str(last)]["files"]}
         assert rerun, f"batch {last} published no file"
+        left = [out / "_tmp" / f"{query.query.id}-{b}" / "00000-killed.parquet"
+                for b in (last, 10**6)]
+        for path in left:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(b"PAR1")
         query = start(pipe, out, ckpt)
         wait_batches(query.query, last + 2)
+        assert not left[0].exists(), "the re-run kept a killed attempt's file"
         now = GRID.slot_of(time.time_ns() // 1_000_000)
         assert query.wait_for_min_time(now, timeout_s=90) >= now
         assert not query.stuck()

@@ -337,6 +337,7 @@ class Pipeline:
 
         wait_s = self._tracker_options.hold_wait_s
         fn = None if null_sink else sink_function(sink, ref, sink_name, wait_s, fail)
+        sink_close = getattr(fn, "close", None)  # what it leaves when the query stops
         if built.changelog is not None:
             fn = built.changelog.wrap(fn, wait_s=wait_s, on_failure=fail)
         writer = writer.format("noop") if fn is None else writer.foreachBatch(fn)
@@ -350,8 +351,9 @@ class Pipeline:
         for listener in listeners:
             self.spark.streams.addListener(listener)
         closers = [lambda x=x: self.spark.streams.removeListener(x) for x in listeners]
+        closers += [h.close for h in built.holds] + ([sink_close] if sink_close else [])
         tq = TrackedQuery(self, query, graph, sink_name, batches, stream=stream,
-                          sink_spec=sink, closers=[*closers, *(h.close for h in built.holds)])
+                          sink_spec=sink, closers=closers)
         tracked.append(tq)
         self._queries.append(tq)
         for listener in listeners:  # after `tracked`: a failed move stops the query

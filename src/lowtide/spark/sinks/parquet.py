@@ -1,8 +1,14 @@
 """``write_parquet``: a ``foreachBatch`` function, :class:`ParquetSink`. In one Spark
 job per batch (a ``mapInArrow`` collected on the driver) each task writes its rows to
-one Parquet file aside (``_tmp/``) and returns its per-slot XORs and counts; the driver
-then publishes the files under names that carry the query's id, records the batch with
-the digest of its rows (:mod:`lowtide.spark.sinks.batches`), and sends the acks.
+one Parquet file aside (``_tmp/<query>-<batch>/``) and returns its per-slot XORs and
+counts; the driver then publishes the files under names that carry the query's id,
+records the batch with the digest of its rows (:mod:`lowtide.spark.sinks.batches`), and
+sends the acks.
+
+What is staged and not published goes: at the end of the batch's call; when a batch
+runs again (what an attempt killed with its process left); and when the query stops
+(:meth:`ParquetSink.close`, after its tasks are gone: a stop that cancels the batch's
+job can leave a task writing after the call has returned).
 
 Why not a Python data source writer (what it was): Spark makes two driver-side Python
 planner calls a batch for one (plan the write, commit it), each kind in a daemon of its
@@ -13,6 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import shutil
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,7 +59,7 @@ def _with_unpacked(batch: Any, packed: np.ndarray, ref_slot: int) -> Any:
 def stage_rows(batches: Iterator[Any], *, folder: str, keep: bool,
                grid: TimeGrid) -> Iterator[Any]:
     """In a task: write the partition's rows (without ``lt_track``, or with it unpacked
-    when ``keep``) to one file in ``folder/_tmp``, a new name per attempt; yield one
+    when ``keep``) to one file in ``folder``, a new name per attempt; yield one
     row, :data:`STAGED`, with the file and the rows' per-slot receipts."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -74,9 +82,8 @@ def stage_rows(batches: Iterator[Any], *, folder: str, keep: bool,
             if keep:
                 batch = _with_unpacked(batch, packed, ref_slot)
             if writer is None:
-                tmp = Path(folder) / TMP
-                tmp.mkdir(parents=True, exist_ok=True)
-                staged = str(tmp / f"{partition:05d}-{uuid.uuid4().hex}.parquet")
+                Path(folder).mkdir(parents=True, exist_ok=True)
+                staged = str(Path(folder) / f"{partition:05d}-{uuid.uuid4().hex}.parquet")
                 writer = pq.ParquetWriter(staged, batch.schema)
             writer.write_batch(batch)
     finally:
@@ -104,40 +111,65 @@ class ParquetSink:
         self.ref = ref
         self.segment = segment
         self.wait_s, self.on_failure = wait_s, on_failure
-        # one function for every batch: the same task code, pickled by reference
-        self._stage = functools.partial(stage_rows, folder=path, keep=keep_tracking_columns,
-                                        grid=ref.grid)
+        self.keep = keep_tracking_columns
+        self._lock = threading.Lock()
+        self._queries: set[str] = set()  # whose staging folders close() removes
+        self._running: set[Path] = set()  # staging folders of batches in a call now
 
     def __call__(self, df: Any, batch_id: int) -> None:
         query = query_id(df.sparkSession.sparkContext)
-        self._commit(df.mapInArrow(self._stage, STAGED).collect(), query, batch_id)
+        with self._staging(query, batch_id) as stage:
+            self._commit(df.mapInArrow(stage, STAGED).collect(), query, batch_id)
 
     def write_local(self, batch: Any, query: str, batch_id: int) -> None:
         """A batch whose rows the driver holds (an Arrow record batch with ``lt_track``,
         or None: no rows; a driver step's: :mod:`lowtide.spark.operators.
         speculative_driver`), written and acked as a task would, with no Spark job."""
-        staged = next(self._stage(iter([] if batch is None else [batch])))
-        self._commit(staged.to_pylist(), query, batch_id)
+        with self._staging(query, batch_id) as stage:
+            staged = next(stage(iter([] if batch is None else [batch])))
+            self._commit(staged.to_pylist(), query, batch_id)
+
+    def close(self) -> None:
+        """Remove what the stopped queries staged and left (call it once their tasks
+        are gone); a batch still in its call removes its own."""
+        with self._lock:
+            for query in self._queries:
+                for folder in (self.folder / TMP).glob(f"{query}-*"):
+                    if folder not in self._running:
+                        shutil.rmtree(folder, ignore_errors=True)
+
+    @contextlib.contextmanager
+    def _staging(self, query: str, batch_id: int) -> Iterator[Any]:
+        """The task function of ``query``'s batch ``batch_id``, which stages into a
+        folder of that batch's own: emptied first (an earlier attempt's files) and
+        removed after."""
+        folder = self.folder / TMP / f"{query}-{batch_id}"
+        with self._lock:
+            self._queries.add(query)
+            self._running.add(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+        try:
+            yield functools.partial(stage_rows, folder=str(folder), keep=self.keep,
+                                    grid=self.ref.grid)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+            with self._lock:
+                self._running.discard(folder)
 
     def _commit(self, tasks: list[Any], query: str, batch_id: int) -> None:
         """Publish the tasks' files (:data:`STAGED` rows) and send their receipts."""
         staged = [(Path(t["staged"]), f"{t['partition']:05d}") for t in tasks if t["staged"]]
-        try:
-            acc = AckAccumulator()
-            seg = self.ref.graph.index(self.segment)
-            for t in tasks:
-                acc.add_reduced(seg, np.array(t["times"], np.int64),
-                                as_u64(np.array(t["xors"], np.int64)),
-                                np.array(t["counts"], np.int64))
-            acks = acc.build(self.ref.grid.window_slots)
-            if len(acks):
-                self._publish(staged, query, batch_id, digest(acks.time, acks.xor, acks.count))
-                send_sink_acks(self.ref, self.segment, query, batch_id, acks,
-                               wait_s=self.wait_s, on_failure=self.on_failure)
-        finally:  # what was not published (a failed batch, or one committed already)
-            for path, _part in staged:
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
+        acc = AckAccumulator()
+        seg = self.ref.graph.index(self.segment)
+        for t in tasks:
+            acc.add_reduced(seg, np.array(t["times"], np.int64),
+                            as_u64(np.array(t["xors"], np.int64)),
+                            np.array(t["counts"], np.int64))
+        acks = acc.build(self.ref.grid.window_slots)
+        if len(acks):
+            self._publish(staged, query, batch_id, digest(acks.time, acks.xor, acks.count))
+            send_sink_acks(self.ref, self.segment, query, batch_id, acks,
+                           wait_s=self.wait_s, on_failure=self.on_failure)
 
     def _publish(self, staged: list[tuple[Path, str]], query: str, batch_id: int,
                  rows_digest: str) -> None:
