@@ -4,6 +4,7 @@ the tracker's clock has passed it (deterministic completeness decisions in Spark
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -12,7 +13,7 @@ from lowtide.core.messages import MinTimeUpdate
 from lowtide.service import Agent, TrackerService
 from lowtide.service.server.history import MinTimeHistory
 from lowtide.wire.codec import decode, encode
-from lowtide.wire.messages import MinTimeAt, MinTimeAtReply
+from lowtide.wire.messages import LATEST_MS, MinTimeAt, MinTimeAtReply
 
 pytestmark = pytest.mark.socket
 
@@ -65,6 +66,35 @@ def test_waits_until_the_time_has_passed(agent: Agent) -> None:
     agent.register_front(front=1, segment="src", time=5)
     assert agent.min_time_at("sink", now_ms() + 300) == 5
     assert time.monotonic() - t0 >= 0.28
+
+
+def test_the_latest_holds_what_was_confirmed_without_waiting_for_the_clock(
+        service: TrackerService, agent: Agent) -> None:
+    """A window's stamp asks for the latest min time: what the tracker confirmed before
+    is in it, with no wait for the clock to pass a millisecond (before: -1 read as a
+    time older than the history, answer 0)."""
+    agent.register_front(front=1, segment="src", time=10)
+    for hb in (20, 30):
+        agent.heartbeat(1, hb)
+        agent.flush()  # confirmed
+        assert agent.min_time_at("src", LATEST_MS) == hb
+    assert agent.min_time_at(None, LATEST_MS) == 30
+
+
+@pytest.mark.socket
+def test_a_coordinator_answers_the_latest_as_its_now(tmp_path: Path) -> None:
+    """A coordinator's steps do not hold what its shards confirmed: the latest is its
+    clock's "now" there, answered once that has passed (never 0 for good)."""
+    from lowtide.bench.service import GRAPH, server
+
+    with server(tmp_path, shards=2) as url, Agent.connect(url, GRAPH) as agent:
+        agent.register_front(0, "src", 5)
+        agent.heartbeat(0, 9)
+        agent.flush()
+        deadline = time.monotonic() + 20
+        while (t := agent.min_time_at("src", LATEST_MS)) < 9:
+            assert time.monotonic() < deadline and t in (0, 5), t
+            time.sleep(0.05)
 
 
 def test_unknown_segment(agent: Agent) -> None:

@@ -280,11 +280,19 @@ class StatusRequest:
     req: int
 
 
+#: :class:`MinTimeAt`'s ``at_ms`` for the latest min time (no wait for the clock)
+LATEST_MS = -1
+
+
 @dataclass(frozen=True)
 class MinTimeAt:
     """What was ``segment``'s min time (None: global) at the server's wall time
     ``at_ms``? Answered (:class:`MinTimeAtReply`) once the server's clock has passed
-    ``at_ms``, so the answer is final: every attempt of a Spark task gets the same."""
+    ``at_ms``, so the answer is final: every attempt of a Spark task gets the same.
+    ``at_ms`` :data:`LATEST_MS`: the min time as the step that follows the question
+    leaves it, for a caller that needs no final answer, only one that holds everything
+    confirmed to it before it asked (a window's stamp); a tracker whose min times come
+    from shards answers it as a question about its clock's "now"."""
 
     req: int
     segment: str | None

@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from typing import Generic, TypeVar
 
 from lowtide.core.messages import MinTimeUpdate
-from lowtide.wire.messages import MinTimeAt, MinTimeAtReply
+from lowtide.wire.messages import LATEST_MS, MinTimeAt, MinTimeAtReply
 
 A = TypeVar("A")
 
@@ -84,6 +84,15 @@ class MinTimeQuestions(Generic[A]):
     101
     >>> [(who, r.req) for who, r in q.answer(201, MinTimeHistory())], q.forget("a"), len(q)
     ([('b', 2), ('a', 1)], 1, 0)
+
+    A question about the latest min time is due at once, and answered with what the
+    step at ``now_ms`` recorded:
+
+    >>> h = MinTimeHistory(); h.seed(100, {"s": 3}); h.observe(150, [MinTimeUpdate("s", 8)])
+    >>> q.ask("c", MinTimeAt(4, "s", LATEST_MS)); q.next_due_ms()
+    0
+    >>> [(who, r.req, r.time) for who, r in q.answer(150, h)]
+    [('c', 4, 8)]
     """
 
     def __init__(self) -> None:
@@ -107,7 +116,8 @@ class MinTimeQuestions(Generic[A]):
         waiting = self._waiting
         while waiting and waiting[0][0] < now_ms:
             _at, _order, asker, q = heapq.heappop(waiting)
-            out.append((asker, MinTimeAtReply(q.req, history.at(q.segment, q.at_ms))))
+            at_ms = now_ms if q.at_ms == LATEST_MS else q.at_ms  # the step just recorded
+            out.append((asker, MinTimeAtReply(q.req, history.at(q.segment, at_ms))))
         return out
 
     def forget(self, asker: A) -> int:

@@ -25,6 +25,7 @@ from lowtide.service.channel import register_inproc, unregister_inproc
 from lowtide.service.client.connection import ConnectionConfig
 from lowtide.service.clock import SystemClock
 from lowtide.service.engine.base import Engine, StateRequest, StepResult
+from lowtide.service.engine.central import CentralEngine
 from lowtide.service.engine.coordinator import CoordinatorEngine
 from lowtide.service.errors import ConnectionLost, ServiceError, error_of
 from lowtide.service.ha.leader_log import LeaderLog, LeadLost
@@ -49,6 +50,7 @@ from lowtide.service.server.welcome import check_version, welcome
 from lowtide.service.web.app import WebApp
 from lowtide.service.web.view import WebView
 from lowtide.wire.messages import (
+    LATEST_MS,
     Batch,
     ChangeGraph,
     Error,
@@ -369,6 +371,9 @@ class TrackerServer:
             engine.front_events.report_late(msg)
             out.append((peer, Ok(msg.req)))
         elif isinstance(msg, Subscribe | Unsubscribe | MinTimeAt):
+            if isinstance(msg, MinTimeAt) and msg.at_ms == LATEST_MS and not isinstance(
+                    engine, CentralEngine):  # its steps do not hold what shards confirmed
+                msg = replace(msg, at_ms=now)
             self._standing.request(engine, peer, msg, out)
         elif isinstance(msg, StatusRequest):
             out.append((peer, Status(msg.req, json.dumps(self.status()))))

@@ -60,6 +60,7 @@ from lowtide.spark.tracking.column import TRACK_COL, AckAccumulator, reference_s
 from lowtide.spark.tracking.key_ranges import range_cells
 from lowtide.spark.tracking.task_errors import answered_within
 from lowtide.spark.tracking.transport import TrackerRef, connect
+from lowtide.wire.messages import LATEST_MS
 
 RECEIVE_PREFIX = "<receive>"
 WM_COL = "lt_wm"  # the stamp: the segment's min time (ms)
@@ -82,13 +83,15 @@ def stamp_ms(min_time: int, grid: TimeGrid) -> int:
 
 
 def read_stamp(ref: TrackerRef, segment: str) -> int:
-    """``segment``'s min time now, as a stamp (the tracker answers once its clock has
-    passed this process's "now": everything confirmed before is in it)."""
-    from lowtide.service.clock import wall_ms
-
+    """``segment``'s latest min time, as a stamp: everything confirmed before is in it
+    (the tracker answers after the step that follows the question; one whose min times
+    come from shards, once its clock has passed its "now"). A stamp need not be the
+    same in every attempt (below), so the question does not wait for the tracker's
+    clock to pass this millisecond, as a final answer would: a wake-up of the
+    tracker and up to a millisecond a task less."""
     agent: Any = connect(ref)
     with answered_within(ref, f"asking for segment '{segment}''s min time"):
-        return stamp_ms(int(agent.min_time_at(segment, wall_ms(), ref.wait_s)), ref.grid)
+        return stamp_ms(int(agent.min_time_at(segment, LATEST_MS, ref.wait_s)), ref.grid)
 
 
 def stamped(ref: TrackerRef, segment: str, key: str, batches: Iterable[Any],
