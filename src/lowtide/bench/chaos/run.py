@@ -71,6 +71,7 @@ class Result:
     false_losses: int = 0  # "missing" reports of the tracker (nothing is ever lost here)
     retired: int = 0  # fronts the tracker retired as dead
     failover_s: list[float] = field(default_factory=list)  # until the standby served
+    left_behind: int = 0  # files a stopped query left in a sink's staging folder
 
 
 class Run:

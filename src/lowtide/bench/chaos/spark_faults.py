@@ -20,6 +20,8 @@ files (rule 14), each against a known ground truth (every record a producer wrot
 * ``listeners added late to a finished input``: a window query that can run every batch
   it has before a listener added after its start hears of one
   (:mod:`.late_listener_fault`).
+* ``stopped while a sink writes``: a ``write_parquet`` query stopped at once while a
+  micro-batch's write is half done, then restarted (:mod:`.stop_fault`).
 
 ``premature``: a time announced complete (the sink's min time, or a version's published
 ``complete_below``) while a record below it was not in the output; ``lost``: records
@@ -313,6 +315,12 @@ def run_spark(names: list[str] | None = None, spark: Any = None) -> list[Result]
             if not names or LATE_LISTENER in names:
                 results.append(timed(lambda t: late_listener_run(spark, t),
                                      Path(tmp) / "late-listener"))
+            if not names or "stopped while a sink writes" in names:
+                # here: it imports this module's helpers
+                from lowtide.bench.chaos.stop_fault import stopped_in_write_run
+
+                results.append(timed(lambda t: stopped_in_write_run(spark, t),
+                                     Path(tmp) / "stopped-in-write"))
     finally:
         if own:
             spark.stop()

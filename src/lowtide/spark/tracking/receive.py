@@ -86,8 +86,8 @@ def read_stamp(ref: TrackerRef, segment: str) -> int:
     """``segment``'s latest min time, as a stamp: everything confirmed before is in it
     (the tracker answers after the step that follows the question; one whose min times
     come from shards, once its clock has passed its "now"). A stamp need not be the
-    same in every attempt (below), so the question does not wait for the tracker's
-    clock to pass this millisecond, as a final answer would: a wake-up of the
+    same in every attempt (this module's last paragraph), so it does not wait for the
+    tracker's clock to pass this millisecond, as a final answer would: a wake-up of the
     tracker and up to a millisecond a task less."""
     agent: Any = connect(ref)
     with answered_within(ref, f"asking for segment '{segment}''s min time"):
