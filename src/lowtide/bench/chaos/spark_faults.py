@@ -127,6 +127,29 @@ def early(claimed: int, expected: dict[int, int], have: dict[int, int]) -> list[
     return [rid for rid, t in expected.items() if t < claimed and rid not in have]
 
 
+def note_premature(result: Result, claimed: int, expected: dict[int, int],
+                   have: dict[int, int], what: str = "") -> None:
+    """A premature note on ``result`` if a record below ``claimed`` is not in ``have``."""
+    missing = early(claimed, expected, have)
+    if missing:
+        result.premature.append(f"{what}min time {claimed} announced, {len(missing)} "
+                                "records below it not in the output")
+
+
+def run_and_stop(query: Any, produce_to: Callable[[], int], result: Result,
+                 timeout_s: float) -> int:
+    """Wait until ``query``'s sink passes the slot ``produce_to()`` returns (a timeout
+    is a note), stop it, and return the sink's min time it claimed."""
+    try:
+        query.wait_for_min_time(produce_to(), "sink", timeout_s=timeout_s)
+    except TimeoutError as stuck:
+        result.notes.append(str(stuck))
+    finally:
+        claimed = int(query.min_time("sink"))
+        query.stop()
+    return claimed
+
+
 def delta_never_early(table: Path, expected: dict[int, int]) -> list[str]:
     """Every Delta version whose published completeness came before a record below it
     was committed (the table's files as of that version, from its log)."""
@@ -167,10 +190,7 @@ def rerun(spark: Any, tmp: Path, sink: Callable[[Any, Path, str], Any], label: s
                 claimed = query.min_time("sink")
             finally:
                 query.stop()
-            missing = early(claimed, ground.written, rows_of(out))
-            if missing:
-                result.premature.append(f"run {run}: min time {claimed} announced, "
-                                        f"{len(missing)} records below it not in the output")
+            note_premature(result, claimed, ground.written, rows_of(out), f"run {run}: ")
     finally:
         if front is not None:
             front.close()
@@ -236,26 +256,20 @@ def slow_clock(spark: Any, tmp: Path) -> Result:
         query = stream.write_parquet(str(out), checkpoint=str(tmp / "c"), trigger=TRIGGER,
                                      keep_tracking_columns=True)
         first = FilesProducerConfig(folder).build(fronts[0])
-        try:
+
+        def produce_to() -> int:
             produce([first], ground, rounds=2)
             produce([first, slow_producer()], ground, rounds=2, timeout_s=60)
             fronts[-1].close(end=False)  # the slow producer restarts
-            end = max(produce([first, slow_producer()], ground, rounds=2, timeout_s=60))
-            query.wait_for_min_time(end, "sink", timeout_s=120)
-        except TimeoutError as stuck:
-            result.notes.append(str(stuck))
-        finally:
-            claimed = query.min_time("sink")
-            query.stop()
+            return max(produce([first, slow_producer()], ground, rounds=2, timeout_s=60))
+
+        claimed = run_and_stop(query, produce_to, result, timeout_s=120)
     finally:
         for f in fronts:
             f.close()
         pipe.close()
     have = rows_of(out)
-    missing = early(claimed, ground.written, have)
-    if missing:
-        result.premature.append(f"min time {claimed} announced, {len(missing)} records "
-                                "below it not in the output")
+    note_premature(result, claimed, ground.written, have)
     # records never written out, or never announced complete (they wait for good)
     result.lost = sum(1 for rid, t in ground.written.items() if t >= claimed or rid not in have)
     return result

@@ -25,9 +25,10 @@ from lowtide.bench.chaos.spark_faults import (
     SCHEMA,
     TRIGGER,
     Producer,
-    early,
+    note_premature,
     produce,
     rows_of,
+    run_and_stop,
 )
 from lowtide.spark import Front, Pipeline
 from lowtide.spark.sources import FilesProducerConfig
@@ -82,14 +83,8 @@ def stopped_in_write_run(spark: Any, tmp: Path) -> Result:
         _stop_when_started(query, tmp / "started", out / "_tmp", result)
         (tmp / "gate").unlink()
         query = _start(_stream(pipe, folder, tmp), out, ckpt)
-        try:
-            (end,) = produce([producer], ground, rounds=2)
-            query.wait_for_min_time(end, "sink", timeout_s=300)
-        except TimeoutError as stuck:
-            result.notes.append(str(stuck))
-        finally:
-            claimed = query.min_time("sink")
-            query.stop()
+        claimed = run_and_stop(query, lambda: produce([producer], ground, rounds=2)[0],
+                               result, timeout_s=300)
     finally:
         if front is not None:
             front.close()
@@ -115,10 +110,7 @@ def _stop_when_started(query: Any, started: Path, staging: Path, result: Result)
 
 def _judge(result: Result, claimed: int, ground: Producer, out: Path) -> None:
     have = rows_of(out)
-    missing = early(claimed, ground.written, have)
-    if missing:
-        result.premature.append(f"min time {claimed} announced, {len(missing)} records "
-                                "below it not in the output")
+    note_premature(result, claimed, ground.written, have)
     result.lost = len(set(ground.written) - set(have))
     left = sorted(p for p in (out / "_tmp").rglob("*") if p.is_file())
     result.left_behind = len(left)
