@@ -37,6 +37,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from lowtide.bench.chaos.file_truth import (
+    SCHEMA,
+    TRIGGER,
+    Producer,
+    early,
+    note_premature,
+    produce,
+    rows_of,
+    run_and_stop,
+)
 from lowtide.bench.chaos.hung_fault import HUNG, HUNG_TASK, hung_sink_run, hung_task_run
 from lowtide.bench.chaos.late_listener_fault import LATE_LISTENER, late_listener_run
 from lowtide.bench.chaos.ranges_fault import RANGES_DRIVER, WINDOW_DRIVER, ranges_run
@@ -50,12 +60,11 @@ from lowtide.bench.chaos.speculative_fault import (
     speculative_run,
 )
 from lowtide.bench.chaos.speculative_fault import result_of as speculative_result
+from lowtide.bench.chaos.stop_fault import STOPPED_IN_WRITE, stopped_in_write_run
 from lowtide.service import wall_ms
 from lowtide.spark import Front, Pipeline, SessionConfig, complete_below
 from lowtide.spark.sources import FilesProducerConfig
 
-SCHEMA = "rid long, lt_time long, lt_ack long"
-TRIGGER = "300 milliseconds"
 LAG_MS = 2_000  # the slower writer's records, behind the clock
 SLOW_MS = 12 * 60_000  # a producer machine's clock that far slow
 SLOW_CLOCK = "a producer's clock 12 minutes slow"
@@ -69,85 +78,6 @@ class Behind:
 
     def now_ms(self) -> int:
         return wall_ms() - self.ms
-
-
-class Producer:
-    """A front writing Parquet files of records with unique ids; the ground truth."""
-
-    def __init__(self) -> None:
-        self.next_id = 0
-        self.written: dict[int, int] = {}  # record id -> lt_time
-
-    def write(self, producer: Any, n: int) -> int:
-        """``n`` records through ``producer``; returns their slot."""
-        import pandas as pd
-
-        ids = range(self.next_id, self.next_id + n)
-        batch = producer.send(pd.DataFrame({"rid": list(ids)}))
-        self.written.update(zip(ids, batch.times.tolist(), strict=True))
-        self.next_id += n
-        return int(batch.times.max())
-
-
-def produce(producers: list[Any], ground: Producer, rounds: int,
-            timeout_s: float = 300) -> list[int]:
-    """``rounds`` batches of 20 records per producer, 0.3 s apart; returns, per
-    producer, a slot its front's heartbeat has passed, above all it labelled (or
-    TimeoutError when one never passes it within ``timeout_s``)."""
-    last = [0] * len(producers)
-    for _ in range(rounds):
-        last = [ground.write(p, 20) for p in producers]
-        time.sleep(0.3)
-    deadline = time.monotonic() + timeout_s
-    for p, top in zip(producers, last, strict=True):
-        while p.front.heartbeat() <= top:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"front {p.front.front}'s heartbeats stayed at its "
-                                   f"last label {top} for {timeout_s:g} s")
-            time.sleep(0.05)
-    return [top + 1 for top in last]
-
-
-def rows_of(folder: Path, names: list[str] | None = None) -> dict[int, int]:
-    """rid -> lt_time of the Parquet files in ``folder`` (or only ``names``)."""
-    import pyarrow.parquet as pq
-
-    folder.mkdir(parents=True, exist_ok=True)
-    out: dict[int, int] = {}
-    paths = ([folder / n for n in names] if names is not None
-             else sorted(folder.glob("part-*.parquet")))
-    for path in paths:
-        t = pq.read_table(path, columns=["rid", "lt_time"]).to_pydict()
-        out.update(zip(t["rid"], t["lt_time"], strict=True))
-    return out
-
-
-def early(claimed: int, expected: dict[int, int], have: dict[int, int]) -> list[int]:
-    """Records below ``claimed`` that are not in ``have``."""
-    return [rid for rid, t in expected.items() if t < claimed and rid not in have]
-
-
-def note_premature(result: Result, claimed: int, expected: dict[int, int],
-                   have: dict[int, int], what: str = "") -> None:
-    """A premature note on ``result`` if a record below ``claimed`` is not in ``have``."""
-    missing = early(claimed, expected, have)
-    if missing:
-        result.premature.append(f"{what}min time {claimed} announced, {len(missing)} "
-                                "records below it not in the output")
-
-
-def run_and_stop(query: Any, produce_to: Callable[[], int], result: Result,
-                 timeout_s: float) -> int:
-    """Wait until ``query``'s sink passes the slot ``produce_to()`` returns (a timeout
-    is a note), stop it, and return the sink's min time it claimed."""
-    try:
-        query.wait_for_min_time(produce_to(), "sink", timeout_s=timeout_s)
-    except TimeoutError as stuck:
-        result.notes.append(str(stuck))
-    finally:
-        claimed = int(query.min_time("sink"))
-        query.stop()
-    return claimed
 
 
 def delta_never_early(table: Path, expected: dict[int, int]) -> list[str]:
@@ -329,10 +259,7 @@ def run_spark(names: list[str] | None = None, spark: Any = None) -> list[Result]
             if not names or LATE_LISTENER in names:
                 results.append(timed(lambda t: late_listener_run(spark, t),
                                      Path(tmp) / "late-listener"))
-            if not names or "stopped while a sink writes" in names:
-                # here: it imports this module's helpers
-                from lowtide.bench.chaos.stop_fault import stopped_in_write_run
-
+            if not names or STOPPED_IN_WRITE in names:
                 results.append(timed(lambda t: stopped_in_write_run(spark, t),
                                      Path(tmp) / "stopped-in-write"))
     finally:

@@ -20,8 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lowtide.bench.chaos.run import Result
-from lowtide.bench.chaos.spark_faults import (
+from lowtide.bench.chaos.file_truth import (
     SCHEMA,
     TRIGGER,
     Producer,
@@ -30,6 +29,7 @@ from lowtide.bench.chaos.spark_faults import (
     rows_of,
     run_and_stop,
 )
+from lowtide.bench.chaos.run import Result
 from lowtide.spark import Front, Pipeline
 from lowtide.spark.sources import FilesProducerConfig
 
