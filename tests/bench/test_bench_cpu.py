@@ -103,13 +103,14 @@ def test_a_worker_that_ends_inside_a_run_counts_what_it_spent_in_it() -> None:
 def test_a_jvm_thread_counts_from_the_start_sample_and_an_ended_one_stays_in_other() -> None:
     """Threads matched by id: task thread 10 ended inside the run (its 5 s before the
     run are not taken off the tasks' share), 11 ran 0.5 s more, 12 started in the run;
-    the JVM spent 3 s in all. A thread with less CPU than its id had is a new one."""
+    the query's thread 30 ran 0.4 s; the JVM spent 3 s in all. A thread with less CPU
+    than its id had is a new one."""
     start = CpuSample({**dict.fromkeys(PROCESSES, 0.0), "JVM other": 20.0},
                       {(1, 10): ("task", 5.0), (1, 11): ("task", 1.0),
-                       (1, 20): ("compiler", 2.0)})
+                       (1, 20): ("compiler", 2.0), (1, 30): ("query", 1.0)})
     end = CpuSample({**dict.fromkeys(PROCESSES, 0.0), "JVM other": 23.0},
                     {(1, 11): ("task", 1.5), (1, 12): ("task", 0.3),
-                     (1, 20): ("compiler", 2.25)})
+                     (1, 20): ("compiler", 2.25), (1, 30): ("query", 1.4)})
     spent = end.since(start)
     assert spent["JVM tasks"] == 0.8
     reused = CpuSample(end.totals, {**end.jvm_threads, (1, 10): ("task", 0.1)})
@@ -118,7 +119,8 @@ def test_a_jvm_thread_counts_from_the_start_sample_and_an_ended_one_stays_in_oth
     renamed = CpuSample(end.totals, {**end.jvm_threads, (1, 13): ("task", 4.5)})
     assert round(renamed.since(named)["JVM tasks"], 9) == 1.3  # 13 became a task thread
     assert spent["JVM compiler"] == 0.25
-    assert round(spent["JVM other"], 9) == 1.95  # 3 - 0.8 - 0.25: thread 10's last part too
+    assert round(spent["JVM query"], 9) == 0.4
+    assert round(spent["JVM other"], 9) == 1.55  # 3 - 0.8 - 0.4 - 0.25: thread 10's last part
     assert round(sum(spent.values()), 9) == 3.0
 
 

@@ -48,16 +48,17 @@ def test_report_ends_with_the_json_names(capsys: pytest.CaptureFixture[str]) -> 
               "queries": ["Spark q", "lowtide q"],
               "spark_dropped_late": 1234, "lowtide_dropped_late": 0,
               "us_per_row_by_process": {
-                  "spark": {"driver": 0.04, "JVM tasks": 1.5, "JVM compiler": 0.3,
-                            "JVM other": 2.9, "Python workers": 1.1},
-                  "lowtide": {"driver": 0.5, "JVM tasks": 1.7, "JVM compiler": 0.2,
-                              "JVM other": 3.8, "Python workers": 1.2}}}
+                  "spark": {"driver": 0.04, "JVM tasks": 1.5, "JVM query": 0.25,
+                            "JVM compiler": 0.3, "JVM other": 2.9, "Python workers": 1.1},
+                  "lowtide": {"driver": 0.5, "JVM tasks": 1.7, "JVM query": 0.33,
+                              "JVM compiler": 0.2, "JVM other": 3.8,
+                              "Python workers": 1.2}}}
     report_versus(result)
     print(json.dumps(result))
     out = capsys.readouterr().out.strip().splitlines()
     assert "rows dropped as late (counted rounds): Spark 1,234 (its watermark), lowtide 0" in out
     by_process = [line for line in out if line.startswith("lowtide q ")][-1]
-    assert by_process.split()[-5:] == ["0.500", "1.700", "0.200", "3.800", "1.200"]
+    assert by_process.split()[-6:] == ["0.500", "1.700", "0.330", "0.200", "3.800", "1.200"]
     assert any("CPU without the JIT compiler 0.450" in line for line in out)
     last = json.loads(out[-1])
     assert {"bench", "shape", "throughput_ratio", "cpu_ratio", "cpu_ratio_without_jit",

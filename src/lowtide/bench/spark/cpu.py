@@ -21,14 +21,19 @@ import os
 from dataclasses import dataclass, field
 
 #: what :func:`cpu_by_process` splits a run's CPU into
-PROCESSES = ("driver", "JVM tasks", "JVM compiler", "JVM other", "Python workers")
-#: a JVM's threads by the name the kernel keeps (15 characters): its tasks, and its JIT
-#: compiler with the code cache's sweeper (a large share of a short run's CPU, and of
-#: what a bigger plan costs per micro-batch: BENCHMARKS.md, 2026-11-28)
+PROCESSES = ("driver", "JVM tasks", "JVM query", "JVM compiler", "JVM other",
+             "Python workers")
+#: a JVM's threads by the name the kernel keeps (15 characters): its tasks, its queries,
+#: and its JIT compiler with the code cache's sweeper (a large share of a short run's
+#: CPU, and of what a bigger plan costs per micro-batch: BENCHMARKS.md, 2026-11-28)
 TASK_THREADS = ("Executor task",)
+#: a streaming query's own thread ("stream execution thread for ..."): it plans every
+#: micro-batch again, so a larger plan costs here, in each batch (BENCHMARKS.md,
+#: 2026-11-29: most of what lowtide's window costs beyond its tasks)
+QUERY_THREADS = ("stream executio",)
 COMPILER_THREADS = ("C1 CompilerThre", "C2 CompilerThre", "Sweeper thread")
 #: a JVM's share of each thread kind
-THREAD_SHARES = {"task": "JVM tasks", "compiler": "JVM compiler"}
+THREAD_SHARES = {"task": "JVM tasks", "query": "JVM query", "compiler": "JVM compiler"}
 
 
 def _stat(path: str) -> tuple[str, list[str]] | None:
@@ -52,9 +57,15 @@ def _reaped_s(fields: list[str], tick: int) -> float:
 
 
 def thread_kind(name: str) -> str:
-    """"task", "compiler" or "other" from a JVM thread's kernel name."""
+    """"task", "query", "compiler" or "other" from a JVM thread's kernel name.
+
+    >>> thread_kind("Executor task l"), thread_kind("stream executio"), thread_kind("GC Thread#0")
+    ('task', 'query', 'other')
+    """
     if name.startswith(TASK_THREADS):
         return "task"
+    if name.startswith(QUERY_THREADS):
+        return "query"
     if name.startswith(COMPILER_THREADS):
         return "compiler"
     return "other"
@@ -90,12 +101,12 @@ class CpuSample:
 def cpu_by_process() -> CpuSample:
     """CPU time (user + system) of this process (the driver's Python, the embedded
     tracker) and all its descendants, by :data:`PROCESSES`: a JVM's task threads
-    (``Executor task launch worker``: in local mode the tasks run in the driver's JVM)
-    and its JIT compiler apart from its other threads (planning, scheduling,
-    listeners, GC), every other descendant as a Python worker, and every process's
-    reaped children with the Python workers (this one's with the driver). A cost
-    measure that other load on the machine does not inflate; ``.since(earlier)`` is a
-    run's."""
+    (``Executor task launch worker``: in local mode the tasks run in the driver's JVM),
+    its streaming queries' threads (each plans its micro-batches) and its JIT compiler
+    apart from its other threads (scheduling, listeners, GC), every other descendant
+    as a Python worker, and every process's reaped children with the Python workers
+    (this one's with the driver). A cost measure that other load on the machine does
+    not inflate; ``.since(earlier)`` is a run's."""
     tick = os.sysconf("SC_CLK_TCK")
     procs: dict[int, tuple[int, str, list[str]]] = {}  # pid -> (parent, name, fields)
     for entry in os.listdir("/proc"):
