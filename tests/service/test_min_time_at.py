@@ -81,7 +81,6 @@ def test_the_latest_holds_what_was_confirmed_without_waiting_for_the_clock(
     assert agent.min_time_at(None, LATEST_MS) == 30
 
 
-@pytest.mark.socket
 def test_a_coordinator_answers_the_latest_as_its_now(tmp_path: Path) -> None:
     """A coordinator's steps do not hold what its shards confirmed: the latest is its
     clock's "now" there, answered once that has passed (never 0 for good)."""

@@ -92,6 +92,11 @@ class Engine(ABC):
     """Dedup and error handling shared by the central tracker, a shard and a
     coordinator."""
 
+    #: its steps' min times hold every request it confirmed before them, so a question
+    #: about the latest min time (``MinTimeAt``'s ``LATEST_MS``) is answered after the
+    #: next step; one whose min times come from shards answers it as one about "now"
+    steps_hold_confirmed = False
+
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.graph = config.graph

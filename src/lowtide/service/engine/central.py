@@ -32,6 +32,8 @@ from lowtide.wire.messages import (
 class CentralEngine(Engine):
     """One tracker for the whole pipeline."""
 
+    steps_hold_confirmed = True
+
     def __init__(self, config: EngineConfig) -> None:
         super().__init__(config)
         self.tracker = config.tracker_config().build()

@@ -25,7 +25,6 @@ from lowtide.service.channel import register_inproc, unregister_inproc
 from lowtide.service.client.connection import ConnectionConfig
 from lowtide.service.clock import SystemClock
 from lowtide.service.engine.base import Engine, StateRequest, StepResult
-from lowtide.service.engine.central import CentralEngine
 from lowtide.service.engine.coordinator import CoordinatorEngine
 from lowtide.service.errors import ConnectionLost, ServiceError, error_of
 from lowtide.service.ha.leader_log import LeaderLog, LeadLost
@@ -371,8 +370,8 @@ class TrackerServer:
             engine.front_events.report_late(msg)
             out.append((peer, Ok(msg.req)))
         elif isinstance(msg, Subscribe | Unsubscribe | MinTimeAt):
-            if isinstance(msg, MinTimeAt) and msg.at_ms == LATEST_MS and not isinstance(
-                    engine, CentralEngine):  # its steps do not hold what shards confirmed
+            if (isinstance(msg, MinTimeAt) and msg.at_ms == LATEST_MS
+                    and not engine.steps_hold_confirmed):
                 msg = replace(msg, at_ms=now)
             self._standing.request(engine, peer, msg, out)
         elif isinstance(msg, StatusRequest):
