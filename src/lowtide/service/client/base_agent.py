@@ -28,7 +28,7 @@ from lowtide.core.graph import SegmentGraph, SegmentSpec
 from lowtide.core.messages import AckBatch, Heartbeat
 from lowtide.core.time import TimeGrid
 from lowtide.service.client.agent_state import AgentConfig, AgentState
-from lowtide.service.client.batches import BatchKey, Outcome, PendingBatch
+from lowtide.service.client.batches import BatchKey, Outcome, Pending, PendingBatch
 from lowtide.service.errors import ConnectionLost
 from lowtide.wire.messages import (
     BatchState,
@@ -317,10 +317,18 @@ class BaseAgent(ABC):
         caller asking the same question gets the same answer (deterministic decisions
         in retried Spark tasks). 0 for times older than the tracker's history (10
         minutes, in memory: a restarted tracker has none before its restart)."""
+        return self.ask_min_time_at(segment, at_ms, timeout_s).wait()
+
+    def ask_min_time_at(self, segment: str | None, at_ms: int,
+                        timeout_s: float = 30.0) -> Pending[int]:
+        """:meth:`min_time_at` without waiting: the question goes out now, after every
+        request issued before it on this agent's connection (a keyed batch submitted
+        just before is applied first: one round trip for both)."""
         self._ensure()
         if segment is not None:
             self.graph.resolve(segment)  # a segment, or a key range "<segment>#<r>"
-        return self._call(self._state.min_time_at(segment, at_ms), timeout_s)
+        return Pending(self._spawn(self._state.min_time_at(segment, at_ms), timeout_s),
+                       self._result)
 
     def min_times_at(self, segments: list[str | None], at_ms: int,
                      timeout_s: float = 30.0) -> list[int]:

@@ -7,11 +7,12 @@ import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from lowtide.core.messages import NodeTime
 
 T_co = TypeVar("T_co", covariant=True)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -48,14 +49,18 @@ class Outcome(Protocol[T_co]):
     def result(self) -> T_co: ...
 
 
-class PendingBatch:
-    """A keyed batch on its way to the tracker (:meth:`Agent.submit_batch`)."""
+class Pending(Generic[T]):
+    """A request on its way to the tracker, sent: :meth:`wait` blocks for its reply."""
 
-    def __init__(self, fut: Outcome[bool], result: Callable[[Outcome[bool]], bool]) -> None:
+    def __init__(self, fut: Outcome[T], result: Callable[[Outcome[T]], T]) -> None:
         self._fut = fut
         self._result = result
 
-    def wait(self) -> bool:
-        """Block until the tracker confirmed: True if applied now, False if it had
-        been applied before; raises as :meth:`Agent.send_batch` does."""
+    def wait(self) -> T:
+        """Block until the tracker answered; raises as the blocking call does."""
         return self._result(self._fut)
+
+
+class PendingBatch(Pending[bool]):
+    """A keyed batch on its way to the tracker (:meth:`Agent.submit_batch`): ``wait()``
+    is True if the tracker applied it now, False if it had been applied before."""

@@ -321,14 +321,21 @@ class GenStreamReader(DataSourceStreamReader):  # type: ignore[misc]
         return gen_partitions(start, end)
 
     def read(self, partition: FrontPartition | FrontsPartition) -> Iterator[Any]:
+        batches, sent = self.submitted(partition)
+        yield from batches
+        for batch in sent:
+            batch.wait()
+
+    def submitted(self, partition: FrontPartition | FrontsPartition
+                  ) -> tuple[list[Any], list[TaskBatch]]:
+        """A partition's record batches, with every front's keyed batch submitted
+        (rules 3 and 6), not yet confirmed: the task waits for them before it ends
+        (a window receiving in this task first submits its receipts behind them:
+        :func:`lowtide.spark.tracking.receive.stamped`)."""
         parts = partition.parts if isinstance(partition, FrontsPartition) else (partition,)
-        fronts = [self._front(p) for p in parts]  # every front's acks submitted first
-        for batch, _sent in fronts:
-            if batch.num_rows:
-                yield batch
-        for _batch, sent in fronts:
-            if sent is not None:
-                sent.wait()
+        fronts = [self._front(p) for p in parts]
+        return ([batch for batch, _ in fronts if batch.num_rows],
+                [sent for _, sent in fronts if sent is not None])
 
     def _front(self, part: FrontPartition) -> tuple[Any, TaskBatch | None]:
         """A front's rows (tracked: with ``lt_track``) and its acks and heartbeat,

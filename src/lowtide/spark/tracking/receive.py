@@ -50,7 +50,7 @@ one, and Spark records each batch's watermark in its offset log before the batch
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -82,27 +82,45 @@ def stamp_ms(min_time: int, grid: TimeGrid) -> int:
     return min(min_time * grid.delta_ms, STAMP_MAX_MS)
 
 
+def ask_stamp(ref: TrackerRef, segment: str) -> Callable[[], int]:
+    """Ask for ``segment``'s latest min time, as a stamp, without waiting; the call
+    returned waits for it. The tracker answers after the step that follows the question,
+    which comes after every request this process's agent issued before it on its
+    connection: a task's receipts submitted just before are in the answer, and one
+    round trip serves both (a sharded tracker's shards are other connections: there the
+    answer may not hold them, a lower stamp, as safe). A stamp need not be the same in
+    every attempt (this module's last paragraph), so it does not wait for the tracker's
+    clock to pass this millisecond, as a final answer would."""
+    agent: Any = connect(ref)
+    what = f"asking for segment '{segment}''s min time"
+    with answered_within(ref, what):
+        pending = agent.ask_min_time_at(segment, LATEST_MS, ref.wait_s)
+
+    def wait() -> int:
+        with answered_within(ref, what):
+            return stamp_ms(int(pending.wait()), ref.grid)
+
+    return wait
+
+
 def read_stamp(ref: TrackerRef, segment: str) -> int:
     """``segment``'s latest min time, as a stamp: everything confirmed before is in it
-    (the tracker answers after the step that follows the question; one whose min times
-    come from shards, once its clock has passed its "now"). A stamp need not be the
-    same in every attempt (this module's last paragraph), so it does not wait for the
-    tracker's clock to pass this millisecond, as a final answer would: a wake-up of the
-    tracker and up to a millisecond a task less."""
-    agent: Any = connect(ref)
-    with answered_within(ref, f"asking for segment '{segment}''s min time"):
-        return stamp_ms(int(agent.min_time_at(segment, LATEST_MS, ref.wait_s)), ref.grid)
+    (:func:`ask_stamp`, waited for)."""
+    return ask_stamp(ref, segment)()
 
 
 def stamped(ref: TrackerRef, segment: str, key: str, batches: Iterable[Any],
-            out_of: str | None = None) -> Iterator[Any]:
+            out_of: str | None = None, sent: Sequence[Any] = ()) -> Iterator[Any]:
     """``batches`` (Arrow record batches with ``lt_track``) received out of
     ``segment`` (or ``out_of``, a segment upstream of it whose step the window
     absorbed: see below) and stamped with ``segment``'s min time: each with a column
     ``lt_wm`` (ms), 0 on all but the last, which is held back until the receipts are
     confirmed and carries the stamp. The receipts are ONE keyed batch ``(query, batch,
-    key, partition)``, sent once ``batches`` is exhausted: after the batch of the step
-    that produced them, which ``batches`` confirms before it ends."""
+    key, partition)``, submitted once ``batches`` is exhausted, after the batch of the
+    step that produced them: that step confirms its batch before ``batches`` ends, or
+    hands it over unconfirmed as ``sent`` (submitted on this process's connection, so
+    the tracker applies it first), and the sender's batch, the receipts and the stamp's
+    question then share one round trip; all are confirmed before the last rows go."""
     import pyarrow as pa
 
     from lowtide.spark.sources.log_source import submit_task_batch
@@ -127,10 +145,14 @@ def stamped(ref: TrackerRef, segment: str, key: str, batches: Iterable[Any],
             yield last.append_column(WM_COL, pa.array(np.zeros(last.num_rows, np.int64)))
         last = batch
     if last is None:
+        for batch in sent:
+            batch.wait()
         return
-    submit_task_batch(ref, key, task_partition(), acc).wait()
-    stamp = np.full(last.num_rows, read_stamp(ref, segment), np.int64)
-    yield last.append_column(WM_COL, pa.array(stamp))
+    receipts = submit_task_batch(ref, key, task_partition(), acc)
+    stamp = ask_stamp(ref, segment)
+    for batch in (*sent, receipts):
+        batch.wait()
+    yield last.append_column(WM_COL, pa.array(np.full(last.num_rows, stamp(), np.int64)))
 
 
 def task_partition() -> int:
