@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -28,6 +28,10 @@ class Channel(Protocol):
 
     def send(self, msg: Message) -> None:
         """Queue a message without waiting; ConnectionLost if the channel is closed."""
+
+    def send_all(self, msgs: Sequence[Message]) -> None:
+        """:meth:`send` each of ``msgs``, in order, in one write: one wake-up of the
+        peer for replies it reads together."""
 
     async def drain(self) -> None:
         """Wait until the outgoing buffer is small again."""
@@ -109,6 +113,10 @@ class InprocChannel:
         if self._closed or self._other is None:
             raise ConnectionLost(f"{self.peer} closed")
         self._other._push(msg)
+
+    def send_all(self, msgs: Sequence[Message]) -> None:
+        for msg in msgs:
+            self.send(msg)
 
     async def drain(self) -> None:
         return None

@@ -302,14 +302,14 @@ class TrackerServer:
         if self._changed and self.config.state_dir is not None:
             log_generations(self.config.state_dir, engine, self.config.fsync)
         self._changed = False  # its generation logged before confirmed, like any request
-        # confirmations first: Spark tasks block on them, and they do not need the step
-        self._send(out)
         step = engine.step(now)
         if self._wal is not None and not committed and any(
                 d.retired_ms is not None for d in step.dead):
             self._wal.mark(now)  # a retirement in a step with no request: replay it too
         self._history.observe(now, step.updates)
-        self._send(self._standing.answers(now, self._history))
+        # confirmations with the answers the step gave: a task that asked for a min time
+        # behind its batch reads both in one wake-up
+        self._send(out + self._standing.answers(now, self._history))
         self._ticker.expect(self._standing.questions.next_due_ms())
         self._publish(step)
         if ticked:
@@ -426,9 +426,13 @@ class TrackerServer:
         self._send(self._standing.notifies(step.updates))
 
     def _send(self, out: Outbox) -> None:
+        """Each peer's messages, in order, in one write."""
+        by_peer: dict[Peer, list[Message]] = {}
         for peer, msg in out:
+            by_peer.setdefault(peer, []).append(msg)
+        for peer, msgs in by_peer.items():
             try:
-                peer.channel.send(msg)
+                peer.channel.send_all(msgs)
             except ConnectionLost as exc:
                 self._log_budget.warn(
                     log, peer, "dropped peer", peer=peer.channel.peer, reason=str(exc)
