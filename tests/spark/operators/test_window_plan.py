@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -335,59 +336,37 @@ def test_a_listener_added_after_its_query_ran_catches_up_with_its_last_progress(
     assert moved == [1_700_000_000_005]
 
 
-def test_a_window_planned_again_an_hour_later_reuses_its_compiled_code(
-        spark: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """The window's unwrap of ``lt_track`` is generated code with the plan's reference
-    slot in it: a query planned an hour later (a restart, the next run of a bench) has
-    the same code, and Spark compiles nothing again."""
-    from pyspark.sql import functions as F
+def test_a_rows_time_is_its_full_slot_and_a_far_row_fails_its_task() -> None:
+    """The receive step's ``lt_ts`` is the row's full slot times ``delta_ms``, unwrapped
+    against the task's clock (a source's rows may be days from it), and a row too far
+    from the clock to be unwrapped surely fails the task."""
+    import pyarrow as pa
 
-    from lowtide.spark.operators.window_plan import slot_column
-    from lowtide.spark.tracking import column, pack, plan_reference_slot
-
-    metrics = spark.sparkContext._jvm.org.apache.spark.metrics.source.CodegenMetrics
-    grid = TimeGrid(10)
-    compiled = []
-    for ms in (1_779_999_000_000, 1_780_003_600_000):
-        monkeypatch.setattr(column, "wall_ms", lambda ms=ms: ms)
-        now = grid.slot_of(ms)
-        packed = pack(np.full(10, now, np.int64), np.arange(1, 11, dtype=np.uint64), now)
-        path = str(tmp_path / str(ms))
-        spark.createDataFrame([(int(p),) for p in packed], "lt_track long").write.parquet(path)
-        before = metrics.METRIC_COMPILATION_TIME().getCount()
-        df = spark.read.parquet(path).select(
-            slot_column(F.col("lt_track"), plan_reference_slot(grid)).alias("s"))
-        assert {r.s for r in df.collect()} == {now}
-        compiled.append(metrics.METRIC_COMPILATION_TIME().getCount() - before)
-    assert compiled[0] > 0 and compiled[1] == 0
-
-
-def test_the_unwrap_fails_far_or_missing_rows_and_leaves_no_null_filter(spark: Any) -> None:
-    """``lt_ts`` cannot be null, so the window's test for a row without a time is
-    dropped (it evaluated the unwrap again below the projection); a row too far from
-    the plan's reference slot, or with no ``lt_track``, fails the query with what to do."""
-    from pyspark.errors import PySparkException
-    from pyspark.sql import functions as F
-
-    from lowtide.spark.operators.window_plan import slot_column
-    from lowtide.spark.tracking import pack, plan_reference_slot
-    from lowtide.spark.tracking.column import HELD_RANGE
+    from lowtide.spark.tracking import pack
+    from lowtide.spark.tracking.column import HELD_RANGE, PACK_RANGE
+    from lowtide.spark.tracking.receive import TS_COL, with_time
 
     grid = TimeGrid(10)
-    ref = plan_reference_slot(grid)
+    now = 170_000_000_000
+    slots = np.array([now - PACK_RANGE + 1, now, now + 3], np.int64)
+    packed = pack(slots, np.arange(1, 4, dtype=np.uint64), now)
+    batch = with_time(pa.record_batch({"x": [1, 2, 3]}), packed, now, grid)
+    micros = batch.column(TS_COL).cast(pa.int64()).to_numpy()
+    assert micros.tolist() == (slots * 10_000).tolist()
+    with pytest.raises(ValueError, match="cannot be tracked"):
+        with_time(batch, packed[:1], now + HELD_RANGE, grid)
 
-    def frame(slot: int | None) -> Any:
-        packed = None if slot is None else int(pack(
-            np.array([slot], np.int64), np.array([7], np.uint64), slot)[0])
-        df = spark.createDataFrame([(packed,)], "lt_track long")
-        return df.select(F.timestamp_millis(slot_column(F.col("lt_track"), ref) * F.lit(10))
-                         .alias("lt_ts"))
 
-    near = frame(ref + 5)
-    assert not near.schema["lt_ts"].nullable
-    windowed = near.groupBy(F.window("lt_ts", "1 second")).count()
+def test_the_receive_steps_columns_leave_the_window_no_null_filter(spark: Any) -> None:
+    """``lt_ts`` cannot be null (the receive step's schema says so), so the window's
+    test for a row without a time is not planned."""
+    from pyspark.sql import functions as F
+
+    from lowtide.spark.operators.window_input import with_stamp
+
+    df = spark.createDataFrame([(1, 2, datetime(2026, 1, 1), 0)],
+                               with_stamp("k long, lt_track long"))
+    assert not df.schema["lt_ts"].nullable and not df.schema["lt_wm"].nullable
+    windowed = df.groupBy(F.window("lt_ts", "1 second")).count()
     assert "isnotnull" not in windowed._jdf.queryExecution().optimizedPlan().toString()
     assert windowed.collect()[0]["count"] == 1
-    for slot, says in ((ref + HELD_RANGE + 5, "restart the query"), (None, "lt_track")):
-        with pytest.raises(PySparkException, match=says):
-            frame(slot).collect()

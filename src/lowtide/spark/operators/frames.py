@@ -56,6 +56,7 @@ from lowtide.spark.tracking.column import (
     track_children,
     with_ids,
 )
+from lowtide.spark.tracking.receive import STAMP_COLS
 
 TRACKED_FRAME_KINDS = ("where", "explode", "enrich")
 KEEP_COL = "_lt_keep"  # where: the condition, evaluated by the JVM
@@ -153,6 +154,10 @@ def _project(df: Any, spec: FrameSpec) -> Any:
     named = args[:1] if kind == "with_column" else args  # the names it writes or drops
     if any(isinstance(a, str) and a == TRACK_COL for a in named):
         raise StepError(f"step {spec.name!r}: {TRACK_COL!r} is lowtide's tracking column")
+    ours = [a for a in named if isinstance(a, str) and a in STAMP_COLS and a in df.columns]
+    if ours:  # a window's receive step added them (tracking.receive)
+        raise StepError(f"step {spec.name!r}: {ours[0]!r} is a column lowtide adds for the "
+                        "window after it: keep it as it is (name yours otherwise)")
     if kind == "drop":
         return spark_step(spec.name, lambda: df.drop(*args))
     if kind == "rename":

@@ -22,7 +22,7 @@ from typing import Any
 from lowtide.spark.sources.generator import GenSource
 from lowtide.spark.sources.log_replay import LogReplaySource
 from lowtide.spark.sources.log_source import LogSource
-from lowtide.spark.tracking.receive import RECEIVE_PREFIX, WM_COL, stamped
+from lowtide.spark.tracking.receive import RECEIVE_PREFIX, TS_COL, WM_COL, stamped
 from lowtide.spark.tracking.transport import TrackerRef
 
 try:
@@ -55,12 +55,15 @@ def receiving_task(run: Callable[[Iterator[Any]], Iterator[Any]], ref: TrackerRe
 
 
 def with_stamp(schema: Any) -> Any:
-    """A schema (DDL string or StructType) with the stamp column last."""
-    from pyspark.sql.types import LongType, StructField, StructType
+    """A schema (DDL string or StructType) with the receive step's columns last: the
+    row's time and the stamp (:func:`lowtide.spark.tracking.receive.stamped`). Neither
+    is ever null: the window's plan then has no null test on its time column."""
+    from pyspark.sql.types import LongType, StructField, StructType, TimestampType
 
     if isinstance(schema, str):
-        return f"{schema}, {WM_COL} long"
-    return StructType([*schema.fields, StructField(WM_COL, LongType(), False)])
+        return f"{schema}, {TS_COL} timestamp NOT NULL, {WM_COL} long NOT NULL"
+    return StructType([*schema.fields, StructField(TS_COL, TimestampType(), False),
+                       StructField(WM_COL, LongType(), False)])
 
 
 class ReceivingReader(DataSourceStreamReader):  # type: ignore[misc]

@@ -11,7 +11,7 @@ step's: into the null sink, after other steps, or into a caller's sink.
 
 ::
 
-    rows, received and stamped by their senders: lt_wm      (window_input)
+    rows, received and stamped by their senders: lt_ts, lt_wm (window_input)
          ∪ clock rows (lt_wm, lt_ts the same, lt_clock)      (the idle clock source)
          .withWatermark(lt_wm, 0).where(not a clock row), lt_ts marked an event-time
          column
@@ -24,8 +24,10 @@ largest stamp of the batches so far; Spark emits a window when its end is at or 
 the watermark and drops a row only if its window's end is. The stamps' argument (no
 row dropped, no window emitted before its last row) is in
 :mod:`lowtide.spark.tracking.receive`. ``lt_ts`` is the row's global time (``slot *
-delta_ms``), unwrapped in the JVM against the batch's timestamp; the window's bounds
-are those of today's windows (multiples of the slide).
+delta_ms``), added by the receive step, which unwraps every row's slot anyway (an
+unwrap of ``lt_track`` planned here, with the checks a row too far from the plan's
+reference needs, cost the query's thread about 2 ms of planning a micro-batch); the
+window's bounds are those of today's windows (multiples of the slide).
 
 ``lt_ts`` is marked an event-time column by its metadata alone (what ``withWatermark``
 writes on its column), after the stamps' watermark node: Spark's append mode and its
@@ -63,23 +65,18 @@ from lowtide.spark.operators.window_aggs import TypedAgg, bind_aggs
 from lowtide.spark.operators.windows import WindowSpec
 from lowtide.spark.sources.clock import clock_frame
 from lowtide.spark.tracking.column import (
-    HELD_RANGE,
     ID_BITS,
     ID_MASK,
     TRACK_COL,
     TRACKING_COLS,
-    UNWRAP_RANGE,
-    WRAP_SLOTS,
     AckAccumulator,
-    plan_reference_slot,
     reference_slot,
 )
 from lowtide.spark.tracking.key_ranges import RANGE_COL as FRONT_COL
 from lowtide.spark.tracking.key_ranges import RANGE_HI, RANGE_LO
-from lowtide.spark.tracking.receive import WM_COL
+from lowtide.spark.tracking.receive import STAMP_COLS, TS_COL, WM_COL
 from lowtide.spark.tracking.transport import TrackerRef
 
-TS_COL = "lt_ts"  # the row's global time (timestamp)
 ORDER_COL = "lt_order"  # (slot, ack id): first / last
 WINDOW_COL = "lt_window"
 ROW_RANGE_COL = "lt_range"  # a row's key range (rule 15)
@@ -174,31 +171,6 @@ def fallback_reason(spec: WindowSpec, stateful_steps: int, loop: bool = False,
 
 
 # ------------------------------------------------------------------ JVM expressions
-
-def slot_column(track: Any, ref_slot: int) -> Any:
-    """The full slot of ``lt_track`` (:func:`lowtide.spark.tracking.unwrap` in the JVM),
-    against ``ref_slot``, fixed when the plan is built (:func:`plan_reference_slot`): a
-    literal that changed with every micro-batch (its timestamp) would make Spark generate
-    and compile the stage's code again in every batch. Rows further than HELD_RANGE from
-    it, or without ``lt_track``, fail the query, with what to do.
-
-    The column is not nullable: the window's filter of rows without a time then goes
-    (Spark drops a null test on a column that cannot be null), where it evaluated the
-    whole unwrap a second time in front of the projection (2 ns a row of 240 in the
-    bench's first stage)."""
-    from pyspark.sql import functions as F
-
-    base = F.lit(ref_slot - UNWRAP_RANGE)
-    slot = base + (F.shiftright(track, ID_BITS) - base).bitwiseAND(F.lit(WRAP_SLOTS - 1))
-    far = F.abs(slot - F.lit(ref_slot)) >= F.lit(HELD_RANGE)
-    checked = F.when(track.isNull(), F.raise_error(F.lit(
-        "a row reached a window without its lt_track: a step before the window set the "
-        "column to null; keep it as its senders wrote it"))).when(far, F.raise_error(F.lit(
-            "a row's slot is too far from the slot this window's plan was built at (the "
-            "tracking column holds slots modulo 2**32): restart the query"))).otherwise(slot)
-    # raise_error is typed nullable; the fallback is never taken
-    return F.coalesce(checked, F.lit(0).cast("long"))
-
 
 def range_column(ranges: dict[int, int]) -> Any:
     """A row's key range, from its ``front`` column through ``ranges`` (front ->
@@ -352,26 +324,24 @@ def build_window_plan(df: Any, spec: WindowSpec, ref: TrackerRef, op_id: int, ho
     from pyspark.sql import functions as F
 
     fields = {f.name: f.dataType.simpleString() for f in df.schema.fields
-              if f.name not in (*TRACKING_COLS, WM_COL)}
+              if f.name not in (*TRACKING_COLS, *STAMP_COLS)}
     what = f"window {spec.name!r}"
     check_keys(what, spec.keys, fields)
-    taken = [c for c in NAMES if c in fields]  # lt_wm: the stamp, added by the senders
+    taken = [c for c in NAMES if c in fields]  # lt_ts, lt_wm: added by the senders
     if taken:
         raise ValueError(f"{what}: column {taken[0]!r} is a name lowtide uses: rename it")
     aggs, columns = bind_aggs(spec.name, spec.aggs, fields)
     delta = ref.grid.delta_ms
-    track = F.col(TRACK_COL)
-    slot = slot_column(track, plan_reference_slot(ref.grid))
     picked = [F.col(f"`{c}`") for c in dict.fromkeys([*spec.keys, *columns])]
-    extra = [F.struct(slot.alias("slot"), track.bitwiseAND(F.lit(int(ID_MASK))).alias("ack")
-                      ).alias(ORDER_COL)] if any(a.agg.fn in ("first", "last") for a in aggs) \
-        else []
-    if WM_COL not in df.columns:
-        raise ValueError(f"{what}: a step before it dropped the column {WM_COL!r} its "
+    extra = [F.struct(F.col(TS_COL).alias("time"), F.col(TRACK_COL).bitwiseAND(
+        F.lit(int(ID_MASK))).alias("ack")).alias(ORDER_COL)] \
+        if any(a.agg.fn in ("first", "last") for a in aggs) else []
+    dropped = [c for c in STAMP_COLS if c not in df.columns]
+    if dropped:
+        raise ValueError(f"{what}: a step before it dropped the column {dropped[0]!r} its "
                          "senders add: keep it (like lt_track)")
     ranged = [] if ranges is None else [range_column(ranges).alias(ROW_RANGE_COL)]
-    rows = df.select(*picked, *extra, *ranged,
-                     F.timestamp_millis(slot * F.lit(delta)).alias(TS_COL), F.col(WM_COL))
+    rows = df.select(*picked, *extra, *ranged, F.col(TS_COL), F.col(WM_COL))
     hold.prepare()
     clock = clock_frame(df.sparkSession, ref, spec.name, spec.slide_ms,
                         (op_id, hold.checkpoint))

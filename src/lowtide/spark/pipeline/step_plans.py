@@ -39,7 +39,7 @@ from lowtide.spark.sources.log_replay import RANGE_OPTION
 from lowtide.spark.sources.read_stream import EntrySpec, entry_schema
 from lowtide.spark.tracking.column import TRACK_COL
 from lowtide.spark.tracking.key_ranges import RANGE_COL
-from lowtide.spark.tracking.receive import WM_COL
+from lowtide.spark.tracking.receive import STAMP_COLS
 from lowtide.spark.tracking.transport import TrackerRef
 
 #: Spark 4.1 and later re-plan a stateless streaming query's stages in every micro-batch
@@ -123,8 +123,9 @@ def plan_steps(df: Any, group: list[Step | EntrySpec], to: Targets, null_sink: b
         return where_in_jvm(df, step)  # its window receives its rows (window_input)
     if isinstance(step, FrameSpec):
         planned = plan_frame(df, step)
-        if WM_COL in df.columns and WM_COL not in planned.columns:  # a select keeps it too
-            planned = plan_frame(df, replace(step, args=(*step.args, WM_COL)))
+        kept = [c for c in STAMP_COLS if c in df.columns and c not in planned.columns]
+        if kept:  # a select keeps the receive step's columns too
+            planned = plan_frame(df, replace(step, args=(*step.args, *kept)))
         df = planned
         if not step.tracked:
             return df

@@ -1,9 +1,12 @@
 """The receive step of a window planned in Spark's JVM, fused into the task of each
 step that sends into the window's inbound segment ``S_in`` (a lowtide source, or a
 chain of tracked Arrow steps: every row crosses into Python there already): the rows
-it hands on are acked as received out of ``S_in`` and carry a column ``lt_wm`` (ms),
-0 except on the task's last rows, which carry the *stamp*: ``S_in``'s min time read
-after the receipts were confirmed. Spark's watermark is driven by the stamps
+it hands on are acked as received out of ``S_in`` and carry two columns: ``lt_ts``,
+the row's global time (its slot's start, a timestamp: the full slot, which the receive
+step unwraps anyway, so the window's plan has no unwrap of ``lt_track`` of its own to
+plan in every micro-batch), and ``lt_wm`` (ms), 0 except on the task's last rows,
+which carry the *stamp*: ``S_in``'s min time read after the receipts were confirmed.
+Spark's watermark is driven by the stamps
 (:mod:`lowtide.spark.operators.window_plan`).
 
 Per task (rules 5 and 6): the receipts of all its rows, XOR-reduced per slot, are ONE
@@ -56,7 +59,12 @@ from typing import Any
 import numpy as np
 
 from lowtide.core.time import TimeGrid
-from lowtide.spark.tracking.column import TRACK_COL, AckAccumulator, reference_slot
+from lowtide.spark.tracking.column import (
+    TRACK_COL,
+    AckAccumulator,
+    reference_slot,
+    slots_of,
+)
 from lowtide.spark.tracking.key_ranges import range_cells
 from lowtide.spark.tracking.task_errors import answered_within
 from lowtide.spark.tracking.transport import TrackerRef, connect
@@ -64,6 +72,9 @@ from lowtide.wire.messages import LATEST_MS
 
 RECEIVE_PREFIX = "<receive>"
 WM_COL = "lt_wm"  # the stamp: the segment's min time (ms)
+TS_COL = "lt_ts"  # the row's global time (its full slot's start), a timestamp
+#: the columns the receive step adds, in order, last
+STAMP_COLS = (TS_COL, WM_COL)
 #: the largest stamp, 9999-12-31T23:59:59.999Z (Spark's last timestamp): a min time past
 #: it means "nothing more will come" (every front finished)
 STAMP_MAX_MS = 253_402_300_799_999
@@ -113,15 +124,15 @@ def stamped(ref: TrackerRef, segment: str, key: str, batches: Iterable[Any],
             out_of: str | None = None, sent: Sequence[Any] = ()) -> Iterator[Any]:
     """``batches`` (Arrow record batches with ``lt_track``) received out of
     ``segment`` (or ``out_of``, a segment upstream of it whose step the window
-    absorbed: see below) and stamped with ``segment``'s min time: each with a column
-    ``lt_wm`` (ms), 0 on all but the last, which is held back until the receipts are
-    confirmed and carries the stamp. The receipts are ONE keyed batch ``(query, batch,
-    key, partition)``, submitted once ``batches`` is exhausted, after the batch of the
-    step that produced them: that step confirms its batch before ``batches`` ends, or
-    hands it over unconfirmed as ``sent`` (submitted on this process's connection, so
-    the tracker applies it first), and the sender's batch, the receipts and the stamp's
-    question then share one round trip; all are confirmed before the last rows go."""
-    import pyarrow as pa
+    absorbed: see below) and stamped with ``segment``'s min time: each with the
+    columns ``lt_ts`` (:func:`with_time`) and ``lt_wm`` (ms), 0 on all but the last,
+    which is held back until the receipts are confirmed and carries the stamp. The
+    receipts are ONE keyed batch ``(query, batch, key, partition)``, submitted once
+    ``batches`` is exhausted, after the batch of the step that produced them: that
+    step confirms its batch before ``batches`` ends, or hands it over unconfirmed as
+    ``sent`` (submitted on this process's connection, so the tracker applies it
+    first), and the sender's batch, the receipts and the stamp's question then share
+    one round trip; all are confirmed before the last rows go."""
 
     from lowtide.spark.sources.log_source import submit_task_batch
 
@@ -142,8 +153,8 @@ def stamped(ref: TrackerRef, segment: str, key: str, batches: Iterable[Any],
                 acc.add_packed(cell, packed if len(present) == 1 else packed[cells == cell],
                                ref_slot, -1)
         if last is not None:
-            yield last.append_column(WM_COL, pa.array(np.zeros(last.num_rows, np.int64)))
-        last = batch
+            yield with_stamp_column(last, 0)
+        last = with_time(batch, packed, ref_slot, ref.grid)
     if last is None:
         for batch in sent:
             batch.wait()
@@ -152,7 +163,38 @@ def stamped(ref: TrackerRef, segment: str, key: str, batches: Iterable[Any],
     stamp = ask_stamp(ref, segment)
     for batch in (*sent, receipts):
         batch.wait()
-    yield last.append_column(WM_COL, pa.array(np.full(last.num_rows, stamp(), np.int64)))
+    yield with_stamp_column(last, stamp())
+
+
+def with_time(batch: Any, packed: Any, ref_slot: int, grid: TimeGrid) -> Any:
+    """``batch`` with the column ``lt_ts``: each row's full slot (``packed``, its
+    ``lt_track``, unwrapped against ``ref_slot``, this task's clock, with
+    :func:`~lowtide.spark.tracking.column.unwrap`'s range check) times ``delta_ms``.
+
+    >>> import pyarrow as pa
+    >>> from lowtide.spark.tracking.column import pack
+    >>> g = TimeGrid(10)
+    >>> b = pa.record_batch({"x": [1]})
+    >>> t = with_time(b, pack(np.array([170_000_000_000]), np.array([7], np.uint64),
+    ...                       170_000_000_000), 170_000_000_000, g).column(TS_COL)
+    >>> t.type, t[0].value // 1000, with_stamp_column(b, 5).column(WM_COL).to_pylist()
+    (TimestampType(timestamp[us, tz=UTC]), 1700000000000, [5])
+    """
+    import pyarrow as pa
+
+    micros = slots_of(packed, ref_slot) * np.int64(grid.delta_ms * 1000)
+    kind = pa.timestamp("us", tz="UTC")
+    return batch.append_column(pa.field(TS_COL, kind, nullable=False), pa.array(micros, kind))
+
+
+def with_stamp_column(batch: Any, stamp: int) -> Any:
+    """``batch`` with the column ``lt_wm``: ``stamp`` on every row. Like ``lt_ts``, not
+    nullable: the schema the receiving source declares (a source's Arrow batches must
+    match it exactly)."""
+    import pyarrow as pa
+
+    column = pa.array(np.full(batch.num_rows, stamp, np.int64))
+    return batch.append_column(pa.field(WM_COL, pa.int64(), nullable=False), column)
 
 
 def task_partition() -> int:
