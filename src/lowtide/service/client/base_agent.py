@@ -14,13 +14,14 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import contextlib
 import logging
 import os
 import secrets
 import threading
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Iterable, Iterator
 from typing import Any, ClassVar, Self, TypeVar
 
 from lowtide.core.generations import GraphChange, follows, next_graph
@@ -154,6 +155,13 @@ class BaseAgent(ABC):
         the first one): label with this grid, never with a default."""
         self._ensure()
         return self._call(self._state.tracker_grid(), 30.0)
+
+    @contextlib.contextmanager
+    def together(self) -> Iterator[None]:
+        """Requests issued inside the block go out together (:class:`CallerAgent`:
+        in one write at its end). This agent's loop writes what one of its turns
+        sends in one write already."""
+        yield
 
     # ------------------------------------------------------------ blocking calls
     def _result(self, fut: Outcome[T]) -> T:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
 from typing import Generic, TypeVar
 
 from lowtide.service.client.agent_state import timed
@@ -29,7 +29,20 @@ class CallerAgent(BaseAgent):
 
     def _start_loop(self) -> None:
         self._lock = threading.Lock()
+        self._together = False
         self._loop.call_soon(self._state.start)
+
+    @contextlib.contextmanager
+    def together(self) -> Iterator[None]:
+        """Requests issued inside the block go out at its end, in one write (the
+        server reads them at one wake-up and answers them in one write)."""
+        self._together = True
+        try:
+            yield
+        finally:
+            self._together = False
+            with self._lock:
+                self._loop.run_until_complete(_turns(3))
 
     def _running(self) -> bool:
         return not self._loop.is_closed()
@@ -43,8 +56,8 @@ class CallerAgent(BaseAgent):
     def _spawn(self, coro: Awaitable[T], timeout_s: float) -> Outcome[T]:
         with self._lock:
             task = self._loop.create_task(timed(coro, timeout_s))
-            # a few turns of the loop: a connected agent writes the request now
-            self._loop.run_until_complete(_turns(3))
+            if not self._together:  # a few turns: a connected agent writes it now
+                self._loop.run_until_complete(_turns(3))
         return _Driven(self._loop, self._lock, task)
 
 

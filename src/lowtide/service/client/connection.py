@@ -73,6 +73,8 @@ class ServerConnection:
         self._pending: dict[int, tuple[Message, asyncio.Future[Reply] | None]] = {}
         self._standing: dict[int, Message] = {}
         self._channel: Channel | None = None
+        # what this turn of the loop sends, and on which channel: one write
+        self._outbox: tuple[Channel, list[Message]] | None = None
         self._task: asyncio.Task[None] | None = None
         self.connected = asyncio.Event()
         self._used = asyncio.Event()  # a request since the connection was last lost
@@ -143,12 +145,28 @@ class ServerConnection:
                 await self._channel.drain()
 
     def _send(self, msg: Message) -> None:
-        if self._channel is None:
+        """Write ``msg`` once this turn of the loop is over, with whatever else is sent
+        in it: requests issued together (a task's receipts and its stamp's question)
+        reach the server in one write, which it reads, and answers, at one wake-up."""
+        channel = self._channel
+        if channel is None:
+            return
+        box = self._outbox
+        if box is None or box[0] is not channel:
+            box = self._outbox = (channel, [])
+            asyncio.get_running_loop().call_soon(self._flush, box)
+        box[1].append(msg)
+
+    def _flush(self, box: tuple[Channel, list[Message]]) -> None:
+        if self._outbox is box:
+            self._outbox = None
+        channel, msgs = box
+        if channel is not self._channel:  # lost meanwhile: the next one resends requests
             return
         try:
-            self._channel.send(msg)
+            channel.send_all(msgs)
         except ConnectionLost:
-            self._channel.close()
+            channel.close()
 
     async def _run(self) -> None:
         pause, longest = self._config.backoff_s

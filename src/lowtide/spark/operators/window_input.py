@@ -86,12 +86,12 @@ class ReceivingReader(DataSourceStreamReader):  # type: ignore[misc]
         return self.inner.partitions(start, end)
 
     def read(self, partition: Any) -> Iterator[Any]:
-        submitted = getattr(self.inner, "submitted", None)
-        if submitted is None:  # the source confirms its own batch before its rows end
+        prepared = getattr(self.inner, "prepared", None)
+        if prepared is None:  # the source confirms its own batch before its rows end
             return stamped(self.ref, self.window, self.key, self.inner.read(partition),
                            self.out_of)
-        batches, sent = submitted(partition)  # confirmed with the receipts: one round trip
-        return stamped(self.ref, self.window, self.key, batches, self.out_of, sent)
+        batches, submit = prepared(partition)  # sent with the receipts: one write
+        return stamped(self.ref, self.window, self.key, batches, self.out_of, submit)
 
     def commit(self, end: Any) -> None:
         self.inner.commit(end)

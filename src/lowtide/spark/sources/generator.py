@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -321,25 +321,34 @@ class GenStreamReader(DataSourceStreamReader):  # type: ignore[misc]
         return gen_partitions(start, end)
 
     def read(self, partition: FrontPartition | FrontsPartition) -> Iterator[Any]:
-        batches, sent = self.submitted(partition)
+        batches, submit = self.prepared(partition)
+        sent = submit()  # before the rows go: the round trip overlaps their emitting
         yield from batches
         for batch in sent:
             batch.wait()
 
-    def submitted(self, partition: FrontPartition | FrontsPartition
-                  ) -> tuple[list[Any], list[TaskBatch]]:
-        """A partition's record batches, with every front's keyed batch submitted
-        (rules 3 and 6), not yet confirmed: the task waits for them before it ends
-        (a window receiving in this task first submits its receipts behind them:
-        :func:`lowtide.spark.tracking.receive.stamped`)."""
+    def prepared(self, partition: FrontPartition | FrontsPartition
+                 ) -> tuple[list[Any], Callable[[], list[TaskBatch]]]:
+        """A partition's record batches, and what submits every front's keyed batch
+        (rules 3 and 6), returning them unconfirmed: the task waits for them before it
+        ends. A window that receives in this task submits them with its receipts and
+        its stamp's question, in one write (:func:`lowtide.spark.tracking.receive.
+        stamped`)."""
         parts = partition.parts if isinstance(partition, FrontsPartition) else (partition,)
         fronts = [self._front(p) for p in parts]
-        return ([batch for batch, _ in fronts if batch.num_rows],
-                [sent for _, sent in fronts if sent is not None])
 
-    def _front(self, part: FrontPartition) -> tuple[Any, TaskBatch | None]:
-        """A front's rows (tracked: with ``lt_track``) and its acks and heartbeat,
-        submitted as one keyed batch per front (rules 3 and 6)."""
+        def submit() -> list[TaskBatch]:
+            # key namespace "<source>": the first operator's tasks key on the same segment
+            return [submit_task_batch(self.ref, f"<source>{self.segment}", front, acc, hb,
+                                      owner=source_owner(self.segment))
+                    for front, acc, hb in (f[1] for f in fronts if f[1] is not None)]
+
+        return [batch for batch, _ in fronts if batch.num_rows], submit
+
+    def _front(self, part: FrontPartition
+               ) -> tuple[Any, tuple[int, AckAccumulator, tuple[Heartbeat]] | None]:
+        """A front's rows (tracked: with ``lt_track``), and its acks and heartbeat for
+        one keyed batch (None: untracked)."""
         batch, times, acks = gen_rows(self.spec, part, self.grid, self.tracking)
         if not self.tracking:
             return batch, None
@@ -347,11 +356,8 @@ class GenStreamReader(DataSourceStreamReader):  # type: ignore[misc]
         acc = AckAccumulator()
         acc.add(front_cell(self.ref.graph, self.segment, part.front), times,
                 ack_ids(packed), +1)
-        hb = (Heartbeat(part.front, int(part.extra[1])),)
-        # key namespace "<source>": the first operator's tasks key on the same segment
-        sent = submit_task_batch(self.ref, f"<source>{self.segment}", part.front, acc, hb,
-                                 owner=source_owner(self.segment))
-        return attach(batch, packed), sent
+        return attach(batch, packed), (part.front, acc, (Heartbeat(part.front,
+                                                                    int(part.extra[1])),))
 
     def commit(self, end: dict[str, Any]) -> None:
         return None

@@ -67,7 +67,7 @@ from lowtide.spark.tracking.column import (
 )
 from lowtide.spark.tracking.key_ranges import range_cells
 from lowtide.spark.tracking.task_errors import answered_within
-from lowtide.spark.tracking.transport import TrackerRef, connect
+from lowtide.spark.tracking.transport import TrackerRef, connect, together
 from lowtide.wire.messages import LATEST_MS
 
 RECEIVE_PREFIX = "<receive>"
@@ -121,7 +121,8 @@ def read_stamp(ref: TrackerRef, segment: str) -> int:
 
 
 def stamped(ref: TrackerRef, segment: str, key: str, batches: Iterable[Any],
-            out_of: str | None = None, sent: Sequence[Any] = ()) -> Iterator[Any]:
+            out_of: str | None = None, send: Callable[[], Sequence[Any]] = tuple
+            ) -> Iterator[Any]:
     """``batches`` (Arrow record batches with ``lt_track``) received out of
     ``segment`` (or ``out_of``, a segment upstream of it whose step the window
     absorbed: see below) and stamped with ``segment``'s min time: each with the
@@ -129,10 +130,10 @@ def stamped(ref: TrackerRef, segment: str, key: str, batches: Iterable[Any],
     which is held back until the receipts are confirmed and carries the stamp. The
     receipts are ONE keyed batch ``(query, batch, key, partition)``, submitted once
     ``batches`` is exhausted, after the batch of the step that produced them: that
-    step confirms its batch before ``batches`` ends, or hands it over unconfirmed as
-    ``sent`` (submitted on this process's connection, so the tracker applies it
-    first), and the sender's batch, the receipts and the stamp's question then share
-    one round trip; all are confirmed before the last rows go."""
+    step confirms its batch before ``batches`` ends, or leaves it to ``send``, which
+    submits it here, first: the sender's batch, the receipts and the stamp's question
+    then go in one write, which the tracker reads at one wake-up and applies in order,
+    and are answered in one; all are confirmed before the last rows go."""
 
     from lowtide.spark.sources.log_source import submit_task_batch
 
@@ -155,12 +156,14 @@ def stamped(ref: TrackerRef, segment: str, key: str, batches: Iterable[Any],
         if last is not None:
             yield with_stamp_column(last, 0)
         last = with_time(batch, packed, ref_slot, ref.grid)
-    if last is None:
-        for batch in sent:
+    if last is None:  # no rows: the sender's batch alone (its heartbeats)
+        for batch in send():
             batch.wait()
         return
-    receipts = submit_task_batch(ref, key, task_partition(), acc)
-    stamp = ask_stamp(ref, segment)
+    with together(ref):  # one write, one wake-up of the tracker, one of its replies
+        sent = send()
+        receipts = submit_task_batch(ref, key, task_partition(), acc)
+        stamp = ask_stamp(ref, segment)
     for batch in (*sent, receipts):
         batch.wait()
     yield with_stamp_column(last, stamp())

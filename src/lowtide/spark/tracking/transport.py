@@ -12,6 +12,7 @@ Tests may plug an in-process agent in with :func:`register_scheme` (for example
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import threading
@@ -150,6 +151,14 @@ def connect(ref: TrackerRef) -> AgentLike:
     # the grid is part of the handshake: a tracker with another refuses the agent
     agent: AgentLike = kind.shared(ref.url, ref.graph, secret=secret, grid=ref.grid)
     return agent
+
+
+def together(ref: TrackerRef) -> contextlib.AbstractContextManager[Any]:
+    """A block whose requests to ``ref``'s tracker go out together, in one write (the
+    agent's :meth:`~lowtide.service.client.base_agent.BaseAgent.together`; an agent
+    plugged in for tests without it: as they come)."""
+    block = getattr(connect(ref), "together", None)
+    return contextlib.nullcontext() if block is None else block()
 
 
 def _in_task() -> bool:
