@@ -134,7 +134,6 @@ def stamped(ref: TrackerRef, segment: str, key: str, batches: Iterable[Any],
     submits it here, first: the sender's batch, the receipts and the stamp's question
     then go in one write, which the tracker reads at one wake-up and applies in order,
     and are answered in one; all are confirmed before the last rows go."""
-
     from lowtide.spark.sources.log_source import submit_task_batch
 
     idx = ref.graph.index(out_of or segment)
