@@ -137,7 +137,7 @@ class StreamChannel:
             raise ConnectionLost(f"{self.peer} closed")
         if self._seal is not None:
             payloads = [self._seal.seal(p) for p in payloads]
-        frames = b"".join(HEADER.pack(len(p)) + p for p in payloads)
+        frames = b"".join(part for p in payloads for part in (HEADER.pack(len(p)), p))
         waiting = self._writer.transport.get_write_buffer_size()
         if waiting + len(frames) > self._limits.max_buffer:
             self.close()

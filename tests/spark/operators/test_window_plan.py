@@ -370,3 +370,20 @@ def test_the_receive_steps_columns_leave_the_window_no_null_filter(spark: Any) -
     windowed = df.groupBy(F.window("lt_ts", "1 second")).count()
     assert "isnotnull" not in windowed._jdf.queryExecution().optimizedPlan().toString()
     assert windowed.collect()[0]["count"] == 1
+
+
+def test_a_windows_input_is_the_users_columns_and_lowtides_names_are_refused(
+        spark: Any) -> None:
+    """lowtide's own columns are not the user's; a user's column with one of the names
+    lowtide uses (``lt_ts`` too, next to the receive step's) fails where the pipeline
+    is described, in one line (both window plans read their input this way)."""
+    from lowtide.spark.operators.window_input import with_stamp
+    from lowtide.spark.operators.window_plan import input_fields
+
+    ours = spark.createDataFrame([], with_stamp("k long, lt_track long"))
+    assert input_fields(ours, "window 'w'") == {"k": "bigint"}
+    users = [spark.createDataFrame([], with_stamp("k long, lt_window long, lt_track long")),
+             spark.range(1).mapInArrow(lambda it: it, with_stamp("id long, lt_ts timestamp"))]
+    for df, name in zip(users, ("lt_window", "lt_ts"), strict=True):
+        with pytest.raises(ValueError, match=f"column '{name}' is a name lowtide uses"):
+            input_fields(df, "window 'w'")

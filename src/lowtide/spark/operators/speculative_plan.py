@@ -82,11 +82,15 @@ from lowtide.spark.operators.window_aggs import (
     helper_columns,
     input_columns,
 )
-from lowtide.spark.operators.window_plan import WATERMARK_CONFS, QueryWindows, build_window_plan
+from lowtide.spark.operators.window_plan import (
+    WATERMARK_CONFS,
+    QueryWindows,
+    build_window_plan,
+    input_fields,
+)
 from lowtide.spark.operators.windows import WindowSpec
-from lowtide.spark.tracking.column import TRACK_COL, TRACKING_COLS
+from lowtide.spark.tracking.column import TRACK_COL
 from lowtide.spark.tracking.key_ranges import RANGE_HI, RANGE_LO
-from lowtide.spark.tracking.receive import WM_COL
 from lowtide.spark.tracking.transport import TrackerRef
 
 #: session confs a query with a speculative window in the JVM starts with
@@ -223,8 +227,7 @@ def changed_rows(df: Any, w: WindowSpec, windows: QueryWindows, ref: TrackerRef,
     delta = ref.grid.delta_ms
     hold = WatermarkHold(ref, w.name, op_id, windows.checkpoint)
     values = build_window_plan(df, w, ref, op_id, hold, None, ranges).drop(TRACK_COL)
-    fields = {f.name: f.dataType.simpleString() for f in df.schema.fields
-              if f.name not in (*TRACKING_COLS, WM_COL)}
+    fields = input_fields(df, f"window {w.name!r}")
     aggs, _ = bind_aggs(w.name, w.aggs, fields)
     outs = [a.agg.out for a in aggs]
     last = F.floor(F.unix_millis(F.col("window_end")) / F.lit(delta)).cast("long") - 1

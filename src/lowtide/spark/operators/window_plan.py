@@ -77,7 +77,7 @@ from lowtide.spark.tracking.key_ranges import RANGE_HI, RANGE_LO
 from lowtide.spark.tracking.receive import STAMP_COLS, TS_COL, WM_COL
 from lowtide.spark.tracking.transport import TrackerRef
 
-ORDER_COL = "lt_order"  # (slot, ack id): first / last
+ORDER_COL = "lt_order"  # (time, ack id): first / last
 WINDOW_COL = "lt_window"
 ROW_RANGE_COL = "lt_range"  # a row's key range (rule 15)
 CLOCK_COL = "lt_clock"  # true on the clock's rows, which leave after the watermark node
@@ -90,7 +90,7 @@ WATERMARK_CONFS = (("spark.sql.streaming.multipleWatermarkPolicy", "max"),
 WATERMARK_DELAY_KEY = "spark.watermarkDelayMs"
 #: ``lt_ts``'s delay: marked as an event-time column with no watermark node of its own
 TS_DELAY_MS = 3650 * 86_400_000
-NAMES = (TS_COL, ORDER_COL, WINDOW_COL, ROW_RANGE_COL, CLOCK_COL, RANGE_LO, RANGE_HI)
+NAMES = (*STAMP_COLS, ORDER_COL, WINDOW_COL, ROW_RANGE_COL, CLOCK_COL, RANGE_LO, RANGE_HI)
 #: DataFrame steps a window may absorb a ``where`` across
 ONE_TO_ONE_OR_WHERE = ("where", "select", "select_expr", "drop", "rename", "with_column")
 
@@ -168,6 +168,18 @@ def fallback_reason(spec: WindowSpec, stateful_steps: int, loop: bool = False,
     if stateful_steps > 1:
         return "its query has another stateful step (Spark's watermark is global)"
     return None
+
+
+def input_fields(df: Any, what: str) -> dict[str, str]:
+    """The columns of a window's input that are the user's (name -> type), lowtide's
+    own (``lt_track``, and the receive step's ``lt_ts`` and ``lt_wm``) left out; a
+    user's column with one of the names lowtide uses raises here, in one line."""
+    names = [f.name for f in df.schema.fields]
+    taken = [c for c in NAMES if c in names and (c not in STAMP_COLS or names.count(c) > 1)]
+    if taken:
+        raise ValueError(f"{what}: column {taken[0]!r} is a name lowtide uses: rename it")
+    return {f.name: f.dataType.simpleString() for f in df.schema.fields
+            if f.name not in (*TRACKING_COLS, *STAMP_COLS)}
 
 
 # ------------------------------------------------------------------ JVM expressions
@@ -323,13 +335,9 @@ def build_window_plan(df: Any, spec: WindowSpec, ref: TrackerRef, op_id: int, ho
     the greatest range of its rows (:data:`RANGE_LO`, :data:`RANGE_HI`)."""
     from pyspark.sql import functions as F
 
-    fields = {f.name: f.dataType.simpleString() for f in df.schema.fields
-              if f.name not in (*TRACKING_COLS, *STAMP_COLS)}
     what = f"window {spec.name!r}"
+    fields = input_fields(df, what)
     check_keys(what, spec.keys, fields)
-    taken = [c for c in NAMES if c in fields]  # lt_ts, lt_wm: added by the senders
-    if taken:
-        raise ValueError(f"{what}: column {taken[0]!r} is a name lowtide uses: rename it")
     aggs, columns = bind_aggs(spec.name, spec.aggs, fields)
     delta = ref.grid.delta_ms
     picked = [F.col(f"`{c}`") for c in dict.fromkeys([*spec.keys, *columns])]

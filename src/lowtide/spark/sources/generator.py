@@ -335,29 +335,30 @@ class GenStreamReader(DataSourceStreamReader):  # type: ignore[misc]
         its stamp's question, in one write (:func:`lowtide.spark.tracking.receive.
         stamped`)."""
         parts = partition.parts if isinstance(partition, FrontsPartition) else (partition,)
-        fronts = [self._front(p) for p in parts]
+        fronts = [(p, *self._front(p)) for p in parts]
 
         def submit() -> list[TaskBatch]:
+            if not self.tracking:
+                return []
             # key namespace "<source>": the first operator's tasks key on the same segment
-            return [submit_task_batch(self.ref, f"<source>{self.segment}", front, acc, hb,
+            return [submit_task_batch(self.ref, f"<source>{self.segment}", part.front, acc,
+                                      (Heartbeat(part.front, int(part.extra[1])),),
                                       owner=source_owner(self.segment))
-                    for front, acc, hb in (f[1] for f in fronts if f[1] is not None)]
+                    for part, _, acc in fronts]
 
-        return [batch for batch, _ in fronts if batch.num_rows], submit
+        return [batch for _, batch, _ in fronts if batch.num_rows], submit
 
-    def _front(self, part: FrontPartition
-               ) -> tuple[Any, tuple[int, AckAccumulator, tuple[Heartbeat]] | None]:
-        """A front's rows (tracked: with ``lt_track``), and its acks and heartbeat for
-        one keyed batch (None: untracked)."""
+    def _front(self, part: FrontPartition) -> tuple[Any, AckAccumulator]:
+        """A front's rows (tracked: with ``lt_track``) and their send-acks (untracked:
+        none)."""
         batch, times, acks = gen_rows(self.spec, part, self.grid, self.tracking)
-        if not self.tracking:
-            return batch, None
-        packed = pack(times, acks, reference_slot(self.grid))
         acc = AckAccumulator()
+        if not self.tracking:
+            return batch, acc
+        packed = pack(times, acks, reference_slot(self.grid))
         acc.add(front_cell(self.ref.graph, self.segment, part.front), times,
                 ack_ids(packed), +1)
-        return attach(batch, packed), (part.front, acc, (Heartbeat(part.front,
-                                                                    int(part.extra[1])),))
+        return attach(batch, packed), acc
 
     def commit(self, end: dict[str, Any]) -> None:
         return None

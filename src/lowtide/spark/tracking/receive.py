@@ -103,12 +103,10 @@ def ask_stamp(ref: TrackerRef, segment: str) -> Callable[[], int]:
     every attempt (this module's last paragraph), so it does not wait for the tracker's
     clock to pass this millisecond, as a final answer would."""
     agent: Any = connect(ref)
-    what = f"asking for segment '{segment}''s min time"
-    with answered_within(ref, what):
-        pending = agent.ask_min_time_at(segment, LATEST_MS, ref.wait_s)
+    pending = agent.ask_min_time_at(segment, LATEST_MS, ref.wait_s)
 
     def wait() -> int:
-        with answered_within(ref, what):
+        with answered_within(ref, f"asking for segment '{segment}''s min time"):
             return stamp_ms(int(pending.wait()), ref.grid)
 
     return wait
