@@ -36,6 +36,18 @@ def test_a_task_worker_daemon_imports_the_task_modules() -> None:
     assert set(got["done"]) <= set(got["modules"])  # type: ignore[arg-type]
 
 
+def test_what_a_task_imports_to_reach_its_tracker_is_preloaded() -> None:
+    """A tracked task connects to its tracker (``transport.connect``); a module it
+    imports after the fork is walked by every later task's collection, unfrozen."""
+    code = ("import json, sys; from lowtide.spark.worker_daemon import preload; "
+            f"preload({TASK_WORKER!r}); before = set(sys.modules); "
+            "from lowtide.service import Agent, BatchKey, CallerAgent; "
+            "print(json.dumps(sorted(set(sys.modules) - before)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120)
+    assert json.loads(out.stdout) == []
+
+
 def test_a_planner_daemon_imports_only_its_module() -> None:
     got = _imported_by_preload(PLANNER)
     assert got["done"] == [PLANNER]
