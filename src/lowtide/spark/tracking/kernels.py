@@ -89,33 +89,58 @@ def children(packed, salt, keep, lo, span):  # type: ignore[no-untyped-def]
     child per row, or per kept row where ``keep`` is not empty) with ids
     ``child_ids(parent id, salt)`` (murmur3's 32-bit finaliser, never 0), and per
     wrapped-slot offset the parents' XOR, the kept children's XOR, the parents'
-    count and the children's count. (The hash, not the tables, is what a row costs
-    here: lanes as in :func:`xor_sums` gained nothing.)"""
+    count and the children's count.
+
+    Two loops: every row's child, independent of the others' (the compiler
+    vectorises it), then the sums, kept in registers over each run of rows of one
+    slot (rows come in such runs: a shuffle concatenates its map tasks' outputs,
+    each in its source's order) and added to the tables where a run ends. One loop
+    doing both ran 2.5 times longer (37 against 14.4 us on 16,700 rows)."""
     n = packed.shape[0]
     masked = keep.shape[0] > 0
     out = np.empty(keep.sum() if masked else n, np.int64)
-    recv = np.zeros(span, np.uint64)
-    sent = np.zeros(span, np.uint64)
-    parents = np.zeros(span, np.int64)
-    kids = np.zeros(span, np.int64)
-    j = 0
+    child = np.empty(n, np.int64) if masked else out
     for i in range(n):
         u = np.uint64(packed[i])
-        k = np.int64(u >> np.uint64(32)) - lo
-        x = u & _MASK32
-        recv[k] ^= x
-        parents[k] += 1
-        if masked and not keep[i]:
-            continue
-        x ^= salt
+        x = (u & _MASK32) ^ salt
         x ^= x >> np.uint64(16)
         x = (x * np.uint64(0x85EBCA6B)) & _MASK32
         x ^= x >> np.uint64(13)
         x = (x * np.uint64(0xC2B2AE35)) & _MASK32
         x ^= x >> np.uint64(16)
-        x = max(x, np.uint64(1))
-        sent[k] ^= x
-        kids[k] += 1
-        out[j] = np.int64((u & _SLOTS) | x)
-        j += 1
+        child[i] = np.int64((u & _SLOTS) | max(x, np.uint64(1)))
+    recv = np.zeros(span, np.uint64)
+    sent = np.zeros(span, np.uint64)
+    parents = np.zeros(span, np.int64)
+    kids = np.zeros(span, np.int64)
+    run = np.int64(-1)
+    run_recv, run_sent = np.uint64(0), np.uint64(0)
+    run_parents, run_kids = np.int64(0), np.int64(0)
+    j = 0
+    for i in range(n):
+        u = np.uint64(packed[i])
+        k = np.int64(u >> np.uint64(32)) - lo
+        if k != run:
+            if run >= 0:
+                recv[run] ^= run_recv
+                sent[run] ^= run_sent
+                parents[run] += run_parents
+                kids[run] += run_kids
+            run = k
+            run_recv, run_sent = np.uint64(0), np.uint64(0)
+            run_parents, run_kids = np.int64(0), np.int64(0)
+        run_recv ^= u & _MASK32
+        run_parents += 1
+        if masked and not keep[i]:
+            continue
+        run_sent ^= np.uint64(child[i]) & _MASK32
+        run_kids += 1
+        if masked:
+            out[j] = child[i]
+            j += 1
+    if run >= 0:
+        recv[run] ^= run_recv
+        sent[run] ^= run_sent
+        parents[run] += run_parents
+        kids[run] += run_kids
     return out, recv, sent, parents, kids
