@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import struct
 import subprocess
 import sys
@@ -46,6 +47,30 @@ def test_what_a_task_imports_to_reach_its_tracker_is_preloaded() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=120)
     assert json.loads(out.stdout) == []
+
+
+def _faults_per_round(keep: bool) -> list[int]:
+    """Page faults of five rounds that allocate 12.8 MB in 64 KB arrays and free them
+    (a task's buffers), in a fresh interpreter, with or without ``keep_freed_memory``."""
+    code = ("import json, resource; import numpy as np; "
+            "from lowtide.spark.worker_daemon import keep_freed_memory; "
+            f"assert keep_freed_memory() if {keep} else True; "
+            "faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt; out = []\n"
+            "for _ in range(5):\n"
+            "    f0 = faults(); blocks = [np.ones(8_000) for _ in range(200)]; del blocks\n"
+            "    out.append(faults() - f0)\n"
+            "print(json.dumps(out))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120)
+    return json.loads(out.stdout)
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's allocator only")
+def test_a_worker_keeps_what_a_task_freed_for_the_next_task() -> None:
+    """With glibc's defaults the freed heap goes back to the kernel and every round
+    faults its pages in again; a worker forked from the daemon keeps them."""
+    assert min(_faults_per_round(keep=False)[1:]) > 1_000
+    assert max(_faults_per_round(keep=True)[1:]) < 100
 
 
 def test_a_planner_daemon_imports_only_its_module() -> None:
