@@ -53,7 +53,7 @@ from lowtide.spark.tracking.column import (
     track_children,
 )
 from lowtide.spark.tracking.key_ranges import by_range
-from lowtide.spark.tracking.transport import TrackerRef, task_identity, together
+from lowtide.spark.tracking.transport import TrackerRef, task_identity
 
 KINDS = ("map", "flat_map", "filter")
 # a task holds back up to this much of its output until its batch is submitted
@@ -241,16 +241,15 @@ def submit_acks(first: OpRuntime, last: OpRuntime, acc: AckAccumulator,
     """Submit the task's batch (children and receipts together, applied atomically, so
     children never trail their parent: rule 2), keyed by the first step's input
     segment, and, when the last step feeds the null sink, the sink's receipts after
-    it (both in one write)."""
+    it."""
     from pyspark import TaskContext
 
     tc = TaskContext.get()
     partition = tc.partitionId() if tc else 0
+    sent = submit_task_batch(first.ref, first.in_segment, partition, acc)
     if not last.null_sink:
-        return [submit_task_batch(first.ref, first.in_segment, partition, acc)]
-    with together(first.ref):  # one write each way for both
-        sent = submit_task_batch(first.ref, first.in_segment, partition, acc)
-        return [sent, ack_null_sink(last, partition, sent.acks, out_idx)]
+        return [sent]
+    return [sent, ack_null_sink(last, partition, sent.acks, out_idx)]
 
 
 def ack_null_sink(rt: OpRuntime, partition: int, sent: AckBatch, sink: int) -> Waiter:
