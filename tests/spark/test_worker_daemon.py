@@ -21,14 +21,18 @@ from lowtide.spark.worker_daemon import TASK_MODULES, TASK_WORKER, preload
 PLANNER = "pyspark.sql.worker.create_data_source"
 
 
+def _python(code: str) -> str:
+    """What ``code`` prints, run in a fresh interpreter."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, timeout=120).stdout
+
+
 def _imported_by_preload(worker_module: str) -> dict[str, object]:
     """``preload`` in a fresh interpreter: what it returned and what is imported then."""
     code = ("import json, sys; from lowtide.spark.worker_daemon import preload; "
             f"done = preload({worker_module!r}); "
             "print(json.dumps({'done': done, 'modules': sorted(sys.modules)}))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, timeout=120)
-    return json.loads(out.stdout)
+    return json.loads(_python(code))
 
 
 def test_a_task_worker_daemon_imports_the_task_modules() -> None:
@@ -44,9 +48,7 @@ def test_what_a_task_imports_to_reach_its_tracker_is_preloaded() -> None:
             f"preload({TASK_WORKER!r}); before = set(sys.modules); "
             "from lowtide.service import Agent, BatchKey, CallerAgent; "
             "print(json.dumps(sorted(set(sys.modules) - before)))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, timeout=120)
-    assert json.loads(out.stdout) == []
+    assert json.loads(_python(code)) == []
 
 
 def _faults_per_round(keep: bool) -> list[int]:
@@ -60,12 +62,11 @@ def _faults_per_round(keep: bool) -> list[int]:
             "    f0 = faults(); blocks = [np.ones(8_000) for _ in range(200)]; del blocks\n"
             "    out.append(faults() - f0)\n"
             "print(json.dumps(out))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, timeout=120)
-    return json.loads(out.stdout)
+    return json.loads(_python(code))
 
 
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's allocator only")
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc",
+                    reason="mallopt is glibc's: elsewhere the daemon sets nothing")
 def test_a_worker_keeps_what_a_task_freed_for_the_next_task() -> None:
     """With glibc's defaults the freed heap goes back to the kernel and every round
     faults its pages in again; a worker forked from the daemon keeps them."""
@@ -121,9 +122,7 @@ def test_the_daemon_freezes_what_it_imported_so_per_task_collections_skip_it() -
     code = ("import gc; from lowtide.spark.worker_daemon import preload, freeze_preloaded; "
             f"preload({TASK_WORKER!r}); frozen = freeze_preloaded(); "
             "print(frozen, len(gc.get_objects()))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, timeout=120)
-    frozen, walked = map(int, out.stdout.split())
+    frozen, walked = map(int, _python(code).split())
     assert frozen > 50_000  # pyarrow, pandas, pyspark's worker and lowtide's task modules
     assert walked < frozen // 20  # what a collection still walks
 

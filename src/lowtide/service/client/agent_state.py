@@ -380,9 +380,7 @@ class AgentState:
                 self._submit(conn, self._batch(text, part, hbs, nt))
                 for conn, part in zip(self.shards, parts, strict=True)
             ]
-        # one connection (no shards): its reply, without a gathering future
-        replies = [_check(await futs[0])] if len(futs) == 1 else [
-            _check(r) for r in await asyncio.gather(*futs)]
+        replies = [_check(r) for r in await asyncio.gather(*futs)]
         return any(isinstance(r, Ok) and not r.duplicate for r in replies)
 
     async def status(self) -> dict[str, Any]:
