@@ -40,17 +40,24 @@ class LocalTrackerConfig:
 
 def merge_acks(batch: AckBatch, window_slots: int) -> AckBatch:
     """XOR-merge by (segment, window), drop entries that cancel out, and order them
-    by descending (segment, window); times become window starts."""
+    by descending (segment, window); times become window starts. (A task's batch is
+    merged when it is built and again when it is sent: the second finds nothing to
+    merge or drop, and skips that work.)"""
     if len(batch) == 0:
         return batch
     windows = batch.time // window_slots
     order = np.lexsort((windows, batch.segment))[::-1]
     seg, win = batch.segment[order], windows[order]
-    starts = np.flatnonzero(np.r_[True, (seg[1:] != seg[:-1]) | (win[1:] != win[:-1])])
-    xors = np.bitwise_xor.reduceat(batch.xor[order], starts)
-    counts = np.add.reduceat(batch.count[order], starts)
+    xors, counts = batch.xor[order], batch.count[order]
+    change = (seg[1:] != seg[:-1]) | (win[1:] != win[:-1])
+    if not change.all():
+        starts = np.flatnonzero(np.concatenate(([True], change)))
+        seg, win = seg[starts], win[starts]
+        xors, counts = np.bitwise_xor.reduceat(xors, starts), np.add.reduceat(counts, starts)
     keep = (xors != 0) | (counts != 0)
-    return AckBatch(seg[starts][keep], win[starts][keep] * window_slots, xors[keep], counts[keep])
+    if not keep.all():
+        seg, win, xors, counts = seg[keep], win[keep], xors[keep], counts[keep]
+    return AckBatch(seg, win * window_slots, xors, counts)
 
 
 class LocalTracker:
