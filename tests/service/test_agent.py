@@ -310,6 +310,66 @@ def test_caller_agent_runs_its_loop_in_the_calling_thread(
     assert threading.active_count() == threads
 
 
+def test_a_ready_caller_agent_sends_from_the_calling_thread_and_runs_its_loop_to_wait(
+    service: TrackerService, graph: SegmentGraph
+) -> None:
+    """Once its agent is ready, a Spark task's keyed batch and its question for a min
+    time are written by the task's own thread, and the loop runs only while it waits
+    for the replies: no asyncio task per call (each cost a task several turns of the
+    loop; submit and wait took twice the CPU)."""
+    from lowtide.service import CallerAgent
+    from lowtide.wire.messages import LATEST_MS
+
+    agent = CallerAgent.connect(service.url, graph)
+    try:
+        agent.register_front(1, "src", 10)  # ready: the first call waited for the Welcome
+        created: list[object] = []
+        create_task = agent._loop.create_task
+        agent._loop.create_task = lambda coro, **kw: created.append(coro) or create_task(
+            coro, **kw)  # type: ignore[method-assign]
+        key = BatchKey("q", 0, "src", 0)
+        assert agent.send_batch(key, AckBatch.of([send(0, 10, 0xA)]), [Heartbeat(1, 12)])
+        assert agent.send_batch(key, AckBatch.of([send(0, 10, 0xA)])) is False  # a retry
+        assert agent.ask_min_time_at("src", LATEST_MS).wait() == 10  # 0xA is in flight
+        assert created == []
+    finally:
+        agent.close()
+
+
+def test_a_caller_agents_call_times_out_from_when_it_was_sent(
+    service: TrackerService, graph: SegmentGraph, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tracker that does not answer a task's batch: ``wait()`` raises once the
+    timeout passed since the submit, with the connection's state, and the agent still
+    serves the next call."""
+    from lowtide.service import CallerAgent
+    from lowtide.service.server.tracker_server import TrackerServer
+    from lowtide.wire.messages import Batch
+
+    dispatch = TrackerServer._dispatch
+
+    def deaf(server: TrackerServer, peer: object, msg: object, now: int, out: list) -> None:
+        if not isinstance(msg, Batch):
+            dispatch(server, peer, msg, now, out)
+
+    agent = CallerAgent.connect(service.url, graph)
+    try:
+        agent.register_front(1, "src", 10)
+        monkeypatch.setattr(TrackerServer, "_dispatch", deaf)
+        pending = agent.submit_batch(BatchKey("q", 0, "src", 0),
+                                     AckBatch.of([send(0, 10, 0xA)]), timeout_s=0.5)
+        time.sleep(0.6)
+        started = time.monotonic()
+        with pytest.raises(TimeoutError, match=r"within 0.5 s \(tcp://.*: connected"):
+            pending.wait()
+        assert time.monotonic() - started < 0.3
+        monkeypatch.undo()
+        assert agent.send_batch(BatchKey("q", 1, "src", 0), AckBatch.of([send(0, 11, 0xB)]))
+        assert agent.status()["global_min"] == 10
+    finally:
+        agent.close()
+
+
 def test_requests_issued_together_are_one_write_each_way(
     service: TrackerService, graph: SegmentGraph, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from lowtide.core.messages import Ack, AckBatch, Heartbeat, MinTimeUpdate
-from lowtide.service import Agent, BatchKey
+from lowtide.service import Agent, BatchKey, CallerAgent
 from lowtide.service.client.batches import stream_time
 from lowtide.wire.messages import Batch, Ok, Welcome
 from tests.service.procs import (
@@ -73,6 +73,9 @@ def test_sharded_cluster_survives_a_shard_kill(tmp_path: Path) -> None:
             assert shard_pids(watcher)[1] != victim
             key = BatchKey("q", 1, "src", 0)
             assert watcher.send_batch(key, produced(0, 1)) is False  # a retry, on both shards
+            with CallerAgent.connect(url, graph()) as task:  # a Spark task's agent
+                assert task.grid  # ready: its batches go out from the calling thread
+                assert task.send_batch(key, produced(0, 1)) is False
             _split_batch_is_completed_by_a_retry(watcher)
         finally:
             stop_processes(procs)

@@ -22,9 +22,9 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from lowtide.core.messages import AckBatch, Heartbeat, MinTimeUpdate
-from lowtide.service.client.agent_state import timed
 from lowtide.service.client.base_agent import BaseAgent
 from lowtide.service.client.batches import Outcome
+from lowtide.service.client.replies import timed
 from lowtide.service.client.subscription import AsyncSubscription, Subscription
 
 T = TypeVar("T")

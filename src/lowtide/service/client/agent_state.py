@@ -12,9 +12,9 @@ import itertools
 import json
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import Any
 
 from lowtide.core.graph import SegmentGraph
 from lowtide.core.local import LocalTrackerConfig, merge_acks
@@ -24,6 +24,7 @@ from lowtide.core.time import TimeGrid
 from lowtide.service.auth import nonce
 from lowtide.service.client.batches import BatchKey, stream_time
 from lowtide.service.client.connection import ConnectionConfig, Reply, ServerConnection
+from lowtide.service.client.replies import applied, checked, time_of
 from lowtide.service.client.subscription import Forward
 from lowtide.service.clock import SystemClock
 from lowtide.service.errors import ServiceError, SessionFailed, exception_of, fresh
@@ -38,9 +39,7 @@ from lowtide.wire.messages import (
     Hello,
     Message,
     MinTimeAt,
-    MinTimeAtReply,
     Notify,
-    Ok,
     QueryBatch,
     Role,
     Status,
@@ -52,28 +51,6 @@ from lowtide.wire.messages import (
 )
 
 log = logging.getLogger("lowtide.service.agent")
-
-T = TypeVar("T")
-_timeout = getattr(asyncio, "timeout", None)  # Python 3.11
-
-
-async def timed(coro: Awaitable[T], timeout_s: float) -> T:
-    try:
-        if _timeout is None:
-            return await asyncio.wait_for(coro, timeout_s)
-        # a deadline on this task: wait_for runs the call as one more task (two more
-        # turns of the loop per call; a Spark task makes one per batch)
-        async with _timeout(timeout_s):
-            return await coro
-    except TimeoutError:
-        raise TimeoutError(f"no answer from the tracker within {timeout_s} s") from None
-
-
-def _check(reply: Reply) -> Reply:
-    if isinstance(reply, Error):
-        raise exception_of(reply)
-    return reply
-
 
 @dataclass(frozen=True)
 class AgentConfig:
@@ -126,6 +103,7 @@ class AgentState:
         self._owners: dict[int, int] = {}
 
     def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
         self.main = self._connect(self.url, self._on_welcome, busy=lambda: bool(
             self._awaiting_welcome or any(s.unanswered() for s in self.shards)))
         self.main.start()
@@ -265,16 +243,17 @@ class AgentState:
         return Batch(next(self._reqs), self.session, key, acks, hbs, nt)
 
     def _submit(
-        self, conn: ServerConnection, msg: Batch | FrontOp | FrontLate, background: bool = False
+        self, conn: ServerConnection, msg: Batch | FrontOp | FrontLate, background: bool = False,
+        now: bool = False,
     ) -> asyncio.Future[Reply]:
-        """Send ``msg``; ``background``: nobody awaits the reply, so an error is kept
-        for the next :meth:`flush_all` to raise."""
-        fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        """Send ``msg`` (``now``: see :meth:`ServerConnection.submit`); ``background``:
+        nobody awaits the reply, so an error is kept for the next :meth:`flush_all`."""
+        fut: asyncio.Future[Reply] = self.loop.create_future()
         self._inflight.add(fut)
         fut.add_done_callback(self._inflight.discard)
         if background:
             fut.add_done_callback(self._settled)
-        conn.submit(msg.req, msg, fut)
+        conn.submit(msg.req, msg, fut, now=now)
         return fut
 
     def _settled(self, fut: asyncio.Future[Reply]) -> None:
@@ -346,7 +325,7 @@ class AgentState:
             for conn in self._state_connections()
         ]
         for reply in await asyncio.gather(*futs):
-            _check(reply)
+            checked(reply)
         if action == FrontAction.REGISTER:
             self._owners[front] = owner_id
         elif action == FrontAction.UNREGISTER:
@@ -359,36 +338,44 @@ class AgentState:
         futs = [self._submit(conn, FrontLate(next(self._reqs), self.session, front, *counts))
                 for conn in self._state_connections()]
         for reply in await asyncio.gather(*futs):
-            _check(reply)
+            checked(reply)
 
     async def keyed(
         self, key: BatchKey, acks: AckBatch, hbs: tuple[Heartbeat, ...], owner: str | None
     ) -> bool:
         await self._ready()
+        return applied(await asyncio.gather(*self.send_keyed(key, acks, hbs, owner)))
+
+    def send_keyed(
+        self, key: BatchKey, acks: AckBatch, hbs: tuple[Heartbeat, ...], owner: str | None,
+        now: bool = False,
+    ) -> list[asyncio.Future[Reply]]:
+        """Send a keyed batch (once ready; ``now``: see :meth:`ServerConnection.submit`):
+        one request, or one to each shard; :func:`applied` reads their replies."""
         self.check_failed()
         self._send_flush(self.local.flush())
         hbs = tuple(self.owned(hb, owner) for hb in hbs)
         merged = merge_acks(acks, self._local_config.grid.window_slots)
         text = key.text()
         if self.layout is None:
-            futs = [self._submit(self._state_connections()[0], self._batch(text, merged, hbs))]
-        else:
-            # merged times are window starts, so the aggregate stays on window boundaries
-            nt = stream_time(key, int(merged.time.min())) if len(merged) else None
-            parts = self.layout.split(merged)
-            futs = [
-                self._submit(conn, self._batch(text, part, hbs, nt))
-                for conn, part in zip(self.shards, parts, strict=True)
-            ]
-        replies = [_check(r) for r in await asyncio.gather(*futs)]
-        return any(isinstance(r, Ok) and not r.duplicate for r in replies)
+            batch = self._batch(text, merged, hbs)
+            return [self._submit(self._state_connections()[0], batch, now=now)]
+        # merged times are window starts, so the aggregate stays on window boundaries
+        nt = stream_time(key, int(merged.time.min())) if len(merged) else None
+        parts = self.layout.split(merged)
+        return [self._submit(conn, self._batch(text, part, hbs, nt), now=now)
+                for conn, part in zip(self.shards, parts, strict=True)]
 
-    async def status(self) -> dict[str, Any]:
+    def _ask(self, make: Callable[[int], Message], now: bool = False) -> asyncio.Future[Reply]:
+        """Send the request ``make(req)`` to the tracker itself (not its shards)."""
         assert self.main is not None
         req = next(self._reqs)
-        fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-        self.main.submit(req, StatusRequest(req), fut)
-        reply = _check(await fut)
+        fut: asyncio.Future[Reply] = self.loop.create_future()
+        self.main.submit(req, make(req), fut, now=now)
+        return fut
+
+    async def status(self) -> dict[str, Any]:
+        reply = checked(await self._ask(StatusRequest))
         assert isinstance(reply, Status)
         body: dict[str, Any] = json.loads(reply.json)
         return body
@@ -396,23 +383,18 @@ class AgentState:
     async def main_request(self, msg: QueryBatch | ChangeGraph) -> None:
         """A request to the tracker itself (not its shards), checked."""
         await self._ready()
-        assert self.main is not None
-        req = next(self._reqs)
-        fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         if isinstance(msg, ChangeGraph):  # deduplicated by (session, req), like a front op
             msg = replace(msg, session=self.session)
-        self.main.submit(req, replace(msg, req=req), fut)
-        _check(await fut)
+        checked(await self._ask(lambda req: replace(msg, req=req)))
 
     async def min_time_at(self, segment: str | None, at_ms: int) -> int:
         await self._ready()
-        assert self.main is not None
-        req = next(self._reqs)
-        fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-        self.main.submit(req, MinTimeAt(req, segment, at_ms), fut)
-        reply = _check(await fut)
-        assert isinstance(reply, MinTimeAtReply)
-        return reply.time
+        return time_of(await self.ask_min_time(segment, at_ms))
+
+    def ask_min_time(self, segment: str | None, at_ms: int,
+                     now: bool = False) -> asyncio.Future[Reply]:
+        """Ask ``segment``'s min time at ``at_ms`` (once ready): :func:`time_of`."""
+        return self._ask(lambda req: MinTimeAt(req, segment, at_ms), now)
 
     async def min_times_at(self, segments: list[str | None], at_ms: int) -> list[int]:
         """:meth:`min_time_at` of each segment, the questions sent together."""
@@ -426,7 +408,7 @@ class AgentState:
         fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self.main.submit_standing(req, Subscribe(req, segment), fut)
         try:
-            _check(await fut)
+            checked(await fut)
         except Exception:
             self.unsubscribe(req)
             raise

@@ -264,8 +264,12 @@ class BaseAgent(ABC):
         self._ensure()
         if key.batch_id < 0:
             raise ValueError(f"batch ids start at 0, got {key.batch_id}")
-        fut = self._spawn(self._state.keyed(key, acks, tuple(heartbeats), owner), timeout_s)
+        fut = self._send_keyed(key, acks, tuple(heartbeats), owner, timeout_s)
         return PendingBatch(fut, self._result)
+
+    def _send_keyed(self, key: BatchKey, acks: AckBatch, hbs: tuple[Heartbeat, ...],
+                    owner: str | None, timeout_s: float) -> Outcome[bool]:
+        return self._spawn(self._state.keyed(key, acks, hbs, owner), timeout_s)
 
     def report_batch(self, query: str, batch: int, state: BatchState,
                      segments: Iterable[str] = (), timeout_s: float = 10.0) -> None:
@@ -335,8 +339,10 @@ class BaseAgent(ABC):
         self._ensure()
         if segment is not None:
             self.graph.resolve(segment)  # a segment, or a key range "<segment>#<r>"
-        return Pending(self._spawn(self._state.min_time_at(segment, at_ms), timeout_s),
-                       self._result)
+        return Pending(self._ask_min_time(segment, at_ms, timeout_s), self._result)
+
+    def _ask_min_time(self, segment: str | None, at_ms: int, timeout_s: float) -> Outcome[int]:
+        return self._spawn(self._state.min_time_at(segment, at_ms), timeout_s)
 
     def min_times_at(self, segments: list[str | None], at_ms: int,
                      timeout_s: float = 30.0) -> list[int]:

@@ -76,6 +76,7 @@ class ServerConnection:
         # what this turn of the loop sends, and on which channel: one write
         self._outbox: tuple[Channel, list[Message]] | None = None
         self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the owner's, from start()
         self.connected = asyncio.Event()
         self._used = asyncio.Event()  # a request since the connection was last lost
         self.connects = 0
@@ -84,7 +85,8 @@ class ServerConnection:
         self._log_budget = LogBudget()  # a server's stray errors: a few lines, not a flood
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        self._loop = asyncio.get_running_loop()
+        self._task = self._loop.create_task(self._run())
 
     async def close(self) -> None:
         task = self._task
@@ -102,11 +104,15 @@ class ServerConnection:
             if fut is not None and not fut.done():
                 fut.set_exception(ConnectionLost(f"connection to {self.url} closed"))
 
-    def submit(self, req: int, msg: Message, fut: asyncio.Future[Reply] | None = None) -> None:
-        """Send now if connected, else on the next connection; ``fut`` gets the reply."""
+    def submit(self, req: int, msg: Message, fut: asyncio.Future[Reply] | None = None, *,
+               now: bool = False) -> None:
+        """Send if connected (at the end of this turn of the loop; ``now``: at once,
+        with whatever this turn had queued before it), else on the next connection;
+        ``fut`` gets the reply. ``now`` may be used while the loop is not running, from
+        the thread that runs it (a :class:`~.caller.CallerAgent`'s caller)."""
         self._pending[req] = (msg, fut)
         self._used.set()
-        self._send(msg)
+        self._send(msg, now)
 
     def post(self, msg: Message) -> None:
         """Send if connected, forget otherwise: for requests whose loss is harmless."""
@@ -144,24 +150,32 @@ class ServerConnection:
             with contextlib.suppress(ConnectionLost):
                 await self._channel.drain()
 
-    def _send(self, msg: Message) -> None:
+    def _send(self, msg: Message, now: bool = False) -> None:
         """Write ``msg`` once this turn of the loop is over, with whatever else is sent
         in it: requests issued together (a task's receipts and its stamp's question)
-        reach the server in one write, which it reads, and answers, at one wake-up."""
+        reach the server in one write, which it reads, and answers, at one wake-up.
+        ``now``: write it (after what this turn queued before it) at once."""
         channel = self._channel
         if channel is None:
             return
         box = self._outbox
         if box is None or box[0] is not channel:
+            if now:  # nothing queued before it on this channel
+                self._flush((channel, [msg]))
+                return
+            assert self._loop is not None  # a channel comes from the loop start() runs on
             box = self._outbox = (channel, [])
-            asyncio.get_running_loop().call_soon(self._flush, box)
+            self._loop.call_soon(self._flush, box)
         box[1].append(msg)
+        if now:
+            self._flush(box)
 
     def _flush(self, box: tuple[Channel, list[Message]]) -> None:
         if self._outbox is box:
             self._outbox = None
-        channel, msgs = box
-        if channel is not self._channel:  # lost meanwhile: the next one resends requests
+        channel, msgs = box[0], box[1][:]
+        box[1].clear()  # written once: by submit(now=True) or at the end of the turn
+        if channel is not self._channel or not msgs:  # lost: the next one resends requests
             return
         try:
             channel.send_all(msgs)
