@@ -28,6 +28,7 @@ from lowtide.bench.spark.measure import (
     user_map,
 )
 from lowtide.spark.pipeline import stop_between_batches
+from lowtide.spark.pipeline.query import await_idle
 from lowtide.spark.sources import (
     GEN_SCHEMA,
     UNTRACKED_SCHEMA,
@@ -276,6 +277,7 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
         full_gc_now_ms = FULL_GCS.ms[-1]
     finally:
         gc.callbacks.remove(FULL_GCS)
+        await_idle()
         spark.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     un = tally["untracked"]

@@ -14,6 +14,7 @@ import numpy as np
 
 from lowtide.bench.spark.cpu import PROCESSES, cpu_by_process
 from lowtide.spark.pipeline import last_batch_id
+from lowtide.spark.pipeline.query import await_idle
 from lowtide.spark.sources import GeneratorSpec
 
 
@@ -343,6 +344,7 @@ def versus(cfg: BenchConfig, shape: str, spark_side: tuple[str, Runner],
                       f" per CPU s  ({m.batches} batches, {m.rows:,} rows, {m.dropped:,}"
                       f" dropped as late){note}", flush=True)
     finally:
+        await_idle()
         spark.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     sp, lt = np.array(rates["spark"]), np.array(rates["lowtide"])

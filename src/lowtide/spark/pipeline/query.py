@@ -65,6 +65,21 @@ def await_jobs_gone(job_group: str, timeout_s: float = 30.0) -> bool:
     return True
 
 
+def await_idle(timeout_s: float = 10.0) -> bool:
+    """Return once the session runs no stage (True), or after ``timeout_s`` (False):
+    a session stopped under a running task prints Spark's ERROR lines (a task's
+    completion listener finds its broadcast block gone: one bench run in five)."""
+    from pyspark import SparkContext
+
+    sc = SparkContext._active_spark_context
+    deadline = time.monotonic() + timeout_s
+    while sc is not None and list(sc.statusTracker().getActiveStageIds()):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def _stages(tracker: Any, job_group: str) -> list[Any]:
     """The stages Spark knows of the jobs of ``job_group`` (a query run's id)."""
     jobs = [tracker.getJobInfo(j) for j in tracker.getJobIdsForGroup(job_group)]
