@@ -370,6 +370,41 @@ def test_a_caller_agents_call_times_out_from_when_it_was_sent(
         agent.close()
 
 
+def test_a_workers_agent_of_a_tracker_it_no_longer_uses_is_closed_for_the_next(
+    graph: SegmentGraph, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Spark worker outlives pipelines: each new tracker's CallerAgent stayed for ever
+    (its loop and state walked by every task's garbage collection). Making another
+    closes the ones unused for ``IDLE_S``, at once (a gone tracker's agent has nothing
+    to flush); the ones in use stay."""
+    from lowtide.service import CallerAgent
+
+    first, second, third = (TrackerService.start(graph, port=0) for _ in range(3))
+    try:
+        old = CallerAgent.shared(first.url, graph)
+        busy = CallerAgent.shared(second.url, graph)
+        old.register_front(1, "src", 10)
+        # as in a worker, whose tracker runs in another process: stopping it leaves
+        # the worker's agent behind
+        monkeypatch.setattr("lowtide.service.deploy.embedded.close_shared", lambda url: None)
+        first.stop()
+        assert not old._closed
+        monkeypatch.setattr(CallerAgent, "IDLE_S", 0.5)
+        time.sleep(0.6)
+        busy.status()  # used just now
+        started = time.monotonic()
+        new = CallerAgent.shared(third.url, graph)
+        assert time.monotonic() - started < 1.0
+        assert old._closed and not busy._closed
+        assert {a.url for a in CallerAgent._shared.values()} >= {second.url, third.url}
+        assert first.url not in {a.url for a in CallerAgent._shared.values()}
+        assert new.status()["global_min"] >= 0 and busy.status()
+    finally:
+        close_shared()
+        for svc in (second, third):
+            svc.stop()
+
+
 def test_requests_issued_together_are_one_write_each_way(
     service: TrackerService, graph: SegmentGraph, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -83,9 +83,18 @@ class BaseAgent(ABC):
         key = (url, graph.fingerprint(), grid)
         with BaseAgent._shared_lock:
             agent = cls._shared.get(key)
-            if not isinstance(agent, cls):
-                agent = cls._shared[key] = cls.connect(url, graph, secret=secret, grid=grid)
-            return agent
+            if isinstance(agent, cls):
+                return agent
+            agent = cls._shared[key] = cls.connect(url, graph, secret=secret, grid=grid)
+            stale = [a for a in cls._shared.values() if a is not agent and a._stale()]
+        for old in stale:  # outside the lock: closing forgets them under it
+            old.close()
+        return agent
+
+    def _stale(self) -> bool:
+        """Whether :meth:`shared` may close this agent when it makes another: never,
+        unless a subclass knows better (:class:`CallerAgent`)."""
+        return False
 
     # ------------------------------------------------------------ lifecycle
     def _boot(self) -> None:
@@ -129,13 +138,16 @@ class BaseAgent(ABC):
         """Flush what is buffered (best effort within ``timeout_s``) and disconnect."""
         if os.getpid() != self._pid or not self._running():
             return
+        self._flush_before_close(timeout_s)
+        self._stop_loop(timeout_s)
+        self._closed = True
+        self._forget()
+
+    def _flush_before_close(self, timeout_s: float) -> None:
         try:
             self._call(self._state.flush_all(), timeout_s)
         except Exception as exc:  # closing must not fail
             log.warning("close: unflushed acks", extra={"url": self.url, "reason": repr(exc)})
-        self._stop_loop(timeout_s)
-        self._closed = True
-        self._forget()
 
     def _forget(self) -> None:
         with BaseAgent._shared_lock:

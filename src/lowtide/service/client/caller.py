@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Generic, TypeVar
 
@@ -29,10 +30,24 @@ class CallerAgent(BaseAgent):
     inside a running asyncio loop. Buffered acks, heartbeats and subscriptions need a
     loop that always runs: they are :class:`Agent`'s alone."""
 
+    #: :meth:`shared` closes this process's agents unused for this long when it makes
+    #: another: a Spark worker outlives the pipelines whose tasks it runs, and each
+    #: tracker's agent (a loop, its state: some 1,500 objects that every task's
+    #: garbage collection walks) would stay for ever
+    IDLE_S = 60.0
+
     def _start_loop(self) -> None:
         self._lock = threading.Lock()
         self._together = False
+        self._used_s = time.monotonic()
         self._loop.call_soon(self._state.start)
+
+    def _stale(self) -> bool:
+        return time.monotonic() - self._used_s > self.IDLE_S
+
+    def _flush_before_close(self, timeout_s: float) -> None:
+        """Nothing to flush: a CallerAgent buffers nothing, and its callers waited for
+        their replies (a flush would wait for a gone tracker's Welcome)."""
 
     @contextlib.contextmanager
     def together(self) -> Iterator[None]:
@@ -57,6 +72,7 @@ class CallerAgent(BaseAgent):
 
     def _spawn(self, coro: Awaitable[T], timeout_s: float) -> Outcome[T]:
         with self._lock:
+            self._used_s = time.monotonic()
             task = self._loop.create_task(timed(coro, timeout_s))
             if not self._together:  # a few turns: a connected agent writes it now
                 self._loop.run_until_complete(_turns(3))
@@ -81,6 +97,7 @@ class CallerAgent(BaseAgent):
               read: Callable[[list[Reply]], T], timeout_s: float) -> _Answered[T] | None:
         """``send(now)``'s requests, sent, if the agent is ready (None: not yet)."""
         with self._lock:
+            self._used_s = time.monotonic()
             if not self._state.ready.is_set():
                 return None
             futs = send(not self._together)  # in a together() block: at its end
