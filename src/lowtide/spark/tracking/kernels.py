@@ -92,10 +92,13 @@ def children(packed, salt, keep, lo, span):  # type: ignore[no-untyped-def]
     count and the children's count.
 
     Two loops: every row's child, independent of the others' (the compiler
-    vectorises it), then the sums, kept in registers over each run of rows of one
-    slot (rows come in such runs: a shuffle concatenates its map tasks' outputs,
-    each in its source's order) and added to the tables where a run ends. One loop
-    doing both ran nearly three times longer (37 against 13 us on 16,700 rows)."""
+    vectorises it), then the sums. Those go to one table of four words per (slot,
+    lane), row i to lane i % 4: a row then never waits for the previous row's store
+    to its slot, in whatever order the slots come. They come mixed after a shuffle
+    (Spark sorts a repartition's rows by their bytes: four rows in five change slot)
+    and in runs after a source. 20,000 rows of six slots: 107 -> 57 us mixed, 48 -> 58
+    in runs, a filter's 183 -> 73 and 113 -> 77 (against the loop that kept each
+    run's sums in registers)."""
     n = packed.shape[0]
     masked = keep.shape[0] > 0
     out = np.empty(keep.sum() if masked else n, np.int64)
@@ -109,38 +112,31 @@ def children(packed, salt, keep, lo, span):  # type: ignore[no-untyped-def]
         x = (x * np.uint64(0xC2B2AE35)) & _MASK32
         x ^= x >> np.uint64(16)
         child[i] = np.int64((u & _SLOTS) | max(x, np.uint64(1)))
+    # per (slot, lane): parents' XOR, children's XOR, parents' count, children's count
+    table = np.zeros(span * _LANES * 4, np.uint64)
+    base = np.uint64(lo)
+    j = 0
+    for i in range(n):
+        u = np.uint64(packed[i])
+        cell = ((((u >> np.uint64(32)) - base) << np.uint64(2)) | np.uint64(i & 3)) << np.uint64(2)
+        table[cell] ^= u & _MASK32
+        table[cell + np.uint64(2)] += np.uint64(1)
+        if masked:
+            if not keep[i]:
+                continue
+            out[j] = child[i]
+            j += 1
+        table[cell + np.uint64(1)] ^= np.uint64(child[i]) & _MASK32
+        table[cell + np.uint64(3)] += np.uint64(1)
+    lanes = table.reshape((span, _LANES, 4))
     recv = np.zeros(span, np.uint64)
     sent = np.zeros(span, np.uint64)
     parents = np.zeros(span, np.int64)
     kids = np.zeros(span, np.int64)
-    run = np.int64(-1)
-    run_recv, run_sent = np.uint64(0), np.uint64(0)
-    run_parents, run_kids = np.int64(0), np.int64(0)
-    j = 0
-    for i in range(n):
-        u = np.uint64(packed[i])
-        k = np.int64(u >> np.uint64(32)) - lo
-        if k != run:
-            if run >= 0:
-                recv[run] ^= run_recv
-                sent[run] ^= run_sent
-                parents[run] += run_parents
-                kids[run] += run_kids
-            run = k
-            run_recv, run_sent = np.uint64(0), np.uint64(0)
-            run_parents, run_kids = np.int64(0), np.int64(0)
-        run_recv ^= u & _MASK32
-        run_parents += 1
-        if masked and not keep[i]:
-            continue
-        run_sent ^= np.uint64(child[i]) & _MASK32
-        run_kids += 1
-        if masked:
-            out[j] = child[i]
-            j += 1
-    if run >= 0:
-        recv[run] ^= run_recv
-        sent[run] ^= run_sent
-        parents[run] += run_parents
-        kids[run] += run_kids
+    for k in range(span):
+        for lane in range(_LANES):
+            recv[k] ^= lanes[k, lane, 0]
+            sent[k] ^= lanes[k, lane, 1]
+            parents[k] += np.int64(lanes[k, lane, 2])
+            kids[k] += np.int64(lanes[k, lane, 3])
     return out, recv, sent, parents, kids
