@@ -27,8 +27,7 @@ from lowtide.bench.spark.measure import (
     session,
     user_map,
 )
-from lowtide.spark.pipeline import stop_between_batches
-from lowtide.spark.pipeline.query import await_idle
+from lowtide.spark.pipeline import await_idle, stop_between_batches
 from lowtide.spark.sources import (
     GEN_SCHEMA,
     UNTRACKED_SCHEMA,

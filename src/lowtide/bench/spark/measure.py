@@ -13,8 +13,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from lowtide.bench.spark.cpu import PROCESSES, cpu_by_process
-from lowtide.spark.pipeline import last_batch_id
-from lowtide.spark.pipeline.query import await_idle
+from lowtide.spark.pipeline import await_idle, last_batch_id
 from lowtide.spark.sources import GeneratorSpec
 
 

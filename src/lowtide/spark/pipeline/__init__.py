@@ -15,6 +15,7 @@ from lowtide.spark.pipeline.monitoring import CompletenessListener, ProgressMetr
 from lowtide.spark.pipeline.query import (
     QueryFailed,
     TrackedQuery,
+    await_idle,
     await_jobs_gone,
     startup_phase,
     stop_between_batches,
@@ -49,6 +50,7 @@ __all__ = [
     "TrackerNotStarted",
     "WindowLate",
     "Windowed",
+    "await_idle",
     "await_jobs_gone",
     "derive",
     "last_batch_id",
