@@ -385,8 +385,10 @@ class AckAccumulator:
         self._time: list[I64] = []
         self._xor: list[U64] = []
         self._count: list[I64] = []
-        self.rows_sent = 0
-        self.rows_received = 0
+
+    # rows sent and received so far, summed when asked (only traces ask)
+    rows_sent = property(lambda self: int(sum(int(c[c > 0].sum()) for c in self._count)))
+    rows_received = property(lambda self: -int(sum(int(c[c < 0].sum()) for c in self._count)))
 
     def add(self, segment: int, times: I64, acks: U64, sign: int) -> None:
         """Send (sign=+1) or receive (sign=-1) the rows ``(times, acks)`` in ``segment``."""
@@ -427,13 +429,10 @@ class AckAccumulator:
         are positive for sends, negative for receipts."""
         if len(times) == 0:
             return
-        c = np.asarray(counts, np.int64)
         self._seg.append(np.full(len(times), segment, np.int32))
         self._time.append(np.asarray(times, np.int64))
         self._xor.append(np.asarray(xors, np.uint64))
-        self._count.append(c)
-        self.rows_sent += int(c[c > 0].sum())
-        self.rows_received -= int(c[c < 0].sum())
+        self._count.append(np.asarray(counts, np.int64))
 
     def __len__(self) -> int:
         return sum(len(s) for s in self._seg)
