@@ -128,7 +128,8 @@ def _enc_batch(w: Writer, m: Batch) -> None:
         w.pack("qqq", nt.node, nt.counter, nt.min_time)
     put_acks(w, m.acks)
     put_pairs(w, [(h.front, h.time) for h in m.heartbeats])
-    w.array(np.array([h.owner for h in m.heartbeats], np.uint64), np.dtype("<u8"))
+    if m.heartbeats:
+        w.array(np.array([h.owner for h in m.heartbeats], np.uint64), np.dtype("<u8"))
 
 
 def _dec_batch(r: Reader) -> Batch:
@@ -137,7 +138,7 @@ def _dec_batch(r: Reader) -> Batch:
     nt = NodeTime(*r.unpack("qqq")) if r.one("B") else None
     acks = get_acks(r)
     pairs = get_pairs(r)
-    owners = r.array(len(pairs), np.dtype("<u8"), np.uint64).tolist()
+    owners = r.array(len(pairs), np.dtype("<u8"), np.uint64).tolist() if pairs else []
     heartbeats = tuple(Heartbeat(f, t, o) for (f, t), o in zip(pairs, owners, strict=True))
     return Batch(req, session, key, acks, heartbeats, nt)
 

@@ -21,6 +21,7 @@ _ACK_DTYPES: tuple[np.dtype[Any], ...] = (
     np.dtype("<i8"),
 )
 _ACK_NATIVE: tuple[type, ...] = (np.int32, np.int64, np.uint64, np.int64)
+_ACK_ROW_BYTES = sum(d.itemsize for d in _ACK_DTYPES)
 
 
 def put_graph(w: Writer, graph: GraphSpec) -> None:
@@ -62,15 +63,19 @@ def put_acks(w: Writer, acks: AckBatch) -> None:
 
 def get_acks(r: Reader) -> AckBatch:
     n = r.count()
-    seg, time, xor, count = (
-        r.array(n, d, t) for d, t in zip(_ACK_DTYPES, _ACK_NATIVE, strict=True)
-    )
-    return AckBatch(seg, time, xor, count)
+    raw = r.take(n * _ACK_ROW_BYTES)  # the four columns, one after the other
+    columns, at = [], 0
+    for d, t in zip(_ACK_DTYPES, _ACK_NATIVE, strict=True):
+        columns.append(np.frombuffer(raw, d, n, at).astype(t, copy=False))
+        at += n * d.itemsize
+    return AckBatch(*columns)
 
 
 def put_pairs(w: Writer, pairs: tuple[tuple[int, int], ...] | list[tuple[int, int]]) -> None:
     """Pairs of int64 as two packed columns (heartbeats, node-time vectors)."""
     w.pack("I", len(pairs))
+    if not pairs:  # two empty columns: nothing more (most task batches beat no front)
+        return
     arr = np.array(pairs, dtype=np.int64).reshape(-1, 2)
     w.array(arr[:, 0], np.dtype("<i8"))
     w.array(arr[:, 1], np.dtype("<i8"))
@@ -78,6 +83,8 @@ def put_pairs(w: Writer, pairs: tuple[tuple[int, int], ...] | list[tuple[int, in
 
 def get_pairs(r: Reader) -> list[tuple[int, int]]:
     n = r.count()
+    if n == 0:
+        return []
     i8 = np.dtype("<i8")
     a, b = r.array(n, i8, np.int64), r.array(n, i8, np.int64)
     return list(zip(a.tolist(), b.tolist(), strict=True))
