@@ -132,6 +132,8 @@ class StreamChannel:
             check_length(length, self._max_frame)
             frame = await self._reader.readexactly(length)
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
+            if self._idle_watch is not None:  # the connection is over: so is its watch
+                self._idle_watch.cancel()
             if self._silent:
                 raise ConnectionLost(
                     f"{self.peer}: nothing received for {self._idle_timeout_s} s"
