@@ -64,7 +64,8 @@ def put_acks(w: Writer, acks: AckBatch) -> None:
 def get_acks(r: Reader) -> AckBatch:
     n = r.count()
     raw = r.take(n * _ACK_ROW_BYTES)  # the four columns, one after the other
-    columns, at = [], 0
+    columns: list[np.ndarray[Any, Any]] = []
+    at = 0
     for d, t in zip(_ACK_DTYPES, _ACK_NATIVE, strict=True):
         columns.append(np.frombuffer(raw, d, n, at).astype(t, copy=False))
         at += n * d.itemsize
