@@ -26,9 +26,9 @@ def unchanged(b: pa.RecordBatch) -> pa.RecordBatch:
     return b
 
 
-def tracked_plan(spark: Any) -> str:
+def tracked_plan(spark: Any, *by: str) -> str:
     with lowtide.Pipeline(spark, "fixed", stuck_after_ms=600_000) as pipe:
-        stream = pipe.generate(SPEC).repartition(2).map(
+        stream = pipe.generate(SPEC).repartition(2, *by).map(
             unchanged, UNTRACKED_SCHEMA, name="m")
         query = stream.to_null(checkpoint=tempfile.mkdtemp())
         try:
@@ -58,3 +58,12 @@ def test_a_session_that_turns_adaptive_execution_on_keeps_it(spark) -> None:
         assert spark.conf.get(KEY) == "true"
     finally:
         spark.conf.unset(KEY)
+
+
+def test_a_tracked_repartition_hashes_the_tracking_column_instead_of_sorting(spark) -> None:
+    """Spark's round robin sorts every row's bytes first, to be the same on a retry;
+    the random tracking column spreads rows as evenly, the same on a retry, unsorted."""
+    plan = tracked_plan(spark)
+    assert "hashpartitioning(lt_track" in plan
+    assert "RoundRobinPartitioning" not in plan and "Sort " not in plan
+    assert "hashpartitioning(front" in tracked_plan(spark, "front")  # the user's columns
