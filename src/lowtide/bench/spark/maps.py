@@ -56,9 +56,12 @@ BENCH_STUCK_MS = 600_000
 #: null sink write), without tracking; ``tracked-unconfirmed``: the tracked pipeline
 #: whose tasks do not wait for the tracker's confirmation (rule 6 off: what the wait
 #: costs; not safe to run in production); ``tracked-nometrics``: the tracked pipeline
-#: without its observed progress metrics (``Pipeline(progress_metrics=False)``).
+#: without its observed progress metrics (``Pipeline(progress_metrics=False)``);
+#: ``untracked-hash``: the untracked maps with each ``repartition`` hashing a column
+#: (``seq``) instead of Spark's round robin, as a tracked ``repartition`` hashes its
+#: tracking column: what tracking costs apart from the cheaper shuffle.
 VARIANTS = ("untracked", "tracked", "columns", "tracked-noop", "foreach", "tracked-unconfirmed",
-            "tracked-nometrics")
+            "tracked-nometrics", "untracked-hash")
 
 
 class _ColumnsReader(GenStreamReader):  # type: ignore[misc]
@@ -92,7 +95,7 @@ def _noop_write(df: Any, batch_id: int) -> None:
 def run_untracked(
     spark: Any, cfg: BenchConfig, workdir: str, variant: str = "untracked"
 ) -> Measured:
-    """Untracked maps; ``columns``, ``foreach``: see VARIANTS."""
+    """Untracked maps; ``columns``, ``foreach``, ``untracked-hash``: see VARIANTS."""
     from lowtide.spark.pipeline import register_sources
 
     register_sources(spark)
@@ -103,8 +106,9 @@ def run_untracked(
     else:
         df = reader.format("lowtide_gen").option("tracking", "false").load()
     schema = GEN_SCHEMA if variant == "columns" else UNTRACKED_SCHEMA
+    by = ("seq",) if variant == "untracked-hash" else ()
     for _ in range(cfg.stages):
-        df = df.repartition(cfg.partitions).mapInArrow(_untracked_stage, schema)
+        df = df.repartition(cfg.partitions, *by).mapInArrow(_untracked_stage, schema)
     writer = df.writeStream.option("checkpointLocation", tempfile.mkdtemp(dir=workdir))
     if variant == "foreach":
         query = writer.foreachBatch(_noop_write).start()
