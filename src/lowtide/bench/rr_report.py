@@ -90,7 +90,8 @@ def throughput_note(result: dict[str, Any]) -> str:
             "rows: per-item markers multiply the rows each shuffle moves by about p + 1. "
             "Punctuation ratios are against their own plan without markers (route keys, "
             "hash partitioning, no sort before the shuffle), the others against Spark's "
-            "sorted round robin. "
+            "sorted round robin (lowtide's own repartition hashes its tracking column, "
+            "unsorted). "
             + (skipped + ". " if skipped else "") + _load(result))
 
 

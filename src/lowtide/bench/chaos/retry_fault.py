@@ -1,9 +1,10 @@
 """The fault kind "retry loop under task failures and a restart" (``lowtide bench chaos
---spark``): two fronts write an ingest log; a query's step fails some records once or
-twice and some always (``map(..., retry=RetryPolicy(attempts=3))``); one task of the
-step fails after its acks went out (Spark runs it again), and the query is stopped
-while rows wait in the loop and restarted from its checkpoint. Ground truth: every
-record the fronts logged, and which of them the step gives up.
+--spark``): two fronts write an ingest log; a query's step, after a tracked
+``repartition`` (a hash of the tracking column), fails some records once or twice and
+some always (``map(..., retry=RetryPolicy(attempts=3))``); one task of the step fails
+after its acks went out (Spark runs it again, reading the shuffle again), and the
+query is stopped while rows wait in the loop and restarted from its checkpoint. Ground
+truth: every record the fronts logged, and which of them the step gives up.
 
 * ``premature``: the sink's min time announced while a logged record below it, not
   given up, was not in the output (sampled while it runs, and at the end), or a row
@@ -78,7 +79,7 @@ def retry_loop_run(spark: Any, tmp: Path, timeout_s: float = 300.0) -> LoopRun:
     ingest, out, run = tmp / "ingest", tmp / "out", LoopRun()
     policy = lowtide.RetryPolicy(attempts=ATTEMPTS, path=str(tmp / "retries"))
     pipe = Pipeline(spark, "chaos-retry")
-    stream = (pipe.read_log(str(ingest), fronts=[0, 1])
+    stream = (pipe.read_log(str(ingest), fronts=[0, 1]).repartition(2)
               .map(flaky, "front int, offset long", name="step", retry=policy)
               .transform(lambda d: d.mapInArrow(fail_first_task(str(tmp / "failed")),
                                                 d.schema)))
