@@ -168,6 +168,11 @@ def report_maps(result: dict[str, Any], cfg: BenchConfig) -> int:
     print("CPU ratio without the JVM's JIT compiler (both sides share one JVM, whose"
           " compiler works for either whenever it gets to it): " + ", ".join(
               f"{v} {r['cpu_ratio_without_jit']:.3f}" for v, r in result["variants"].items()))
+    if "untracked-hash" in result["variants"] and "tracked" in result["variants"]:
+        print("tracked against untracked-hash, the same physical plan (a tracked repartition"
+              " hashes its tracking column where Spark's round robin sorts every row first):"
+              f" throughput {result['same_plan_throughput_ratio']:.3f},"
+              f" CPU {result['same_plan_cpu_ratio']:.3f}")
     if "tracked" in result["variants"]:
         print(f"notification after batch end: p50 {result['notify_p50_ms']} ms,"
               f" p99 {result['notify_p99_ms']} ms, max {result['notify_max_ms']} ms"
@@ -190,6 +195,7 @@ def report_maps(result: dict[str, Any], cfg: BenchConfig) -> int:
         + f" (each run counts at least {cfg.min_batches}: --min-batches)")
     print(json.dumps({k: result[k] for k in (
         "bench", "throughput_ratio", "cpu_ratio", "cpu_ratio_without_jit",
+        "same_plan_throughput_ratio", "same_plan_cpu_ratio",
         "rows_per_s_tracked", "rows_per_s_untracked",
         "notify_p50_ms", "notify_p99_ms", "notify_max_ms", "notify_uncounted_max_ms",
         "driver_full_gc_max_ms", "driver_full_gc_now_ms", "fewest_batches", "variants",

@@ -269,6 +269,20 @@ def _rounds(spark: Any, cfg: BenchConfig, workdir: str,
     return tally
 
 
+def same_plan(tally: dict[str, _Tally]) -> dict[str, float]:
+    """The tracked maps against ``untracked-hash``, the untracked maps on the physical
+    plan a tracked ``repartition`` runs (a hash, no sort): what tracking costs apart
+    from the cheaper shuffle. Throughput: median of the per-round ratios; CPU: pooled
+    rows per CPU second, as the ratios against ``untracked``."""
+    tracked, hashed = tally.get("tracked"), tally.get("untracked-hash")
+    if tracked is None or hashed is None or not hashed.cpu_s:
+        return {"same_plan_throughput_ratio": float("nan"), "same_plan_cpu_ratio": float("nan")}
+    rounds = [t / h for t, h in zip(tracked.ratios, hashed.ratios, strict=True) if h > 0]
+    return {"same_plan_throughput_ratio": round(float(np.median(rounds)), 4) if rounds
+            else float("nan"),
+            "same_plan_cpu_ratio": round(tracked.cpu_rate() / hashed.cpu_rate(), 4)}
+
+
 def run(cfg: BenchConfig) -> dict[str, Any]:
     workdir = tempfile.mkdtemp(prefix="lowtide-bench-spark-")
     spark = session(cfg)
@@ -300,6 +314,7 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
         "rows_per_cpu_s_untracked": round(un.cpu_rate(), 1),
         "cpu_ratio": tr.get("cpu_ratio", float("nan")),
         "cpu_ratio_without_jit": tr.get("cpu_ratio_without_jit", float("nan")),
+        **same_plan(tally),
         "rows_per_s_tracked": tr.get("rows_per_s", float("nan")),
         "rows_per_s_untracked": round(un.rate(), 1),
         "notify_p50_ms": round(p50, 2),

@@ -32,7 +32,9 @@ class BenchConfig:
     rounds: int = 5
     master: str = "local[2]"
     #: measured against "untracked" in every round; see VARIANTS
-    variants: tuple[str, ...] = ("tracked",)
+    #: ``untracked-hash``: the untracked maps on a tracked repartition's physical plan,
+    #: for the maps' same-plan ratio (``same_plan_cpu_ratio``)
+    variants: tuple[str, ...] = ("tracked", "untracked-hash")
     freeze_gc: bool = True  # Pipeline(freeze_gc=...)
     keys: int = 8  # the speculative shape's distinct keys (users)
     sink: str = "null"  # the window shape's sinks: "null" (noop) or "parquet" (files)
